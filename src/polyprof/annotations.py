@@ -1,0 +1,232 @@
+"""Host annotations: ``record_function``, instant events and user counters.
+
+This is the API users call; the built-in ``host`` backend turns what it records into activities.
+Outside a profile each call costs one flag check. While profiling, each thread appends to its own
+buffer (no locks on the hot path)::
+
+    import polyprof
+
+    with polyprof.record_function("load batch"):
+        ...
+
+    @polyprof.record_function("train step")
+    def step(batch): ...
+
+    @polyprof.record_function("fetch")
+    async def fetch(url): ...      # the span covers the whole awaited call
+
+    polyprof.instant("checkpoint saved", {"path": "ckpt.pt"})
+    polyprof.counter("queue depth", 17)
+
+The hot path is implemented in C (``polyprof._speedups``) when that extension is built, and in
+Python otherwise; both record exactly the same events.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from polyprof import correlation
+from polyprof._accel import speedups
+from polyprof.clock import host_ns
+
+# Event types stored in a buffer's first column.
+SPAN = 0
+INSTANT = 1
+COUNTER = 2
+FIELDS = 5  # type, start, end, id, parent
+
+
+class PyEventBuffer:
+    """Pure-Python twin of ``polyprof._speedups.EventBuffer``."""
+
+    __slots__ = ("rows", "names", "args")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int, int, int]] = []
+        self.names: list[Any] = []
+        self.args: list[Any] = []
+
+    def add(self, type_: int, start: int, end: int, name: Any, ident: int, parent: int, args: Any) -> None:
+        self.rows.append((type_, start, end, ident, parent))
+        self.names.append(name)
+        self.args.append(args)
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.names.clear()
+        self.args.clear()
+
+    def snapshot(self) -> tuple[np.ndarray, list, list]:
+        n = len(self.rows)
+        rows = np.array(self.rows[:n], dtype=np.int64).reshape(n, FIELDS)
+        return rows, self.names[:n], self.args[:n]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def snapshot(buffer: Any) -> tuple[np.ndarray, list, list]:
+    """``(rows [n x 5] int64: type, start, end, id, parent; names; args)`` of either buffer kind."""
+    rows, names, args = buffer.snapshot()
+    if isinstance(rows, bytes):
+        rows = np.frombuffer(rows, dtype=np.int64).reshape(-1, FIELDS)
+    return rows, names, args
+
+
+class ThreadBuffer:
+    """A thread's buffer plus what identifies the thread on the timeline."""
+
+    __slots__ = ("tid", "name", "events", "thread")
+
+    def __init__(self, thread: threading.Thread, events: Any) -> None:
+        self.tid = threading.get_native_id()
+        self.name = thread.name
+        self.events = events
+        self.thread = weakref.ref(thread)
+
+
+class Recorder:
+    """Global recording state. Only one profile records at a time (like torch.profiler)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._buffers: list[ThreadBuffer] = []
+
+    def buffer(self) -> Any:
+        """The calling thread's event buffer (registered on first use)."""
+        if speedups is not None:
+            return speedups.thread_buffer()
+        try:
+            return self._local.events
+        except AttributeError:
+            events = PyEventBuffer()
+            self._local.events = events
+            self.register(events)
+            return events
+
+    def register(self, events: Any) -> None:
+        """Remember a new thread's buffer (called once per thread, from that thread)."""
+        buf = ThreadBuffer(threading.current_thread(), events)
+        with self._lock:
+            self._buffers.append(buf)
+
+    def begin(self) -> None:
+        with self._lock:
+            # buffers of ended threads are dropped; live ones are emptied in place, since their
+            # threads keep using the same buffer object
+            self._buffers = [b for b in self._buffers if (t := b.thread()) is not None and t.is_alive()]
+            for b in self._buffers:
+                b.events.clear()
+        self.active = True
+        if speedups is not None:
+            speedups.set_active(True)
+
+    def end(self) -> None:
+        self.active = False
+        if speedups is not None:
+            speedups.set_active(False)
+
+    def buffers(self) -> list[ThreadBuffer]:
+        with self._lock:
+            return list(self._buffers)
+
+
+recorder = Recorder()
+_new_id = correlation.new_id
+_current = correlation.current
+
+
+def _decorate(self: Any, fn: Any) -> Any:
+    """``@record_function(name)``: a fresh span per call (so recursion and concurrency are safe)."""
+    cls, name, args = type(self), self.name, self.args
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*a: Any, **kw: Any) -> Any:
+            with cls(name, args):
+                return await fn(*a, **kw)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        with cls(name, args):
+            return fn(*a, **kw)
+
+    return wrapper
+
+
+class _PyRecordFunction:  # noqa: N801
+    """A named span on the host timeline (`user_annotation`), usable as context manager or decorator.
+
+    While it is open, device work launched from this thread/task gets its id as `External id`.
+    `args` is a string (as in torch) or a dict of JSON-serialisable values.
+    """
+
+    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent")
+
+    def __init__(self, name: str, args: str | dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.args = args
+        self._start = -1
+
+    def __enter__(self) -> _PyRecordFunction:
+        if recorder.active:
+            self._id = i = _new_id()
+            self._parent = _current.get()
+            self._token = _current.set(i)
+            if correlation.targets:
+                correlation.push(i, correlation.KIND_ANNOTATION)
+            self._start = host_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        start = self._start
+        if start < 0:
+            return
+        end = host_ns()
+        self._start = -1
+        _current.reset(self._token)
+        self._token = None
+        if correlation.targets:
+            correlation.pop(correlation.KIND_ANNOTATION)
+        recorder.buffer().add(SPAN, start, end, self.name, self._id, self._parent, self.args)
+
+    __call__ = _decorate
+
+
+if speedups is not None:
+    speedups.configure(
+        correlation.current, recorder.register, correlation.push, correlation.pop, correlation.KIND_ANNOTATION
+    )
+
+    class record_function(speedups.RecordFunction):  # noqa: N801 - same name as torch.profiler's
+        __slots__ = ()
+        __doc__ = _PyRecordFunction.__doc__
+        __call__ = _decorate
+
+else:
+    record_function = _PyRecordFunction  # type: ignore[misc,assignment]
+
+
+def instant(name: str, args: dict[str, Any] | None = None) -> None:
+    """A point in time on the calling thread's row (Chrome `i` event)."""
+    if recorder.active:
+        ts = host_ns()
+        recorder.buffer().add(INSTANT, ts, ts, name, 0, _current.get(), args)
+
+
+def counter(name: str, value: float) -> None:
+    """A sample of a user counter (Chrome `C` event on the host process)."""
+    if recorder.active:
+        ts = host_ns()
+        recorder.buffer().add(COUNTER, ts, ts, name, 0, 0, float(value))

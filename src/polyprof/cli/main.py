@@ -1,0 +1,192 @@
+"""``polyprof backends | run | summary``.
+
+::
+
+    polyprof backends                              # what is installed, available, broken
+    polyprof run -o trace.json script.py --lr 0.1  # profile a script, write the trace, print a summary
+    polyprof summary trace.json.gz                 # top activities per kind and device
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+import traceback
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from polyprof._version import __version__
+from polyprof.errors import PolyprofError, TraceFormatError
+
+EXIT_BAD_INPUT = 2
+
+
+def _console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+        console = Console(stderr=stderr, highlight=False, width=120)
+    return console
+
+
+def _fail(message: str) -> None:
+    _console(stderr=True).print(f"polyprof: error: {message}", markup=False)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="polyprof")
+def cli() -> None:
+    """polyprof: one timeline for host code and every accelerator, through run-time plugins."""
+
+
+@cli.command()
+def backends() -> None:
+    """List installed backends: source, activity groups, and whether each can run here (and why not)."""
+    from polyprof.registry import default
+
+    table = Table(title="polyprof backends", title_justify="left")
+    for col in ("Name", "From", "Activities", "Status", "Details"):
+        table.add_column(col, overflow="fold")
+    for entry in sorted(default.entries(), key=lambda e: e.name):
+        acts = ", ".join(sorted(entry.activities)) or "?"
+        if entry.conflict:
+            table.add_row(entry.name, entry.source, acts, "[red]conflict[/red]", entry.conflict)
+        elif entry.error:
+            table.add_row(entry.name, entry.source, acts, "[red]broken[/red]", entry.error)
+        else:
+            avail = default.probe(entry)
+            if avail.available:
+                details = ", ".join(avail.devices)
+                versions = ", ".join(f"{k} {v}" for k, v in avail.versions.items())
+                table.add_row(
+                    entry.name,
+                    entry.source,
+                    acts,
+                    "[green]available[/green]",
+                    "; ".join(filter(None, [details, versions])),
+                )
+            else:
+                table.add_row(entry.name, entry.source, acts, "[yellow]unavailable[/yellow]", avail.reason)
+    _console().print(table)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "-o",
+    "--output",
+    default="polyprof_trace.json",
+    show_default=True,
+    help="Trace file to write (.json or .json.gz).",
+)
+@click.option(
+    "--activities",
+    default=None,
+    help="Comma-separated activity groups (e.g. cpu,opencl); default: all available.",
+)
+@click.option(
+    "--duration",
+    type=float,
+    default=None,
+    help="Stop profiling after this many seconds (the script runs on).",
+)
+@click.option(
+    "--summary/--no-summary", default=True, show_default=True, help="Print the top activities when done."
+)
+@click.option(
+    "--top", type=int, default=10, show_default=True, help="Rows per kind and device in the summary."
+)
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    output: str,
+    activities: str | None,
+    duration: float | None,
+    summary: bool,
+    top: int,
+    script: str,
+    script_args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
+    from polyprof.engine import Profile
+    from polyprof.export import check_output_path
+
+    if not os.path.isfile(script):
+        _fail(f"script {script} does not exist")
+    if duration is not None and duration <= 0:
+        _fail(f"--duration must be a positive number of seconds, got {duration}")
+    try:
+        output = check_output_path(output)
+        groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
+        prof = Profile(groups)
+    except PolyprofError as exc:
+        _fail(str(exc))
+
+    script_path = os.path.abspath(script)
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(script_path))
+    exit_code = 0
+    timer = None
+    stop_lock = threading.Lock()
+
+    def stop_once() -> None:
+        with stop_lock:
+            prof.stop()
+
+    prof.start()
+    if duration is not None:
+        timer = threading.Timer(duration, stop_once)
+        timer.daemon = True
+        timer.start()
+    try:
+        runpy.run_path(script_path, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException:  # the script's own failure: report it like python would, keep the trace
+        traceback.print_exc()
+        exit_code = 1
+    finally:
+        if timer is not None:
+            timer.cancel()
+        stop_once()
+    console = _console(stderr=True)
+    try:
+        written = prof.export_chrome_trace(output)
+        console.print(f"polyprof: trace written to {written}", markup=False)
+        if summary:
+            from polyprof.cli.render import print_summary
+
+            print_summary(prof.trace, console, top, f"polyprof summary: {os.path.basename(script)}")
+    except PolyprofError as exc:
+        console.print(f"polyprof: error: {exc}", markup=False)
+        exit_code = exit_code or EXIT_BAD_INPUT
+    sys.exit(exit_code)
+
+
+@cli.command()
+@click.argument("trace_file", type=click.Path(dir_okay=True))
+@click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device.")
+def summary(trace_file: str, top: int) -> None:
+    """Top activities by total time per kind and device, from a trace file (.json or .json.gz)."""
+    from polyprof.cli.render import print_summary
+    from polyprof.io import load_trace
+
+    try:
+        trace = load_trace(trace_file)
+    except TraceFormatError as exc:
+        _fail(str(exc))
+    print_summary(trace, _console(), top, f"polyprof summary: {trace_file}")
+
+
+def main() -> None:
+    cli(prog_name="polyprof")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""One host clock for everything, and the mapping of device clocks onto it.
+
+* :func:`host_ns` is ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux). Every activity in a polyprof
+  trace is stamped on it.
+* :func:`epoch_offset` pairs it once per trace with the Unix epoch, for output.
+* :class:`ClockMapping` maps a device clock onto the host clock from (device_ts, host_ts) pairs::
+
+      pairs = [(dev0, host0), (dev1, host1)]      # taken at start and stop, say
+      mapping = ClockMapping.fit([d for d, _ in pairs], [h for _, h in pairs])
+      mapping.to_host(device_timestamps)         # int or numpy int64 array
+      mapping.residual_ns                        # worst disagreement among the pairs
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+host_ns = time.perf_counter_ns
+
+#: Kineto floors `baseTimeNanoseconds` to a 3-month grid so that ranks share one base (output_json.h).
+BASE_TIME_GRID_NS = 7_889_238 * 1_000_000_000
+
+
+@dataclass(frozen=True)
+class EpochOffset:
+    """``epoch_ns = host_ns + offset_ns``, known to within ``uncertainty_ns``."""
+
+    offset_ns: int
+    uncertainty_ns: int
+
+
+def epoch_offset(samples: int = 7) -> EpochOffset:
+    """Pair the host clock with ``time.time_ns`` and keep the tightest of a few brackets."""
+    best: tuple[int, int] | None = None
+    for _ in range(samples):
+        before = host_ns()
+        wall = time.time_ns()
+        after = host_ns()
+        width = after - before
+        offset = wall - (before + after) // 2
+        if best is None or width < best[1]:
+            best = (offset, width)
+    assert best is not None
+    return EpochOffset(best[0], max(1, best[1] // 2))
+
+
+def base_time_ns(epoch_ns: int) -> int:
+    """Kineto's `baseTimeNanoseconds` for a trace starting at `epoch_ns`."""
+    return epoch_ns - epoch_ns % BASE_TIME_GRID_NS
+
+
+@dataclass(frozen=True)
+class ClockMapping:
+    """``host = host_ref + round(slope * (device - device_ref)) + intercept``.
+
+    Fitted by least squares in coordinates centred on the first pair, so 19-digit timestamps keep
+    nanosecond precision. ``slope`` is 1 + drift; ``residual_ns`` is the largest absolute
+    disagreement between a pair and the fitted line (0 with fewer than three pairs, when the line
+    goes through every pair exactly), ``uncertainty_ns`` what the caller says each pair is worth
+    (e.g. half the bracket of a host-timestamped marker).
+    """
+
+    device_ref: int = 0
+    host_ref: int = 0
+    slope: float = 1.0
+    intercept: float = 0.0
+    residual_ns: float = 0.0
+    uncertainty_ns: float = 0.0
+    pairs: int = 0
+
+    @classmethod
+    def identity(cls) -> ClockMapping:
+        return cls()
+
+    @classmethod
+    def fit(
+        cls,
+        device_ts: Any,
+        host_ts: Any,
+        *,
+        fit_drift: bool = True,
+        uncertainty_ns: float = 0.0,
+    ) -> ClockMapping:
+        """Fit from paired samples. One pair (or ``fit_drift=False``) fits an offset only."""
+        dev = np.asarray(device_ts, dtype=np.int64)
+        host = np.asarray(host_ts, dtype=np.int64)
+        if dev.shape != host.shape or dev.ndim != 1 or len(dev) == 0:
+            raise ValueError("ClockMapping.fit needs two equally long, non-empty 1-D sequences of timestamps")
+        d0, h0 = int(dev[0]), int(host[0])
+        x = (dev - d0).astype(np.float64)
+        y = (host - h0).astype(np.float64)
+        if len(dev) == 1 or not fit_drift or np.ptp(x) == 0:
+            slope = 1.0
+            intercept = float(np.mean(y - x))
+        else:
+            slope, intercept = np.polyfit(x, y, 1)
+            slope, intercept = float(slope), float(intercept)
+        residual = float(np.max(np.abs(y - (slope * x + intercept)))) if len(dev) > 1 else 0.0
+        return cls(d0, h0, slope, intercept, residual, float(uncertainty_ns), int(len(dev)))
+
+    @property
+    def drift_ppm(self) -> float:
+        return (self.slope - 1.0) * 1e6
+
+    @property
+    def error_ns(self) -> float:
+        """What a mapped timestamp may be off by: the fit residual plus the pairs' own uncertainty."""
+        return self.residual_ns + self.uncertainty_ns
+
+    def to_host(self, device_ts: Any) -> Any:
+        """Map one device timestamp (int) or an array of them (int64 array) onto the host clock."""
+        if isinstance(device_ts, (int, np.integer)):
+            return self.host_ref + int(
+                round(self.slope * (int(device_ts) - self.device_ref) + self.intercept)
+            )
+        x = (np.asarray(device_ts, dtype=np.int64) - self.device_ref).astype(np.float64)
+        return self.host_ref + np.rint(self.slope * x + self.intercept).astype(np.int64)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pairs": self.pairs,
+            "offset_ns": self.host_ref - self.device_ref + int(round(self.intercept)),
+            "drift_ppm": round(self.drift_ppm, 6),
+            "residual_ns": round(self.residual_ns, 1),
+            "uncertainty_ns": round(self.uncertainty_ns, 1),
+        }

@@ -1,0 +1,70 @@
+"""Correlation ids: how device work is attributed to the host operation that launched it.
+
+Host operations (annotations, framework ops) take an id from :func:`new_id`, make it the current
+external id of their context (a ``ContextVar``, so it is right per thread and per asyncio task), and
+push it to every profiling session that asked for correlation (:data:`targets`, filled by the
+engine). A device backend that intercepts launches in Python reads :func:`current_external_id`; one
+whose vendor library keeps its own stack (CUPTI, PTI) implements ``push_correlation``/``pop_correlation``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from contextvars import ContextVar
+
+from polyprof._accel import speedups
+
+#: Framework operators (CUPTI's CUSTOM0, PTI's CUSTOM_0).
+KIND_OP = "op"
+#: User annotations such as record_function (CUPTI's CUSTOM1, PTI's CUSTOM_1).
+KIND_ANNOTATION = "annotation"
+
+#: A new process-wide id (shared by annotations, ops and backends, so ids never collide).
+new_id: Callable[[], int] = speedups.next_id if speedups is not None else itertools.count(1).__next__
+current: ContextVar[int] = ContextVar("polyprof_external_id", default=0)
+
+
+def current_external_id() -> int:
+    """Id of the innermost host annotation or op open in this thread/task, 0 if none."""
+    return current.get()
+
+
+class CorrelationTarget:
+    """A session's push/pop pair; `on_error` removes it after its first failure."""
+
+    __slots__ = ("push", "pop", "on_error")
+
+    def __init__(
+        self, push: Callable, pop: Callable, on_error: Callable[[CorrelationTarget, BaseException], None]
+    ):
+        self.push = push
+        self.pop = pop
+        self.on_error = on_error
+
+
+#: Sessions to fan out to. Replaced (never mutated in place) so a reader iterating it is never hurt.
+targets: tuple[CorrelationTarget, ...] = ()
+
+
+def set_targets(new_targets: tuple[CorrelationTarget, ...]) -> None:
+    global targets
+    targets = new_targets
+    if speedups is not None:
+        speedups.set_has_targets(bool(new_targets))
+
+
+def push(correlation_id: int, kind: str) -> None:
+    for t in targets:
+        try:
+            t.push(correlation_id, kind)
+        except BaseException as exc:  # a backend must not take the program down
+            t.on_error(t, exc)
+
+
+def pop(kind: str) -> None:
+    for t in targets:
+        try:
+            t.pop(kind)
+        except BaseException as exc:
+            t.on_error(t, exc)

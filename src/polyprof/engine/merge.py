@@ -1,0 +1,183 @@
+"""Merging what every session collected into one trace: devices, rows, flows, window filtering."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyprof.backend import Sink
+from polyprof.model import (
+    FLOW_NONE,
+    HOST_DEVICE_KEY,
+    ActivityKind,
+    ActivityTable,
+    BackendStatus,
+    Counters,
+    Device,
+    Resource,
+    Trace,
+)
+
+
+@dataclass
+class CollectedPart:
+    status: BackendStatus
+    sink: Sink
+
+
+def host_process_name() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return f"python {argv0}".strip()
+
+
+class _DeviceTable:
+    """Global devices and resources, with pids that do not collide across backends."""
+
+    def __init__(self) -> None:
+        self.devices: list[Device] = []
+        self.resources: list[Resource] = []
+        self._by_key: dict[str, int] = {}
+        self._res: dict[tuple[int, int], int] = {}
+        self._pids: set[int] = set()
+        host = Device(HOST_DEVICE_KEY, "cpu", 0, host_process_name(), {}, 0, os.getpid(), "CPU")
+        self._add(host)
+
+    def _add(self, device: Device) -> int:
+        pid = device.pid
+        if pid < 0 or pid in self._pids:
+            pid = max(self._pids | {1_000_000}) + 1
+        device.pid = pid
+        self._pids.add(pid)
+        self._by_key[device.key] = len(self.devices)
+        self.devices.append(device)
+        return len(self.devices) - 1
+
+    def device_map(self, local: list[Device]) -> np.ndarray:
+        mapping = []
+        for d in local:
+            idx = self._by_key.get(d.key)
+            if idx is None:
+                idx = self._add(
+                    Device(d.key, d.type, d.index, d.name, dict(d.properties), d.sort_index, d.pid, d.label)
+                )
+            elif d.key != HOST_DEVICE_KEY and d.properties and not self.devices[idx].properties:
+                self.devices[idx].properties = dict(d.properties)
+            mapping.append(idx)
+        return np.array(mapping, dtype=np.int32)
+
+    def resource_map(self, local: list[Resource], device_map: np.ndarray) -> np.ndarray:
+        mapping = []
+        for r in local:
+            dev = int(device_map[r.device])
+            key = (dev, r.id)
+            idx = self._res.get(key)
+            if idx is None:
+                idx = self._res[key] = len(self.resources)
+                self.resources.append(Resource(dev, r.id, r.name, r.sort_index))
+            mapping.append(idx)
+        return np.array(mapping, dtype=np.int32)
+
+
+def merge(
+    parts: list[CollectedPart],
+    *,
+    window: tuple[int, int],
+    epoch_offset_ns: int,
+    base_time_ns: int,
+    metadata: dict,
+) -> Trace:
+    """Build the trace. Rows whose start lies outside `window` are dropped (and counted per backend);
+    flow ids are shifted per backend so they cannot collide; flows missing one end are cleared."""
+    table = _DeviceTable()
+    pieces = []
+    counters = Counters()
+    device_properties: list[dict] = []
+    extra_metadata: dict = {}
+    flow_offset = 0
+    w0, w1 = window
+    for part in parts:
+        sink = part.sink
+        dev_map = table.device_map(sink.devices)
+        res_map = table.resource_map(sink.resources, dev_map)
+        acts = sink.builder.freeze()
+        if len(acts):
+            start = acts["start"]
+            inside = (start >= w0) & (start <= w1)
+            outside = int(len(acts) - inside.sum())
+            if outside:
+                part.status.dropped["outside capture window"] = outside
+                acts = acts.take(np.flatnonzero(inside))
+        part.status.activities = len(acts)
+        pieces.append((acts, dev_map if len(dev_map) else np.zeros(0, np.int32), res_map, flow_offset))
+        if len(acts):
+            flow_offset += int(acts["flow_id"].max()) + 1
+        for s in sink.counters.samples:
+            if w0 <= s.ts <= w1:
+                counters.add(
+                    s.name,
+                    int(dev_map[s.device]),
+                    s.ts,
+                    s.value,
+                    int(res_map[s.resource]) if s.resource >= 0 else -1,
+                )
+        for props in sink.device_properties:
+            if props not in device_properties:
+                device_properties.append(props)
+        extra_metadata.update(sink.metadata)
+    activities = ActivityTable.concat(pieces)
+    activities = _sorted(_clear_unpaired_flows(activities))
+    statuses = {p.status.name: p.status for p in parts}
+    meta = {"host_name": socket.gethostname(), **extra_metadata, **metadata}
+    return Trace(
+        activities=activities,
+        devices=table.devices,
+        resources=table.resources,
+        counters=counters,
+        metadata=meta,
+        device_properties=device_properties,
+        backends=statuses,
+        epoch_offset_ns=epoch_offset_ns,
+        base_time_ns=base_time_ns,
+        window=window,
+    )
+
+
+def _clear_unpaired_flows(acts: ActivityTable) -> ActivityTable:
+    """A flow with only one end left (its partner was outside the window or rejected) is removed."""
+    if not len(acts):
+        return acts
+    fid = acts["flow_id"]
+    has = fid != 0
+    if not has.any():
+        return acts
+    key = fid.astype(np.int64) * 4 + acts["flow_type"].astype(np.int64)
+    starts = set(key[has & (acts["flow_start"] == 1)].tolist())
+    ends = set(key[has & (acts["flow_start"] == 0)].tolist())
+    paired = np.fromiter(((k in starts and k in ends) for k in key.tolist()), dtype=bool, count=len(key))
+    lone = has & ~paired
+    if lone.any():
+        cols = dict(acts.columns)
+        cols["flow_id"] = np.where(lone, 0, fid)
+        cols["flow_type"] = np.where(lone, FLOW_NONE, acts["flow_type"]).astype(np.int8)
+        cols["flow_start"] = np.where(lone, 0, acts["flow_start"]).astype(np.int8)
+        acts = ActivityTable(acts.strings, cols, acts.args)
+    return acts
+
+
+def _sorted(acts: ActivityTable) -> ActivityTable:
+    """Rows by start time (ties: longer first, so parents precede children)."""
+    if len(acts) < 2:
+        return acts
+    start, end = acts["start"], acts["end"]
+    if np.all(start[1:] >= start[:-1]) and not np.any((start[1:] == start[:-1]) & (end[1:] > end[:-1])):
+        return acts
+    order = np.lexsort((-(end - start), start))
+    return acts.take(order)
+
+
+def count_kind(trace: Trace, kind: ActivityKind) -> int:
+    return int(np.count_nonzero(trace.activities["kind"] == int(kind)))

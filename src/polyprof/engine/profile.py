@@ -1,0 +1,492 @@
+"""One profile across any number of backend sessions.
+
+::
+
+    import polyprof
+
+    with polyprof.profile(activities=["cpu", "opencl"]) as prof:
+        run_my_program()
+    prof.export_chrome_trace("trace.json.gz")
+
+With a schedule (``torch.profiler.schedule`` semantics) the profile records only some steps::
+
+    sched = polyprof.schedule(wait=1, warmup=1, active=2, repeat=1)
+    with polyprof.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace("t.json")) as p:
+        for batch in data:
+            train(batch)
+            p.step()
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from polyprof import annotations, correlation
+from polyprof._version import __version__
+from polyprof.backend import REQUIRED_SESSION_METHODS, Availability, ProfileConfig, SessionContext, Sink
+from polyprof.clock import base_time_ns, epoch_offset, host_ns
+from polyprof.engine.guard import describe, guarded_call
+from polyprof.engine.merge import CollectedPart, merge
+from polyprof.engine.schedule import (
+    PREPARE,
+    READY,
+    START,
+    STOP,
+    TRANSITIONS,
+    WARN,
+    ProfilerAction,
+    always_record,
+)
+from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
+from polyprof.model import BACKEND_FAILED, BACKEND_RAN, BACKEND_UNAVAILABLE, BackendStatus, Trace
+from polyprof.registry import BackendEntry, Registry
+from polyprof.registry import default as default_registry
+
+DEFAULT_CALL_TIMEOUT_S = 30.0
+
+
+class PolyprofWarning(UserWarning):
+    """A backend problem that did not stop the profile (it is also recorded in the trace)."""
+
+
+def activity_group_name(activity: Any) -> str:
+    """'cpu', 'CPU', ProfilerActivity.CPU (polyprof's or torch's) -> 'CPU'."""
+    if isinstance(activity, str):
+        name = activity
+    else:
+        name = getattr(activity, "name", None)
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"activities must be names like 'cpu' or ProfilerActivity members, got {activity!r}"
+            )
+    name = name.strip()
+    if not name:
+        raise ConfigError("an empty activity name was given")
+    return name.upper()
+
+
+class _Selected:
+    """A backend chosen for this profile, with what probing said."""
+
+    __slots__ = ("entry", "availability")
+
+    def __init__(self, entry: BackendEntry, availability: Availability) -> None:
+        self.entry = entry
+        self.availability = availability
+
+
+class _SessionHandle:
+    __slots__ = ("entry", "session", "ctx", "status", "started", "alive")
+
+    def __init__(self, entry: BackendEntry, ctx: SessionContext, status: BackendStatus) -> None:
+        self.entry = entry
+        self.session: Any = None
+        self.ctx = ctx
+        self.status = status
+        self.started = False
+        self.alive = True
+
+
+_active_lock = threading.Lock()
+_active_profile: Profile | None = None
+
+
+class Profile:
+    """Runs one profile; see the module docstring. Arguments are checked here, before anything starts.
+
+    Args:
+        activities: activity groups ("cpu", "opencl", ...) or ProfilerActivity members. None: every
+            group whose backend is available here. A group asked for explicitly whose backends are all
+            unavailable raises BackendUnavailableError with their reasons.
+        schedule: step -> ProfilerAction (see :func:`polyprof.schedule`); None records start to stop.
+        on_trace_ready: called with this profile when a cycle's trace is ready.
+        backend_options: ``{"opencl": {...}}``: options handed to each backend's sessions.
+        call_timeout_s: a backend's stop/collect/close running longer is abandoned.
+        metadata: top-level keys added to the trace.
+    """
+
+    def __init__(
+        self,
+        activities: Iterable[Any] | None = None,
+        *,
+        schedule: Callable[[int], Any] | None = None,
+        on_trace_ready: Callable[[Profile], Any] | None = None,
+        backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+        registry: Registry | None = None,
+        record_steps: bool | None = None,
+    ) -> None:
+        if schedule is not None and not callable(schedule):
+            raise ConfigError(
+                f"schedule must be a callable step -> ProfilerAction (see polyprof.schedule), got {schedule!r}"
+            )
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise ConfigError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
+        if (
+            isinstance(call_timeout_s, bool)
+            or not isinstance(call_timeout_s, (int, float))
+            or not math.isfinite(call_timeout_s)
+            or call_timeout_s <= 0
+        ):
+            raise ConfigError(f"call_timeout_s must be a positive number of seconds, got {call_timeout_s!r}")
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise ConfigError("backend_options must map backend names to dicts of options")
+        self.registry = registry or default_registry
+        self.schedule = schedule or always_record
+        self.record_steps = schedule is not None if record_steps is None else record_steps
+        self.on_trace_ready = on_trace_ready
+        self.call_timeout_s = float(call_timeout_s)
+        self._metadata: dict[str, Any] = dict(metadata or {})
+        self._explicit = activities is not None
+        self._selected, self._unavailable, groups = self._select(activities)
+        self.config = ProfileConfig(
+            activities=frozenset(groups),
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+        )
+        self._backend_options = {k: dict(v) for k, v in (backend_options or {}).items()}
+        selected_names = {s.entry.name for s in self._selected}
+        for name in self._backend_options:
+            if name not in selected_names:
+                from polyprof.errors import UnknownNameError
+
+                raise UnknownNameError(
+                    "backend",
+                    name,
+                    selected_names,
+                    " (backend_options names a backend this profile does not use)",
+                )
+        for sel in self._selected:
+            checker = getattr(sel.entry.backend, "check_options", None)
+            if checker is not None:
+                try:
+                    checker(self._backend_options.get(sel.entry.name, {}))
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    raise ConfigError(f"backend {sel.entry.name!r} rejected its options: {exc}") from exc
+
+        self.step_num = 0
+        self.current_action = ProfilerAction.NONE
+        self._handles: list[_SessionHandle] = []
+        self._recording = False
+        self._window_start = 0
+        self._trace: Trace | None = None
+        self._step_span: annotations.record_function | None = None
+        self._started = False
+
+    # -- selection ----------------------------------------------------------------------------------
+    def _select(self, activities: Iterable[Any] | None) -> tuple[list[_Selected], list[_Selected], list[str]]:
+        selected: list[_Selected] = []
+        unavailable: list[_Selected] = []
+        if activities is None:
+            seen: set[str] = set()
+            groups: set[str] = set()
+            for entry in self.registry.entries():
+                if entry.broken or entry.name in seen:
+                    continue
+                seen.add(entry.name)
+                avail = self.registry.probe(entry)
+                (selected if avail.available else unavailable).append(_Selected(entry, avail))
+                if avail.available:
+                    groups |= {a.upper() for a in entry.activities}
+            return selected, unavailable, sorted(groups)
+        if isinstance(activities, (str, bytes)):
+            activities = [activities]
+        groups_list = [activity_group_name(a) for a in activities]
+        if len(set(groups_list)) != len(groups_list):
+            raise ConfigError(f"an activity group is listed twice: {groups_list}")
+        by_group = self.registry.for_activities(groups_list)
+        chosen: dict[str, _Selected] = {}
+        for group, entries in by_group.items():
+            results = []
+            for entry in entries:
+                if entry.name not in chosen:
+                    chosen[entry.name] = _Selected(entry, self.registry.probe(entry))
+                results.append(chosen[entry.name])
+            if not any(r.availability.available for r in results):
+                reasons = "; ".join(f"{r.entry.name}: {r.availability.reason}" for r in results)
+                raise BackendUnavailableError(f"activity {group} cannot be profiled here: {reasons}")
+        for sel in chosen.values():
+            (selected if sel.availability.available else unavailable).append(sel)
+        return selected, unavailable, groups_list
+
+    @property
+    def backends(self) -> list[str]:
+        """Names of the backends this profile runs."""
+        return [s.entry.name for s in self._selected]
+
+    # -- the user API --------------------------------------------------------------------------------
+    def __enter__(self) -> Profile:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Begin: apply the schedule's action for step 0."""
+        if self._started:
+            raise PolyprofError("this profile was already started; create a new one to profile again")
+        self._started = True
+        self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
+        self._enter_step_span()
+
+    def step(self) -> None:
+        """Mark the end of a step: advance `step_num` and apply the schedule's transition."""
+        if not self._started:
+            raise PolyprofError("step() called before start()")
+        self._exit_step_span()
+        prev = self.current_action
+        self.step_num += 1
+        self._transition(prev, self.schedule(self.step_num))
+        self._enter_step_span()
+
+    def stop(self) -> None:
+        """End: finish the current cycle (recording cycles are collected and handed to on_trace_ready)."""
+        if not self._started:
+            return
+        self._exit_step_span()
+        self._apply(TRANSITIONS[(self.current_action, None)])
+        self.current_action = ProfilerAction.NONE
+        self._started = False
+
+    @property
+    def trace(self) -> Trace:
+        """The last trace collected. Raises if nothing has been recorded yet."""
+        if self._trace is None:
+            raise PolyprofError(
+                "no trace has been recorded yet: profile something first (start/stop or a with block)"
+            )
+        return self._trace
+
+    def export_chrome_trace(self, path: str) -> str:
+        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz)."""
+        from polyprof.export.chrome import write_chrome_trace
+
+        return write_chrome_trace(self.trace, path)
+
+    def add_metadata(self, key: str, value: Any) -> None:
+        """A top-level key/value of the trace (value must be JSON-serialisable)."""
+        self._metadata[str(key)] = value
+        if self._trace is not None:
+            self._trace.metadata[str(key)] = value
+
+    def add_metadata_json(self, key: str, value: str) -> None:
+        """Like add_metadata, with `value` already JSON text."""
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"add_metadata_json({key!r}): value is not valid JSON: {exc}") from exc
+        self.add_metadata(key, parsed)
+
+    # -- schedule machinery --------------------------------------------------------------------------
+    def _transition(self, prev: ProfilerAction, cur: Any) -> None:
+        if not isinstance(cur, ProfilerAction):
+            cur = ProfilerAction(getattr(cur, "value", cur))
+        self._apply(TRANSITIONS[(prev, cur)])
+        self.current_action = cur
+
+    def _apply(self, phases: tuple[str, ...]) -> None:
+        for phase in phases:
+            if phase == PREPARE:
+                self._prepare()
+            elif phase == START:
+                self._start_recording()
+            elif phase == STOP:
+                self._stop_recording()
+            elif phase == READY:
+                if self.on_trace_ready is not None:
+                    self.on_trace_ready(self)
+            elif phase == WARN:
+                warnings.warn(
+                    "Incorrect schedule: WARMUP followed by NONE or RECORD followed by NONE/WARMUP; "
+                    "the trace of this cycle is not saved",
+                    stacklevel=4,
+                )
+
+    def _enter_step_span(self) -> None:
+        if self.record_steps and self._recording:
+            self._step_span = annotations.record_function(f"ProfilerStep#{self.step_num}")
+            self._step_span.__enter__()
+
+    def _exit_step_span(self) -> None:
+        if self._step_span is not None:
+            self._step_span.__exit__(None, None, None)
+            self._step_span = None
+
+    # -- lifecycle phases ----------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        if self._handles:
+            return
+        for sel in self._selected:
+            entry = sel.entry
+            status = BackendStatus(
+                entry.name, version=entry.version or str(sel.availability.versions.get("version", ""))
+            )
+            ctx = SessionContext(entry.name, self._backend_options.get(entry.name))
+            handle = _SessionHandle(entry, ctx, status)
+            outcome = guarded_call(status, "create_session", entry.backend.create_session, self.config, ctx)
+            if outcome.ok:
+                missing = [
+                    m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))
+                ]
+                if missing:
+                    status.errors.append(f"create_session() returned a session without {', '.join(missing)}")
+                else:
+                    handle.session = outcome.value
+            if handle.session is not None:
+                if not guarded_call(status, "prepare", handle.session.prepare).ok:
+                    self._close(handle)
+            handle.alive = handle.session is not None
+            self._handles.append(handle)
+
+    def _start_recording(self) -> None:
+        global _active_profile
+        with _active_lock:
+            if _active_profile is not None and _active_profile is not self:
+                raise PolyprofError(
+                    "another polyprof profile is already recording in this process; stop it first"
+                )
+            _active_profile = self
+        self._epoch = epoch_offset()
+        self._window_start = host_ns()
+        targets = []
+        for h in self._live():
+            h.ctx.window_start = self._window_start
+            if guarded_call(h.status, "start", h.session.start).ok:
+                h.started = True
+                push = getattr(h.session, "push_correlation", None)
+                pop = getattr(h.session, "pop_correlation", None)
+                if callable(push) and callable(pop):
+                    targets.append(correlation.CorrelationTarget(push, pop, self._correlation_failed(h)))
+            else:
+                self._close(h)
+        correlation.set_targets(tuple(targets))
+        self._recording = True
+
+    def _correlation_failed(self, handle: _SessionHandle) -> Callable:
+        def on_error(target: correlation.CorrelationTarget, exc: BaseException) -> None:
+            handle.status.errors.append(f"push/pop_correlation raised {describe(exc)}; correlation disabled")
+            correlation.set_targets(tuple(t for t in correlation.targets if t is not target))
+
+        return on_error
+
+    def _stop_recording(self) -> None:
+        global _active_profile
+        window_end = host_ns()
+        correlation.set_targets(())
+        parts: list[CollectedPart] = []
+        for h in self._handles:
+            h.ctx.window_end = window_end
+            if h.alive and h.started:
+                self._call(h, "stop", h.session.stop)
+        for h in self._handles:
+            if h.alive and h.started:
+                sink = Sink(h.entry.name)
+                outcome = self._call(h, "collect", h.session.collect, sink)
+                if outcome.timed_out:
+                    sink.closed = True
+                    h.status.state = BACKEND_FAILED
+                else:
+                    parts.append(CollectedPart(h.status, sink))
+            self._close(h)
+        for h in self._handles:
+            self._finish_status(h)
+            if h.status.state != BACKEND_RAN and not any(p.status is h.status for p in parts):
+                parts.append(CollectedPart(h.status, Sink(h.entry.name)))
+        for sel in self._unavailable:
+            st = BackendStatus(
+                sel.entry.name, BACKEND_UNAVAILABLE, reason=sel.availability.reason, version=sel.entry.version
+            )
+            parts.append(CollectedPart(st, Sink(sel.entry.name)))
+        self._handles = []
+        self._recording = False
+        with _active_lock:
+            _active_profile = None
+        for p in parts:
+            if p.sink.rejected:
+                p.status.rejected = sum(p.sink.rejected.values())
+                p.status.rejected_reasons = dict(p.sink.rejected)
+        epoch = self._epoch
+        meta = {
+            **self._metadata,
+            "polyprof": {
+                "version": __version__,
+                "activities": sorted(self.config.activities),
+                "clock": {
+                    "host": "perf_counter_ns",
+                    "epoch_offset_ns": epoch.offset_ns,
+                    "epoch_uncertainty_ns": epoch.uncertainty_ns,
+                },
+            },
+        }
+        self._trace = merge(
+            parts,
+            window=(self._window_start, window_end),
+            epoch_offset_ns=epoch.offset_ns,
+            base_time_ns=base_time_ns(self._window_start + epoch.offset_ns),
+            metadata=meta,
+        )
+        # merge() fills in each backend's activity and out-of-window counts, so serialise after it
+        self._trace.metadata["polyprof"]["backends"] = {p.status.name: p.status.to_json() for p in parts}
+        self._warn_user(parts)
+
+    def _call(self, h: _SessionHandle, what: str, fn: Callable, *args: Any) -> Any:
+        timeout = None if getattr(h.session, "thread_affine", False) else self.call_timeout_s
+        outcome = guarded_call(h.status, what, fn, *args, timeout_s=timeout)
+        if outcome.timed_out:
+            h.alive = False
+        return outcome
+
+    def _close(self, h: _SessionHandle) -> None:
+        if h.session is not None and h.alive:
+            self._call(h, "close", h.session.close)
+        h.alive = False
+
+    def _live(self) -> list[_SessionHandle]:
+        return [h for h in self._handles if h.alive and h.session is not None]
+
+    @staticmethod
+    def _finish_status(h: _SessionHandle) -> None:
+        st, rep = h.status, h.ctx.report
+        st.errors.extend(rep.errors)
+        st.warnings.extend(w for w in rep.warnings if w not in st.warnings)
+        for what, n in rep.dropped.items():
+            st.dropped[what] = st.dropped.get(what, 0) + n
+        st.clock.update(rep.clock)
+        if h.session is None or not h.started:
+            st.state = BACKEND_FAILED
+
+    @staticmethod
+    def _warn_user(parts: list[CollectedPart]) -> None:
+        for p in parts:
+            st = p.status
+            problems = list(st.errors) + list(st.warnings)
+            if st.rejected:
+                problems.append(
+                    f"{st.rejected} malformed rows rejected ({', '.join(f'{k}: {v}' for k, v in st.rejected_reasons.items())})"
+                )
+            for what, n in st.dropped.items():
+                if what != "outside capture window":
+                    problems.append(f"dropped {n} {what}")
+            for msg in problems:
+                warnings.warn(f"polyprof backend {st.name!r}: {msg}", PolyprofWarning, stacklevel=5)
+
+
+def profile(activities: Iterable[Any] | None = None, **kwargs: Any) -> Profile:
+    """Create a :class:`Profile` (use it as a context manager, or call start/stop)."""
+    return Profile(activities, **kwargs)

@@ -1,0 +1,45 @@
+"""Errors polyprof raises to users. Each message says what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class PolyprofError(Exception):
+    """Base class of every error polyprof raises on purpose."""
+
+
+class ConfigError(PolyprofError, ValueError):
+    """A profile's arguments are invalid; raised before anything starts."""
+
+
+class UnknownNameError(ConfigError):
+    """A backend or activity name that no installed backend provides."""
+
+    def __init__(self, what: str, name: str, known: Iterable[str], extra: str = "") -> None:
+        known = sorted(set(known))
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) or difflib.get_close_matches(
+            name.upper(), [k.upper() for k in known], n=1, cutoff=0.5
+        )
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        listing = ", ".join(known) if known else "(none installed)"
+        super().__init__(f"unknown {what} {name!r}.{hint} Known {what}s: {listing}.{extra}")
+        self.name = name
+        self.known = known
+
+
+class BackendUnavailableError(PolyprofError, RuntimeError):
+    """A profile asked for an activity whose backend cannot run on this machine."""
+
+
+class BackendConflictError(PolyprofError, RuntimeError):
+    """Two installed distributions register a backend under the same name."""
+
+
+class TraceFormatError(PolyprofError, ValueError):
+    """A trace file could not be read: truncated, not JSON, or not a trace."""
+
+
+class OutputPathError(ConfigError):
+    """An output path that cannot be written."""

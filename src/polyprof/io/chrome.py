@@ -1,0 +1,247 @@
+"""Reading Kineto-dialect Chrome traces (written by polyprof or torch.profiler) into a Trace.
+
+::
+
+    from polyprof.io import load_trace
+    trace = load_trace("trace.json.gz")
+
+A file that is truncated, not JSON or not a trace raises :class:`polyprof.errors.TraceFormatError`
+with a one-line message naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from typing import Any
+
+import orjson
+
+from polyprof.errors import TraceFormatError
+from polyprof.model import (
+    FLOW_AC2G,
+    FLOW_FWDBWD,
+    ActivityBuilder,
+    ActivityKind,
+    BackendStatus,
+    Counters,
+    Device,
+    Resource,
+    Trace,
+    kind_from_category,
+)
+
+_FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceFormatError(f"{path}: gzip data is truncated or corrupt ({exc})") from None
+    return data
+
+
+def _ns(value: Any, path: str, what: str) -> int:
+    """Microseconds (number or numeric string, as Kineto writes) -> integer ns."""
+    if isinstance(value, bool) or value is None:
+        raise TraceFormatError(f"{path}: {what} has no valid timestamp")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise TraceFormatError(f"{path}: {what} has a non-numeric timestamp {value!r}") from None
+    if isinstance(value, int):
+        return value * 1000
+    if isinstance(value, float):
+        return int(round(value * 1000))
+    raise TraceFormatError(f"{path}: {what} has a non-numeric timestamp {value!r}")
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Load a Chrome trace JSON file (``.json`` or gzip-compressed) into a :class:`Trace`."""
+    path = os.fspath(path)
+    data = _read_bytes(path)
+    if not data.strip():
+        raise TraceFormatError(f"{path}: the file is empty")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        problem = (
+            "is truncated"
+            if "unexpected end" in str(exc).lower() or "eof" in str(exc).lower()
+            else "is not valid JSON"
+        )
+        raise TraceFormatError(f"{path}: {problem} ({exc})") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceFormatError(f"{path}: JSON but not a Chrome trace (no traceEvents list)")
+    return _build(doc, path)
+
+
+def _build(doc: dict[str, Any], path: str) -> Trace:
+    base = doc.get("baseTimeNanoseconds", 0)
+    base = base if isinstance(base, int) else 0
+    devices: list[Device] = []
+    dev_by_pid: dict[Any, int] = {}
+    resources: list[Resource] = []
+    res_by_key: dict[tuple[int, Any], int] = {}
+
+    def device(pid: Any) -> int:
+        idx = dev_by_pid.get(pid)
+        if idx is None:
+            idx = dev_by_pid[pid] = len(devices)
+            pid_int = pid if isinstance(pid, int) else -1 - len(devices)
+            devices.append(
+                Device(f"pid:{pid}", "unknown", pid_int if pid_int >= 0 else 0, f"process {pid}", pid=pid_int)
+            )
+        return idx
+
+    def resource(dev: int, tid: Any) -> int:
+        key = (dev, tid)
+        idx = res_by_key.get(key)
+        if idx is None:
+            idx = res_by_key[key] = len(resources)
+            tid_int = tid if isinstance(tid, int) else len(resources)
+            resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
+        return idx
+
+    builder = ActivityBuilder()
+    counters = Counters()
+    at_position: dict[tuple[Any, Any, int], int] = {}
+    pending_flows: list[tuple[dict, int]] = []
+    events = doc["traceEvents"]
+    for n, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise TraceFormatError(f"{path}: traceEvents[{n}] is not an object")
+        ph = ev.get("ph")
+        if ph == "M":
+            _metadata_row(ev, devices, resources, device, resource)
+            continue
+        if ph not in ("X", "i", "I", "C", "s", "f", "t"):
+            continue
+        pid, tid = ev.get("pid"), ev.get("tid")
+        if ph == "i" and ev.get("s") == "g":
+            continue  # "Record Window End" and other global markers
+        ts = _ns(ev.get("ts"), path, f"traceEvents[{n}]")
+        dev = device(pid)
+        if ph == "C":
+            args = ev.get("args") or {}
+            for key, value in args.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    counters.add(
+                        str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}",
+                        dev,
+                        ts,
+                        float(value),
+                    )
+            continue
+        if ph in ("s", "f", "t"):
+            pending_flows.append((ev, ts))
+            continue
+        res = resource(dev, tid)
+        cat = str(ev.get("cat", ""))
+        args = dict(ev.get("args") or {})
+        ext = args.pop("External id", 0)
+        corr = args.get("correlation", 0)
+        if ph == "X":
+            kind = kind_from_category(cat)
+            dur = _ns(ev.get("dur", 0), path, f"traceEvents[{n}] dur")
+        else:
+            kind, dur = ActivityKind.INSTANT, 0
+        row = builder.append(
+            kind,
+            cat,
+            str(ev.get("name", "")),
+            dev,
+            res,
+            ts,
+            ts + max(0, dur),
+            int(corr) if isinstance(corr, int) else 0,
+            int(ext) if isinstance(ext, int) else 0,
+            args=args or None,
+        )
+        at_position[(pid, tid, ts)] = row
+    flow_cols = builder._cols
+    for ev, ts in pending_flows:
+        row = at_position.get((ev.get("pid"), ev.get("tid"), ts))
+        fid = ev.get("id")
+        if row is None or not isinstance(fid, int):
+            continue
+        flow_cols["flow_id"][row] = fid
+        flow_cols["flow_type"][row] = _FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
+        flow_cols["flow_start"][row] = 1 if ev.get("ph") == "s" else 0
+    acts = builder.freeze()
+    metadata = {
+        k: v
+        for k, v in doc.items()
+        if k
+        not in (
+            "traceEvents",
+            "deviceProperties",
+            "schemaVersion",
+            "displayTimeUnit",
+            "baseTimeNanoseconds",
+            "traceName",
+        )
+    }
+    statuses = {}
+    for name, st in ((metadata.get("polyprof") or {}).get("backends") or {}).items():
+        if isinstance(st, dict):
+            statuses[name] = BackendStatus(
+                name,
+                st.get("state", "ran"),
+                reason=st.get("reason", ""),
+                errors=list(st.get("errors", [])),
+                warnings=list(st.get("warnings", [])),
+                dropped=dict(st.get("dropped", {})),
+                rejected=int(st.get("rejected", 0)),
+                activities=int(st.get("activities", 0)),
+                version=st.get("version", ""),
+            )
+    start = int(acts["start"].min()) if len(acts) else 0
+    end = int(acts["end"].max()) if len(acts) else 0
+    props = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
+    return Trace(
+        activities=acts,
+        devices=devices,
+        resources=resources,
+        counters=counters,
+        metadata=metadata,
+        device_properties=props,
+        backends=statuses,
+        epoch_offset_ns=base,  # times read back are relative to baseTimeNanoseconds
+        base_time_ns=base,
+        window=(start, end),
+    )
+
+
+def _metadata_row(
+    ev: dict, devices: list[Device], resources: list[Resource], device: Any, resource: Any
+) -> None:
+    name, args = ev.get("name"), ev.get("args") or {}
+    dev = device(ev.get("pid"))
+    if name == "process_name":
+        devices[dev].name = str(args.get("name", devices[dev].name))
+    elif name == "process_labels":
+        devices[dev].label = str(args.get("labels", ""))
+        if devices[dev].label == "CPU":
+            devices[dev].type = "cpu"
+    elif name == "process_sort_index":
+        devices[dev].sort_index = int(args.get("sort_index", 0) or 0)
+    elif name == "thread_name":
+        resources[resource(dev, ev.get("tid"))].name = str(args.get("name", ""))
+    elif name == "thread_sort_index":
+        resources[resource(dev, ev.get("tid"))].sort_index = int(args.get("sort_index", 0) or 0)

@@ -1,0 +1,52 @@
+"""The trace model: columnar activities, devices, resources, counters, metadata.
+
+Nothing in this package knows any backend or device type.
+"""
+
+from polyprof.model.activities import (
+    COLUMN_NAMES,
+    FLOW_AC2G,
+    FLOW_FWDBWD,
+    FLOW_NAMES,
+    FLOW_NONE,
+    Activity,
+    ActivityBuilder,
+    ActivityTable,
+)
+from polyprof.model.counters import Counters, CounterSample
+from polyprof.model.devices import HOST_DEVICE_KEY, Device, Resource
+from polyprof.model.kinds import DEFAULT_CATEGORY, DEVICE_KINDS, ActivityKind, kind_from_category
+from polyprof.model.strings import StringTable
+from polyprof.model.trace import (
+    BACKEND_FAILED,
+    BACKEND_RAN,
+    BACKEND_UNAVAILABLE,
+    BackendStatus,
+    Trace,
+)
+
+__all__ = [
+    "Activity",
+    "ActivityBuilder",
+    "ActivityKind",
+    "ActivityTable",
+    "BACKEND_FAILED",
+    "BACKEND_RAN",
+    "BACKEND_UNAVAILABLE",
+    "BackendStatus",
+    "COLUMN_NAMES",
+    "CounterSample",
+    "Counters",
+    "DEFAULT_CATEGORY",
+    "DEVICE_KINDS",
+    "Device",
+    "FLOW_AC2G",
+    "FLOW_FWDBWD",
+    "FLOW_NAMES",
+    "FLOW_NONE",
+    "HOST_DEVICE_KEY",
+    "Resource",
+    "StringTable",
+    "Trace",
+    "kind_from_category",
+]

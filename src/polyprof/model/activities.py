@@ -1,0 +1,246 @@
+"""Columnar activity storage: one numpy array per field, interned strings, sparse args.
+
+A trace of a million kernels is twelve arrays and a string table, not a million Python objects.
+Build one with :class:`ActivityBuilder`, then :meth:`ActivityBuilder.freeze` it::
+
+    b = ActivityBuilder()
+    b.append(ActivityKind.KERNEL, "kernel", "vector_add", device=1, resource=0, start=10, end=25)
+    table = b.freeze()
+    table["start"]          # -> array([10])
+    table.row(0).name       # -> 'vector_add'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polyprof.model.kinds import ActivityKind
+from polyprof.model.strings import StringTable
+
+FLOW_NONE = 0
+FLOW_FWDBWD = 1  # forward op -> backward op, Kineto's "fwdbwd"
+FLOW_AC2G = 2  # host launch -> device work, Kineto's "ac2g"
+FLOW_NAMES = {FLOW_FWDBWD: "fwdbwd", FLOW_AC2G: "ac2g"}
+
+#: (column, dtype). `correlation`, `external_id` and `flow_id` use 0 for "none".
+COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("kind", np.uint8),
+    ("cat", np.int32),
+    ("name", np.int32),
+    ("device", np.int32),
+    ("resource", np.int32),
+    ("start", np.int64),
+    ("end", np.int64),
+    ("correlation", np.int64),
+    ("external_id", np.int64),
+    ("flow_id", np.int64),
+    ("flow_type", np.int8),
+    ("flow_start", np.int8),
+)
+COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A row of an :class:`ActivityTable`, materialised for inspection (tests, analysis, small traces)."""
+
+    index: int
+    kind: ActivityKind
+    cat: str
+    name: str
+    device: int
+    resource: int
+    start: int
+    end: int
+    correlation: int
+    external_id: int
+    flow_id: int
+    flow_type: int
+    flow_start: bool
+    args: dict[str, Any]
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+class ActivityTable:
+    """Immutable columns of activities. Timestamps are host-clock nanoseconds."""
+
+    __slots__ = ("strings", "columns", "args")
+
+    def __init__(self, strings: StringTable, columns: dict[str, np.ndarray], args: dict[int, dict]) -> None:
+        self.strings = strings
+        self.columns = columns
+        self.args = args
+
+    @classmethod
+    def empty(cls) -> ActivityTable:
+        return cls(StringTable(), {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, {})
+
+    def __len__(self) -> int:
+        return len(self.columns["start"])
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.columns[column]
+
+    def row(self, i: int) -> Activity:
+        c = self.columns
+        return Activity(
+            index=i,
+            kind=ActivityKind(int(c["kind"][i])),
+            cat=self.strings[int(c["cat"][i])],
+            name=self.strings[int(c["name"][i])],
+            device=int(c["device"][i]),
+            resource=int(c["resource"][i]),
+            start=int(c["start"][i]),
+            end=int(c["end"][i]),
+            correlation=int(c["correlation"][i]),
+            external_id=int(c["external_id"][i]),
+            flow_id=int(c["flow_id"][i]),
+            flow_type=int(c["flow_type"][i]),
+            flow_start=bool(c["flow_start"][i]),
+            args=self.args.get(i, {}),
+        )
+
+    def __iter__(self) -> Iterator[Activity]:
+        return (self.row(i) for i in range(len(self)))
+
+    def names(self) -> np.ndarray:
+        """The name of every row as an object array (vectorised string lookup)."""
+        return (
+            np.asarray(self.strings.strings, dtype=object)[self.columns["name"]]
+            if len(self)
+            else np.zeros(0, dtype=object)
+        )
+
+    def take(self, indices: np.ndarray) -> ActivityTable:
+        """A new table with the rows at `indices` (in that order); args follow their rows."""
+        indices = np.asarray(indices, dtype=np.int64)
+        columns = {n: a[indices] for n, a in self.columns.items()}
+        args: dict[int, dict] = {}
+        if self.args:
+            for new, old in enumerate(indices.tolist()):
+                a = self.args.get(old)
+                if a is not None:
+                    args[new] = a
+        return ActivityTable(self.strings, columns, args)
+
+    @classmethod
+    def concat(
+        cls,
+        parts: Sequence[tuple[ActivityTable, np.ndarray, np.ndarray, int]],
+    ) -> ActivityTable:
+        """Merge tables into one with a shared string table.
+
+        Each part is ``(table, device_map, resource_map, flow_offset)``: its device and resource
+        columns are remapped through the arrays, and its flow ids shifted by `flow_offset`, so that
+        ids from different backends cannot collide.
+        """
+        strings = StringTable()
+        out: dict[str, list[np.ndarray]] = {n: [] for n in COLUMN_NAMES}
+        args: dict[int, dict] = {}
+        base = 0
+        for table, device_map, resource_map, flow_offset in parts:
+            n = len(table)
+            if n == 0:
+                continue
+            string_map = np.array([strings.intern(s) for s in table.strings.strings], dtype=np.int32)
+            for name in COLUMN_NAMES:
+                col = table.columns[name]
+                if name in ("cat", "name"):
+                    col = string_map[col]
+                elif name == "device":
+                    col = device_map[col]
+                elif name == "resource":
+                    col = resource_map[col]
+                elif name == "flow_id" and flow_offset:
+                    col = np.where(col != 0, col + flow_offset, 0)
+                out[name].append(col)
+            for i, a in table.args.items():
+                args[base + i] = a
+            base += n
+        if base == 0:
+            return cls(strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, {})
+        columns = {n: np.concatenate(out[n]).astype(t, copy=False) for n, t in COLUMNS}
+        return cls(strings, columns, args)
+
+
+class ActivityBuilder:
+    """Appends activities row by row (or column by column) and freezes them into a table.
+
+    Not thread-safe: give each producer its own builder.
+    """
+
+    __slots__ = ("strings", "_cols", "_args")
+
+    def __init__(self, strings: StringTable | None = None) -> None:
+        self.strings = strings or StringTable()
+        self._cols: dict[str, list] = {n: [] for n in COLUMN_NAMES}
+        self._args: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return len(self._cols["start"])
+
+    def append(
+        self,
+        kind: int,
+        cat: str,
+        name: str,
+        device: int,
+        resource: int,
+        start: int,
+        end: int,
+        correlation: int = 0,
+        external_id: int = 0,
+        flow_id: int = 0,
+        flow_type: int = FLOW_NONE,
+        flow_start: bool = False,
+        args: dict | None = None,
+    ) -> int:
+        c = self._cols
+        row = len(c["start"])
+        intern = self.strings.intern
+        c["kind"].append(int(kind))
+        c["cat"].append(intern(cat))
+        c["name"].append(intern(name))
+        c["device"].append(device)
+        c["resource"].append(resource)
+        c["start"].append(start)
+        c["end"].append(end)
+        c["correlation"].append(correlation)
+        c["external_id"].append(external_id)
+        c["flow_id"].append(flow_id)
+        c["flow_type"].append(flow_type)
+        c["flow_start"].append(1 if flow_start else 0)
+        if args:
+            self._args[row] = args
+        return row
+
+    def extend_columns(
+        self, columns: dict[str, Sequence | np.ndarray], args: dict[int, dict] | None = None
+    ) -> None:
+        """Append many rows at once. `cat` and `name` are sequences of strings; missing optional
+        columns default to 0; `args` maps row numbers (0-based within this batch) to dicts."""
+        n = len(columns["start"])
+        base = len(self)
+        intern = self.strings.intern
+        for name, _dtype in COLUMNS:
+            values = columns.get(name)
+            if values is None:
+                self._cols[name].extend([0] * n)
+            elif name in ("cat", "name"):
+                self._cols[name].extend([intern(s) for s in values])
+            else:
+                self._cols[name].extend(values.tolist() if isinstance(values, np.ndarray) else values)
+        if args:
+            for i, a in args.items():
+                self._args[base + i] = a
+
+    def freeze(self) -> ActivityTable:
+        columns = {n: np.asarray(self._cols[n], dtype=t) for n, t in COLUMNS}
+        return ActivityTable(self.strings, columns, dict(self._args))
