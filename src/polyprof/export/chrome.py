@@ -133,7 +133,15 @@ def _activity_chunk(
     base = [
         f'{{"ph":"X","cat":{cat},"name":{name},"pid":{pid},"tid":{tid},"ts":{q}{f},"dur":{dq}{df}'
         for cat, name, pid, tid, q, f, dq, df in zip(
-            names[c["cat"]].tolist(), names[c["name"]].tolist(), pid_s, tid_s, ts_q, ts_f, du_q, du_f
+            names[c["cat"]].tolist(),
+            names[c["name"]].tolist(),
+            pid_s,
+            tid_s,
+            ts_q,
+            ts_f,
+            du_q,
+            du_f,
+            strict=True,
         )
     ]
     ends = ["}"] * (hi - lo)
