@@ -24,7 +24,8 @@ class UnknownNameError(ConfigError):
         )
         hint = f" Did you mean {close[0]!r}?" if close else ""
         listing = ", ".join(known) if known else "(none installed)"
-        super().__init__(f"unknown {what} {name!r}.{hint} Known {what}s: {listing}.{extra}")
+        plural = what[:-1] + "ies" if what.endswith("y") else what + "s"
+        super().__init__(f"unknown {what} {name!r}.{hint} Known {plural}: {listing}.{extra}")
         self.name = name
         self.known = known
 

@@ -33,7 +33,7 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _fail(message: str) -> None:
-    _console(stderr=True).print(f"polyprof: error: {message}", markup=False)
+    click.echo(f"polyprof: error: {message}", err=True)  # one line, never wrapped
     sys.exit(EXIT_BAD_INPUT)
 
 
@@ -158,13 +158,13 @@ def run(
     console = _console(stderr=True)
     try:
         written = prof.export_chrome_trace(output)
-        console.print(f"polyprof: trace written to {written}", markup=False)
+        click.echo(f"polyprof: trace written to {written}", err=True)
         if summary:
             from polyprof.cli.render import print_summary
 
             print_summary(prof.trace, console, top, f"polyprof summary: {os.path.basename(script)}")
     except PolyprofError as exc:
-        console.print(f"polyprof: error: {exc}", markup=False)
+        click.echo(f"polyprof: error: {exc}", err=True)
         exit_code = exit_code or EXIT_BAD_INPUT
     sys.exit(exit_code)
 

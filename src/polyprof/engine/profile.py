@@ -44,7 +44,7 @@ from polyprof.engine.schedule import (
     always_record,
 )
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
-from polyprof.model import BACKEND_FAILED, BACKEND_RAN, BACKEND_UNAVAILABLE, BackendStatus, Trace
+from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, Trace
 from polyprof.registry import BackendEntry, Registry
 from polyprof.registry import default as default_registry
 
@@ -240,7 +240,7 @@ class Profile:
     def start(self) -> None:
         """Begin: apply the schedule's action for step 0."""
         if self._started:
-            raise PolyprofError("this profile was already started; create a new one to profile again")
+            raise PolyprofError("this profile is already started; call stop() before starting it again")
         self._started = True
         self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
         self._enter_step_span()
@@ -348,10 +348,9 @@ class Profile:
                     status.errors.append(f"create_session() returned a session without {', '.join(missing)}")
                 else:
                     handle.session = outcome.value
-            if handle.session is not None:
-                if not guarded_call(status, "prepare", handle.session.prepare).ok:
-                    self._close(handle)
             handle.alive = handle.session is not None
+            if handle.alive and not guarded_call(status, "prepare", handle.session.prepare).ok:
+                self._close(handle)
             self._handles.append(handle)
 
     def _start_recording(self) -> None:
@@ -392,22 +391,22 @@ class Profile:
         parts: list[CollectedPart] = []
         for h in self._handles:
             h.ctx.window_end = window_end
-            if h.alive and h.started:
-                self._call(h, "stop", h.session.stop)
+            if h.alive and h.started and not self._call(h, "stop", h.session.stop).ok:
+                h.status.state = BACKEND_FAILED if not h.alive else h.status.state
         for h in self._handles:
+            sink = Sink(h.entry.name)
             if h.alive and h.started:
-                sink = Sink(h.entry.name)
                 outcome = self._call(h, "collect", h.session.collect, sink)
+                if not outcome.ok:
+                    # rows a failed collect emitted before raising are kept; a hung one's are not,
+                    # since its thread may still be writing
+                    h.status.state = BACKEND_FAILED
                 if outcome.timed_out:
                     sink.closed = True
-                    h.status.state = BACKEND_FAILED
-                else:
-                    parts.append(CollectedPart(h.status, sink))
+                    sink = Sink(h.entry.name)
             self._close(h)
-        for h in self._handles:
             self._finish_status(h)
-            if h.status.state != BACKEND_RAN and not any(p.status is h.status for p in parts):
-                parts.append(CollectedPart(h.status, Sink(h.entry.name)))
+            parts.append(CollectedPart(h.status, sink))
         for sel in self._unavailable:
             st = BackendStatus(
                 sel.entry.name, BACKEND_UNAVAILABLE, reason=sel.availability.reason, version=sel.entry.version

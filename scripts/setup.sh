@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install polyprof, its plugins and, with --test, what the tests use.
+# Idempotent: safe to run again; pip skips what is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if [ "${1:-}" = "--test" ]; then
+  "${pip[@]}" -e ".[test]"
+  # The CPU build of torch (tests compare against torch.profiler). On Python 3.11 this machine kind has
+  # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
+  "${pip[@]}" "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
+else
+  "${pip[@]}" -e .
+fi
+# Each plugin is its own distribution; install every one that is in the tree.
+for plugin in plugins/*/; do
+  [ -f "$plugin/pyproject.toml" ] || continue
+  "${pip[@]}" -e "$plugin"
+done

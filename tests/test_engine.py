@@ -1,0 +1,273 @@
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from fake_backends import SimDeviceBackend
+
+import polyprof
+from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
+from polyprof.model import ActivityKind
+from polyprof.registry import Registry
+
+
+@pytest.fixture
+def sim(registry):
+    backend = SimDeviceBackend()
+    registry.register(backend)
+    return backend
+
+
+def test_device_work_gets_the_enclosing_annotation_as_external_id_and_a_flow(registry, sim):
+    with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+        with polyprof.record_function("outer"):
+            sim.launch("k_outer")
+            with polyprof.record_function("inner"):
+                sim.launch("k_inner")
+        sim.launch("k_none")
+    trace = prof.trace
+    ann = {a.name: a for a in trace.activities_of(ActivityKind.USER_ANNOTATION)}
+    kernels = {k.name: k for k in trace.activities_of(ActivityKind.KERNEL)}
+    runtime = trace.activities_of(ActivityKind.RUNTIME)
+    assert kernels["k_outer"].external_id == ann["outer"].correlation
+    assert kernels["k_inner"].external_id == ann["inner"].correlation
+    assert kernels["k_none"].external_id == 0
+    assert len(runtime) == 3 and all(r.cat == "sim_runtime" for r in runtime)
+    starts = {r.flow_id for r in runtime if r.flow_start}
+    ends = {k.flow_id for k in kernels.values() if not k.flow_start}
+    assert starts == ends and len(starts) == 3
+    session = sim.sessions[0]
+    assert [k for _, k in session.pushed] == ["annotation", "annotation"], "push fanned out per annotation"
+    assert session.stack == [], "pushes and pops balanced"
+
+
+def test_default_activities_are_everything_available(registry, sim):
+    prof = polyprof.profile(registry=registry)
+    assert set(prof.backends) == {"host", "simdev"}
+
+
+def test_devices_resources_and_metadata_in_trace(registry, sim):
+    with polyprof.profile(["cpu", "simdev"], registry=registry, metadata={"run": "A"}) as prof:
+        sim.launch("k")
+    trace = prof.trace
+    dev = trace.device_by_key("sim:0")
+    assert dev.name == "Sim GPU" and dev.properties == {"memory": 1 << 30} and dev.pid == 0
+    assert trace.metadata["run"] == "A"
+    status = trace.metadata["polyprof"]["backends"]
+    assert status["simdev"] == {"state": "ran", "activities": 2}
+    assert status["host"]["state"] == "ran"
+
+
+def test_activities_outside_the_window_are_dropped_and_counted(registry):
+    from fake_backends import FaultyBackend
+
+    class EarlySession:
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def prepare(self): ...
+        def start(self): ...
+        def stop(self): ...
+        def close(self): ...
+
+        def collect(self, sink):
+            d = sink.device("e:0", type="sim")
+            r = sink.resource(d, 0)
+            ws = self.ctx.window_start
+            sink.activity(
+                ActivityKind.KERNEL, "before", device=d, resource=r, start=ws - 10_000, end=ws - 5_000
+            )
+            sink.activity(ActivityKind.KERNEL, "inside", device=d, resource=r, start=ws + 1, end=ws + 5)
+
+    backend = FaultyBackend("early")
+    backend.create_session = lambda config, ctx: EarlySession(ctx)
+    registry.register(backend)
+    with polyprof.profile(["early"], registry=registry) as prof:
+        pass
+    assert [a.name for a in prof.trace.activities] == ["inside"]
+    assert prof.trace.backends["early"].dropped == {"outside capture window": 1}
+
+
+def test_requested_but_unavailable_activity_fails_with_the_reason_before_starting(registry):
+    class Absent(SimDeviceBackend):
+        name = "absent"
+        activities = frozenset({"ABSENT"})
+
+        def probe(self):
+            return polyprof.Availability.no("no Absent driver: install absent-driver >= 2")
+
+    registry.register(Absent())
+    with pytest.raises(BackendUnavailableError, match="no Absent driver: install absent-driver >= 2"):
+        polyprof.profile(["cpu", "absent"], registry=registry)
+    with polyprof.profile(registry=registry) as prof:  # by default it is just left out, and said so
+        pass
+    assert prof.trace.backends["absent"].state == "unavailable"
+    assert "no Absent driver" in prof.trace.metadata["polyprof"]["backends"]["absent"]["reason"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(schedule=5), "schedule must be a callable"),
+        (dict(on_trace_ready="x"), "on_trace_ready must be callable"),
+        (dict(call_timeout_s=0), "call_timeout_s must be a positive"),
+        (dict(call_timeout_s=float("nan")), "call_timeout_s must be a positive"),
+        (dict(backend_options={"nope": {}}), "backend_options names a backend"),
+    ],
+)
+def test_invalid_config_is_rejected_before_anything_starts(registry, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        polyprof.profile(["cpu"], registry=registry, **kwargs)
+
+
+def test_activity_listed_twice_and_bad_types(registry):
+    with pytest.raises(ConfigError, match="listed twice"):
+        polyprof.profile(["cpu", "CPU"], registry=registry)
+    with pytest.raises(ConfigError, match="activities must be names"):
+        polyprof.profile([42], registry=registry)
+
+
+def test_backend_options_are_checked_by_the_backend_before_start(registry):
+    class Picky(SimDeviceBackend):
+        name = "picky"
+        activities = frozenset({"PICKY"})
+
+        def check_options(self, options):
+            if options.get("device", 0) > 1:
+                raise ConfigError(
+                    f"device {options['device']} does not exist; devices: 0 (Sim GPU), 1 (Sim GPU)"
+                )
+
+    registry.register(Picky())
+    with pytest.raises(ConfigError, match="device 5 does not exist; devices: 0"):
+        polyprof.profile(["picky"], registry=registry, backend_options={"picky": {"device": 5}})
+
+
+def test_only_one_profile_records_at_a_time(registry):
+    with polyprof.profile(["cpu"], registry=registry):
+        other = polyprof.profile(["cpu"], registry=registry)
+        with pytest.raises(PolyprofError, match="already recording"):
+            other.start()
+    with polyprof.profile(["cpu"], registry=registry):
+        pass  # free again
+
+
+def test_profile_cannot_be_started_twice_and_trace_needs_a_run(registry):
+    prof = polyprof.profile(["cpu"], registry=registry)
+    with pytest.raises(PolyprofError, match="no trace has been recorded yet"):
+        _ = prof.trace
+    prof.start()
+    with pytest.raises(PolyprofError, match="already started"):
+        prof.start()
+    prof.stop()
+    prof.stop()  # idempotent
+    prof.start()  # a stopped profile can record again, like torch.profiler's
+    with polyprof.record_function("second run"):
+        pass
+    prof.stop()
+    assert [a.name for a in prof.trace.activities] == ["second run"]
+
+
+def test_add_metadata_and_json(registry):
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        pass
+    prof.add_metadata("model", "mlp")
+    prof.add_metadata_json("cfg", '{"lr": 0.1}')
+    assert prof.trace.metadata["model"] == "mlp" and prof.trace.metadata["cfg"] == {"lr": 0.1}
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        prof.add_metadata_json("bad", "{nope")
+
+
+def test_annotations_from_threads_and_asyncio_tasks(registry):
+    async def task(name, delay):
+        with polyprof.record_function(name):
+            await asyncio.sleep(delay)
+            with polyprof.record_function(name + ".child"):
+                await asyncio.sleep(0)
+
+    def thread_work(i):
+        with polyprof.record_function(f"thread{i}"):
+            pass
+
+    async def main():
+        await asyncio.gather(task("a", 0.01), task("b", 0.0))
+
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        threads = [threading.Thread(target=thread_work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        asyncio.run(main())
+    acts = {a.name: a for a in prof.trace.activities}
+    assert {f"thread{i}" for i in range(4)} <= set(acts)
+    tids = {prof.trace.resources[acts[f"thread{i}"].resource].id for i in range(4)}
+    assert len(tids) == 4, "each thread gets its own row"
+    # the child of each task is attributed to its own task's span, though the tasks interleave
+    child_parent = {}
+    for buf_events in [acts["a.child"], acts["b.child"]]:
+        child_parent[buf_events.name] = buf_events
+    assert acts["a"].start <= acts["a.child"].start and acts["a.child"].end <= acts["a"].end
+    assert acts["b"].start <= acts["b.child"].start and acts["b.child"].end <= acts["b"].end
+
+
+def test_async_decorator_covers_the_awaited_call(registry):
+    @polyprof.record_function("fetch")
+    async def fetch():
+        await asyncio.sleep(0.01)
+        return 7
+
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        assert asyncio.run(fetch()) == 7
+    (span,) = prof.trace.activities
+    assert span.name == "fetch" and span.duration >= 9_000_000
+
+
+def test_decorator_is_safe_for_recursion(registry):
+    @polyprof.record_function("fib")
+    def fib(n):
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        assert fib(6) == 8
+    acts = list(prof.trace.activities)
+    assert len(acts) == 25 and all(a.end >= a.start for a in acts)
+    # properly nested: sorted by start, each span's end is within its parent's
+    starts = np.array([a.start for a in acts])
+    assert np.all(np.diff(starts) >= 0)
+
+
+def test_instants_and_counters(registry):
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        with polyprof.record_function("outer"):
+            polyprof.instant("mark", {"k": 1})
+        polyprof.counter("depth", 3)
+        polyprof.counter("depth", 5)
+    trace = prof.trace
+    (mark,) = trace.activities_of(ActivityKind.INSTANT)
+    (outer,) = trace.activities_of(ActivityKind.USER_ANNOTATION)
+    assert mark.args == {"k": 1} and mark.external_id == outer.correlation
+    assert [s.value for s in trace.counters.samples] == [3.0, 5.0]
+
+
+def test_recording_is_off_outside_a_profile(registry):
+    with polyprof.record_function("before"):
+        pass
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        pass
+    with polyprof.record_function("after"):
+        pass
+    assert len(prof.trace.activities) == 0
+
+
+def test_record_function_string_args_like_torch(registry):
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        with polyprof.record_function("x", "some args"):
+            pass
+    assert prof.trace.activities.row(0).args == {"args": "some args"}
+
+
+def test_custom_registry_without_entry_points_has_no_cpu():
+    reg = Registry(use_entry_points=False, use_env=False)
+    with pytest.raises(polyprof.UnknownNameError, match="none installed"):
+        polyprof.profile(["cpu"], registry=reg)

@@ -1,0 +1,181 @@
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+from fake_backends import SimDeviceBackend
+
+import polyprof
+from polyprof.errors import OutputPathError
+from polyprof.export import dumps_chrome_trace, write_chrome_trace
+from polyprof.io import load_trace
+from polyprof.model import ActivityKind
+
+
+@pytest.fixture
+def trace(registry):
+    sim = SimDeviceBackend()
+    registry.register(sim)
+    with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+        with polyprof.record_function("step", {"batch": 3}):
+            sim.launch('kern"el\nwith quotes')
+        polyprof.counter("mem", 1.5)
+    return prof.trace
+
+
+def test_top_level_keys_in_kineto_order(trace):
+    text = dumps_chrome_trace(trace, "t.json").decode()
+    doc = json.loads(text)
+    keys = list(doc)
+    assert keys[:2] == ["schemaVersion", "deviceProperties"]
+    assert keys[-4:] == ["displayTimeUnit", "baseTimeNanoseconds", "traceEvents", "traceName"]
+    assert doc["schemaVersion"] == 1 and doc["displayTimeUnit"] == "ms" and doc["traceName"] == "t.json"
+    assert isinstance(doc["baseTimeNanoseconds"], int)
+    assert doc["deviceProperties"] == [{"id": 0, "name": "Sim GPU", "type": "sim", "memory": 1 << 30}]
+    assert "polyprof" in keys and "host_name" in keys
+
+
+def test_complete_events_have_kinetos_fields_and_microsecond_times(trace):
+    doc = json.loads(dumps_chrome_trace(trace))
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert all(list(e)[:7] == ["ph", "cat", "name", "pid", "tid", "ts", "dur"] for e in xs)
+    step = next(e for e in xs if e["name"] == "step")
+    a = next(a for a in trace.activities if a.name == "step")
+    expected_ts = (a.start + trace.epoch_offset_ns - trace.base_time_ns) / 1000
+    assert step["ts"] == pytest.approx(expected_ts, abs=0.0005) and step["dur"] == pytest.approx(
+        a.duration / 1000, abs=0.0005
+    )
+    assert step["args"] == {"External id": a.correlation, "batch": 3}
+    kernel = next(e for e in xs if e["cat"] == "kernel")
+    assert kernel["name"] == 'kern"el\nwith quotes'
+    assert kernel["args"]["External id"] == a.correlation and "correlation" in kernel["args"]
+    runtime = next(e for e in xs if e["cat"] == "sim_runtime")
+    assert runtime["args"]["correlation"] == kernel["args"]["correlation"]
+
+
+def test_timestamps_have_exactly_three_decimals(trace):
+    text = dumps_chrome_trace(trace).decode()
+    import re
+
+    stamps = re.findall(r'"(?:ts|dur)":(-?[0-9.]+)', text)
+    assert stamps and all(re.fullmatch(r"\d+\.\d{3}", s) for s in stamps)
+
+
+def test_flows_are_ac2g_pairs_with_bp_e_on_the_end(trace):
+    events = json.loads(dumps_chrome_trace(trace))["traceEvents"]
+    s = [e for e in events if e["ph"] == "s"]
+    f = [e for e in events if e["ph"] == "f"]
+    assert len(s) == len(f) == 1
+    assert (
+        s[0]["id"] == f[0]["id"]
+        and s[0]["cat"] == s[0]["name"] == "ac2g"
+        and f[0]["bp"] == "e"
+        and "bp" not in s[0]
+    )
+    runtime = next(e for e in events if e.get("cat") == "sim_runtime")
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    assert (s[0]["pid"], s[0]["tid"], s[0]["ts"]) == (runtime["pid"], runtime["tid"], runtime["ts"])
+    assert (f[0]["pid"], f[0]["tid"], f[0]["ts"]) == (kernel["pid"], kernel["tid"], kernel["ts"])
+
+
+def test_metadata_rows_counters_and_window_end(trace):
+    events = json.loads(dumps_chrome_trace(trace))["traceEvents"]
+    meta = {(e["name"], e["pid"], e["tid"]): e["args"] for e in events if e["ph"] == "M"}
+    assert meta[("process_name", 0, 0)] == {"name": "Sim GPU"}
+    assert meta[("process_labels", os.getpid(), 0)] == {"labels": "CPU"}
+    assert meta[("thread_name", 0, 7)] == {"name": "queue 7"}
+    assert ("process_sort_index", 0, 0) in meta and ("thread_sort_index", 0, 7) in meta
+    (counter,) = [e for e in events if e["ph"] == "C"]
+    assert counter["name"] == "mem" and counter["args"] == {"mem": 1.5}
+    assert events[-1]["name"] == "Record Window End" and events[-1]["s"] == "g"
+
+
+def test_gzip_written_directly_and_round_trips(trace, tmp_path):
+    path = write_chrome_trace(trace, tmp_path / "t.json.gz")
+    with open(path, "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"
+    assert not any(p.name.endswith(".tmp") or p.name == "t.json" for p in tmp_path.iterdir())
+    doc = json.loads(gzip.decompress(open(path, "rb").read()))
+    assert doc["traceName"] == str(tmp_path / "t.json.gz")
+    back = load_trace(path)
+    assert sorted(a.name for a in back.activities) == sorted(a.name for a in trace.activities)
+
+
+def test_round_trip_keeps_kinds_devices_flows_and_times(trace, tmp_path):
+    back = load_trace(write_chrome_trace(trace, tmp_path / "t.json"))
+    orig = {a.name: a for a in trace.activities}
+    for a in back.activities:
+        o = orig[a.name]
+        assert a.kind == o.kind and a.cat == o.cat
+        assert a.duration == o.duration
+        assert a.start == o.start + trace.epoch_offset_ns - trace.base_time_ns
+    kernel = back.activities_of(ActivityKind.KERNEL)[0]
+    runtime = back.activities_of(ActivityKind.RUNTIME)[0]
+    assert kernel.flow_id == runtime.flow_id != 0 and runtime.flow_start and not kernel.flow_start
+    assert back.devices[kernel.device].name == "Sim GPU"
+    assert back.resources[kernel.resource].name == "queue 7"
+    assert back.backends["simdev"].state == "ran"
+    assert [s.value for s in back.counters.samples] == [1.5]
+
+
+def test_failed_export_leaves_no_file(trace, tmp_path, monkeypatch):
+    import polyprof.export.chrome as chrome
+
+    def explode(*a, **k):
+        yield ["{}"]
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(chrome, "iter_event_chunks", explode)
+    target = tmp_path / "t.json"
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_chrome_trace(trace, target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_export_keeps_an_existing_trace_intact(trace, tmp_path, monkeypatch):
+    target = tmp_path / "t.json"
+    target.write_text("previous trace")
+    import polyprof.export.chrome as chrome
+
+    monkeypatch.setattr(chrome, "device_properties", lambda t: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        write_chrome_trace(trace, target)
+    assert target.read_text() == "previous trace"
+
+
+@pytest.mark.parametrize(
+    "make_path,match",
+    [
+        (lambda d: d / "missing" / "t.json", "does not exist"),
+        (lambda d: d, "is a directory"),
+    ],
+)
+def test_unwritable_paths_are_clear_errors(tmp_path, make_path, match, trace):
+    with pytest.raises(OutputPathError, match=match):
+        write_chrome_trace(trace, make_path(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only folders")
+def test_read_only_folder(tmp_path, trace):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    with pytest.raises(OutputPathError, match="not writable"):
+        write_chrome_trace(trace, ro / "t.json")
+
+
+def test_large_trace_with_many_chunks(registry, tmp_path):
+    from polyprof.export import chrome
+
+    n = chrome.CHUNK_ROWS * 2 + 17
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        for i in range(n):
+            with polyprof.record_function("r", {"i": i} if i % 1000 == 0 else None):
+                pass
+    doc = json.loads(dumps_chrome_trace(prof.trace))
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == n
+    assert sum(1 for e in xs if "i" in e["args"]) == len(range(0, n, 1000))
+    ts = np.array([e["ts"] for e in xs])
+    assert np.all(np.diff(ts) >= 0)

@@ -1,0 +1,129 @@
+"""A faulty backend never takes a profile down: the host backend's events are all written, and the
+failure is in the trace's metadata under the faulty backend's name."""
+
+import json
+
+import pytest
+from fake_backends import HANG_RELEASE, FaultyBackend
+
+import polyprof
+from polyprof.export import dumps_chrome_trace
+from polyprof.model import ActivityKind
+
+N_ANNOTATIONS = 50
+
+
+def profile_with(registry, backend, activities=None, timeout=0.5):
+    registry.register(backend)
+    with (
+        pytest.warns(polyprof.PolyprofWarning)
+        if backend.fail_in or backend.rows == "malformed"
+        else _nothing()
+    ):
+        with polyprof.profile(activities, registry=registry, call_timeout_s=timeout) as prof:
+            for i in range(N_ANNOTATIONS):
+                with polyprof.record_function(f"host work {i}"):
+                    pass
+    trace = prof.trace
+    host_rows = [a for a in trace.activities_of(ActivityKind.USER_ANNOTATION)]
+    assert len(host_rows) == N_ANNOTATIONS, "every healthy host event is in the trace"
+    doc = json.loads(dumps_chrome_trace(trace))
+    return trace, doc["polyprof"]["backends"][backend.name]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_hung_threads():
+    yield
+    HANG_RELEASE.set()
+
+
+@pytest.mark.parametrize("method", ["prepare", "start", "stop", "collect", "close", "create_session"])
+def test_backend_raising_in_a_lifecycle_method(registry, method):
+    backend = FaultyBackend("faulty", fail_in=method, rows="malformed" if method == "close" else None)
+    trace, status = profile_with(registry, backend, ["cpu", "faulty"])
+    assert any(f"{method}() raised RuntimeError: injected failure in {method}" in e for e in status["errors"])
+    if method in ("prepare", "start", "create_session", "collect"):
+        assert status["state"] == "failed"
+
+
+def test_backend_raising_in_probe_is_unavailable_and_recorded(registry):
+    backend = FaultyBackend("faulty", fail_in="probe")
+    registry.register(backend)
+    with polyprof.profile(registry=registry) as prof:  # default activities: everything available
+        for i in range(N_ANNOTATIONS):
+            with polyprof.record_function(f"host work {i}"):
+                pass
+    assert len(prof.trace.activities_of(ActivityKind.USER_ANNOTATION)) == N_ANNOTATIONS
+    status = json.loads(dumps_chrome_trace(prof.trace))["polyprof"]["backends"]["faulty"]
+    assert status["state"] == "unavailable"
+    assert status["reason"] == "probe() raised RuntimeError: injected failure in probe"
+    with pytest.raises(polyprof.BackendUnavailableError, match="injected failure in probe"):
+        polyprof.profile(["faulty"], registry=registry)
+
+
+@pytest.mark.parametrize("method", ["stop", "collect"])
+def test_backend_hanging_is_abandoned_after_the_time_limit(registry, method):
+    import time
+
+    t0 = time.monotonic()
+    backend = FaultyBackend("faulty", fail_in=method, mode="hang")
+    trace, status = profile_with(registry, backend, ["cpu", "faulty"], timeout=0.3)
+    assert time.monotonic() - t0 < 5, "the profile does not wait for the hung backend"
+    assert any(f"{method}() did not return within 0.3 s and was abandoned" in e for e in status["errors"])
+    assert status["state"] == "failed" if method == "collect" else True
+
+
+def test_malformed_rows_are_rejected_and_counted(registry):
+    backend = FaultyBackend("faulty", rows="malformed")
+    trace, status = profile_with(registry, backend, ["cpu", "faulty"])
+    kernels = trace.activities_of(ActivityKind.KERNEL)
+    assert [k.name for k in kernels] == ["ok"]
+    assert status["rejected"] == 4
+    assert status["rejected_reasons"] == {
+        "end before start": 1,
+        "unknown device": 1,
+        "invalid kind or timestamp (TypeError)": 1,
+        "unknown resource": 1,
+    }
+
+
+def test_a_million_rows(registry):
+    backend = FaultyBackend("faulty", rows="million")
+    trace, status = profile_with(registry, backend, ["cpu", "faulty"], timeout=120)
+    assert status == {"state": "ran", "activities": 1_000_000}
+    assert int((trace.activities["kind"] == int(ActivityKind.KERNEL)).sum()) == 1_000_000
+
+
+def test_correlation_push_that_raises_is_disabled_not_fatal(registry):
+    from fake_backends import SimDeviceBackend
+
+    class BadPush(SimDeviceBackend):
+        name = "badpush"
+        activities = frozenset({"BADPUSH"})
+
+        def create_session(self, config, ctx):
+            s = super().create_session(config, ctx)
+
+            def push(ident, kind):
+                raise ValueError("push exploded")
+
+            s.push_correlation = push
+            return s
+
+    registry.register(BadPush())
+    with pytest.warns(polyprof.PolyprofWarning, match="push exploded"):
+        with polyprof.profile(["cpu", "badpush"], registry=registry) as prof:
+            for _ in range(3):
+                with polyprof.record_function("a"):
+                    pass
+    assert len(prof.trace.activities_of(ActivityKind.USER_ANNOTATION)) == 3
+    errors = prof.trace.backends["badpush"].errors
+    assert len(errors) == 1 and "correlation disabled" in errors[0]

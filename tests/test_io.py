@@ -1,0 +1,78 @@
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from polyprof.errors import TraceFormatError
+from polyprof.io import load_trace
+from polyprof.model import ActivityKind
+
+POLYPROF = [sys.executable, "-m", "polyprof"]
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b'{"traceEvents": [{"ph": "X", "name": "a"', "is truncated"),
+        (b"this is not json", "is not valid JSON"),
+        (b'{"hello": "world"}', "not a Chrome trace"),
+        (b"", "the file is empty"),
+        (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "soon"}]}', "non-numeric timestamp"),
+        (gzip.compress(b'{"traceEvents": [')[:-6], "gzip data is truncated"),
+    ],
+)
+def test_bad_trace_files_give_one_line_errors(tmp_path, content, match):
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=match) as err:
+        load_trace(path)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such file"):
+        load_trace(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("content", [b'{"traceEvents": [', b"[1, 2", b'{"x": 1}'])
+def test_cli_summary_of_bad_file_exits_2_without_traceback(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    r = subprocess.run([*POLYPROF, "summary", str(path)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
+    assert str(path) in r.stderr
+
+
+def test_bare_event_array_is_accepted(tmp_path):
+    path = tmp_path / "arr.json"
+    path.write_text(
+        json.dumps([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, "ts": 1.5, "dur": 2.25}])
+    )
+    (k,) = load_trace(path).activities
+    assert k.kind == ActivityKind.KERNEL and k.start == 1500 and k.duration == 2250
+
+
+def test_reads_a_trace_written_by_torch_profiler(tmp_path):
+    torch = pytest.importorskip("torch", reason="needs torch to produce a real torch.profiler trace")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("my_block"):
+            x = torch.ones(8, 8)
+            (x @ x).sum()
+    path = str(tmp_path / "torch.json")
+    prof.export_chrome_trace(path)
+    trace = load_trace(path)
+    names = {a.name for a in trace.activities}
+    assert "my_block" in names and "aten::matmul" in names
+    ops = trace.activities_of(ActivityKind.CPU_OP)
+    assert ops and all(o.external_id > 0 for o in ops)
+    ann = [a for a in trace.activities if a.name == "my_block"][0]
+    assert ann.kind == ActivityKind.USER_ANNOTATION
+    assert trace.devices[ops[0].device].pid == os.getpid()
+    r = subprocess.run([*POLYPROF, "summary", path], capture_output=True, text=True)
+    assert r.returncode == 0 and "aten::matmul" in r.stdout

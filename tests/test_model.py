@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from polyprof.model import (
+    FLOW_AC2G,
+    ActivityBuilder,
+    ActivityKind,
+    ActivityTable,
+    StringTable,
+    kind_from_category,
+)
+
+
+def test_string_table_interns_each_string_once():
+    t = StringTable()
+    assert [t.intern(s) for s in ["a", "b", "a", "c", "b"]] == [0, 1, 0, 2, 1]
+    assert len(t) == 3 and t[2] == "c"
+
+
+def test_builder_stores_columns_not_objects():
+    b = ActivityBuilder()
+    b.append(ActivityKind.KERNEL, "kernel", "k1", 1, 0, 10, 25, correlation=5, flow_id=5, flow_type=FLOW_AC2G)
+    b.append(ActivityKind.KERNEL, "kernel", "k1", 1, 0, 30, 40, args={"grid": [1, 2, 3]})
+    t = b.freeze()
+    assert t["start"].dtype == np.int64 and list(t["start"]) == [10, 30]
+    assert t["name"][0] == t["name"][1] and t.strings[int(t["name"][0])] == "k1"  # one string for both rows
+    assert t.row(1).args == {"grid": [1, 2, 3]} and t.row(0).args == {}
+    assert t.row(0).duration == 15 and t.row(0).flow_id == 5
+
+
+def test_take_keeps_args_with_their_rows():
+    b = ActivityBuilder()
+    for i in range(5):
+        b.append(
+            ActivityKind.CPU_OP, "cpu_op", f"op{i}", 0, 0, i, i + 1, args={"i": i} if i % 2 == 0 else None
+        )
+    t = b.freeze().take(np.array([4, 1, 2]))
+    assert [r.name for r in t] == ["op4", "op1", "op2"]
+    assert [r.args for r in t] == [{"i": 4}, {}, {"i": 2}]
+
+
+def test_concat_remaps_strings_devices_resources_and_flows():
+    a = ActivityBuilder()
+    a.append(ActivityKind.KERNEL, "kernel", "x", 0, 0, 1, 2, flow_id=3, flow_type=FLOW_AC2G)
+    b = ActivityBuilder()
+    b.append(ActivityKind.KERNEL, "kernel", "y", 0, 1, 5, 6, flow_id=3, flow_type=FLOW_AC2G, args={"k": 1})
+    merged = ActivityTable.concat(
+        [
+            (a.freeze(), np.array([2]), np.array([4]), 0),
+            (b.freeze(), np.array([3]), np.array([9, 8]), 100),
+        ]
+    )
+    rows = list(merged)
+    assert [r.name for r in rows] == ["x", "y"]
+    assert [r.device for r in rows] == [2, 3] and [r.resource for r in rows] == [4, 8]
+    assert [r.flow_id for r in rows] == [3, 103], "flow ids of the second backend are shifted"
+    assert rows[1].args == {"k": 1}
+
+
+def test_extend_columns_defaults_optional_columns():
+    b = ActivityBuilder()
+    b.extend_columns(
+        {
+            "kind": [3, 3],
+            "cat": ["kernel"] * 2,
+            "name": ["a", "b"],
+            "device": [0, 0],
+            "resource": [0, 0],
+            "start": np.array([1, 2]),
+            "end": np.array([3, 4]),
+        },
+        {1: {"x": 1}},
+    )
+    t = b.freeze()
+    assert t["correlation"].tolist() == [0, 0] and t.row(1).args == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    "cat,kind",
+    [
+        ("cuda_runtime", ActivityKind.RUNTIME),
+        ("xpu_driver", ActivityKind.DRIVER),
+        ("cuda_sync", ActivityKind.SYNC),
+        ("kernel", ActivityKind.KERNEL),
+        ("gpu_memcpy", ActivityKind.GPU_MEMCPY),
+        ("opencl_runtime", ActivityKind.RUNTIME),
+    ],
+)
+def test_kind_from_category(cat, kind):
+    assert kind_from_category(cat) == kind
+
+
+def test_activity_kind_parse_rejects_unknown_names_with_suggestion():
+    assert ActivityKind.parse("kernel") is ActivityKind.KERNEL
+    with pytest.raises(ValueError, match="kernel"):
+        ActivityKind.parse("kernal")

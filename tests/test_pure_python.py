@@ -1,0 +1,51 @@
+"""The C hot path and the pure-Python one record the same events."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from polyprof._accel import speedups
+
+SCRIPT = r"""
+import asyncio, json, threading, polyprof
+from polyprof._accel import speedups
+from polyprof.model import ActivityKind
+with polyprof.profile(["cpu"]) as prof:
+    with polyprof.record_function("outer", {"a": 1}):
+        with polyprof.record_function("inner", "s"):
+            polyprof.instant("mark")
+        polyprof.counter("c", 2)
+    t = threading.Thread(target=lambda: polyprof.record_function("thr").__enter__().__exit__(None, None, None))
+    t.start(); t.join()
+    @polyprof.record_function("deco")
+    def f(n):
+        return n if n == 0 else f(n - 1)
+    f(2)
+acts = list(prof.trace.activities)
+ids = {a.name: a.correlation for a in acts if a.kind == ActivityKind.USER_ANNOTATION}
+out = [(a.name, int(a.kind), a.args, a.external_id == (ids.get("inner") if a.name == "mark" else a.correlation)) for a in acts]
+print(json.dumps({"accel": speedups is not None, "rows": out, "counters": [s.value for s in prof.trace.counters.samples]}))
+"""
+
+
+def run(pure):
+    env = {**os.environ, "POLYPROF_PURE_PYTHON": "1" if pure else "0"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
+    return json.loads(r.stdout)
+
+
+@pytest.mark.skipif(
+    speedups is None, reason="the C extension is not built here, so there is nothing to compare"
+)
+def test_c_and_python_hot_paths_record_the_same_events():
+    c, py = run(False), run(True)
+    assert c["accel"] and not py["accel"]
+    key = lambda rows: sorted(map(json.dumps, rows))  # noqa: E731
+    assert key(c["rows"]) == key(py["rows"])
+    assert c["counters"] == py["counters"] == [2.0]
+    names = sorted(r[0] for r in c["rows"])
+    assert names == ["deco", "deco", "deco", "inner", "mark", "outer", "thr"]
+    assert all(r[3] for r in c["rows"]), "External ids point at the right spans"
