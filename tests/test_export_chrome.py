@@ -123,7 +123,7 @@ def test_failed_export_leaves_no_file(trace, tmp_path, monkeypatch):
     import polyprof.export.chrome as chrome
 
     def explode(*a, **k):
-        yield ["{}"]
+        yield b"{}"
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(chrome, "iter_event_chunks", explode)
@@ -179,3 +179,35 @@ def test_large_trace_with_many_chunks(registry, tmp_path):
     assert sum(1 for e in xs if "i" in e["args"]) == len(range(0, n, 1000))
     ts = np.array([e["ts"] for e in xs])
     assert np.all(np.diff(ts) >= 0)
+
+
+def test_c_and_python_formatters_write_identical_bytes():
+    from polyprof._accel import speedups
+    from polyprof.export.chrome import FLAG_CORRELATION, FLAG_FLOW_START, FLAG_INSTANT, format_activities_py
+
+    if speedups is None:
+        pytest.skip("the C extension is not built here, so there is nothing to compare")
+    rng = np.random.default_rng(3)
+    n = 5000
+    names = ['"a"', '"b\\"c"', '"unicode \u00e9"', '"kernel<1>"']
+    cols = (
+        rng.integers(0, 4, n),  # cat
+        rng.integers(0, 4, n),  # name
+        rng.integers(-2, 70000, n),  # pid (negative: an overhead row)
+        rng.integers(0, 2**40, n),  # tid
+        rng.integers(0, 10**16, n),  # ts
+        rng.integers(0, 10**7, n),  # dur
+        rng.integers(0, 3, n) * rng.integers(1, 10**9, n),  # external id, often 0
+        rng.integers(0, 3, n) * rng.integers(1, 10**12, n),  # correlation
+        rng.integers(0, 2, n) * rng.integers(1, 10**6, n),  # flow id
+        rng.integers(0, 4, n),  # flow type (3: unknown, written without a flow)
+        rng.choice(
+            [0, FLAG_CORRELATION, FLAG_INSTANT, FLAG_FLOW_START, FLAG_CORRELATION | FLAG_FLOW_START], n
+        ),
+    )
+    cols = tuple(np.ascontiguousarray(c, dtype=np.int64) for c in cols)
+    extra = [('{"External id":1,"grid":[1,2,3]}' if i % 7 == 0 else None) for i in range(n)]
+    c_text = speedups.format_activities(cols, names, extra).decode()
+    py_text = format_activities_py(cols, names, extra)
+    assert c_text == py_text
+    json.loads("[" + c_text + "]")  # and it is valid JSON

@@ -22,6 +22,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
+from polyprof._accel import speedups
 from polyprof.export.paths import atomic_output, check_output_path
 from polyprof.model import FLOW_NAMES, ActivityKind, Trace
 
@@ -37,16 +38,20 @@ RESERVED_KEYS = {
 }
 
 _FRACTION = np.array([f".{i:03d}" for i in range(1000)], dtype=object)
-_NO_CORRELATION_ARG = {
+# Kinds whose correlation is their own External id, so Kineto writes no separate "correlation" arg.
+_NO_CORRELATION_LIST = [
     int(ActivityKind.CPU_OP),
     int(ActivityKind.USER_ANNOTATION),
     int(ActivityKind.PYTHON_FUNCTION),
     int(ActivityKind.INSTANT),
-}
+]
+
+
+_JSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode()
+    return orjson.dumps(value, option=_JSON_OPTIONS).decode()
 
 
 def _us(rel_ns: int) -> str:
@@ -88,7 +93,9 @@ def _write(trace: Trace, out: IO[bytes], trace_name: str) -> None:
     for chunk in iter_event_chunks(trace):
         if not chunk:
             continue
-        out.write((("" if first else ",\n") + ",\n".join(chunk)).encode())
+        if not first:
+            out.write(b",\n")
+        out.write(chunk)
         first = False
     out.write(f'\n  ],\n  "traceName": {_json(trace_name)}\n}}\n'.encode())
 
@@ -103,83 +110,119 @@ def device_properties(trace: Trace) -> list[dict[str, Any]]:
     return props
 
 
-def iter_event_chunks(trace: Trace) -> Iterator[list[str]]:
-    """The `traceEvents` entries as JSON strings, in chunks of at most CHUNK_ROWS activities."""
+def iter_event_chunks(trace: Trace) -> Iterator[bytes]:
+    """The `traceEvents` entries as UTF-8 JSON (events separated by ",\n"), in chunks of at most
+    CHUNK_ROWS activities; a chunk may be empty."""
     offset = trace.epoch_offset_ns - trace.base_time_ns
     pids = np.array([d.pid for d in trace.devices], dtype=np.int64)
     tids = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
     acts = trace.activities
     n = len(acts)
     if n:
-        names = np.array([_json(s) for s in acts.strings.strings], dtype=object)
+        names = [orjson.dumps(s) for s in acts.strings.strings]
+        arg_rows = np.array(sorted(acts.args), dtype=np.int64)
         for lo in range(0, n, CHUNK_ROWS):
-            yield _activity_chunk(acts, lo, min(n, lo + CHUNK_ROWS), offset, names, pids, tids)
-    yield list(_counter_events(trace, offset, pids, tids))
-    yield list(_metadata_events(trace, offset))
+            hi = min(n, lo + CHUNK_ROWS)
+            rows = arg_rows[np.searchsorted(arg_rows, lo) : np.searchsorted(arg_rows, hi)].tolist()
+            yield _activity_chunk(acts, lo, hi, rows, offset, names, pids, tids)
+    yield ",\n".join(_counter_events(trace, offset, pids, tids)).encode()
+    yield ",\n".join(_metadata_events(trace, offset)).encode()
+
+
+FLAG_CORRELATION, FLAG_INSTANT, FLAG_FLOW_START = 1, 2, 4
 
 
 def _activity_chunk(
-    acts: Any, lo: int, hi: int, offset: int, names: np.ndarray, pids: np.ndarray, tids: np.ndarray
-) -> list[str]:
+    acts: Any,
+    lo: int,
+    hi: int,
+    arg_rows: list[int],
+    offset: int,
+    names: list[bytes],
+    pids: np.ndarray,
+    tids: np.ndarray,
+) -> bytes:
+    """UTF-8 JSON of rows lo..hi (events separated by ",\n"), by the C formatter when built.
+    `arg_rows` are the rows in lo..hi that have args."""
     c = {k: v[lo:hi] for k, v in acts.columns.items()}
-    rel = np.maximum(c["start"] + offset, 0)
-    dur = c["end"] - c["start"]
-    pid_s = pids[c["device"]].tolist()
-    tid_s = tids[c["resource"]].tolist()
-    ts_q = (rel // 1000).tolist()
-    ts_f = _FRACTION[rel % 1000].tolist()
-    du_q = (dur // 1000).tolist()
-    du_f = _FRACTION[dur % 1000].tolist()
+    kind = c["kind"]
+    flags = np.where((c["correlation"] != 0) & ~np.isin(kind, _NO_CORRELATION_LIST), FLAG_CORRELATION, 0)
+    flags |= np.where(kind == int(ActivityKind.INSTANT), FLAG_INSTANT, 0)
+    flags |= np.where(c["flow_start"] != 0, FLAG_FLOW_START, 0)
+    cols = tuple(
+        np.ascontiguousarray(a, dtype=np.int64)
+        for a in (
+            c["cat"],
+            c["name"],
+            pids[c["device"]],
+            tids[c["resource"]],
+            np.maximum(c["start"] + offset, 0),
+            c["end"] - c["start"],
+            c["external_id"],
+            c["correlation"],
+            c["flow_id"],
+            c["flow_type"],
+            flags,
+        )
+    )
+    extra: list[Any] = [None] * (hi - lo)
+    if arg_rows:
+        local = np.array(arg_rows, dtype=np.int64) - lo
+        ext_l, corr_l = cols[6][local].tolist(), cols[7][local].tolist()
+        with_corr = (flags[local] & FLAG_CORRELATION).tolist()
+        for i, row, e, corr, wc in zip(local.tolist(), arg_rows, ext_l, corr_l, with_corr, strict=True):
+            a = acts.args[row]
+            head = {}
+            if e:
+                head["External id"] = e
+            if wc and "correlation" not in a:
+                head["correlation"] = corr
+            extra[i] = orjson.dumps({**head, **a} if head else a, option=_JSON_OPTIONS)
+    if speedups is not None:
+        return speedups.format_activities(cols, names, extra)
+    return format_activities_py(cols, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
+
+
+def format_activities_py(cols: tuple[np.ndarray, ...], names: list[str], extra: list[Any]) -> str:
+    """Pure-Python twin of ``polyprof._speedups.format_activities`` (same bytes): rows are grouped by
+    shape and each group formatted by one comprehension."""
+    cat, name, pid, tid, ts, dur, ext, corr, flow, ftype, flags = cols
+    n = len(cat)
+    pid_s, tid_s = pid.tolist(), tid.tolist()
+    ts_s = list(map(str.__add__, map(str, (ts // 1000).tolist()), _FRACTION[ts % 1000].tolist()))
+    du_s = list(map(str.__add__, map(str, (dur // 1000).tolist()), _FRACTION[dur % 1000].tolist()))
+    name_arr = np.array(names, dtype=object)
     base = [
-        f'{{"ph":"X","cat":{cat},"name":{name},"pid":{pid},"tid":{tid},"ts":{q}{f},"dur":{dq}{df}'
-        for cat, name, pid, tid, q, f, dq, df in zip(
-            names[c["cat"]].tolist(),
-            names[c["name"]].tolist(),
-            pid_s,
-            tid_s,
-            ts_q,
-            ts_f,
-            du_q,
-            du_f,
-            strict=True,
+        f'{{"ph":"X","cat":{c},"name":{nm},"pid":{p},"tid":{t},"ts":{s},"dur":{d}'
+        for c, nm, p, t, s, d in zip(
+            name_arr[cat].tolist(), name_arr[name].tolist(), pid_s, tid_s, ts_s, du_s, strict=True
         )
     ]
-    ends = ["}"] * (hi - lo)
-    kind, ext, corr, flow = c["kind"], c["external_id"], c["correlation"], c["flow_id"]
-    special = (
-        (ext != 0)
-        | (flow != 0)
-        | (kind == int(ActivityKind.INSTANT))
-        | ((corr != 0) & ~np.isin(kind, list(_NO_CORRELATION_ARG)))
-    )
-    row_args = acts.args
-    if row_args:
-        in_chunk = [i - lo for i in row_args if lo <= i < hi]
-        if in_chunk:
-            special[np.array(in_chunk)] = True
-    for i in np.flatnonzero(special).tolist():
-        k = int(kind[i])
-        args: dict[str, Any] = {}
-        if ext[i]:
-            args["External id"] = int(ext[i])
-        extra = row_args.get(lo + i)
-        if corr[i] and k not in _NO_CORRELATION_ARG and not (extra and "correlation" in extra):
-            args["correlation"] = int(corr[i])
-        if extra:
-            args.update(extra)
-        if k == ActivityKind.INSTANT:
-            base[i] = base[i].replace('"ph":"X"', '"ph":"i"', 1).rsplit(',"dur":', 1)[0] + ',"s":"t"'
-        end = f',"args":{_json(args)}}}' if args else "}"
-        fid = int(flow[i])
-        if fid:
-            ftype = FLOW_NAMES.get(int(c["flow_type"][i]), "ac2g")
-            ph, tail = ("s", "") if c["flow_start"][i] else ("f", ',"bp":"e"')
-            end += (
-                f',\n{{"ph":"{ph}","id":{fid},"pid":{pid_s[i]},"tid":{tid_s[i]},'
-                f'"ts":{ts_q[i]}{ts_f[i]},"cat":"{ftype}","name":"{ftype}"{tail}}}'
-            )
-        ends[i] = end
-    return list(map(str.__add__, base, ends))
+    for i in np.flatnonzero(flags & FLAG_INSTANT).tolist():
+        base[i] = base[i].replace('"ph":"X"', '"ph":"i"', 1).rsplit(',"dur":', 1)[0] + ',"s":"t"'
+    tail = ["}"] * n
+    ext_l, corr_l, with_corr = ext.tolist(), corr.tolist(), (flags & FLAG_CORRELATION) != 0
+    for i in np.flatnonzero((ext != 0) | with_corr).tolist():
+        if ext_l[i] and with_corr[i]:
+            tail[i] = f',"args":{{"External id":{ext_l[i]},"correlation":{corr_l[i]}}}}}'
+        elif ext_l[i]:
+            tail[i] = f',"args":{{"External id":{ext_l[i]}}}}}'
+        else:
+            tail[i] = f',"args":{{"correlation":{corr_l[i]}}}}}'
+    for i, x in enumerate(extra):
+        if x is not None:
+            tail[i] = f',"args":{x}}}'
+    flow_l, ftype_l = flow.tolist(), ftype.tolist()
+    for i in np.flatnonzero(flow != 0).tolist():
+        fname = FLOW_NAMES.get(ftype_l[i])
+        if fname is None:
+            continue
+        ph, bp = ("s", "") if flags[i] & FLAG_FLOW_START else ("f", ',"bp":"e"')
+        tail[i] += (
+            f',\n{{"ph":"{ph}","id":{flow_l[i]},"pid":{pid_s[i]},"tid":{tid_s[i]},'
+            f'"ts":{ts_s[i]},"cat":"{fname}","name":"{fname}"{bp}}}'
+        )
+    return ",\n".join(map(str.__add__, base, tail))
 
 
 def _counter_events(trace: Trace, offset: int, pids: np.ndarray, tids: np.ndarray) -> Iterator[str]:

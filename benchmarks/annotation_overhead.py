@@ -1,0 +1,71 @@
+"""Cost of one record_function enter+exit: polyprof vs torch.profiler, in the same run.
+
+    .venv/bin/python benchmarks/annotation_overhead.py [--n 200000] [--repeats 15]
+
+Reports medians of per-iteration wall time (each batch runs N `with record_function(...)` blocks; the
+empty-loop cost is reported separately and not subtracted). Target (issue #2): polyprof's cost while
+profiling at most 1/15 of torch.profiler's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+
+from _common import per_call_ns, report
+
+import polyprof
+from polyprof._accel import speedups
+
+
+def loop_empty(n: int) -> None:
+    for _ in range(n):
+        pass
+
+
+def loop_polyprof(n: int) -> None:
+    rf = polyprof.record_function
+    for _ in range(n):
+        with rf("x"):
+            pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=15)
+    args = ap.parse_args()
+    n, reps = args.n, args.repeats
+    gc.collect()
+    results: dict = {"n_per_batch": n, "repeats": reps, "c_hot_path": speedups is not None}
+    results["empty_loop_ns"] = round(per_call_ns(loop_empty, n, reps), 1)
+    results["polyprof_not_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+    with polyprof.profile(["cpu"]):
+        results["polyprof_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+    except ImportError:
+        results["torch"] = "not installed"
+    else:
+
+        def loop_torch(k: int) -> None:
+            for _ in range(k):
+                with record_function("x"):
+                    pass
+
+        torch_n = max(n // 10, 1000)  # torch's events are much more expensive to keep
+        results["torch_version"] = torch.__version__
+        results["torch_not_profiling_ns"] = round(per_call_ns(loop_torch, torch_n, reps), 1)
+        with profile(activities=[ProfilerActivity.CPU]):
+            results["torch_profiling_ns"] = round(per_call_ns(loop_torch, torch_n, reps), 1)
+        results["ratio_polyprof_over_torch"] = round(
+            results["polyprof_profiling_ns"] / results["torch_profiling_ns"], 4
+        )
+        results["target_ratio"] = round(1 / 15, 4)
+        results["meets_target"] = results["ratio_polyprof_over_torch"] <= 1 / 15
+    report("annotation_overhead", results)
+
+
+if __name__ == "__main__":
+    main()
