@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --test
-.venv/bin/ruff check src tests plugins examples benchmarks
+.venv/bin/ruff check .
 suites=(tests)
 for plugin in plugins/*/; do
   [ -d "$plugin/tests" ] && suites+=("$plugin/tests")
