@@ -8,17 +8,20 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+pip_install() {
+  # this machine's pip config names local mirrors that may be absent; their warnings are noise
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "^WARNING: Location" >&2)
+}
 if [ "${1:-}" = "--test" ]; then
-  "${pip[@]}" -e ".[test]"
+  pip_install -e ".[test]"
   # The CPU build of torch (tests compare against torch.profiler). On Python 3.11 this machine kind has
   # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
-  "${pip[@]}" "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
+  pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
 else
-  "${pip[@]}" -e .
+  pip_install -e .
 fi
 # Each plugin is its own distribution; install every one that is in the tree.
 for plugin in plugins/*/; do
   [ -f "$plugin/pyproject.toml" ] || continue
-  "${pip[@]}" -e "$plugin"
+  pip_install -e "$plugin"
 done
