@@ -20,8 +20,13 @@ if [ "${1:-}" = "--test" ]; then
 else
   pip_install -e .
 fi
-# Each plugin is its own distribution; install every one that is in the tree.
+# Each plugin is its own distribution; install every one that is in the tree. For the tests, with the
+# plugin's "test" extra where it has one (polyprof-opencl's brings PoCL: a real OpenCL device on the CPU).
 for plugin in plugins/*/; do
   [ -f "$plugin/pyproject.toml" ] || continue
-  pip_install -e "$plugin"
+  if [ "${1:-}" = "--test" ] && grep -q '^test = ' "$plugin/pyproject.toml"; then
+    pip_install -e "${plugin%/}[test]"
+  else
+    pip_install -e "${plugin%/}"
+  fi
 done

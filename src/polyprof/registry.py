@@ -31,6 +31,16 @@ from polyprof.errors import BackendConflictError, UnknownNameError
 ENTRY_POINT_GROUP = "polyprof.backends"
 ACTIVITY_GROUP = "polyprof.activities"
 ENV_VAR = "POLYPROF_BACKENDS"
+#: Comma-separated backend names to ignore although installed (e.g. one that misbehaves here).
+DISABLE_ENV_VAR = "POLYPROF_DISABLED_BACKENDS"
+
+#: Where the well-known activity groups come from, for the hint when none is installed. Only text:
+#: nothing is imported by these names.
+KNOWN_PLUGINS = {
+    "OPENCL": "polyprof-opencl",
+    "CUDA": "polyprof-cuda",
+    "XPU": "polyprof-xpu",
+}
 
 ORIGIN_EXPLICIT = "register_backend"
 ORIGIN_ENV = ENV_VAR
@@ -143,7 +153,10 @@ class Registry:
             group, _, backend_name = ep.name.partition(".")
             if backend_name:
                 declared.setdefault(backend_name, set()).add(group)
+        disabled = {n.strip() for n in os.environ.get(DISABLE_ENV_VAR, "").split(",") if n.strip()}
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in disabled:
+                continue
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else ""
             version = dist.version if dist is not None else ""
@@ -250,8 +263,13 @@ class Registry:
                 known = {a.upper() for e in all_entries for a in e.activities}
                 broken = [e for e in all_entries if e.error]
                 extra = ""
+                if g in KNOWN_PLUGINS:
+                    extra += (
+                        f" Activity {g} comes from the plugin distribution {KNOWN_PLUGINS[g]}, which is not "
+                        f"installed (or is disabled by {DISABLE_ENV_VAR}): pip install {KNOWN_PLUGINS[g]}."
+                    )
                 if broken:
-                    extra = " Broken backends (see `polyprof backends`): " + "; ".join(
+                    extra += " Broken backends (see `polyprof backends`): " + "; ".join(
                         f"{e.name}: {e.error}" for e in broken
                     )
                 raise UnknownNameError("activity", g, known, extra)
