@@ -272,3 +272,80 @@ def test_custom_registry_without_entry_points_has_no_cpu():
     reg = Registry(use_entry_points=False, use_env=False)
     with pytest.raises(polyprof.UnknownNameError, match="none installed"):
         polyprof.profile(["cpu"], registry=reg)
+
+
+def test_launches_get_the_innermost_enclosing_op_by_time_containment(registry):
+    """An op backend that cannot push ids (like torch) still becomes the External id of the device
+    work launched inside it, and the flow partner follows."""
+    from polyprof.model import ActivityKind as K
+
+    class OpsSession:
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def prepare(self): ...
+        def start(self): ...
+        def stop(self): ...
+        def close(self): ...
+
+        def collect(self, sink):
+            host, ws = sink.host_device(), self.ctx.window_start
+            t = sink.host_thread(threading.get_native_id())
+            other = sink.host_thread(999_999)
+            gpu = sink.device("g:0", type="sim")
+            q = sink.resource(gpu, 1)
+            sink.activity(
+                K.CPU_OP,
+                "aten::outer",
+                device=host,
+                resource=t,
+                start=ws + 100,
+                end=ws + 1000,
+                correlation=501,
+            )
+            sink.activity(
+                K.CPU_OP,
+                "aten::inner",
+                device=host,
+                resource=t,
+                start=ws + 200,
+                end=ws + 500,
+                correlation=502,
+            )
+            sink.activity(
+                K.RUNTIME,
+                "launch",
+                device=host,
+                resource=t,
+                start=ws + 300,
+                end=ws + 400,
+                correlation=9,
+                flow_id=9,
+                flow_start=True,
+            )
+            sink.activity(
+                K.KERNEL, "k", device=gpu, resource=q, start=ws + 450, end=ws + 900, correlation=9, flow_id=9
+            )
+            sink.activity(
+                K.RUNTIME, "late", device=host, resource=t, start=ws + 600, end=ws + 700, correlation=10
+            )
+            sink.activity(
+                K.RUNTIME,
+                "elsewhere",
+                device=host,
+                resource=other,
+                start=ws + 300,
+                end=ws + 400,
+                correlation=11,
+            )
+
+    backend = SimDeviceBackend()
+    backend.name, backend.activities = "ops", frozenset({"OPS"})
+    backend.create_session = lambda config, ctx: OpsSession(ctx)
+    registry.register(backend)
+    with polyprof.profile(["ops"], registry=registry) as prof:
+        pass
+    rows = {a.name: a for a in prof.trace.activities}
+    assert rows["launch"].external_id == 502 and rows["k"].external_id == 502
+    assert rows["late"].external_id == 501
+    assert rows["elsewhere"].external_id == 0, "containment is per thread"

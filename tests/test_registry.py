@@ -58,7 +58,7 @@ def test_plugins_are_imported_only_when_their_activity_is_needed(plugin_root):
     make_dist(plugin_root, "polyprof-fakea", "fakeplug_a", "fakea", ["FAKEA"])
     reg = Registry(use_env=False)
     prof = polyprof.profile(["cpu"], registry=reg)
-    assert prof.backends == ["host"]
+    assert set(prof.backends) <= {"host", "torch"} and "host" in prof.backends
     assert "fakeplug_a" not in sys.modules, "a profile of CPU must not import an unrelated plugin"
     found = reg.for_activities(["fakea"])
     assert "fakeplug_a" in sys.modules

@@ -11,6 +11,7 @@ import numpy as np
 
 from polyprof.backend import Sink
 from polyprof.model import (
+    FLOW_AC2G,
     FLOW_NONE,
     HOST_DEVICE_KEY,
     ActivityKind,
@@ -130,6 +131,7 @@ def merge(
         extra_metadata.update(sink.metadata)
     activities = ActivityTable.concat(pieces)
     activities = _sorted(_clear_unpaired_flows(activities))
+    activities = attribute_launches_by_containment(activities)
     statuses = {p.status.name: p.status for p in parts}
     meta = {"host_name": socket.gethostname(), **extra_metadata, **metadata}
     return Trace(
@@ -177,6 +179,69 @@ def _sorted(acts: ActivityTable) -> ActivityTable:
         return acts
     order = np.lexsort((-(end - start), start))
     return acts.take(order)
+
+
+_CONTAINERS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
+_LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
+
+
+def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
+    """Give each runtime/driver call the id of the innermost host op or annotation that contains it on
+    the same thread, and pass that id to the device work its ac2g flow leads to.
+
+    This is how framework ops whose ids cannot be pushed to a backend (torch's aten ops have no Python
+    hook per op) still become the `External id` of the kernels they launched. It agrees with push/pop
+    attribution wherever both apply: the innermost open span is the one push/pop would have named.
+    """
+    n = len(acts)
+    if not n:
+        return acts
+    kind = acts["kind"]
+    if not np.any(kind == int(ActivityKind.CPU_OP)) or not np.any(np.isin(kind, _LAUNCHES)):
+        return acts
+    relevant = np.flatnonzero(np.isin(kind, _CONTAINERS + _LAUNCHES))
+    thread_key = acts["device"][relevant].astype(np.int64) * (1 << 32) + acts["resource"][relevant]
+    order = relevant[
+        np.lexsort((-(acts["end"][relevant] - acts["start"][relevant]), acts["start"][relevant], thread_key))
+    ]
+    start, end, corr = acts["start"].tolist(), acts["end"].tolist(), acts["correlation"].tolist()
+    kinds, dev, res = kind.tolist(), acts["device"].tolist(), acts["resource"].tolist()
+    new_ext = acts["external_id"].copy()
+    changed: dict[int, int] = {}  # launch row -> external id
+    stack: list[int] = []
+    current = None
+    for i in order.tolist():
+        key = (dev[i], res[i])
+        if key != current:
+            stack, current = [], key
+        while stack and end[stack[-1]] < start[i]:
+            stack.pop()
+        if kinds[i] in _CONTAINERS:
+            if corr[i]:
+                stack.append(i)
+            continue
+        for j in reversed(stack):
+            if end[j] >= end[i]:
+                if new_ext[i] != corr[j]:
+                    new_ext[i] = corr[j]
+                    changed[i] = corr[j]
+                break
+    if not changed:
+        return acts
+    flow = acts["flow_id"]
+    rows = np.array(list(changed), dtype=np.int64)
+    launch_flow = {
+        int(f): changed[int(r)] for r, f in zip(rows.tolist(), flow[rows].tolist(), strict=True) if f
+    }
+    if launch_flow:
+        targets = np.flatnonzero((flow != 0) & (acts["flow_start"] == 0) & (acts["flow_type"] == FLOW_AC2G))
+        for t in targets.tolist():
+            ext = launch_flow.get(int(flow[t]))
+            if ext is not None:
+                new_ext[t] = ext
+    cols = dict(acts.columns)
+    cols["external_id"] = new_ext
+    return ActivityTable(acts.strings, cols, acts.args)
 
 
 def count_kind(trace: Trace, kind: ActivityKind) -> int:

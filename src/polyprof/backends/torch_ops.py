@@ -1,0 +1,312 @@
+"""The ``torch`` backend: PyTorch operators (aten ops, autograd nodes, torch record_function ranges)
+recorded by PyTorch's own C++ collector (RecordFunction callbacks), in CPU-only mode.
+
+* Activity group CPU, available when torch is installed. torch is not imported to find that out, and a
+  session does not import it either: it starts torch's collector when the program has imported torch,
+  or at the moment the program imports it (so ``polyprof run train.py`` captures the script's ops).
+* Only ``ProfilerActivity.CPU`` is asked of torch, so torch's own device tracers are not enabled by
+  this backend; polyprof's device plugins own those.
+* What each op carries is what torch.profiler writes: ``External id``, ``Sequence number``,
+  ``Fwd thread id``, ``Input Dims``/``Input type`` with record_shapes, ``Call stack`` with with_stack,
+  ``flops`` with with_flops, forward->backward ``fwdbwd`` flows, ``[memory]`` instant events with
+  profile_memory.
+* Device work launched by an op gets the op's id as ``External id`` by time containment of its launch
+  on the same thread (the engine does this for every backend), since torch offers Python no hook to
+  push correlation ids per op.
+
+Uses private torch APIs (``torch._C._autograd._enable_profiler`` and friends), guarded; checked on the
+installed torch (2.13) and written against the 2.4+ signatures.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from typing import Any
+
+from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext, Sink
+from polyprof.clock import ClockMapping, epoch_offset, host_ns
+from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind
+
+MIN_TORCH = (2, 4)
+_KIND_BY_TYPE = {
+    "cpu_op": ActivityKind.CPU_OP,
+    "user_annotation": ActivityKind.USER_ANNOTATION,
+    "python_function": ActivityKind.PYTHON_FUNCTION,
+    "cpu_instant_event": ActivityKind.INSTANT,
+}
+
+
+def _torch_version(torch: Any) -> tuple[int, int]:
+    try:
+        major, minor = torch.__version__.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except Exception:
+        return (0, 0)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` once, right after `name` has been imported."""
+
+    def __init__(self, name: str, callback: Any) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        loader, hook = spec.loader, self
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, s: Any) -> Any:
+                return loader.create_module(s)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                hook.remove()
+                hook.callback(module)
+
+        spec.loader = Loader()
+        return spec
+
+    def install(self) -> None:
+        sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class TorchSession:
+    thread_affine = True  # torch's profiler must be stopped on the thread that started it
+
+    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.torch: Any = None
+        self.result: Any = None
+        self.enabled = False
+        self.recording = False
+        self.hook: _PostImportHook | None = None
+        self.pairs: list[tuple[int, int]] = []
+        self.enabled_tid = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        self.recording = True
+        self._pair()
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "_C"):
+            self._enable(torch)
+        else:
+            self.hook = _PostImportHook("torch", self._on_torch_imported)
+            self.hook.install()
+
+    def _on_torch_imported(self, torch: Any) -> None:
+        if self.recording and not self.enabled:
+            try:
+                self._enable(torch)
+            except Exception as exc:  # never break the program's `import torch`
+                self.ctx.report.error(f"enabling torch's profiler after `import torch` failed: {exc}")
+
+    def _config(self, torch: Any) -> tuple[Any, set]:
+        from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, _ExperimentalConfig
+
+        c = self.config
+        cfg = ProfilerConfig(
+            ProfilerState.KINETO,
+            c.record_shapes or c.with_flops,
+            c.profile_memory,
+            c.with_stack,
+            c.with_flops,
+            False,
+            _ExperimentalConfig(),
+            "",
+        )
+        return cfg, {ProfilerActivity.CPU}
+
+    def _enable(self, torch: Any) -> None:
+        from torch._C._autograd import _enable_profiler, _prepare_profiler
+
+        if _torch_version(torch) < MIN_TORCH:
+            self.ctx.report.error(
+                f"torch {torch.__version__} is older than the supported 2.4; no aten ops recorded"
+            )
+            return
+        cfg, acts = self._config(torch)
+        _prepare_profiler(cfg, acts)
+        _enable_profiler(cfg, acts)
+        self.torch = torch
+        self.enabled = True
+        self.enabled_tid = threading.get_native_id()
+
+    def stop(self) -> None:
+        self.recording = False
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        if self.enabled:
+            from torch._C._autograd import _disable_profiler
+
+            self.enabled = False
+            if threading.get_native_id() != self.enabled_tid:
+                self.ctx.report.error(
+                    "torch's profiler was stopped from another thread than the one that started it; "
+                    "stop the profile on the thread that started it to get aten ops"
+                )
+            self.result = _disable_profiler()
+            self._pair()
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            self.result = None
+
+    def _pair(self) -> None:
+        off = epoch_offset()
+        now = host_ns()
+        self.pairs.append((now + off.offset_ns, now))
+        self.uncertainty_ns = max(getattr(self, "uncertainty_ns", 0), off.uncertainty_ns)
+
+    # -- collect ----------------------------------------------------------------------------------
+    def collect(self, sink: Sink) -> None:
+        if self.result is None:
+            return
+        mapping = ClockMapping.fit(
+            [e for e, _ in self.pairs],
+            [h for _, h in self.pairs],
+            uncertainty_ns=getattr(self, "uncertainty_ns", 0),
+        )
+        self.ctx.report.clock_mapping(mapping, "torch (epoch ns)")
+        host = sink.host_device()
+        with_shapes = self.config.record_shapes or self.config.with_flops
+        memory_totals: dict[tuple[int, int], int] = {}
+        threads: dict[int, int] = {}
+        ids: dict[int, int] = {}  # torch's op ids -> process-unique ids (torch's restart at 1 per profile)
+        for ev in self.result.events():
+            try:
+                kind = _KIND_BY_TYPE.get(ev.activity_type())
+                if kind is None:
+                    continue
+                try:
+                    name = ev.name()
+                except UnicodeDecodeError:
+                    name = "<undecodable name>"
+                tid = ev.device_resource_id() or ev.start_thread_id()
+                row = threads.get(tid)
+                if row is None:
+                    row = threads[tid] = sink.host_thread(tid)
+                start = mapping.to_host(ev.start_ns())
+                end = start + max(0, ev.duration_ns())
+                if name == "[memory]":
+                    self._memory_event(sink, ev, host, row, start, memory_totals)
+                    continue
+                corr = ev.correlation_id()
+                if corr:
+                    corr = ids.get(corr) or ids.setdefault(corr, self.ctx.new_correlation_id())
+                args = self._args(ev, kind, with_shapes)
+                flow_id, flow_type = ev.flow_id(), ev.flow_type()
+                sink.activity(
+                    kind,
+                    name,
+                    device=host,
+                    resource=row,
+                    start=start,
+                    end=end,
+                    correlation=corr,
+                    external_id=corr,
+                    flow_id=flow_id if flow_type in (FLOW_FWDBWD, FLOW_AC2G) else 0,
+                    flow_start=bool(ev.flow_start()),
+                    flow_type=flow_type or FLOW_FWDBWD,
+                    args=args,
+                )
+            except Exception as exc:
+                self.ctx.report.dropped_records(
+                    1, f"torch events that could not be read ({type(exc).__name__})"
+                )
+        self.result = None
+
+    def _args(self, ev: Any, kind: ActivityKind, with_shapes: bool) -> dict[str, Any] | None:
+        args: dict[str, Any] = {}
+        if kind == ActivityKind.CPU_OP:
+            seq = ev.sequence_nr()
+            if seq >= 0:
+                args["Sequence number"] = seq
+                args["Fwd thread id"] = ev.fwd_thread_id()
+            if with_shapes:
+                args["Input Dims"] = ev.shapes()
+                args["Input type"] = ev.dtypes()
+            if self.config.with_flops and ev.flops():
+                args["flops"] = ev.flops()
+        if self.config.with_stack:
+            stack = ev.stack()
+            if stack:
+                args["Call stack"] = ";".join(stack)
+        return args or None
+
+    def _memory_event(self, sink: Sink, ev: Any, host: int, row: int, ts: int, totals: dict) -> None:
+        nbytes = int(ev.nbytes())
+        device_type = int(getattr(ev.device_type(), "value", 0) or 0)
+        device_id = int(ev.device_index())
+        key = (device_type, device_id)
+        totals[key] = totals.get(key, 0) + nbytes
+        sink.activity(
+            ActivityKind.INSTANT,
+            "[memory]",
+            device=host,
+            resource=row,
+            start=ts,
+            end=ts,
+            args={
+                "Device Type": device_type,
+                "Device Id": device_id,
+                "Bytes": nbytes,
+                # allocated in this profile: torch's absolute totals are not exposed to Python per event
+                "Total Allocated": totals[key],
+            },
+        )
+
+
+class TorchBackend:
+    """PyTorch operators through PyTorch's own collector (activity group CPU)."""
+
+    name = "torch"
+    api_version = API_VERSION
+    activities = frozenset({"CPU"})
+
+    def probe(self) -> Availability:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            version = getattr(torch, "__version__", "?")
+            if _torch_version(torch) < MIN_TORCH:
+                return Availability.no(f"torch {version} is older than 2.4, the oldest this backend supports")
+            return Availability.yes(devices=["aten operators"], torch=version)
+        try:
+            spec = importlib.util.find_spec("torch")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            return Availability.no(
+                "torch is not installed (pip install torch) - aten operators are not recorded"
+            )
+        return Availability.yes(devices=["aten operators (once the program imports torch)"])
+
+    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> TorchSession:
+        return TorchSession(config, ctx)
+
+
+backend = TorchBackend()
