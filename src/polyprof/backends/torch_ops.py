@@ -200,7 +200,7 @@ class TorchSession:
         for ev in self.result.events():
             try:
                 kind = _KIND_BY_TYPE.get(ev.activity_type())
-                if kind is None:
+                if kind is None or ev.is_hidden_event():  # hidden: torch.profiler leaves them out too
                     continue
                 try:
                     name = ev.name()

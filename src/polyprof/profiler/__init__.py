@@ -19,7 +19,8 @@ from __future__ import annotations
 from polyprof.annotations import record_function
 from polyprof.engine import ProfilerAction, schedule
 from polyprof.profiler.activity import ProfilerActivity, supported_activities
-from polyprof.profiler.profile import profile
+from polyprof.profiler.frontend import profile
+from polyprof.profiler.handlers import tensorboard_trace_handler
 
 __all__ = [
     "ProfilerAction",
@@ -28,4 +29,5 @@ __all__ = [
     "record_function",
     "schedule",
     "supported_activities",
+    "tensorboard_trace_handler",
 ]

@@ -252,7 +252,8 @@ class OpenCLSession:
                 out["local size"] = local
                 out["block"] = (local + [1, 1, 1])[:3]
                 out["grid"] = (
-                    [-(-size // group) for size, group in zip(out["global size"], local, strict=False)] + [1, 1, 1]
+                    [-(-size // group) for size, group in zip(out["global size"], local, strict=False)]
+                    + [1, 1, 1]
                 )[:3]
             return out
         out = {"direction": rec.spec.direction} if rec.spec.direction else {}

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from polyprof.engine import Profile
+from polyprof.errors import ConfigError
+
+TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
+
+
+def _torch_installed() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class profile(Profile):  # noqa: N801 - torch's name
@@ -43,6 +54,18 @@ class profile(Profile):  # noqa: N801 - torch's name
             )
             if value != default
         ]
+        asked = [
+            n
+            for n, v in zip(
+                TORCH_ONLY_OPTIONS, (record_shapes, profile_memory, with_flops, with_stack), strict=True
+            )
+            if v
+        ]
+        if asked and not _torch_installed():
+            raise ConfigError(
+                f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
+                "pip install torch, or leave these options off to profile annotations and devices"
+            )
         if unsupported:
             warnings.warn(
                 f"polyprof.profiler.profile does not implement {', '.join(unsupported)} yet; "
@@ -59,3 +82,30 @@ class profile(Profile):  # noqa: N801 - torch's name
             with_flops=with_flops,
             **polyprof_options,
         )
+
+    # -- torch.profiler's analysis API ------------------------------------------------------------
+    def key_averages(
+        self,
+        group_by_input_shape: bool = False,
+        group_by_stack_n: int = 0,
+        group_by_overload_name: bool = False,
+    ) -> Any:
+        """Per-operator averages of the last trace, with ``.table(sort_by=..., row_limit=...)``.
+
+        With torch imported this is torch's own EventList (so the table is torch's); sort keys such as
+        ``self_cuda_time_total`` mean device time, whichever device ran the work.
+        """
+        from polyprof.profiler.averages import key_averages
+
+        return key_averages(self.trace, group_by_input_shape, group_by_stack_n, group_by_overload_name)
+
+    def events(self) -> Any:
+        """The host ops and annotations of the last trace, unaggregated (torch's EventList when torch
+        is imported, else a list of :class:`polyprof.profiler.averages.HostEvent`)."""
+        import sys
+
+        from polyprof.profiler.averages import host_events, torch_function_events
+
+        if "torch" in sys.modules:
+            return torch_function_events(self.trace)
+        return host_events(self.trace)[0]
