@@ -160,6 +160,9 @@ def contract_problems(backend: Any) -> list[str]:
     return problems
 
 
+_CATEGORY_BY_INT = {int(k): cat for k, cat in DEFAULT_CATEGORY.items()}
+
+
 class SinkClosedError(RuntimeError):
     """The engine stopped listening to this sink (its collect ran past the time limit)."""
 
@@ -361,7 +364,7 @@ class Sink:
         cols["name"] = [names[i] for i in keep.tolist()]
         cats = columns.get("cat")
         if cats is None:
-            cols["cat"] = [DEFAULT_CATEGORY[ActivityKind(k)] for k in cols["kind"].tolist()]
+            cols["cat"] = [_CATEGORY_BY_INT[k] for k in cols["kind"].tolist()]
         else:
             cols["cat"] = [cats[i] for i in keep.tolist()]
         kept_args = None

@@ -26,11 +26,14 @@ import sys
 import threading
 from typing import Any
 
+import numpy as np
+
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext, Sink
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
 from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind
 
 MIN_TORCH = (2, 4)
+#: torch's activity types -> kinds; "[memory]" instant events are cpu_instant_event
 _KIND_BY_TYPE = {
     "cpu_op": ActivityKind.CPU_OP,
     "user_annotation": ActivityKind.USER_ANNOTATION,
@@ -186,6 +189,7 @@ class TorchSession:
     def collect(self, sink: Sink) -> None:
         if self.result is None:
             return
+        result, self.result = self.result, None
         mapping = ClockMapping.fit(
             [e for e, _ in self.pairs],
             [h for _, h in self.pairs],
@@ -193,57 +197,79 @@ class TorchSession:
         )
         self.ctx.report.clock_mapping(mapping, "torch (epoch ns)")
         host = sink.host_device()
-        with_shapes = self.config.record_shapes or self.config.with_flops
-        memory_totals: dict[tuple[int, int], int] = {}
-        threads: dict[int, int] = {}
-        ids: dict[int, int] = {}  # torch's op ids -> process-unique ids (torch's restart at 1 per profile)
-        for ev in self.result.events():
-            try:
-                kind = _KIND_BY_TYPE.get(ev.activity_type())
-                if kind is None or ev.is_hidden_event():  # hidden: torch.profiler leaves them out too
-                    continue
-                try:
-                    name = ev.name()
-                except UnicodeDecodeError:
-                    name = "<undecodable name>"
-                tid = ev.device_resource_id() or ev.start_thread_id()
-                row = threads.get(tid)
-                if row is None:
-                    row = threads[tid] = sink.host_thread(tid)
-                start = mapping.to_host(ev.start_ns())
-                end = start + max(0, ev.duration_ns())
-                if name == "[memory]":
-                    self._memory_event(sink, ev, host, row, start, memory_totals)
-                    continue
-                corr = ev.correlation_id()
-                if corr:
-                    corr = ids.get(corr) or ids.setdefault(corr, self.ctx.new_correlation_id())
-                args = self._args(ev, kind, with_shapes)
-                flow_id, flow_type = ev.flow_id(), ev.flow_type()
-                sink.activity(
-                    kind,
-                    name,
-                    device=host,
-                    resource=row,
-                    start=start,
-                    end=end,
-                    correlation=corr,
-                    external_id=corr,
-                    flow_id=flow_id if flow_type in (FLOW_FWDBWD, FLOW_AC2G) else 0,
-                    flow_start=bool(ev.flow_start()),
-                    flow_type=flow_type or FLOW_FWDBWD,
-                    args=args,
-                )
-            except Exception as exc:
-                self.ctx.report.dropped_records(
-                    1, f"torch events that could not be read ({type(exc).__name__})"
-                )
-        self.result = None
+        # Column by column: one comprehension per field keeps the per-event cost to a few C calls.
+        events = result.events()
+        types = [ev.activity_type() for ev in events]
+        hidden = [ev.is_hidden_event() for ev in events]
+        keep = [
+            ev for ev, ty, hid in zip(events, types, hidden, strict=True) if ty in _KIND_BY_TYPE and not hid
+        ]
+        kinds = [
+            int(_KIND_BY_TYPE[ty])
+            for ty, hid in zip(types, hidden, strict=True)
+            if ty in _KIND_BY_TYPE and not hid
+        ]
+        names = _names(keep)
+        tids = [ev.device_resource_id() or ev.start_thread_id() for ev in keep]
+        rows = {tid: sink.host_thread(tid) for tid in set(tids)}
+        start = mapping.to_host(np.array([ev.start_ns() for ev in keep], dtype=np.int64))
+        duration = np.maximum(np.array([ev.duration_ns() for ev in keep], dtype=np.int64), 0)
+        torch_ids = [ev.correlation_id() for ev in keep]
+        new_ids = {c: self.ctx.new_correlation_id() for c in dict.fromkeys(torch_ids) if c}
+        corr = [new_ids.get(c, 0) for c in torch_ids]
+        flow_types = [ev.flow_type() for ev in keep]
+        flow_ids = [
+            ev.flow_id() if ft in (FLOW_FWDBWD, FLOW_AC2G) else 0
+            for ev, ft in zip(keep, flow_types, strict=True)
+        ]
+        memory = [i for i, n in enumerate(names) if n == "[memory]"]
+        args = self._all_args(keep, kinds, memory)
+        n = len(keep)
+        if memory:
+            self._memory_args(keep, memory, args)
+        sink.activities(
+            {
+                "kind": kinds,
+                "name": names,
+                "device": np.full(n, host),
+                "resource": np.array([rows[t] for t in tids], dtype=np.int64),
+                "start": start,
+                "end": start + duration,
+                "correlation": corr,
+                "external_id": corr,
+                "flow_id": flow_ids,
+                "flow_type": [ft if fid else 0 for ft, fid in zip(flow_types, flow_ids, strict=True)],
+                "flow_start": [
+                    int(ev.flow_start()) if fid else 0 for ev, fid in zip(keep, flow_ids, strict=True)
+                ],
+            },
+            args,
+        )
 
-    def _args(self, ev: Any, kind: ActivityKind, with_shapes: bool) -> dict[str, Any] | None:
+    def _all_args(self, keep: list, kinds: list[int], memory: list[int]) -> dict[int, dict]:
+        args: dict[int, dict] = {}
+        with_shapes = self.config.record_shapes or self.config.with_flops
+        cpu_op = int(ActivityKind.CPU_OP)
+        seqs = [ev.sequence_nr() if k == cpu_op else -1 for ev, k in zip(keep, kinds, strict=True)]
+        for i, seq in enumerate(seqs):
+            if seq >= 0:
+                args[i] = {"Sequence number": seq, "Fwd thread id": keep[i].fwd_thread_id()}
+        if with_shapes or self.config.with_stack or self.config.with_flops:
+            skip = set(memory)
+            for i, (ev, k) in enumerate(zip(keep, kinds, strict=True)):
+                if i in skip:
+                    continue
+                extra = self._args(ev, ActivityKind(k), with_shapes, sequence=False)
+                if extra:
+                    args.setdefault(i, {}).update(extra)
+        return args
+
+    def _args(
+        self, ev: Any, kind: ActivityKind, with_shapes: bool, sequence: bool = True
+    ) -> dict[str, Any] | None:
         args: dict[str, Any] = {}
         if kind == ActivityKind.CPU_OP:
-            seq = ev.sequence_nr()
+            seq = ev.sequence_nr() if sequence else -1
             if seq >= 0:
                 args["Sequence number"] = seq
                 args["Fwd thread id"] = ev.fwd_thread_id()
@@ -258,27 +284,34 @@ class TorchSession:
                 args["Call stack"] = ";".join(stack)
         return args or None
 
-    def _memory_event(self, sink: Sink, ev: Any, host: int, row: int, ts: int, totals: dict) -> None:
-        nbytes = int(ev.nbytes())
-        device_type = int(getattr(ev.device_type(), "value", 0) or 0)
-        device_id = int(ev.device_index())
-        key = (device_type, device_id)
-        totals[key] = totals.get(key, 0) + nbytes
-        sink.activity(
-            ActivityKind.INSTANT,
-            "[memory]",
-            device=host,
-            resource=row,
-            start=ts,
-            end=ts,
-            args={
-                "Device Type": device_type,
-                "Device Id": device_id,
+    @staticmethod
+    def _memory_args(keep: list, memory: list[int], args: dict[int, dict]) -> None:
+        totals: dict[tuple[int, int], int] = {}
+        for i in memory:
+            ev = keep[i]
+            nbytes = int(ev.nbytes())
+            key = (int(getattr(ev.device_type(), "value", 0) or 0), int(ev.device_index()))
+            totals[key] = totals.get(key, 0) + nbytes
+            args[i] = {
+                "Device Type": key[0],
+                "Device Id": key[1],
                 "Bytes": nbytes,
-                # allocated in this profile: torch's absolute totals are not exposed to Python per event
+                # allocated within this profile: torch's absolute totals are not exposed per event
                 "Total Allocated": totals[key],
-            },
-        )
+            }
+
+
+def _names(events: list) -> list[str]:
+    try:
+        return [ev.name() for ev in events]
+    except UnicodeDecodeError:  # some Python function names do not decode; keep the rest
+        names = []
+        for ev in events:
+            try:
+                names.append(ev.name())
+            except UnicodeDecodeError:
+                names.append("<undecodable name>")
+        return names
 
 
 class TorchBackend:
