@@ -104,9 +104,10 @@ def test_gzip_written_directly_and_round_trips(trace, tmp_path):
 
 def test_round_trip_keeps_kinds_devices_flows_and_times(trace, tmp_path):
     back = load_trace(write_chrome_trace(trace, tmp_path / "t.json"))
-    orig = {a.name: a for a in trace.activities}
+    orig = {(a.name, a.cat): a for a in trace.activities}
+    assert len(orig) == len(trace.activities) == len(back.activities)
     for a in back.activities:
-        o = orig[a.name]
+        o = orig[(a.name, a.cat)]
         assert a.kind == o.kind and a.cat == o.cat
         assert a.duration == o.duration
         assert a.start == o.start + trace.epoch_offset_ns - trace.base_time_ns

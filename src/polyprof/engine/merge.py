@@ -14,6 +14,7 @@ from polyprof.model import (
     FLOW_AC2G,
     FLOW_NONE,
     HOST_DEVICE_KEY,
+    ActivityBuilder,
     ActivityKind,
     ActivityTable,
     BackendStatus,
@@ -132,6 +133,7 @@ def merge(
     activities = ActivityTable.concat(pieces)
     activities = _sorted(_clear_unpaired_flows(activities))
     activities = attribute_launches_by_containment(activities)
+    activities = add_gpu_user_annotations(activities)
     statuses = {p.status.name: p.status for p in parts}
     meta = {"host_name": socket.gethostname(), **extra_metadata, **metadata}
     return Trace(
@@ -242,6 +244,89 @@ def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
     cols = dict(acts.columns)
     cols["external_id"] = new_ext
     return ActivityTable(acts.strings, cols, acts.args)
+
+
+_DEVICE_WORK = (int(ActivityKind.KERNEL), int(ActivityKind.GPU_MEMCPY), int(ActivityKind.GPU_MEMSET))
+
+
+def add_gpu_user_annotations(acts: ActivityTable) -> ActivityTable:
+    """Kineto's `gpu_user_annotation` rows, for every device: for each host annotation, one span per
+    device row (stream, queue) from the first to the last device activity launched inside it.
+
+    A device activity belongs to the innermost annotation that encloses its launch (the host end of its
+    ac2g flow) on the launching thread.
+    """
+    if not len(acts):
+        return acts
+    kind, flow, ftype, fstart = acts["kind"], acts["flow_id"], acts["flow_type"], acts["flow_start"]
+    annotation = int(ActivityKind.USER_ANNOTATION)
+    if not np.any(kind == annotation) or not np.any(flow != 0):
+        return acts
+    linked = (flow != 0) & (ftype == FLOW_AC2G)
+    launches = np.flatnonzero(linked & (fstart == 1))
+    work = np.flatnonzero(linked & (fstart == 0) & np.isin(kind, _DEVICE_WORK))
+    if not len(launches) or not len(work):
+        return acts
+    start, end = acts["start"].tolist(), acts["end"].tolist()
+    dev, res = acts["device"].tolist(), acts["resource"].tolist()
+    rows = np.concatenate([np.flatnonzero(kind == annotation), launches])
+    thread_key = acts["device"][rows].astype(np.int64) * (1 << 32) + acts["resource"][rows]
+    order = rows[np.lexsort((-(acts["end"][rows] - acts["start"][rows]), acts["start"][rows], thread_key))]
+    is_annotation = kind == annotation
+    enclosing: dict[int, int] = {}  # launch row -> innermost annotation row
+    stack: list[int] = []
+    current = None
+    for i in order.tolist():
+        key = (dev[i], res[i])
+        if key != current:
+            stack, current = [], key
+        while stack and end[stack[-1]] < start[i]:
+            stack.pop()
+        if is_annotation[i]:
+            stack.append(i)
+            continue
+        for j in reversed(stack):
+            if end[j] >= end[i]:
+                enclosing[i] = j
+                break
+    if not enclosing:
+        return acts
+    annotation_of_flow = {int(flow[i]): a for i, a in enclosing.items()}
+    spans: dict[tuple[int, int, int], list[int]] = {}
+    for w in work.tolist():
+        a = annotation_of_flow.get(int(flow[w]))
+        if a is None:
+            continue
+        key = (a, dev[w], res[w])
+        span = spans.get(key)
+        if span is None:
+            spans[key] = [start[w], end[w]]
+        else:
+            span[0] = min(span[0], start[w])
+            span[1] = max(span[1], end[w])
+    if not spans:
+        return acts
+    builder = ActivityBuilder(acts.strings)
+    names, corr = acts["name"], acts["correlation"]
+    for (a, d, r), (s, e) in spans.items():
+        builder.append(
+            ActivityKind.GPU_USER_ANNOTATION,
+            "gpu_user_annotation",
+            acts.strings[int(names[a])],
+            d,
+            r,
+            s,
+            e,
+            int(corr[a]),
+            int(corr[a]),
+        )
+    extra = builder.freeze()
+    identity_dev = np.arange(int(max(acts["device"].max(), extra["device"].max())) + 1, dtype=np.int32)
+    identity_res = np.arange(int(max(acts["resource"].max(), extra["resource"].max())) + 1, dtype=np.int32)
+    merged = ActivityTable.concat(
+        [(acts, identity_dev, identity_res, 0), (extra, identity_dev, identity_res, 0)]
+    )
+    return _sorted(merged)
 
 
 def count_kind(trace: Trace, kind: ActivityKind) -> int:

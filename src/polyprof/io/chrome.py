@@ -121,7 +121,8 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
     builder = ActivityBuilder()
     counters = Counters()
     at_position: dict[tuple[Any, Any, int], int] = {}
-    pending_flows: list[tuple[dict, int]] = []
+    pending_flows: list[tuple[dict, int, int]] = []  # (event, ts, row of the X event just before it)
+    last_row = -1
     events = doc["traceEvents"]
     for n, ev in enumerate(events):
         if not isinstance(ev, dict):
@@ -149,7 +150,7 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
                     )
             continue
         if ph in ("s", "f", "t"):
-            pending_flows.append((ev, ts))
+            pending_flows.append((ev, ts, last_row))
             continue
         res = resource(dev, tid)
         cat = str(ev.get("cat", ""))
@@ -174,9 +175,18 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
             args=args or None,
         )
         at_position[(pid, tid, ts)] = row
+        last_row = row
     flow_cols = builder._cols
-    for ev, ts in pending_flows:
-        row = at_position.get((ev.get("pid"), ev.get("tid"), ts))
+    positions = (flow_cols["device"], flow_cols["resource"], flow_cols["start"])
+    for ev, ts, previous in pending_flows:
+        # Kineto writes a flow event right after its activity; fall back to matching the position
+        row = (
+            previous
+            if previous >= 0 and positions[2][previous] == ts and _same_pid(previous, ev, devices, positions)
+            else None
+        )
+        if row is None:
+            row = at_position.get((ev.get("pid"), ev.get("tid"), ts))
         fid = ev.get("id")
         if row is None or not isinstance(fid, int):
             continue
@@ -226,6 +236,10 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         base_time_ns=base,
         window=(start, end),
     )
+
+
+def _same_pid(row: int, ev: dict, devices: list[Device], positions: tuple) -> bool:
+    return devices[positions[0][row]].key == f"pid:{ev.get('pid')}"
 
 
 def _metadata_row(

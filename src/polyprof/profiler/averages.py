@@ -99,7 +99,8 @@ def host_events(trace: Trace) -> tuple[list[HostEvent], str | None]:
         if a.correlation:
             events[a.correlation] = ev
     device_type = None
-    device_rows = np.flatnonzero(np.isin(kind, [int(k) for k in DEVICE_KINDS]) & (acts["external_id"] != 0))
+    work_kinds = [int(k) for k in DEVICE_KINDS if k != ActivityKind.GPU_USER_ANNOTATION]  # spans, not work
+    device_rows = np.flatnonzero(np.isin(kind, work_kinds) & (acts["external_id"] != 0))
     for i in device_rows.tolist():
         a = acts.row(i)
         owner = events.get(a.external_id)

@@ -1,0 +1,210 @@
+"""The only module that calls cupti-python (and cuda-bindings for device facts).
+
+Tests replace :class:`CuptiLayer` with a layer that replays recorded records; everything above this
+module (session, mapping, clocks, flows) is the same code in both cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+EXTERNAL_KIND = {"op": "CUSTOM0", "annotation": "CUSTOM1"}
+
+
+@dataclass
+class DeviceFacts:
+    index: int
+    name: str
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+class CuptiUnavailable(RuntimeError):
+    """CUPTI cannot be used here; the message says why and what to do."""
+
+
+class CuptiLayer:
+    """Thin adapter over ``cupti.cupti``: enums by name, errors turned into reasons."""
+
+    def __init__(self) -> None:
+        try:
+            from cupti import cupti
+        except ImportError as exc:
+            raise CuptiUnavailable(
+                f"cupti-python cannot be imported ({exc}): pip install 'polyprof-cuda[cu13]' "
+                "(or [cu12] for a CUDA 12 driver)"
+            ) from exc
+        except OSError as exc:  # libcupti.so missing or of the wrong version
+            raise CuptiUnavailable(
+                f"libcupti could not be loaded ({exc}): install nvidia-cuda-cupti matching your CUDA, or put "
+                "$CUDA_HOME/extras/CUPTI/lib64 on LD_LIBRARY_PATH"
+            ) from exc
+        self.c = cupti
+        self.kind_values = {
+            name: int(getattr(cupti.ActivityKind, name)) for name in dir(cupti.ActivityKind) if name.isupper()
+        }
+        self.kind_names = {v: k for k, v in self.kind_values.items()}
+
+    # -- facts ------------------------------------------------------------------------------------
+    @staticmethod
+    def package_version() -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("cupti-python")
+        except PackageNotFoundError:
+            return "unknown"
+
+    def check_ready(self) -> None:
+        """Raise CuptiUnavailable with an actionable reason when tracing cannot start here."""
+        try:
+            self.c.get_timestamp()
+        except Exception as exc:
+            text = str(exc)
+            if "libcuda" in text or "driver is not found" in text.lower():
+                raise CuptiUnavailable(f"no NVIDIA driver on this machine ({text})") from exc
+            raise CuptiUnavailable(f"CUPTI is not usable: {type(exc).__name__}: {text}") from exc
+        driver = self.driver_version()
+        major = self.package_version().split(".")[0]
+        if driver and major.isdigit() and driver // 1000 < int(major):
+            raise CuptiUnavailable(
+                f"cupti-python {self.package_version()} needs a CUDA {major} driver, but the driver supports CUDA "
+                f"{driver // 1000}.{driver % 1000 // 10}: install polyprof-cuda[cu{driver // 1000}]"
+            )
+        if not self.devices():
+            raise CuptiUnavailable("the NVIDIA driver reports no CUDA device")
+
+    def driver_version(self) -> int:
+        try:
+            from cuda.bindings import driver
+
+            driver.cuInit(0)
+            err, version = driver.cuDriverGetVersion()
+            return int(version) if int(err) == 0 else 0
+        except Exception:
+            return 0
+
+    def devices(self) -> list[DeviceFacts]:
+        """Devices with Kineto's deviceProperties keys (from cuda-bindings)."""
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            return []
+        driver.cuInit(0)
+        err, count = driver.cuDeviceGetCount()
+        if int(err) != 0:
+            return []
+        attrs = driver.CUdevice_attribute
+        keys = {
+            "computeMajor": "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR",
+            "computeMinor": "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR",
+            "maxThreadsPerBlock": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK",
+            "maxThreadsPerMultiprocessor": "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR",
+            "regsPerBlock": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK",
+            "warpSize": "CU_DEVICE_ATTRIBUTE_WARP_SIZE",
+            "sharedMemPerBlock": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK",
+            "numSms": "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
+            "regsPerMultiprocessor": "CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR",
+            "sharedMemPerBlockOptin": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+            "sharedMemPerMultiprocessor": "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+        }
+        out = []
+        for i in range(int(count)):
+            _, dev = driver.cuDeviceGet(i)
+            _, raw_name = driver.cuDeviceGetName(256, dev)
+            name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
+            _, total = driver.cuDeviceTotalMem(dev)
+            props: dict[str, Any] = {"totalGlobalMem": int(total)}
+            for key, attr in keys.items():
+                if hasattr(attrs, attr):
+                    err, value = driver.cuDeviceGetAttribute(getattr(attrs, attr), dev)
+                    if int(err) == 0:
+                        props[key] = int(value)
+            out.append(DeviceFacts(i, name, props))
+        return out
+
+    # -- tracing ----------------------------------------------------------------------------------
+    def kind_value(self, name: str) -> int:
+        return self.kind_values[name]
+
+    def enable(self, kinds: list[str]) -> None:
+        for name in kinds:
+            self.c.activity_enable(getattr(self.c.ActivityKind, name))
+
+    def disable(self, kinds: list[str]) -> None:
+        for name in kinds:
+            try:
+                self.c.activity_disable(getattr(self.c.ActivityKind, name))
+            except Exception:
+                pass
+
+    def use_system_thread_ids(self) -> None:
+        self.c.set_thread_id_type(self.c.ActivityThreadIdType.SYSTEM)
+
+    def enable_latency_timestamps(self, enable: bool) -> None:
+        self.c.activity_enable_latency_timestamps(1 if enable else 0)
+
+    def register_callbacks(
+        self, requested: Callable[[], tuple[int, int]], completed: Callable[[list], None]
+    ) -> None:
+        self.c.activity_register_callbacks(requested, completed)
+
+    def check_subscriber(self) -> None:
+        """Raise when another tool (Nsight, torch.profiler's Kineto) already holds CUPTI."""
+        c = self.c
+        if not hasattr(c, "subscribe_v2"):
+            return
+        params = c.SubscriberParams()
+        try:
+            handle = c.subscribe_v2(lambda *a: None, None, params.ptr)
+        except Exception as exc:
+            holder = getattr(params, "old_subscriber_name", "") or "another tool"
+            raise CuptiUnavailable(
+                f"another CUPTI subscriber is attached ({holder}): only one tool can trace CUDA per process; "
+                f"stop torch.profiler's CUDA tracing or Nsight, then profile again ({exc})"
+            ) from exc
+        c.unsubscribe(handle)
+
+    def flush_all(self) -> None:
+        self.c.activity_flush_all(1)
+
+    def timestamp(self) -> int:
+        return int(self.c.get_timestamp())
+
+    def push_external(self, kind: str, ident: int) -> None:
+        self.c.activity_push_external_correlation_id(
+            getattr(self.c.ExternalCorrelationKind, EXTERNAL_KIND[kind]), ident
+        )
+
+    def pop_external(self, kind: str) -> None:
+        self.c.activity_pop_external_correlation_id(
+            getattr(self.c.ExternalCorrelationKind, EXTERNAL_KIND[kind])
+        )
+
+    def external_kind_value(self, kind: str) -> int:
+        return int(getattr(self.c.ExternalCorrelationKind, EXTERNAL_KIND[kind]))
+
+    def callback_name(self, domain: str, cbid: int) -> str:
+        dom = self.c.CallbackDomain.RUNTIME_API if domain == "runtime" else self.c.CallbackDomain.DRIVER_API
+        try:
+            name = self.c.get_callback_name(dom, cbid)
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:
+            return f"{'cuda' if domain == 'runtime' else 'cu'}Api(cbid={cbid})"
+
+    def dropped_records(self) -> int:
+        try:
+            import numpy as np
+
+            out = np.zeros(1, dtype=np.uint64)
+            self.c.activity_get_num_dropped_records(0, 0, out.ctypes.data)
+            return int(out[0])
+        except Exception:
+            return 0
+
+    def enum_name(self, enum: str, value: int) -> str:
+        try:
+            return getattr(self.c, enum)(value).name
+        except Exception:
+            return str(value)

@@ -1,0 +1,367 @@
+"""One CUDA profiling session: CUPTI activity buffers in, Kineto-shaped activities out.
+
+* prepare: check no other CUPTI subscriber, system thread ids, buffer callbacks, enable activity kinds
+  (tracing starts at warm-up, as in Kineto; the engine drops what falls outside the window);
+* start/stop: (CUPTI timestamp, host clock) pairs for the clock mapping; stop flushes and disables;
+* push/pop_correlation: CUPTI external correlation (CUSTOM0 for ops, CUSTOM1 for annotations);
+* the buffer-completed callback copies records into tuples and counts what exceeds the cap;
+* collect: names, devices, streams, flows, External ids, Kineto's args.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import defaultdict
+from typing import Any
+
+from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.clock import ClockMapping, host_ns
+from polyprof.model import ActivityKind
+from polyprof_cuda.records import (
+    DEFAULT_KINDS,
+    DRIVER,
+    EXTERNAL,
+    EXTRACTORS,
+    KERNEL,
+    KIND_FAMILIES,
+    MEMCPY,
+    MEMCPY_P2P,
+    MEMSET,
+    OVERHEAD,
+    RUNTIME,
+    SYNC,
+)
+
+DEFAULT_BUFFER_MB = 8
+DEFAULT_MAX_RECORDS = 20_000_000
+#: Runtime/driver calls kept by default: launches, copies, fills, syncs, graph launches.
+DEFAULT_API_PATTERN = re.compile(r"Launch|Memcpy|Memset|Synchronize|EventRecord|StreamWait|Graph")
+SYNC_STREAM_OFFSET = 1_000_000  # Kineto's kSyncStreamTidOffset: "stream N (sync)" rows
+SYNC_NAMES = {
+    "EVENT_SYNCHRONIZE": "Event Sync",
+    "STREAM_WAIT_EVENT": "Stream Wait Event",
+    "STREAM_SYNCHRONIZE": "Stream Sync",
+    "CONTEXT_SYNCHRONIZE": "Context Sync",
+}
+MEMORY_KIND_NAMES = {
+    "PAGEABLE": "Pageable",
+    "PINNED": "Pinned",
+    "DEVICE": "Device",
+    "ARRAY": "Array",
+    "MANAGED": "Managed",
+    "DEVICE_STATIC": "Device Static",
+    "MANAGED_STATIC": "Managed Static",
+}
+
+
+class CudaSession:
+    def __init__(self, layer: Any, devices: list, config: ProfileConfig, ctx: SessionContext) -> None:
+        self.layer = layer
+        self.devices = {d.index: d for d in devices}
+        self.ctx = ctx
+        opts = ctx.options
+        self.kinds = list(opts.get("kinds", DEFAULT_KINDS))
+        self.buffer_bytes = int(opts.get("buffer_size_mb", DEFAULT_BUFFER_MB)) << 20
+        self.max_records = int(opts.get("max_records", DEFAULT_MAX_RECORDS))
+        self.all_apis = opts.get("apis", "default") == "all"
+        self.latency = bool(opts.get("latency_timestamps", False))
+        self.families = {layer.kind_value(k): KIND_FAMILIES[k] for k in self.kinds}
+        self.raw: dict[str, list[tuple]] = defaultdict(list)
+        self.records = 0
+        self.dropped_by_cap = 0
+        self.callback_errors: list[str] = []
+        self.pairs: list[tuple[int, int, int]] = []
+        self.tracing = False
+        self._lock = threading.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        self.layer.check_subscriber()
+        self.layer.use_system_thread_ids()
+        self.layer.register_callbacks(self._requested, self._completed)
+        if self.latency:
+            self.layer.enable_latency_timestamps(True)
+        self.layer.enable(self.kinds)
+        self.tracing = True
+        self._pair()
+
+    def start(self) -> None:
+        self._pair()
+
+    def push_correlation(self, ident: int, kind: str) -> None:
+        self.layer.push_external(kind, ident)
+
+    def pop_correlation(self, kind: str) -> None:
+        self.layer.pop_external(kind)
+
+    def stop(self) -> None:
+        if not self.tracing:
+            return
+        self.tracing = False
+        self.layer.flush_all()
+        self.layer.disable(self.kinds)
+        self._pair()
+        dropped = self.layer.dropped_records()
+        if dropped:
+            self.ctx.report.dropped_records(dropped, "records (CUPTI buffers full)")
+
+    def close(self) -> None:
+        self.stop()
+        self.raw = defaultdict(list)
+
+    def _pair(self) -> None:
+        best = None
+        for _ in range(5):
+            h0 = host_ns()
+            c = self.layer.timestamp()
+            h1 = host_ns()
+            if best is None or h1 - h0 < best[2]:
+                best = (c, (h0 + h1) // 2, h1 - h0)
+        assert best is not None
+        self.pairs.append((best[0], best[1], max(1, best[2] // 2)))
+
+    # -- CUPTI's thread ---------------------------------------------------------------------------
+    def _requested(self) -> tuple[int, int]:
+        return self.buffer_bytes, 0
+
+    def _completed(self, activities: list) -> None:
+        """Runs on CUPTI's thread: copy what is needed, never raise into CUPTI."""
+        try:
+            families, raw = self.families, self.raw
+            with self._lock:
+                room = self.max_records - self.records
+                for r in activities:
+                    family = families.get(r.kind)
+                    if family is None:
+                        continue
+                    if room <= 0:
+                        self.dropped_by_cap += 1
+                        continue
+                    raw[family].append(EXTRACTORS[family](r))
+                    room -= 1
+                self.records = self.max_records - room
+        except Exception as exc:  # a record of an unexpected layout: keep going, say so
+            if len(self.callback_errors) < 10:
+                self.callback_errors.append(f"{type(exc).__name__}: {exc}")
+
+    # -- collect ----------------------------------------------------------------------------------
+    def collect(self, sink: Sink) -> None:
+        for message in self.callback_errors:
+            self.ctx.report.error(f"decoding CUPTI records failed: {message}")
+        if self.dropped_by_cap:
+            self.ctx.report.dropped_records(
+                self.dropped_by_cap, f"records over the cap of {self.max_records}"
+            )
+        mapping = ClockMapping.fit(
+            [c for c, _, _ in self.pairs],
+            [h for _, h, _ in self.pairs],
+            uncertainty_ns=max((u for _, _, u in self.pairs), default=0),
+        )
+        self.ctx.report.clock_mapping(mapping, "cupti")
+        sink.add_metadata("cupti_python_version", self.layer.package_version())
+        raw, self.raw = self.raw, defaultdict(list)
+        external = self._external_ids(raw.get(EXTERNAL, []))
+        to_host = mapping.to_host
+        launched = {r.correlation for fam in (KERNEL, MEMCPY, MEMCPY_P2P, MEMSET) for r in raw.get(fam, [])}
+        context_device: dict[int, int] = {}
+        host = sink.host_device()
+        streams: dict[tuple[int, int], int] = {}
+
+        def device_handle(index: int) -> int:
+            facts = self.devices.get(index)
+            return sink.device(
+                f"cuda:{index}",
+                type="cuda",
+                index=index,
+                name=facts.name if facts else f"GPU {index}",
+                properties=facts.properties if facts else None,
+                pid=index,
+                label=f"GPU {index}",
+            )
+
+        def stream_row(index: int, stream: int, sync: bool = False) -> tuple[int, int]:
+            dev = device_handle(index)
+            rid = stream + SYNC_STREAM_OFFSET if sync else stream
+            key = (dev, rid)
+            if key not in streams:
+                streams[key] = sink.resource(dev, rid, f"stream {stream}{' (sync)' if sync else ''}")
+            return dev, streams[key]
+
+        for r in raw.get(KERNEL, []):
+            context_device[r.context] = r.device
+            dev, row = stream_row(r.device, r.stream)
+            start = to_host(r.start)
+            args = {
+                "queued": (r.start - r.queued) / 1000.0 if self.latency and r.queued else 0,
+                "device": r.device,
+                "context": r.context,
+                "stream": r.stream,
+                "correlation": r.correlation,
+                "registers per thread": r.registers,
+                "shared memory": r.shared_memory,
+                "grid": list(r.grid),
+                "block": list(r.block),
+                "graph id": r.graph_id,
+                "graph node id": r.graph_node_id,
+                "channel": r.channel,
+                "channel_type": r.channel_type,
+            }
+            sink.activity(
+                ActivityKind.KERNEL,
+                r.name,
+                device=dev,
+                resource=row,
+                start=start,
+                end=start + (r.end - r.start),
+                correlation=r.correlation,
+                external_id=external.get(r.correlation, 0),
+                flow_id=r.correlation,
+                args=args,
+            )
+        for family in (MEMCPY, MEMCPY_P2P):
+            for r in raw.get(family, []):
+                context_device[r.context] = r.device
+                dev, row = stream_row(r.device, r.stream)
+                start = to_host(r.start)
+                duration = r.end - r.start
+                args = {
+                    "device": r.device,
+                    "context": r.context,
+                    "stream": r.stream,
+                    "correlation": r.correlation,
+                    "bytes": r.bytes,
+                    "memory bandwidth (GB/s)": round(r.bytes / duration, 6) if duration else 0,
+                }
+                if family == MEMCPY_P2P:
+                    args.update({"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device})
+                sink.activity(
+                    ActivityKind.GPU_MEMCPY,
+                    self._memcpy_name(r),
+                    device=dev,
+                    resource=row,
+                    start=start,
+                    end=start + duration,
+                    correlation=r.correlation,
+                    external_id=external.get(r.correlation, 0),
+                    flow_id=r.correlation,
+                    args=args,
+                )
+        for r in raw.get(MEMSET, []):
+            context_device[r.context] = r.device
+            dev, row = stream_row(r.device, r.stream)
+            start = to_host(r.start)
+            duration = r.end - r.start
+            kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
+            args = {
+                "device": r.device,
+                "context": r.context,
+                "stream": r.stream,
+                "correlation": r.correlation,
+                "bytes": r.bytes,
+                "memory bandwidth (GB/s)": round(r.bytes / duration, 6) if duration else 0,
+            }
+            sink.activity(
+                ActivityKind.GPU_MEMSET,
+                f"Memset ({kind})",
+                device=dev,
+                resource=row,
+                start=start,
+                end=start + duration,
+                correlation=r.correlation,
+                external_id=external.get(r.correlation, 0),
+                flow_id=r.correlation,
+                args=args,
+            )
+        for family, kind, cat, domain in (
+            (RUNTIME, ActivityKind.RUNTIME, "cuda_runtime", "runtime"),
+            (DRIVER, ActivityKind.DRIVER, "cuda_driver", "driver"),
+        ):
+            names: dict[int, str] = {}
+            threads: dict[int, int] = {}
+            for r in raw.get(family, []):
+                name = names.get(r.cbid)
+                if name is None:
+                    name = names[r.cbid] = self.layer.callback_name(domain, r.cbid)
+                launches = r.correlation in launched
+                if not launches and not self.all_apis and not DEFAULT_API_PATTERN.search(name):
+                    continue
+                thread = threads.get(r.thread)
+                if thread is None:
+                    thread = threads[r.thread] = sink.host_thread(r.thread)
+                start = to_host(r.start)
+                sink.activity(
+                    kind,
+                    name,
+                    device=host,
+                    resource=thread,
+                    start=start,
+                    end=start + (r.end - r.start),
+                    cat=cat,
+                    correlation=r.correlation,
+                    external_id=external.get(r.correlation, 0),
+                    flow_id=r.correlation if launches else 0,
+                    flow_start=True,
+                    args={"cbid": r.cbid, "correlation": r.correlation},
+                )
+        for r in raw.get(SYNC, []):
+            index = context_device.get(r.context, 0)
+            dev, row = stream_row(index, max(r.stream, 0), sync=True)
+            start = to_host(r.start)
+            sync_type = self.layer.enum_name("ActivitySynchronizationType", r.type)
+            sink.activity(
+                ActivityKind.SYNC,
+                SYNC_NAMES.get(sync_type, "Sync"),
+                device=dev,
+                resource=row,
+                start=start,
+                end=start + (r.end - r.start),
+                cat="cuda_sync",
+                correlation=r.correlation,
+                external_id=external.get(r.correlation, 0),
+                args={
+                    "cuda_sync_kind": sync_type,
+                    "stream": r.stream,
+                    "correlation": r.correlation,
+                    "device": index,
+                    "context": r.context,
+                    "wait_on_cuda_event_id": r.cuda_event,
+                },
+            )
+        overhead_rows = raw.get(OVERHEAD, [])
+        if overhead_rows:
+            dev = sink.device(
+                "cupti-overhead", type="overhead", index=0, name="CUPTI Overhead", sort_index=0x100000, pid=-1
+            )
+            row = sink.resource(dev, 0, "overhead")
+            for r in overhead_rows:
+                start = to_host(r.start)
+                name = self.layer.enum_name("ActivityOverheadKind", r.overhead_kind)
+                sink.activity(
+                    ActivityKind.OVERHEAD,
+                    name.replace("_", " ").title(),
+                    device=dev,
+                    resource=row,
+                    start=start,
+                    end=start + (r.end - r.start),
+                )
+
+    def _external_ids(self, externals: list) -> dict[int, int]:
+        """CUPTI correlation id -> External id: the framework op (CUSTOM0) when there is one, else the
+        innermost annotation (CUSTOM1)."""
+        op_kind = self.layer.external_kind_value("op")
+        annotation_kind = self.layer.external_kind_value("annotation")
+        ops: dict[int, int] = {}
+        annotations: dict[int, int] = {}
+        for r in externals:
+            if r.external_kind == op_kind:
+                ops[r.correlation] = r.external_id
+            elif r.external_kind == annotation_kind:
+                annotations[r.correlation] = r.external_id
+        return {**annotations, **ops}
+
+    def _memcpy_name(self, r: Any) -> str:
+        copy = self.layer.enum_name("ActivityMemcpyKind", r.copy_kind)
+        src = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.src_kind), "?")
+        dst = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.dst_kind), "?")
+        return f"Memcpy {copy.replace('TO', 'to')} ({src} -> {dst})"

@@ -1,0 +1,300 @@
+"""polyprof-cuda without a GPU: records -> activities, flows, External ids, clocks, availability.
+
+The CUPTI layer is replaced by RecordedLayer (recorded_cupti.py), which produces real cupti-python
+record objects. Not exercised here: libcupti itself, the driver, real buffers and timing (see
+scripts/device-check.py, to be run on a GPU machine).
+"""
+
+import threading
+
+import pytest
+from polyprof_cuda import CudaBackend
+from polyprof_cuda.records import EXTRACTORS
+from recorded_cupti import RecordedLayer, make_record, stub_fields
+
+import polyprof
+from polyprof.model import ActivityKind
+from polyprof.registry import Registry
+from polyprof.testing import assert_conforms
+
+
+def registry_with(layer):
+    reg = Registry(use_env=False)
+    reg.register(CudaBackend(layer_factory=lambda: layer))
+    return reg
+
+
+def profile(layer, workload, activities=("cpu", "cuda"), **kw):
+    with polyprof.profile(list(activities), registry=registry_with(layer), **kw) as prof:
+        workload()
+    return prof.trace
+
+
+def test_extractors_read_only_fields_cupti_pyi_declares():
+    fields = stub_fields()
+    import inspect
+
+    from polyprof_cuda import records
+
+    read = {name: set(re_findall(inspect.getsource(fn))) for name, fn in EXTRACTORS.items()}
+    families = {
+        "kernel": "ActivityKernel9",
+        "memcpy": "ActivityMemcpy5",
+        "memcpy_p2p": "ActivityMemcpyPtoP4",
+        "memset": "ActivityMemset4",
+        "runtime": "ActivityAPI",
+        "driver": "ActivityAPI",
+        "sync": "ActivitySynchronization",
+        "overhead": "ActivityOverhead3",
+        "external": "ActivityExternalCorrelation",
+    }
+    for family, cls in families.items():
+        missing = read[family] - fields[cls]
+        assert not missing, f"{family} reads {sorted(missing)}, absent from {cls} in cupti.pyi"
+    assert records.KIND_FAMILIES
+
+
+def re_findall(source):
+    import re
+
+    return re.findall(r"\br\.(\w+)", source) + re.findall(r'_get\(r, "(\w+)"', source)
+
+
+def test_kernels_copies_fills_syncs_and_their_launches(tmp_path):
+    layer = RecordedLayer()
+
+    def work():
+        with polyprof.record_function("step"):
+            layer.memcpy("HTOD")
+            layer.launch_kernel("gemm_kernel")
+            layer.launch_kernel("relu_kernel", stream=8)
+            layer.memset()
+            layer.memcpy("DTOH")
+            layer.synchronize()
+            layer.uninteresting_api()
+
+    trace = profile(layer, work)
+    kernels = trace.activities_of(ActivityKind.KERNEL)
+    copies = trace.activities_of(ActivityKind.GPU_MEMCPY)
+    fills = trace.activities_of(ActivityKind.GPU_MEMSET)
+    runtime = trace.activities_of(ActivityKind.RUNTIME)
+    syncs = trace.activities_of(ActivityKind.SYNC)
+    assert sorted(k.name for k in kernels) == ["gemm_kernel", "relu_kernel"]
+    assert sorted(c.name for c in copies) == [
+        "Memcpy DtoH (Device -> Pinned)",
+        "Memcpy HtoD (Pageable -> Device)",
+    ]
+    assert [f.name for f in fills] == ["Memset (Device)"]
+    assert [s.name for s in syncs] == ["Stream Sync"] and syncs[0].cat == "cuda_sync"
+    assert {r.name for r in runtime} == {
+        "cudaLaunchKernel",
+        "cudaMemcpyAsync",
+        "cudaMemsetAsync",
+        "cudaStreamSynchronize",
+    }, "non-launch, non-copy, non-sync calls are filtered by default"
+    gemm = next(k for k in kernels if k.name == "gemm_kernel")
+    assert gemm.cat == "kernel"
+    assert {
+        k: gemm.args[k]
+        for k in ("device", "context", "stream", "registers per thread", "shared memory", "grid", "block")
+    } == {
+        "device": 0,
+        "context": 1,
+        "stream": 7,
+        "registers per thread": 32,
+        "shared memory": 1024,
+        "grid": [64, 1, 1],
+        "block": [128, 1, 1],
+    }
+    assert copies[0].args["bytes"] == 1 << 20 and copies[0].args["memory bandwidth (GB/s)"] == pytest.approx(
+        (1 << 20) / 100_000
+    )
+    # devices and streams as Kineto lays them out
+    gpu0 = trace.device_by_key("cuda:0")
+    assert gpu0.pid == 0 and gpu0.name == "Fake GPU 0" and gpu0.properties["numSms"] == 132
+    rows = {trace.resources[k.resource].name for k in kernels}
+    assert rows == {"stream 7", "stream 8"}
+    assert trace.resources[syncs[0].resource].name == "stream 7 (sync)"
+    # every device activity has an ac2g flow from its launch, and the annotation's External id
+    launches = {r.flow_id: r for r in runtime if r.flow_start}
+    step = trace.activities_of(ActivityKind.USER_ANNOTATION)[0]
+    for a in kernels + copies + fills:
+        assert a.flow_id in launches
+        assert launches[a.flow_id].external_id == a.external_id == step.correlation
+    assert launches[gemm.flow_id].name == "cudaLaunchKernel"
+
+
+def test_all_apis_option_keeps_every_runtime_call():
+    layer = RecordedLayer()
+    trace = profile(
+        layer,
+        lambda: (layer.uninteresting_api(), layer.launch_kernel()),
+        backend_options={"cuda": {"apis": "all"}},
+    )
+    assert {r.name for r in trace.activities_of(ActivityKind.RUNTIME)} == {
+        "cudaGetDevice",
+        "cudaLaunchKernel",
+    }
+
+
+def test_driver_launches_are_linked_like_runtime_ones():
+    layer = RecordedLayer()
+    trace = profile(layer, lambda: layer.launch_kernel("triton_kernel", driver=True))
+    (drv,) = trace.activities_of(ActivityKind.DRIVER)
+    (k,) = trace.activities_of(ActivityKind.KERNEL)
+    assert drv.name == "cuLaunchKernel" and drv.cat == "cuda_driver" and drv.flow_id == k.flow_id != 0
+
+
+def test_graph_launch_links_one_call_to_all_its_kernels():
+    layer = RecordedLayer()
+    trace = profile(layer, lambda: layer.graph_launch(nodes=3))
+    kernels = trace.activities_of(ActivityKind.KERNEL)
+    (launch,) = [r for r in trace.activities_of(ActivityKind.RUNTIME) if r.name == "cudaGraphLaunch"]
+    assert len(kernels) == 3 and all(k.flow_id == launch.flow_id for k in kernels)
+    assert [k.args["graph node id"] for k in kernels] == [100, 101, 102] and kernels[0].args["graph id"] == 5
+
+
+def test_clock_mapping_removes_offset_and_drift_and_is_recorded():
+    layer = RecordedLayer(offset_ns=7_000_000_000, drift_ppm=50)
+    trace = profile(layer, lambda: [layer.launch_kernel() for _ in range(5)])
+    clock = trace.backends["cuda"].clock["cupti"]
+    assert clock["pairs"] >= 3 and clock["offset_ns"] == pytest.approx(-7_000_000_000, abs=1_000_000)
+    w0, w1 = trace.window
+    launches = {r.flow_id: r for r in trace.activities_of(ActivityKind.RUNTIME)}
+    for k in trace.activities_of(ActivityKind.KERNEL):
+        assert w0 <= k.start <= w1 + 100_000
+        assert k.start >= launches[k.flow_id].start, "device work starts after its launch once aligned"
+
+
+def test_external_ids_prefer_the_op_over_the_annotation_and_push_pop_stay_balanced():
+    layer = RecordedLayer()
+    reg = registry_with(layer)
+    with polyprof.profile(["cpu", "cuda"], registry=reg) as prof:
+        with polyprof.record_function("outer"):
+            layer.launch_kernel("a")
+            with polyprof.record_function("inner"):
+                layer.launch_kernel("b")
+    assert layer.stacks == {"op": [], "annotation": []}
+    ann = {a.name: a.correlation for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)}
+    kernels = {k.name: k.external_id for k in prof.trace.activities_of(ActivityKind.KERNEL)}
+    assert kernels == {"a": ann["outer"], "b": ann["inner"]}
+
+
+def test_gpu_user_annotation_spans_cover_the_annotations_kernels():
+    layer = RecordedLayer()
+
+    def work():
+        with polyprof.record_function("forward"):
+            layer.launch_kernel("k1", stream=7)
+            layer.launch_kernel("k2", stream=7)
+            layer.launch_kernel("k3", stream=8)
+
+    trace = profile(layer, work)
+    spans = trace.activities_of(ActivityKind.GPU_USER_ANNOTATION)
+    assert sorted((s.name, trace.resources[s.resource].name) for s in spans) == [
+        ("forward", "stream 7"),
+        ("forward", "stream 8"),
+    ]
+    k = {x.name: x for x in trace.activities_of(ActivityKind.KERNEL)}
+    s7 = next(s for s in spans if trace.resources[s.resource].name == "stream 7")
+    assert s7.start == k["k1"].start and s7.end == k["k2"].end and s7.cat == "gpu_user_annotation"
+
+
+def test_dropped_records_are_counted_and_warned():
+    layer = RecordedLayer(dropped=42)
+    with pytest.warns(polyprof.PolyprofWarning, match="dropped 42 records"):
+        trace = profile(layer, lambda: layer.launch_kernel())
+    assert trace.backends["cuda"].dropped["records (CUPTI buffers full)"] == 42
+
+
+def test_record_cap_drops_and_counts_the_excess():
+    layer = RecordedLayer()
+    with pytest.warns(polyprof.PolyprofWarning, match="over the cap of 3"):
+        trace = profile(
+            layer,
+            lambda: [layer.launch_kernel() for _ in range(5)],
+            backend_options={"cuda": {"max_records": 3}},
+        )
+    assert trace.backends["cuda"].dropped["records over the cap of 3"] == 7
+
+
+def test_buffers_delivered_on_cuptis_thread_and_after_stop_are_kept():
+    layer = RecordedLayer(deliver_late=True)
+    trace = profile(layer, lambda: [layer.launch_kernel(f"k{i}") for i in range(6)])
+    assert len(trace.activities_of(ActivityKind.KERNEL)) == 6
+
+
+def test_another_cupti_subscriber_is_a_clear_failure_that_spares_the_rest():
+    layer = RecordedLayer(subscriber="torch.profiler (Kineto)")
+    with pytest.warns(polyprof.PolyprofWarning, match="another CUPTI subscriber is attached"):
+        with polyprof.profile(["cpu", "cuda"], registry=registry_with(layer)) as prof:
+            with polyprof.record_function("still recorded"):
+                layer.launch_kernel()
+    assert prof.trace.backends["cuda"].state == "failed"
+    assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["still recorded"]
+
+
+def test_unavailable_reasons_from_the_real_bindings():
+    avail = CudaBackend().probe()  # the real CuptiLayer on a machine without an NVIDIA driver
+    assert not avail.available
+    assert "no NVIDIA driver" in avail.reason or "cupti" in avail.reason.lower()
+    with pytest.raises(
+        polyprof.BackendUnavailableError, match="activity CUDA cannot be profiled here: cuda: "
+    ):
+        polyprof.profile(["cpu", "cuda"])
+
+
+def test_unavailable_when_cupti_python_is_missing(monkeypatch):
+    import sys
+
+    from polyprof_cuda.cupti_layer import CuptiLayer
+
+    monkeypatch.setitem(sys.modules, "cupti", None)
+    with pytest.raises(Exception, match="cupti-python cannot be imported.*polyprof-cuda\\[cu13\\]"):
+        CuptiLayer()
+    assert "cupti-python cannot be imported" in CudaBackend().probe().reason
+
+
+def test_options_are_checked_before_anything_starts():
+    layer = RecordedLayer()
+    reg = registry_with(layer)
+    for options, match in (
+        ({"kinds": ["KERNAL"]}, "unsupported activity kind"),
+        ({"apis": "some"}, "'apis' must be"),
+        ({"max_records": 0}, "positive integer"),
+        ({"nope": 1}, "unknown option"),
+    ):
+        with pytest.raises(polyprof.ConfigError, match=match):
+            polyprof.profile(["cuda"], registry=reg, backend_options={"cuda": options})
+
+
+def test_conformance_kit_with_recorded_cupti():
+    layer = RecordedLayer()
+
+    def workload():
+        layer.memcpy()
+        layer.launch_kernel()
+
+    report = assert_conforms(
+        CudaBackend(layer_factory=lambda: layer), workload=workload, require_activities=True
+    )
+    assert report.activities >= 4
+
+
+def test_records_from_several_threads_land_on_their_threads():
+    layer = RecordedLayer()
+
+    def work():
+        ts = [threading.Thread(target=layer.launch_kernel) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    trace = profile(layer, work)
+    assert len({r.resource for r in trace.activities_of(ActivityKind.RUNTIME)}) == 3
+
+
+def test_make_record_rejects_fields_the_stub_does_not_declare():
+    with pytest.raises(AssertionError, match="no field"):
+        make_record("ActivityKernel9", gridx=1)
