@@ -29,4 +29,8 @@ for plugin in plugins/*/; do
   else
     pip_install -e "${plugin%/}"
   fi
+  # a plugin's own extra test setup (e.g. polyprof-xpu installs intel-pti without its 1.8 GB runtimes)
+  if [ "${1:-}" = "--test" ] && [ -x "$plugin/scripts/ci-setup.sh" ]; then
+    "$plugin/scripts/ci-setup.sh" .venv/bin/python
+  fi
 done

@@ -188,8 +188,8 @@ _LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 
 
 def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
-    """Give each runtime/driver call the id of the innermost host op or annotation that contains it on
-    the same thread, and pass that id to the device work its ac2g flow leads to.
+    """Give each runtime/driver call the id of the innermost host op or annotation open on its thread
+    when it started, and pass that id to the device work its ac2g flow leads to.
 
     This is how framework ops whose ids cannot be pushed to a backend (torch's aten ops have no Python
     hook per op) still become the `External id` of the kernels they launched. It agrees with push/pop
@@ -222,12 +222,11 @@ def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
             if corr[i]:
                 stack.append(i)
             continue
-        for j in reversed(stack):
-            if end[j] >= end[i]:
-                if new_ext[i] != corr[j]:
-                    new_ext[i] = corr[j]
-                    changed[i] = corr[j]
-                break
+        if stack:  # the innermost span still open when the call started (its end may stick out a little)
+            j = stack[-1]
+            if new_ext[i] != corr[j]:
+                new_ext[i] = corr[j]
+                changed[i] = corr[j]
     if not changed:
         return acts
     flow = acts["flow_id"]
@@ -253,8 +252,9 @@ def add_gpu_user_annotations(acts: ActivityTable) -> ActivityTable:
     """Kineto's `gpu_user_annotation` rows, for every device: for each host annotation, one span per
     device row (stream, queue) from the first to the last device activity launched inside it.
 
-    A device activity belongs to the innermost annotation that encloses its launch (the host end of its
-    ac2g flow) on the launching thread.
+    A device activity belongs to the annotation its External id names, when a backend linked it through
+    vendor external correlation; otherwise to the innermost annotation open on the launching thread when
+    its launch (the host end of its ac2g flow) started.
     """
     if not len(acts):
         return acts
@@ -285,16 +285,25 @@ def add_gpu_user_annotations(acts: ActivityTable) -> ActivityTable:
         if is_annotation[i]:
             stack.append(i)
             continue
-        for j in reversed(stack):
-            if end[j] >= end[i]:
-                enclosing[i] = j
-                break
-    if not enclosing:
-        return acts
+        if stack:
+            enclosing[i] = stack[-1]
     annotation_of_flow = {int(flow[i]): a for i, a in enclosing.items()}
+    # exact links first: device work whose External id names an annotation (vendor external correlation)
+    by_id = {
+        int(c): int(i)
+        for i, c in zip(
+            np.flatnonzero(kind == annotation).tolist(),
+            acts["correlation"][kind == annotation].tolist(),
+            strict=True,
+        )
+        if c
+    }
+    external = acts["external_id"]
     spans: dict[tuple[int, int, int], list[int]] = {}
     for w in work.tolist():
-        a = annotation_of_flow.get(int(flow[w]))
+        a = by_id.get(int(external[w]))
+        if a is None:
+            a = annotation_of_flow.get(int(flow[w]))
         if a is None:
             continue
         key = (a, dev[w], res[w])
