@@ -23,6 +23,31 @@ def describe(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
+def run_with_timeout(
+    fn: Callable[..., Any], *args: Any, timeout_s: float, name: str = "polyprof-call"
+) -> CallOutcome:
+    """Run ``fn(*args)`` on a daemon thread; give up waiting after `timeout_s` (the thread is abandoned).
+
+    Returns an outcome whose `value` is the result, or the exception when `ok` is False.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return CallOutcome(False, timed_out=True)
+    if "error" in box:
+        return CallOutcome(False, box["error"])
+    return CallOutcome(True, box.get("value"))
+
+
 def guarded_call(
     status: BackendStatus,
     what: str,
@@ -44,21 +69,10 @@ def guarded_call(
             status.errors.append(f"{what}() raised {describe(exc)}")
             return CallOutcome(False)
 
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name=f"polyprof-{status.name}-{what}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s, name=f"polyprof-{status.name}-{what}")
+    if outcome.timed_out:
         status.errors.append(f"{what}() did not return within {timeout_s:g} s and was abandoned")
-        return CallOutcome(False, timed_out=True)
-    if "error" in box:
-        status.errors.append(f"{what}() raised {describe(box['error'])}")
-        return CallOutcome(False)
-    return CallOutcome(True, box.get("value"))
+    elif not outcome.ok:
+        status.errors.append(f"{what}() raised {describe(outcome.value)}")
+        outcome.value = None
+    return outcome

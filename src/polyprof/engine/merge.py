@@ -187,6 +187,35 @@ _CONTAINERS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 _LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 
 
+def innermost_open_span(acts: ActivityTable, spans: np.ndarray, calls: np.ndarray) -> dict[int, int]:
+    """For each row in `calls`, the row in `spans` that is the innermost span open on the same thread
+    (device and resource) when the call started. Spans' ends may end before the call's does."""
+    rows = np.concatenate([spans, calls])
+    if not len(spans) or not len(calls):
+        return {}
+    start_a, end_a = acts["start"], acts["end"]
+    thread_key = acts["device"][rows].astype(np.int64) * (1 << 32) + acts["resource"][rows]
+    order = rows[np.lexsort((-(end_a[rows] - start_a[rows]), start_a[rows], thread_key))]
+    is_span = np.zeros(len(acts), dtype=bool)
+    is_span[spans] = True
+    start, end = start_a.tolist(), end_a.tolist()
+    dev, res = acts["device"].tolist(), acts["resource"].tolist()
+    found: dict[int, int] = {}
+    stack: list[int] = []
+    current = None
+    for i in order.tolist():
+        key = (dev[i], res[i])
+        if key != current:
+            stack, current = [], key
+        while stack and end[stack[-1]] < start[i]:
+            stack.pop()
+        if is_span[i]:
+            stack.append(i)
+        elif stack:
+            found[i] = stack[-1]
+    return found
+
+
 def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
     """Give each runtime/driver call the id of the innermost host op or annotation open on its thread
     when it started, and pass that id to the device work its ac2g flow leads to.
@@ -201,32 +230,16 @@ def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
     kind = acts["kind"]
     if not np.any(kind == int(ActivityKind.CPU_OP)) or not np.any(np.isin(kind, _LAUNCHES)):
         return acts
-    relevant = np.flatnonzero(np.isin(kind, _CONTAINERS + _LAUNCHES))
-    thread_key = acts["device"][relevant].astype(np.int64) * (1 << 32) + acts["resource"][relevant]
-    order = relevant[
-        np.lexsort((-(acts["end"][relevant] - acts["start"][relevant]), acts["start"][relevant], thread_key))
-    ]
-    start, end, corr = acts["start"].tolist(), acts["end"].tolist(), acts["correlation"].tolist()
-    kinds, dev, res = kind.tolist(), acts["device"].tolist(), acts["resource"].tolist()
+    corr = acts["correlation"]
+    containers = np.flatnonzero(np.isin(kind, _CONTAINERS) & (corr != 0))
+    launches = np.flatnonzero(np.isin(kind, _LAUNCHES))
     new_ext = acts["external_id"].copy()
     changed: dict[int, int] = {}  # launch row -> external id
-    stack: list[int] = []
-    current = None
-    for i in order.tolist():
-        key = (dev[i], res[i])
-        if key != current:
-            stack, current = [], key
-        while stack and end[stack[-1]] < start[i]:
-            stack.pop()
-        if kinds[i] in _CONTAINERS:
-            if corr[i]:
-                stack.append(i)
-            continue
-        if stack:  # the innermost span still open when the call started (its end may stick out a little)
-            j = stack[-1]
-            if new_ext[i] != corr[j]:
-                new_ext[i] = corr[j]
-                changed[i] = corr[j]
+    for launch, span in innermost_open_span(acts, containers, launches).items():
+        ext = int(corr[span])
+        if new_ext[launch] != ext:
+            new_ext[launch] = ext
+            changed[launch] = ext
     if not changed:
         return acts
     flow = acts["flow_id"]
@@ -269,24 +282,7 @@ def add_gpu_user_annotations(acts: ActivityTable) -> ActivityTable:
         return acts
     start, end = acts["start"].tolist(), acts["end"].tolist()
     dev, res = acts["device"].tolist(), acts["resource"].tolist()
-    rows = np.concatenate([np.flatnonzero(kind == annotation), launches])
-    thread_key = acts["device"][rows].astype(np.int64) * (1 << 32) + acts["resource"][rows]
-    order = rows[np.lexsort((-(acts["end"][rows] - acts["start"][rows]), acts["start"][rows], thread_key))]
-    is_annotation = kind == annotation
-    enclosing: dict[int, int] = {}  # launch row -> innermost annotation row
-    stack: list[int] = []
-    current = None
-    for i in order.tolist():
-        key = (dev[i], res[i])
-        if key != current:
-            stack, current = [], key
-        while stack and end[stack[-1]] < start[i]:
-            stack.pop()
-        if is_annotation[i]:
-            stack.append(i)
-            continue
-        if stack:
-            enclosing[i] = stack[-1]
+    enclosing = innermost_open_span(acts, np.flatnonzero(kind == annotation), launches)
     annotation_of_flow = {int(flow[i]): a for i, a in enclosing.items()}
     # exact links first: device work whose External id names an annotation (vendor external correlation)
     by_id = {

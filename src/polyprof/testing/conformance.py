@@ -20,7 +20,7 @@ from polyprof.backend import (
     contract_problems,
 )
 from polyprof.clock import host_ns
-from polyprof.engine.guard import describe
+from polyprof.engine.guard import describe, run_with_timeout
 from polyprof.model import BACKEND_RAN, DEVICE_KINDS, ActivityKind
 
 
@@ -55,25 +55,15 @@ class ConformanceReport:
 def _call(
     report: ConformanceReport, name: str, fn: Callable, *args: Any, timeout_s: float
 ) -> tuple[bool, Any]:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
+    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s, name=f"polyprof-conformance-{name}")
+    if outcome.timed_out:
         report.check(False, f"{name} returns in time", f"still running after {timeout_s:g} s")
         return False, None
-    if "error" in box:
-        report.check(False, f"{name} raises no exception", describe(box["error"]))
+    if not outcome.ok:
+        report.check(False, f"{name} raises no exception", describe(outcome.value))
         return False, None
     report.passed.append(f"{name} raises no exception")
-    return True, box.get("value")
+    return True, outcome.value
 
 
 def check_backend(

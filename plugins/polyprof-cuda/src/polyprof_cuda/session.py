@@ -55,6 +55,19 @@ MEMORY_KIND_NAMES = {
 }
 
 
+def _transfer_args(r: Any, duration: int) -> dict[str, Any]:
+    """Kineto's args for a copy or a fill."""
+    bandwidth = round(r.bytes / duration, 6) if duration else 0
+    return {
+        "device": r.device,
+        "context": r.context,
+        "stream": r.stream,
+        "correlation": r.correlation,
+        "bytes": r.bytes,
+        "memory bandwidth (GB/s)": bandwidth,
+    }
+
+
 class CudaSession:
     def __init__(self, layer: Any, devices: list, config: ProfileConfig, ctx: SessionContext) -> None:
         self.layer = layer
@@ -225,14 +238,7 @@ class CudaSession:
                 dev, row = stream_row(r.device, r.stream)
                 start = to_host(r.start)
                 duration = r.end - r.start
-                args = {
-                    "device": r.device,
-                    "context": r.context,
-                    "stream": r.stream,
-                    "correlation": r.correlation,
-                    "bytes": r.bytes,
-                    "memory bandwidth (GB/s)": round(r.bytes / duration, 6) if duration else 0,
-                }
+                args = _transfer_args(r, duration)
                 if family == MEMCPY_P2P:
                     args.update({"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device})
                 sink.activity(
@@ -253,14 +259,7 @@ class CudaSession:
             start = to_host(r.start)
             duration = r.end - r.start
             kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
-            args = {
-                "device": r.device,
-                "context": r.context,
-                "stream": r.stream,
-                "correlation": r.correlation,
-                "bytes": r.bytes,
-                "memory bandwidth (GB/s)": round(r.bytes / duration, 6) if duration else 0,
-            }
+            args = _transfer_args(r, duration)
             sink.activity(
                 ActivityKind.GPU_MEMSET,
                 f"Memset ({kind})",
