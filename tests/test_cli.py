@@ -160,3 +160,24 @@ def test_example_workload_runs_under_polyprof(tmp_path):
     r = run(["run", "-o", str(out), os.path.join(root, "examples", "workload.py"), "3"])
     assert r.returncode == 0, r.stderr
     assert "workload result" in r.stdout and "matmul chain" in r.stderr
+
+
+def test_reasons_with_brackets_are_printed_verbatim(tmp_path):
+    """Install hints such as polyprof-cuda[cu13] must survive the terminal formatting."""
+    (tmp_path / "bracketplug.py").write_text(
+        "from polyprof.backend import API_VERSION, Availability\n"
+        "class B:\n"
+        "    name, api_version, activities = 'bracket', API_VERSION, frozenset({'BRACKET'})\n"
+        "    def probe(self):\n"
+        "        return Availability.no(\"pip install 'polyprof-bracket[cu13]' [red]not markup[/red]\")\n"
+        "    def create_session(self, c, x): ...\n"
+        "backend = B()\n"
+    )
+    env = {**os.environ, "POLYPROF_BACKENDS": "bracketplug:backend", "PYTHONPATH": str(tmp_path)}
+    r = run(["backends"], env=env)
+    flat = "".join(r.stdout.split())
+    assert "polyprof-bracket[cu13]" in flat and "[red]notmarkup[/red]" in flat
+    script = tmp_path / "s.py"
+    script.write_text("")
+    r = run(["run", "-o", str(tmp_path / "t.json"), str(script)], env=env)
+    assert r.returncode == 0 and "polyprof-bracket[cu13]" in "".join(r.stderr.split())

@@ -17,6 +17,7 @@ import traceback
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polyprof._version import __version__
@@ -54,9 +55,9 @@ def backends() -> None:
     for entry in sorted(default.entries(), key=lambda e: e.name):
         acts = ", ".join(sorted(entry.activities)) or "?"
         if entry.conflict:
-            table.add_row(entry.name, entry.source, acts, "[red]conflict[/red]", entry.conflict)
+            table.add_row(entry.name, entry.source, acts, "[red]conflict[/red]", escape(entry.conflict))
         elif entry.error:
-            table.add_row(entry.name, entry.source, acts, "[red]broken[/red]", entry.error)
+            table.add_row(entry.name, entry.source, acts, "[red]broken[/red]", escape(entry.error))
         else:
             avail = default.probe(entry)
             if avail.available:
@@ -67,10 +68,12 @@ def backends() -> None:
                     entry.source,
                     acts,
                     "[green]available[/green]",
-                    "; ".join(filter(None, [details, versions])),
+                    escape("; ".join(filter(None, [details, versions]))),
                 )
             else:
-                table.add_row(entry.name, entry.source, acts, "[yellow]unavailable[/yellow]", avail.reason)
+                table.add_row(
+                    entry.name, entry.source, acts, "[yellow]unavailable[/yellow]", escape(avail.reason)
+                )
     _console().print(table)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polyprof.analysis import SummaryRow
@@ -28,10 +29,10 @@ def summary_table(rows: list[SummaryRow], title: str) -> Table:
         if group != last_group:
             if last_group is not None:
                 table.add_section()
-            table.add_row(f"[bold]{r.device} · {r.kind}[/bold]", "", "", "", "", "", "")
+            table.add_row(f"[bold]{escape(r.device)} · {r.kind}[/bold]", "", "", "", "", "", "")
             last_group = group
         table.add_row(
-            f"  {r.name}",
+            f"  {escape(r.name)}",
             str(r.count),
             format_ns(r.total_ns),
             format_ns(r.mean_ns),
@@ -69,4 +70,4 @@ def print_summary(trace: Trace, console: Console, top: int, title: str) -> None:
     else:
         console.print(f"{title}: no activities recorded")
     for line in backend_status_lines(trace):
-        console.print(f"  backend {line}", highlight=False)
+        console.print(f"  backend {line}", highlight=False, markup=False)  # reasons hold [extras]
