@@ -349,3 +349,21 @@ def test_launches_get_the_innermost_enclosing_op_by_time_containment(registry):
     assert rows["launch"].external_id == 502 and rows["k"].external_id == 502
     assert rows["late"].external_id == 501
     assert rows["elsewhere"].external_id == 0, "containment is per thread"
+
+
+def test_spans_open_when_the_profile_stops_are_written_unfinished(registry):
+    outer = polyprof.record_function("still running")
+    prof = polyprof.profile(["cpu"], registry=registry)
+    prof.start()
+    outer.__enter__()
+    with polyprof.record_function("done"):
+        pass
+    prof.stop()
+    outer.__exit__(None, None, None)  # closing after stop records nothing more
+    rows = {a.name: a for a in prof.trace.activities}
+    assert rows["done"].args == {}
+    assert rows["still running"].args == {"finished": False}
+    assert rows["still running"].end == prof.trace.window[1]
+    with polyprof.profile(["cpu"], registry=registry) as again:
+        pass
+    assert len(again.trace.activities) == 0, "an unfinished span does not leak into the next profile"

@@ -44,6 +44,7 @@ typedef struct {
     Py_ssize_t n, cap;
     PyObject *names;   /* list: one name per event */
     PyObject *args;    /* list: one args object (usually None) per event */
+    PyObject *open;    /* list: RecordFunction objects entered while recording and not yet exited */
 } EventBufferObject;
 
 static int eb_grow(EventBufferObject *b) {
@@ -74,7 +75,8 @@ static PyObject *eb_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
     if (b == NULL) return NULL;
     b->names = PyList_New(0);
     b->args = PyList_New(0);
-    if (b->names == NULL || b->args == NULL) { Py_DECREF(b); return NULL; }
+    b->open = PyList_New(0);
+    if (b->names == NULL || b->args == NULL || b->open == NULL) { Py_DECREF(b); return NULL; }
     return (PyObject *)b;
 }
 
@@ -83,12 +85,14 @@ static void eb_dealloc(EventBufferObject *b) {
     PyMem_Free(b->data);
     Py_CLEAR(b->names);
     Py_CLEAR(b->args);
+    Py_CLEAR(b->open);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
 static int eb_traverse(EventBufferObject *b, visitproc visit, void *arg) {
     Py_VISIT(b->names);
     Py_VISIT(b->args);
+    Py_VISIT(b->open);
     return 0;
 }
 
@@ -108,7 +112,12 @@ static PyObject *eb_clear(EventBufferObject *b, PyObject *unused) {
     b->n = 0;
     if (PyList_SetSlice(b->names, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
     if (PyList_SetSlice(b->args, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
+    if (PyList_SetSlice(b->open, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *eb_open_spans(EventBufferObject *b, PyObject *unused) {
+    return PyList_GetSlice(b->open, 0, PY_SSIZE_T_MAX);
 }
 
 static PyObject *eb_snapshot(EventBufferObject *b, PyObject *unused) {
@@ -128,6 +137,7 @@ static PyMethodDef eb_methods[] = {
     {"add", (PyCFunction)(void (*)(void))eb_add_py, METH_FASTCALL, "add(type, start, end, name, id, parent, args)"},
     {"clear", (PyCFunction)eb_clear, METH_NOARGS, "Forget every event."},
     {"snapshot", (PyCFunction)eb_snapshot, METH_NOARGS, "(int64 bytes [n x 5], names, args)"},
+    {"open_spans", (PyCFunction)eb_open_spans, METH_NOARGS, "Spans entered while recording and not exited yet."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -151,6 +161,7 @@ typedef struct {
     PyObject *name;
     PyObject *args;
     PyObject *token;
+    PyObject *buffer;  /* the EventBuffer of the thread that entered, while open */
     long long parent;
     long long id;
     long long start;
@@ -174,6 +185,7 @@ static void rf_dealloc(RecordFunctionObject *self) {
     Py_CLEAR(self->name);
     Py_CLEAR(self->args);
     Py_CLEAR(self->token);
+    Py_CLEAR(self->buffer);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -181,8 +193,11 @@ static int rf_traverse(RecordFunctionObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->name);
     Py_VISIT(self->args);
     Py_VISIT(self->token);
+    Py_VISIT(self->buffer);
     return 0;
 }
+
+static EventBufferObject *thread_buffer(void);
 
 static PyObject *rf_enter(RecordFunctionObject *self, PyObject *unused) {
     if (g_active) {
@@ -203,10 +218,30 @@ static PyObject *rf_enter(RecordFunctionObject *self, PyObject *unused) {
         Py_DECREF(idobj);
         Py_XSETREF(self->token, token);
         self->id = id;
+        EventBufferObject *buf = thread_buffer();
+        if (buf == NULL || PyList_Append(buf->open, (PyObject *)self) < 0) return NULL;
+        Py_INCREF(buf);
+        Py_XSETREF(self->buffer, (PyObject *)buf);
         self->start = now_ns();
     }
     Py_INCREF(self);
     return (PyObject *)self;
+}
+
+/* Forget `self` in the open-span list (usually the last entry; asyncio tasks can interleave). */
+static void forget_open(EventBufferObject *buf, PyObject *self) {
+    Py_ssize_t n = PyList_GET_SIZE(buf->open);
+    if (n > 0 && PyList_GET_ITEM(buf->open, n - 1) == self) {  /* the usual case: as list.pop() does */
+        Py_SET_SIZE(buf->open, n - 1);
+        Py_DECREF(self);
+        return;
+    }
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        if (PyList_GET_ITEM(buf->open, i) == self) {
+            PyList_SetSlice(buf->open, i, i + 1, NULL);
+            return;
+        }
+    }
 }
 
 /* The calling thread's EventBuffer (borrowed), created and registered on first use. */
@@ -241,9 +276,18 @@ static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_s
         PyObject *r = PyObject_CallOneArg(g_pop, g_kind_annotation);
         if (r == NULL) PyErr_Clear(); else Py_DECREF(r);
     }
-    EventBufferObject *buf = thread_buffer();
-    if (buf == NULL) return NULL;
-    if (eb_add(buf, 0, start, end, self->id, self->parent, self->name, self->args) < 0) return NULL;
+    /* the buffer of the thread that entered (a span may close on another thread in asyncio) */
+    EventBufferObject *buf = (EventBufferObject *)self->buffer;
+    self->buffer = NULL;
+    if (buf == NULL) {
+        buf = thread_buffer();
+        if (buf == NULL) return NULL;
+        Py_INCREF(buf);
+    }
+    forget_open(buf, (PyObject *)self);
+    int rc = eb_add(buf, 0, start, end, self->id, self->parent, self->name, self->args);
+    Py_DECREF(buf);
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -255,10 +299,16 @@ static PyMethodDef rf_methods[] = {
 
 static PyObject *rf_get_name(RecordFunctionObject *self, void *c) { Py_INCREF(self->name); return self->name; }
 static PyObject *rf_get_args(RecordFunctionObject *self, void *c) { Py_INCREF(self->args); return self->args; }
+static PyObject *rf_get_open(RecordFunctionObject *self, void *c) {
+    /* (start, id, parent) while the span is open in a recording, else None */
+    if (self->start < 0) Py_RETURN_NONE;
+    return Py_BuildValue("(LLL)", self->start, self->id, self->parent);
+}
 
 static PyGetSetDef rf_getset[] = {
     {"name", (getter)rf_get_name, NULL, "span name", NULL},
     {"args", (getter)rf_get_args, NULL, "span args", NULL},
+    {"open_state", (getter)rf_get_open, NULL, "(start, id, parent) while open in a recording, else None", NULL},
     {NULL},
 };
 

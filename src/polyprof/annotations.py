@@ -46,12 +46,13 @@ FIELDS = 5  # type, start, end, id, parent
 class PyEventBuffer:
     """Pure-Python twin of ``polyprof._speedups.EventBuffer``."""
 
-    __slots__ = ("rows", "names", "args")
+    __slots__ = ("rows", "names", "args", "open")
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, int, int, int, int]] = []
         self.names: list[Any] = []
         self.args: list[Any] = []
+        self.open: list[Any] = []  # spans entered while recording and not exited yet
 
     def add(self, type_: int, start: int, end: int, name: Any, ident: int, parent: int, args: Any) -> None:
         self.rows.append((type_, start, end, ident, parent))
@@ -62,6 +63,10 @@ class PyEventBuffer:
         self.rows.clear()
         self.names.clear()
         self.args.clear()
+        self.open.clear()
+
+    def open_spans(self) -> list[Any]:
+        return list(self.open)
 
     def snapshot(self) -> tuple[np.ndarray, list, list]:
         n = len(self.rows)
@@ -186,6 +191,7 @@ class _PyRecordFunction:  # noqa: N801
             self._token = _current.set(i)
             if correlation.targets:
                 correlation.push(i, correlation.KIND_ANNOTATION)
+            recorder.buffer().open.append(self)
             self._start = host_ns()
         return self
 
@@ -199,9 +205,23 @@ class _PyRecordFunction:  # noqa: N801
         self._token = None
         if correlation.targets:
             correlation.pop(correlation.KIND_ANNOTATION)
-        recorder.buffer().add(SPAN, start, end, self.name, self._id, self._parent, self.args)
+        buf = recorder.buffer()
+        _forget(buf.open, self)
+        buf.add(SPAN, start, end, self.name, self._id, self._parent, self.args)
+
+    @property
+    def open_state(self) -> tuple[int, int, int] | None:
+        """(start, id, parent) while the span is open in a recording, else None."""
+        return (self._start, self._id, self._parent) if self._start >= 0 else None
 
     __call__ = _decorate
+
+
+def _forget(open_spans: list, span: Any) -> None:
+    for i in range(len(open_spans) - 1, -1, -1):  # usually the last one
+        if open_spans[i] is span:
+            del open_spans[i]
+            return
 
 
 if speedups is not None:

@@ -32,6 +32,7 @@ class HostSession:
     def collect(self, sink: Sink) -> None:
         host = sink.host_device()
         for buf in annotations.recorder.buffers():
+            self._unfinished(sink, host, buf)
             rows, names, args = annotations.snapshot(buf.events)
             if not len(rows):
                 continue
@@ -62,6 +63,34 @@ class HostSession:
                     "external_id": np.where(is_span, ident, rows[keep, 4]),
                 },
                 row_args,
+            )
+
+    def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer) -> None:
+        """Spans still open when the profile stopped: written up to the end of the window with
+        ``"finished": false``, as Kineto writes unfinished CPU ops."""
+        end = self.ctx.window_end
+        if end is None:
+            return
+        for span in buf.events.open_spans():
+            state = span.open_state
+            if state is None or state[0] > end:
+                continue
+            start, ident, _parent = state
+            args = (
+                span.args
+                if isinstance(span.args, dict)
+                else ({"args": span.args} if span.args is not None else {})
+            )
+            sink.activity(
+                ActivityKind.USER_ANNOTATION,
+                str(span.name),
+                device=host,
+                resource=sink.host_thread(buf.tid, buf.name),
+                start=start,
+                end=end,
+                correlation=ident,
+                external_id=ident,
+                args={**args, "finished": False},
             )
 
     def close(self) -> None:
