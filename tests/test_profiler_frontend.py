@@ -194,11 +194,16 @@ def test_device_time_columns_and_cuda_sort_key_alias():
     ) and launcher.self_cuda_time_total == pytest.approx(1.0)
 
 
-def test_unsupported_arguments_warn_naming_them():
+def test_unsupported_arguments_warn_once_naming_them(monkeypatch):
+    import polyprof.profiler.frontend as front
     from polyprof.profiler import profile
 
+    monkeypatch.setattr(front, "_warned_unsupported", set())
     with pytest.warns(UserWarning, match="execution_trace_observer, acc_events"):
         profile(activities=["cpu"], execution_trace_observer=object(), acc_events=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile(activities=["cpu"], execution_trace_observer=object(), acc_events=True)  # not again
 
 
 def test_torch_only_options_without_torch_are_a_clear_error(monkeypatch):

@@ -11,6 +11,7 @@ from polyprof.engine import Profile
 from polyprof.errors import ConfigError
 
 TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
+_warned_unsupported: set[str] = set()  # each unsupported argument is warned about once per process
 
 
 def _torch_installed() -> bool:
@@ -66,10 +67,12 @@ class profile(Profile):  # noqa: N801 - torch's name
                 f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
                 "pip install torch, or leave these options off to profile annotations and devices"
             )
+        unsupported = [name for name in unsupported if name not in _warned_unsupported]
         if unsupported:
+            _warned_unsupported.update(unsupported)
             warnings.warn(
                 f"polyprof.profiler.profile does not implement {', '.join(unsupported)} yet; "
-                "they are ignored for this profile",
+                "they are ignored (this warning is given once)",
                 stacklevel=2,
             )
         super().__init__(
