@@ -241,3 +241,40 @@ def test_polyprof_run_records_the_ops_of_a_script_that_imports_torch_later(tmp_p
     assert r.returncode == 0, r.stderr
     names = {e.get("name") for e in json.loads(out.read_text())["traceEvents"]}
     assert "aten::matmul" in names and "aten::sum" in names
+
+
+def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
+    """torch's collector must be stopped on the thread that started it; --duration does that."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch\n"
+        "x = torch.ones(32, 32)\n"
+        "t0 = time.monotonic()\n"
+        "while time.monotonic() - t0 < 4.0:\n"
+        "    (x @ x).sum()\n"
+        "    time.sleep(0.005)\n"
+        "print('done')\n"
+    )
+    out = tmp_path / "t.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyprof",
+            "run",
+            "--duration",
+            "3.5",
+            "--no-summary",
+            "-o",
+            str(out),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    doc = json.loads(out.read_text())
+    torch_status = doc["polyprof"]["backends"]["torch"]
+    assert "errors" not in torch_status, torch_status
+    assert torch_status["activities"] > 0

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 import click
 from rich.console import Console
@@ -132,7 +134,6 @@ def run(
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(script_path))
     exit_code = 0
-    timer = None
     stop_lock = threading.Lock()
 
     def stop_once() -> None:
@@ -140,10 +141,9 @@ def run(
             prof.stop()
 
     prof.start()
+    alarm = None
     if duration is not None:
-        timer = threading.Timer(duration, stop_once)
-        timer.daemon = True
-        timer.start()
+        alarm = _stop_after(duration, stop_once)
     try:
         runpy.run_path(script_path, run_name="__main__")
     except SystemExit as exc:
@@ -155,8 +155,8 @@ def run(
         traceback.print_exc()
         exit_code = 1
     finally:
-        if timer is not None:
-            timer.cancel()
+        if alarm is not None:
+            alarm()
         stop_once()
     console = _console(stderr=True)
     try:
@@ -170,6 +170,25 @@ def run(
         click.echo(f"polyprof: error: {exc}", err=True)
         exit_code = exit_code or EXIT_BAD_INPUT
     sys.exit(exit_code)
+
+
+def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:
+    """Call `stop` after `seconds`, on the main thread when possible (through SIGALRM), since some
+    backends (torch's collector) must be stopped on the thread that started them. Returns a cancel
+    function."""
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGALRM, lambda signum, frame: stop())
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+        def cancel() -> None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+        return cancel
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
 
 @cli.command()
