@@ -188,6 +188,8 @@ def test_device_time_columns_and_cuda_sort_key_alias():
     assert "Self SIM" in table and "SIM total" in table
     first_row = table.splitlines()[3]
     assert first_row.startswith("launcher")
+    top = avgs.table(top_level_events_only=True)
+    assert "launcher" in top and "idle" in top
     launcher = next(a for a in avgs if a.key == "launcher")
     assert launcher.self_device_time_total == pytest.approx(
         1.0
@@ -278,3 +280,17 @@ def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
     torch_status = doc["polyprof"]["backends"]["torch"]
     assert "errors" not in torch_status, torch_status
     assert torch_status["activities"] > 0
+
+
+def test_native_table_top_level_only_hides_nested_ops():
+    from polyprof.profiler.averages import native_key_averages
+
+    model, inputs = make_model()
+    with polyprof.profile(["cpu"]) as prof:
+        with polyprof.record_function("outer"):
+            model(inputs)
+    table = native_key_averages(prof.trace).table(top_level_events_only=True)
+    names = [
+        line.split()[0] for line in table.splitlines()[3:] if line and not line.startswith(("-", "Self"))
+    ]
+    assert names == ["outer"]

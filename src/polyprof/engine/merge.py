@@ -332,7 +332,3 @@ def add_gpu_user_annotations(acts: ActivityTable) -> ActivityTable:
         [(acts, identity_dev, identity_res, 0), (extra, identity_dev, identity_res, 0)]
     )
     return _sorted(merged)
-
-
-def count_kind(trace: Trace, kind: ActivityKind) -> int:
-    return int(np.count_nonzero(trace.activities["kind"] == int(kind)))

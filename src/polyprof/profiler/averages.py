@@ -165,6 +165,7 @@ class KeyAverage:
     input_shapes: Any = None
     stack: list[str] = field(default_factory=list)
     flops: int = 0
+    top_level: bool = True  # whether the group's first event has no parent (torch's cpu_parent is None)
 
     @property
     def cpu_time(self) -> float:
@@ -203,6 +204,8 @@ class KeyAverages(list):
             for old, new in SORT_ALIASES:
                 attr = attr.replace(old, new)
             rows.sort(key=lambda r: getattr(r, attr), reverse=True)
+        if top_level_events_only:
+            rows = [r for r in rows if r.top_level]
         if row_limit is not None and row_limit > 0:
             rows = rows[:row_limit]
         dev = (self.device_type or "device").upper()
@@ -302,6 +305,7 @@ def native_key_averages(
                 ev.name,
                 input_shapes=ev.input_shapes if group_by_input_shape else None,
                 stack=ev.stack[:group_by_stack_n] if group_by_stack_n else [],
+                top_level=ev.parent is None,
             )
         avg.count += 1
         avg.cpu_time_total += ev.cpu_time_total

@@ -44,7 +44,6 @@ class CuptiLayer:
         self.kind_values = {
             name: int(getattr(cupti.ActivityKind, name)) for name in dir(cupti.ActivityKind) if name.isupper()
         }
-        self.kind_names = {v: k for k, v in self.kind_values.items()}
 
     # -- facts ------------------------------------------------------------------------------------
     @staticmethod
