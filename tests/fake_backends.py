@@ -101,6 +101,7 @@ class SimDeviceSession:
         self.pushed: list[tuple[int, str]] = []
         self.stack: list[int] = []
         self.skew = clock_skew_ns
+        self.closed = False
 
     def prepare(self):
         pass
@@ -163,6 +164,7 @@ class SimDeviceSession:
 
     def close(self):
         self.active = False
+        self.closed = True
 
 
 class SimDeviceBackend:

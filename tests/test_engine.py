@@ -144,11 +144,13 @@ def test_backend_options_are_checked_by_the_backend_before_start(registry):
         polyprof.profile(["picky"], registry=registry, backend_options={"picky": {"device": 5}})
 
 
-def test_only_one_profile_records_at_a_time(registry):
+def test_only_one_profile_records_at_a_time(registry, sim):
     with polyprof.profile(["cpu"], registry=registry):
-        other = polyprof.profile(["cpu"], registry=registry)
+        other = polyprof.profile(["cpu", "simdev"], registry=registry)
         with pytest.raises(PolyprofError, match="already recording"):
             other.start()
+        assert sim.sessions and sim.sessions[-1].closed, "the refused profile closed the sessions it prepared"
+        assert other._handles == []
     with polyprof.profile(["cpu"], registry=registry):
         pass  # free again
 

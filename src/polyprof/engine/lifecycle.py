@@ -242,7 +242,12 @@ class Profile:
         if self._started:
             raise PolyprofError("this profile is already started; call stop() before starting it again")
         self._started = True
-        self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
+        try:
+            self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
+        except BaseException:
+            self._abandon_sessions()  # e.g. another profile is recording: release what prepare set up
+            self._started = False
+            raise
         self._enter_step_span()
 
     def step(self) -> None:
@@ -391,8 +396,8 @@ class Profile:
         parts: list[CollectedPart] = []
         for h in self._handles:
             h.ctx.window_end = window_end
-            if h.alive and h.started and not self._call(h, "stop", h.session.stop).ok:
-                h.status.state = BACKEND_FAILED if not h.alive else h.status.state
+            if h.alive and h.started and self._call(h, "stop", h.session.stop).timed_out:
+                h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
         for h in self._handles:
             sink = Sink(h.entry.name)
             if h.alive and h.started:
@@ -450,6 +455,14 @@ class Profile:
         if outcome.timed_out:
             h.alive = False
         return outcome
+
+    def _abandon_sessions(self) -> None:
+        for h in self._handles:
+            if h.alive and h.started:
+                self._call(h, "stop", h.session.stop)
+            self._close(h)
+        self._handles = []
+        self.current_action = ProfilerAction.NONE
 
     def _close(self, h: _SessionHandle) -> None:
         if h.session is not None and h.alive:
