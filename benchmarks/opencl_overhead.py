@@ -1,6 +1,6 @@
 """Host time per OpenCL enqueue with and without polyprof profiling (PoCL or any OpenCL device).
 
-    .venv/bin/python benchmarks/opencl_overhead.py [--n 2000] [--repeats 9]
+    .venv/bin/python benchmarks/opencl_overhead.py [--n 2000] [--repeats 21]
 
 Each batch enqueues N tiny kernels (and, separately, N 256-byte writes) on one queue and waits for the
 queue; the host time per enqueue call is the batch time over N. Unprofiled and profiled batches
@@ -26,7 +26,7 @@ import polyprof
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=21)
     args = ap.parse_args()
     os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "1")
     import pyopencl as cl

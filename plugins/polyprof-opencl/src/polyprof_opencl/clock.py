@@ -20,6 +20,20 @@ from typing import Any
 from polyprof.clock import host_ns
 
 SAMPLES = 5
+_sampling_queues: dict[int, Any] = {}  # device pointer -> the private queue markers are sampled on
+
+
+def _sampling_queue(cl: Any, device: Any) -> Any:
+    """One private context and profiling queue per device for the whole process: creating them for
+    every profile (every schedule cycle) would leave OpenCL a context per cycle to manage."""
+    key = int(device.int_ptr)
+    queue = _sampling_queues.get(key)
+    if queue is None:
+        context = cl.Context(devices=[device])
+        queue = _sampling_queues[key] = cl.CommandQueue(
+            context, properties=cl.command_queue_properties.PROFILING_ENABLE
+        )
+    return queue
 
 
 @dataclass(frozen=True)
@@ -31,7 +45,7 @@ class ClockPair:
 
 
 class DeviceClock:
-    """Samples one device's clock; owns a private context and queue for marker sampling."""
+    """Samples one device's clock (markers go to a private queue shared by all profiles)."""
 
     def __init__(self, cl: Any, device: Any) -> None:
         self.cl = cl
@@ -49,8 +63,7 @@ class DeviceClock:
     def _marker_pair(self) -> ClockPair:
         cl = self.cl
         if self._queue is None:
-            context = cl.Context(devices=[self.device])
-            self._queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            self._queue = _sampling_queue(cl, self.device)
         self._queue.finish()
         h0 = host_ns()
         event = cl.enqueue_marker(self._queue)

@@ -19,6 +19,7 @@ from typing import Any
 
 from polyprof import correlation
 from polyprof.clock import host_ns
+from polyprof.interception import MODE_ARGS_1_2_3, MODE_FALLBACK, MODE_NBYTES_OF_ARG, CallColumns, interceptor
 
 KERNEL, MEMCPY, MEMSET, MAP, UNMAP = "kernel", "memcpy", "memset", "map", "unmap"
 
@@ -156,41 +157,27 @@ class Record:
         return rec
 
 
-# a, b, c: kernel, global size, local size for kernels; byte count (a) for everything else
-FIELDS = ("spec", "queue", "event", "start", "end", "tid", "external_id", "error", "a", "b", "c")
+class Recorder(CallColumns):
+    """Where wrappers record calls: the recording session's columns, or nothing when not recording.
 
-
-class Recorder:
-    """Where wrappers append records: the recording session's columns, or None when not recording.
-
-    Records are stored column-wise (one list per field) so that recording keeps no new container
-    object alive per call (the only one is the command's Event, which collect needs): every object the
-    profiler keeps makes the garbage collector's passes longer. Kernels keep their kernel object and
-    work sizes; other commands only their byte count, so no host array or buffer is kept alive.
+    Records are stored column-wise (one list per field, see ``polyprof.interception.FIELDS``) so that
+    recording keeps no new container alive per call (the only one is the command's Event, which
+    collect needs): every object the profiler keeps makes the garbage collector's passes longer.
+    Kernels keep their kernel object and work sizes (a, b, c); other commands their byte count (a), so
+    no host array or buffer is kept alive.
     """
-
-    def __init__(self) -> None:
-        self.columns: tuple[list, ...] | None = None
-
-    def begin(self) -> tuple[list, ...]:
-        self.columns = tuple([] for _ in FIELDS)
-        return self.columns
-
-    def end(self) -> None:
-        self.columns = None
 
 
 def raw_records(columns: tuple[list, ...]) -> list[tuple]:
     """Rows back from the columns (at collect time, off the hot path)."""
-    n = min(len(c) for c in columns)  # a wrapper on another thread may be mid-append
-    return list(zip(*(c[:n] for c in columns), strict=True))
+    return CallColumns.rows(columns)
 
 
 recorder = Recorder()
 _current_external_id = correlation.current.get
 
-
 _nanny_event_type: type | None = None  # set when patches install
+_retain_address = 0  # clRetainEvent of the OpenCL loader pyopencl uses, when it can be found
 _plain_event: Callable[..., Any] = lambda ptr, retain: None  # noqa: E731 - set when patches install
 
 
@@ -213,14 +200,50 @@ def _nbytes(spec: CommandSpec, args: tuple, kwargs: dict) -> int | None:
         return None
 
 
+def _payload(spec: CommandSpec) -> Callable[[tuple, dict], tuple]:
+    """(a, b, c) of a call, for the cases the C interceptor does not read itself."""
+    if spec.category == KERNEL:
+        return lambda args, kwargs: (
+            _arg(args, kwargs, 1, "kernel"),
+            _arg(args, kwargs, 2, "global_work_size"),
+            _arg(args, kwargs, 3, "local_work_size"),
+        )
+    return lambda args, kwargs: (_nbytes(spec, args, kwargs), None, None)
+
+
 def _wrap(original: Callable, spec: CommandSpec) -> Callable:
+    if spec.category == KERNEL:
+        mode, pos, kw_name = MODE_ARGS_1_2_3, 0, None
+    elif spec.nbytes is _hostbuf_bytes:
+        mode, pos, kw_name = MODE_NBYTES_OF_ARG, 2, "hostbuf"
+    else:
+        mode, pos, kw_name = MODE_FALLBACK, 0, None
+    fast = interceptor(
+        original,
+        spec,
+        recorder,
+        mode=mode,
+        pos=pos,
+        kw_name=kw_name,
+        fallback=_payload(spec),
+        handle_type=_nanny_event_type,
+        plain_event=_plain_event,
+        retain_address=_retain_address,
+    )
+    return fast if fast is not None else _python_wrapper(original, spec)
+
+
+def _python_wrapper(original: Callable, spec: CommandSpec) -> Callable:
+    """The same recording in Python, when polyprof's C extension is not built."""
     kernel = spec.category == KERNEL
     get_tid = threading.get_native_id
     nbytes = None if spec.nbytes is None else functools.partial(_nbytes, spec)
 
+    holder = recorder.holder
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        columns = recorder.columns
+        columns = holder[0]
         if columns is None:
             return original(*args, **kwargs)
         start = host_ns()
@@ -263,7 +286,7 @@ def _wrap(original: Callable, spec: CommandSpec) -> Callable:
 def _wrap_unmap(original: Callable) -> Callable:
     @functools.wraps(original)
     def release(self: Any, queue: Any = None, wait_for: Any = None) -> Any:
-        columns = recorder.columns
+        columns = recorder.holder[0]
         if columns is None:
             return original(self, queue, wait_for)
         start = host_ns()
@@ -289,6 +312,34 @@ def _wrap_unmap(original: Callable) -> Callable:
     return release
 
 
+def cl_retain_event_address() -> int:
+    """Address of clRetainEvent in the OpenCL loader already loaded in this process (pyopencl's), or 0."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {
+                line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")
+            }
+    except OSError:
+        return 0
+    for path in sorted(paths):
+        try:
+            return int(ctypes.cast(ctypes.CDLL(path).clRetainEvent, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            continue
+    return 0
+
+
+def adopt_event(event: Any) -> Any:
+    """A recorded event: raw retained handles (ints) become pyopencl Events owning that reference."""
+    if isinstance(event, int):
+        import pyopencl
+
+        return pyopencl.Event.from_int_ptr(event, retain=False)
+    return event
+
+
 class Patches:
     """Install and remove the wrappers (and the profiling-enabled queue class) in pyopencl."""
 
@@ -301,12 +352,13 @@ class Patches:
         return bool(self._saved)
 
     def install(self, cl: Any) -> None:
-        global _nanny_event_type, _plain_event
+        global _nanny_event_type, _plain_event, _retain_address
         with self._lock:
             if self._saved:
                 return
             _cl = cl._cl
             _nanny_event_type = getattr(_cl, "NannyEvent", None)
+            _retain_address = cl_retain_event_address()
             _plain_event = _cl.Event.from_int_ptr
             for spec in COMMANDS:
                 original = getattr(_cl, spec.attr, None)

@@ -16,6 +16,7 @@ from polyprof_opencl.intercept import (
     MEMSET,
     UNMAP,
     Record,
+    adopt_event,
     patches,
     raw_records,
     recorder,
@@ -82,6 +83,9 @@ class OpenCLSession:
 
     def close(self) -> None:
         self.stop()
+        if self.columns:  # never collected: release the raw event handles we retained
+            for event in self.columns[2]:
+                adopt_event(event)
         self.columns = None  # no events, queues or kernels kept alive after the profile
         for clock in self.clocks.values():
             clock.close()
@@ -90,6 +94,8 @@ class OpenCLSession:
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
         records = [Record.decode(raw) for raw in raw_records(self.columns or ())] if self.columns else []
+        for rec in records:
+            rec.event = adopt_event(rec.event)
         self.columns = None
         by_device_ptr = {int(d.device.int_ptr): d for d in self.devices}
         mappings = self._mappings()

@@ -1,0 +1,116 @@
+"""polyprof.interception: the C call-through recorder used by Python-level interception backends."""
+
+import pytest
+
+import polyprof
+from polyprof import correlation
+from polyprof.interception import (
+    FIELDS,
+    MODE_ARGS_1_2_3,
+    MODE_FALLBACK,
+    MODE_NBYTES_OF_ARG,
+    CallColumns,
+    interceptor,
+)
+
+pytestmark = pytest.mark.skipif(
+    interceptor(print, None, CallColumns(), mode=0, fallback=lambda a, k: (0, 0, 0)) is None,
+    reason="polyprof's C extension is not built here",
+)
+
+
+class Payload:
+    nbytes = 4096
+
+
+def target(queue, a=None, b=None, c=None, hostbuf=None, fail=False):
+    if fail:
+        raise ValueError("bad argument")
+    return ("mapped", "event")
+
+
+def make(mode, **kw):
+    cols = CallColumns()
+    fn = interceptor(
+        target, "SPEC", cols, mode=mode, fallback=lambda args, kwargs: ("fb", len(args), sorted(kwargs)), **kw
+    )
+    return cols, fn
+
+
+def rows(cols, columns):
+    return [dict(zip(FIELDS, r, strict=True)) for r in cols.rows(columns)]
+
+
+def test_calls_go_straight_through_when_not_recording():
+    cols, fn = make(MODE_ARGS_1_2_3)
+    assert fn("q", 1, 2, 3) == ("mapped", "event")
+    assert fn.__wrapped__ is target and fn.__polyprof_original__ is target
+    assert cols.columns is None
+
+
+def test_records_timing_thread_external_id_and_args():
+    import threading
+
+    cols, fn = make(MODE_ARGS_1_2_3)
+    columns = cols.begin()
+    token = correlation.current.set(77)
+    try:
+        fn("queue-0", "kernel", (64,), None)
+    finally:
+        correlation.current.reset(token)
+    fn(queue="queue-1", a="k", b=(1,), c=(1,))  # keywords: the fallback decides a, b, c
+    (r1, r2) = rows(cols, columns)
+    assert r1["spec"] == "SPEC" and r1["queue"] == "queue-0" and r1["event"] == "event"
+    assert r1["end"] >= r1["start"] > 0 and r1["tid"] == threading.get_native_id()
+    assert r1["external_id"] == 77 and r1["error"] == ""
+    assert (r1["a"], r1["b"], r1["c"]) == ("kernel", (64,), None)
+    assert r2["queue"] == "queue-1" and (r2["a"], r2["b"], r2["c"]) == ("fb", 0, ["a", "b", "c", "queue"])
+    cols.end()
+    fn("q", 1, 2, 3)
+    assert len(columns[0]) == 2, "nothing recorded after end()"
+
+
+def test_nbytes_mode_and_exceptions_pass_through_unchanged():
+    cols, fn = make(MODE_NBYTES_OF_ARG, pos=4, kw_name="hostbuf")
+    columns = cols.begin()
+    fn("q", None, None, None, Payload())
+    fn("q", hostbuf=Payload())
+    with pytest.raises(ValueError, match="bad argument"):
+        fn("q", fail=True)
+    r = rows(cols, columns)
+    assert [x["a"] for x in r[:2]] == [4096, 4096]
+    assert r[2]["error"] == "ValueError: bad argument" and r[2]["event"] is None
+
+
+def test_results_of_the_handle_type_are_replaced():
+    class Nanny(str):
+        int_ptr = 1234
+
+    def returns_nanny(queue):
+        return Nanny("x")
+
+    cols = CallColumns()
+    fn = interceptor(
+        returns_nanny,
+        "S",
+        cols,
+        mode=MODE_FALLBACK,
+        fallback=lambda a, k: (None, None, None),
+        handle_type=Nanny,
+        plain_event=lambda ptr, retain: ("plain", ptr, retain),
+    )
+    columns = cols.begin()
+    fn("q")
+    assert rows(cols, columns)[0]["event"] == ("plain", 1234, True)
+
+
+def test_a_broken_fallback_never_reaches_the_caller():
+    cols = CallColumns()
+    fn = interceptor(target, "S", cols, mode=MODE_FALLBACK, fallback=lambda a, k: 1 / 0)
+    columns = cols.begin()
+    assert fn("q") == ("mapped", "event")
+    assert rows(cols, columns)[0]["a"] is None
+
+
+def test_it_is_public_api():
+    assert polyprof.interception.CallColumns is CallColumns
