@@ -294,3 +294,28 @@ def test_native_table_top_level_only_hides_nested_ops():
         line.split()[0] for line in table.splitlines()[3:] if line and not line.startswith(("-", "Self"))
     ]
     assert names == ["outer"]
+
+
+def test_memory_events_carry_torchs_totals():
+    from torch.profiler import ProfilerActivity as TA
+    from torch.profiler import profile as torch_profile
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    def work():
+        x = torch.ones(256, 256)
+        y = x * 2
+        del x, y
+
+    work()
+    with torch_profile(activities=[TA.CPU], profile_memory=True) as theirs:
+        work()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as ours:
+        work()
+    mem = [a for a in ours.trace.activities if a.name == "[memory]"]
+    their_mem = [e for e in theirs.profiler.kineto_results.events() if e.name() == "[memory]"]
+    assert [m.args["Bytes"] for m in mem] == [int(e.nbytes()) for e in their_mem]
+    assert all(
+        {"Device Type", "Device Id", "Bytes", "Total Allocated", "Total Reserved"} <= set(m.args) for m in mem
+    )
+    assert mem[0].args["Total Allocated"] >= mem[0].args["Bytes"] > 0

@@ -226,7 +226,7 @@ class TorchSession:
         args = self._all_args(keep, kinds, memory)
         n = len(keep)
         if memory:
-            self._memory_args(keep, memory, args)
+            self._memory_args(keep, memory, args, _allocation_totals(result))
         sink.activities(
             {
                 "kind": kinds,
@@ -285,20 +285,45 @@ class TorchSession:
         return args or None
 
     @staticmethod
-    def _memory_args(keep: list, memory: list[int], args: dict[int, dict]) -> None:
-        totals: dict[tuple[int, int], int] = {}
+    def _memory_args(keep: list, memory: list[int], args: dict[int, dict], totals_by_event: dict) -> None:
+        running: dict[tuple[int, int], int] = {}
         for i in memory:
             ev = keep[i]
             nbytes = int(ev.nbytes())
             key = (int(getattr(ev.device_type(), "value", 0) or 0), int(ev.device_index()))
-            totals[key] = totals.get(key, 0) + nbytes
+            running[key] = running.get(key, 0) + nbytes
+            allocated, reserved = totals_by_event.get((int(ev.start_ns()), nbytes), (running[key], None))
             args[i] = {
                 "Device Type": key[0],
                 "Device Id": key[1],
                 "Bytes": nbytes,
-                # allocated within this profile: torch's absolute totals are not exposed per event
-                "Total Allocated": totals[key],
+                "Total Allocated": allocated,
             }
+            if reserved is not None:
+                args[i]["Total Reserved"] = reserved
+
+
+def _allocation_totals(result: Any) -> dict[tuple[int, int], tuple[int, int]]:
+    """(time, bytes) -> (total allocated, total reserved) from torch's event tree, as torch.profiler
+    writes them; empty when this torch does not expose them (the backend then counts from the start
+    of the profile)."""
+    try:
+        from torch._C._profiler import _EventType
+
+        totals = {}
+        stack = list(result.experimental_event_tree())
+        while stack:
+            ev = stack.pop()
+            stack.extend(ev.children)
+            if ev.tag == _EventType.Allocation:
+                f = ev.extra_fields
+                totals[(int(ev.start_time_ns), int(f.alloc_size))] = (
+                    int(f.total_allocated),
+                    int(f.total_reserved),
+                )
+        return totals
+    except Exception:
+        return {}
 
 
 def _names(events: list) -> list[str]:
