@@ -232,37 +232,17 @@ class CudaSession:
                 flow_id=r.correlation,
                 args=args,
             )
-        for family in (MEMCPY, MEMCPY_P2P):
-            for r in raw.get(family, []):
-                context_device[r.context] = r.device
-                dev, row = stream_row(r.device, r.stream)
-                start = to_host(r.start)
-                duration = r.end - r.start
-                args = _transfer_args(r, duration)
-                if family == MEMCPY_P2P:
-                    args.update({"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device})
-                sink.activity(
-                    ActivityKind.GPU_MEMCPY,
-                    self._memcpy_name(r),
-                    device=dev,
-                    resource=row,
-                    start=start,
-                    end=start + duration,
-                    correlation=r.correlation,
-                    external_id=external.get(r.correlation, 0),
-                    flow_id=r.correlation,
-                    args=args,
-                )
-        for r in raw.get(MEMSET, []):
+
+        def transfer(r: Any, kind: ActivityKind, name: str, extra: dict | None = None) -> None:
             context_device[r.context] = r.device
             dev, row = stream_row(r.device, r.stream)
-            start = to_host(r.start)
-            duration = r.end - r.start
-            kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
+            start, duration = to_host(r.start), r.end - r.start
             args = _transfer_args(r, duration)
+            if extra:
+                args.update(extra)
             sink.activity(
-                ActivityKind.GPU_MEMSET,
-                f"Memset ({kind})",
+                kind,
+                name,
                 device=dev,
                 resource=row,
                 start=start,
@@ -272,6 +252,19 @@ class CudaSession:
                 flow_id=r.correlation,
                 args=args,
             )
+
+        for r in raw.get(MEMCPY, []):
+            transfer(r, ActivityKind.GPU_MEMCPY, self._memcpy_name(r))
+        for r in raw.get(MEMCPY_P2P, []):
+            transfer(
+                r,
+                ActivityKind.GPU_MEMCPY,
+                self._memcpy_name(r),
+                {"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device},
+            )
+        for r in raw.get(MEMSET, []):
+            kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
+            transfer(r, ActivityKind.GPU_MEMSET, f"Memset ({kind})")
         for family, kind, cat, domain in (
             (RUNTIME, ActivityKind.RUNTIME, "cuda_runtime", "runtime"),
             (DRIVER, ActivityKind.DRIVER, "cuda_driver", "driver"),
