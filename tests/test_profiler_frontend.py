@@ -246,18 +246,26 @@ def test_polyprof_run_records_the_ops_of_a_script_that_imports_torch_later(tmp_p
 
 
 def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
-    """torch's collector must be stopped on the thread that started it; --duration does that."""
+    """torch's collector must be stopped on the thread that started it; --duration does that. torch is
+    imported before the profile starts (sitecustomize), so the test does not depend on import time."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import torch\n")
     script = tmp_path / "train.py"
     script.write_text(
         "import time, torch\n"
         "x = torch.ones(32, 32)\n"
         "t0 = time.monotonic()\n"
-        "while time.monotonic() - t0 < 4.0:\n"
+        "while time.monotonic() - t0 < 2.0:\n"
         "    (x @ x).sum()\n"
         "    time.sleep(0.005)\n"
         "print('done')\n"
     )
     out = tmp_path / "t.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }
     r = subprocess.run(
         [
             sys.executable,
@@ -265,7 +273,7 @@ def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
             "polyprof",
             "run",
             "--duration",
-            "3.5",
+            "0.8",
             "--no-summary",
             "-o",
             str(out),
@@ -274,26 +282,13 @@ def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert r.returncode == 0 and "done" in r.stdout, r.stderr
     doc = json.loads(out.read_text())
     torch_status = doc["polyprof"]["backends"]["torch"]
     assert "errors" not in torch_status, torch_status
     assert torch_status["activities"] > 0
-
-
-def test_native_table_top_level_only_hides_nested_ops():
-    from polyprof.profiler.averages import native_key_averages
-
-    model, inputs = make_model()
-    with polyprof.profile(["cpu"]) as prof:
-        with polyprof.record_function("outer"):
-            model(inputs)
-    table = native_key_averages(prof.trace).table(top_level_events_only=True)
-    names = [
-        line.split()[0] for line in table.splitlines()[3:] if line and not line.startswith(("-", "Self"))
-    ]
-    assert names == ["outer"]
 
 
 def test_memory_events_carry_torchs_totals():
