@@ -291,6 +291,20 @@ def test_run_duration_stops_torch_on_the_main_thread(tmp_path):
     assert torch_status["activities"] > 0
 
 
+def test_native_table_top_level_only_hides_nested_ops():
+    from polyprof.profiler.averages import native_key_averages
+
+    model, inputs = make_model()
+    with polyprof.profile(["cpu"]) as prof:
+        with polyprof.record_function("outer"):
+            model(inputs)
+    table = native_key_averages(prof.trace).table(top_level_events_only=True)
+    names = [
+        line.split()[0] for line in table.splitlines()[3:] if line and not line.startswith(("-", "Self"))
+    ]
+    assert names == ["outer"]
+
+
 def test_memory_events_carry_torchs_totals():
     from torch.profiler import ProfilerActivity as TA
     from torch.profiler import profile as torch_profile
