@@ -353,24 +353,35 @@ class Sink:
         keep = np.flatnonzero(ok)
         if len(keep) == 0:
             return 0
+        everything = len(keep) == n  # the usual case: no re-indexing of names, categories and args
         cols: dict[str, Any] = {}
         for key in ("correlation", "external_id", "flow_id", "flow_type", "flow_start"):
             if key in columns:
-                cols[key] = np.asarray(columns[key])[keep]
-        cols.update(
-            kind=kind[keep], device=device[keep], resource=resource[keep], start=start[keep], end=end[keep]
-        )
+                cols[key] = np.asarray(columns[key]) if everything else np.asarray(columns[key])[keep]
+        if everything:
+            cols.update(kind=kind, device=device, resource=resource, start=start, end=end)
+        else:
+            cols.update(
+                kind=kind[keep],
+                device=device[keep],
+                resource=resource[keep],
+                start=start[keep],
+                end=end[keep],
+            )
         names = columns["name"]
-        cols["name"] = [names[i] for i in keep.tolist()]
+        cols["name"] = names if everything else [names[i] for i in keep.tolist()]
         cats = columns.get("cat")
         if cats is None:
             cols["cat"] = [_CATEGORY_BY_INT[k] for k in cols["kind"].tolist()]
         else:
-            cols["cat"] = [cats[i] for i in keep.tolist()]
+            cols["cat"] = cats if everything else [cats[i] for i in keep.tolist()]
         kept_args = None
         if args:
-            position = {old: new for new, old in enumerate(keep.tolist())}
-            kept_args = {position[i]: a for i, a in args.items() if i in position}
+            if everything:
+                kept_args = args
+            else:
+                position = {old: new for new, old in enumerate(keep.tolist())}
+                kept_args = {position[i]: a for i, a in args.items() if i in position}
         self.builder.extend_columns(cols, kept_args)
         return len(keep)
 

@@ -103,9 +103,16 @@ def test_kernels_copies_fills_syncs_and_their_launches(tmp_path):
         "stream": 7,
         "registers per thread": 32,
         "shared memory": 1024,
-        "grid": [64, 1, 1],
-        "block": [128, 1, 1],
+        "grid": (64, 1, 1),
+        "block": (128, 1, 1),
     }
+    import json
+
+    from polyprof.export import dumps_chrome_trace
+
+    exported = json.loads(dumps_chrome_trace(trace))["traceEvents"]
+    gemm_json = next(e for e in exported if e.get("name") == "gemm_kernel")
+    assert gemm_json["args"]["grid"] == [64, 1, 1] and gemm_json["args"]["block"] == [128, 1, 1]
     assert copies[0].args["bytes"] == 1 << 20 and copies[0].args["memory bandwidth (GB/s)"] == pytest.approx(
         (1 << 20) / 100_000
     )

@@ -19,10 +19,12 @@ With a schedule (``torch.profiler.schedule`` semantics) the profile records only
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -94,6 +96,20 @@ class _SessionHandle:
 
 
 _active_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (restored even when a backend's collect is abandoned)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 _active_profile: Profile | None = None
 
 
@@ -398,20 +414,8 @@ class Profile:
             h.ctx.window_end = window_end
             if h.alive and h.started and self._call(h, "stop", h.session.stop).timed_out:
                 h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
-        for h in self._handles:
-            sink = Sink(h.entry.name)
-            if h.alive and h.started:
-                outcome = self._call(h, "collect", h.session.collect, sink)
-                if not outcome.ok:
-                    # rows a failed collect emitted before raising are kept; a hung one's are not,
-                    # since its thread may still be writing
-                    h.status.state = BACKEND_FAILED
-                if outcome.timed_out:
-                    sink.closed = True
-                    sink = Sink(h.entry.name)
-            self._close(h)
-            self._finish_status(h)
-            parts.append(CollectedPart(h.status, sink))
+        with gc_paused():  # collect builds many containers and no cycles: collecting them is wasted work
+            self._collect_all(parts)
         for sel in self._unavailable:
             st = BackendStatus(
                 sel.entry.name, BACKEND_UNAVAILABLE, reason=sel.availability.reason, version=sel.entry.version
@@ -448,6 +452,22 @@ class Profile:
         # merge() fills in each backend's activity and out-of-window counts, so serialise after it
         self._trace.metadata["polyprof"]["backends"] = {p.status.name: p.status.to_json() for p in parts}
         self._warn_user(parts)
+
+    def _collect_all(self, parts: list[CollectedPart]) -> None:
+        for h in self._handles:
+            sink = Sink(h.entry.name)
+            if h.alive and h.started:
+                outcome = self._call(h, "collect", h.session.collect, sink)
+                if not outcome.ok:
+                    # rows a failed collect emitted before raising are kept; a hung one's are not,
+                    # since its thread may still be writing
+                    h.status.state = BACKEND_FAILED
+                if outcome.timed_out:
+                    sink.closed = True
+                    sink = Sink(h.entry.name)
+            self._close(h)
+            self._finish_status(h)
+            parts.append(CollectedPart(h.status, sink))
 
     def _call(self, h: _SessionHandle, what: str, fn: Callable, *args: Any) -> Any:
         timeout = None if getattr(h.session, "thread_affine", False) else self.call_timeout_s

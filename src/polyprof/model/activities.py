@@ -234,7 +234,8 @@ class ActivityBuilder:
             if values is None:
                 self._cols[name].extend([0] * n)
             elif name in ("cat", "name"):
-                self._cols[name].extend([intern(s) for s in values])
+                ids = {s: intern(s) for s in set(values)}  # each distinct string once, then dict lookups
+                self._cols[name].extend([ids[s] for s in values])
             else:
                 self._cols[name].extend(values.tolist() if isinstance(values, np.ndarray) else values)
         if args:

@@ -15,9 +15,11 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 from polyprof.backend import ProfileConfig, SessionContext, Sink
 from polyprof.clock import ClockMapping, host_ns
-from polyprof.model import ActivityKind
+from polyprof.model import FLOW_AC2G, ActivityKind
 from polyprof_cuda.records import (
     DEFAULT_KINDS,
     DRIVER,
@@ -53,6 +55,17 @@ MEMORY_KIND_NAMES = {
     "DEVICE_STATIC": "Device Static",
     "MANAGED_STATIC": "Managed Static",
 }
+
+
+def _name_key(r: Any) -> tuple:
+    """What a copy's or fill's name depends on."""
+    return (
+        type(r).__name__,
+        getattr(r, "copy_kind", None),
+        getattr(r, "src_kind", None),
+        getattr(r, "dst_kind", None),
+        getattr(r, "memory_kind", None),
+    )
 
 
 def _transfer_args(r: Any, duration: int) -> dict[str, Any]:
@@ -201,101 +214,169 @@ class CudaSession:
                 streams[key] = sink.resource(dev, rid, f"stream {stream}{' (sync)' if sync else ''}")
             return dev, streams[key]
 
-        for r in raw.get(KERNEL, []):
-            context_device[r.context] = r.device
-            dev, row = stream_row(r.device, r.stream)
-            start = to_host(r.start)
+        kernels = raw.get(KERNEL, [])
+        if kernels:  # column by column: the bulk of a CUDA trace
+            (
+                names,
+                starts,
+                ends,
+                queued,
+                devs,
+                ctxs,
+                strms,
+                corrs,
+                regs,
+                smem,
+                grids,
+                blocks,
+                graph_ids,
+                graph_nodes,
+                channels,
+                channel_types,
+            ) = zip(*kernels, strict=True)
+            for c, d in zip(ctxs, devs, strict=True):
+                context_device[c] = d
+            rows = {key: stream_row(*key) for key in set(zip(devs, strms, strict=True))}
+            placed = [rows[key] for key in zip(devs, strms, strict=True)]
+            start_dev = np.array(starts, dtype=np.int64)
+            start = to_host(start_dev)
+            latency = self.latency
             args = {
-                "queued": (r.start - r.queued) / 1000.0 if self.latency and r.queued else 0,
-                "device": r.device,
-                "context": r.context,
-                "stream": r.stream,
-                "correlation": r.correlation,
-                "registers per thread": r.registers,
-                "shared memory": r.shared_memory,
-                "grid": list(r.grid),
-                "block": list(r.block),
-                "graph id": r.graph_id,
-                "graph node id": r.graph_node_id,
-                "channel": r.channel,
-                "channel_type": r.channel_type,
+                i: {
+                    "queued": (s - q) / 1000.0 if latency and q else 0,
+                    "device": d,
+                    "context": c,
+                    "stream": st,
+                    "correlation": k,
+                    "registers per thread": rg,
+                    "shared memory": sm,
+                    "grid": g,  # tuples: written as the same JSON arrays, without a copy per kernel
+                    "block": b,
+                    "graph id": gi,
+                    "graph node id": gn,
+                    "channel": ch,
+                    "channel_type": ct,
+                }
+                for i, (s, q, d, c, st, k, rg, sm, g, b, gi, gn, ch, ct) in enumerate(
+                    zip(
+                        starts,
+                        queued,
+                        devs,
+                        ctxs,
+                        strms,
+                        corrs,
+                        regs,
+                        smem,
+                        grids,
+                        blocks,
+                        graph_ids,
+                        graph_nodes,
+                        channels,
+                        channel_types,
+                        strict=True,
+                    )
+                )
             }
-            sink.activity(
-                ActivityKind.KERNEL,
-                r.name,
-                device=dev,
-                resource=row,
-                start=start,
-                end=start + (r.end - r.start),
-                correlation=r.correlation,
-                external_id=external.get(r.correlation, 0),
-                flow_id=r.correlation,
-                args=args,
+            sink.activities(
+                {
+                    "kind": np.full(len(kernels), int(ActivityKind.KERNEL)),
+                    "name": names,
+                    "device": [p[0] for p in placed],
+                    "resource": [p[1] for p in placed],
+                    "start": start,
+                    "end": start + (np.array(ends, dtype=np.int64) - start_dev),
+                    "correlation": corrs,
+                    "external_id": [external.get(k, 0) for k in corrs],
+                    "flow_id": corrs,
+                    "flow_type": np.full(len(kernels), FLOW_AC2G),
+                },
+                args,
             )
 
-        def transfer(r: Any, kind: ActivityKind, name: str, extra: dict | None = None) -> None:
-            context_device[r.context] = r.device
-            dev, row = stream_row(r.device, r.stream)
-            start, duration = to_host(r.start), r.end - r.start
-            args = _transfer_args(r, duration)
-            if extra:
-                args.update(extra)
-            sink.activity(
-                kind,
-                name,
-                device=dev,
-                resource=row,
-                start=start,
-                end=start + duration,
-                correlation=r.correlation,
-                external_id=external.get(r.correlation, 0),
-                flow_id=r.correlation,
-                args=args,
+        def transfers(rows: list, kind: ActivityKind, name_of: Any, extra: Any = None) -> None:
+            """Copies or fills, added in bulk like kernels (names computed once per distinct kind)."""
+            if not rows:
+                return
+            name_by_key: dict[tuple, str] = {}
+            names, placed, args = [], [], {}
+            for i, r in enumerate(rows):
+                context_device[r.context] = r.device
+                placed.append(stream_row(r.device, r.stream))
+                key = _name_key(r)
+                if key not in name_by_key:
+                    name_by_key[key] = name_of(r)
+                names.append(name_by_key[key])
+                args[i] = _transfer_args(r, r.end - r.start)
+                if extra is not None:
+                    args[i].update(extra(r))
+            start_dev = np.array([r.start for r in rows], dtype=np.int64)
+            start = to_host(start_dev)
+            corrs = [r.correlation for r in rows]
+            sink.activities(
+                {
+                    "kind": np.full(len(rows), int(kind)),
+                    "name": names,
+                    "device": [p[0] for p in placed],
+                    "resource": [p[1] for p in placed],
+                    "start": start,
+                    "end": start + (np.array([r.end for r in rows], dtype=np.int64) - start_dev),
+                    "correlation": corrs,
+                    "external_id": [external.get(k, 0) for k in corrs],
+                    "flow_id": corrs,
+                    "flow_type": np.full(len(rows), FLOW_AC2G),
+                },
+                args,
             )
 
-        for r in raw.get(MEMCPY, []):
-            transfer(r, ActivityKind.GPU_MEMCPY, self._memcpy_name(r))
-        for r in raw.get(MEMCPY_P2P, []):
-            transfer(
-                r,
-                ActivityKind.GPU_MEMCPY,
-                self._memcpy_name(r),
-                {"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device},
-            )
-        for r in raw.get(MEMSET, []):
-            kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
-            transfer(r, ActivityKind.GPU_MEMSET, f"Memset ({kind})")
+        transfers(raw.get(MEMCPY, []), ActivityKind.GPU_MEMCPY, self._memcpy_name)
+        transfers(
+            raw.get(MEMCPY_P2P, []),
+            ActivityKind.GPU_MEMCPY,
+            self._memcpy_name,
+            lambda r: {"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device},
+        )
+        transfers(raw.get(MEMSET, []), ActivityKind.GPU_MEMSET, self._memset_name)
         for family, kind, cat, domain in (
             (RUNTIME, ActivityKind.RUNTIME, "cuda_runtime", "runtime"),
             (DRIVER, ActivityKind.DRIVER, "cuda_driver", "driver"),
         ):
-            names: dict[int, str] = {}
-            threads: dict[int, int] = {}
-            for r in raw.get(family, []):
-                name = names.get(r.cbid)
-                if name is None:
-                    name = names[r.cbid] = self.layer.callback_name(domain, r.cbid)
-                launches = r.correlation in launched
-                if not launches and not self.all_apis and not DEFAULT_API_PATTERN.search(name):
-                    continue
-                thread = threads.get(r.thread)
-                if thread is None:
-                    thread = threads[r.thread] = sink.host_thread(r.thread)
-                start = to_host(r.start)
-                sink.activity(
-                    kind,
-                    name,
-                    device=host,
-                    resource=thread,
-                    start=start,
-                    end=start + (r.end - r.start),
-                    cat=cat,
-                    correlation=r.correlation,
-                    external_id=external.get(r.correlation, 0),
-                    flow_id=r.correlation if launches else 0,
-                    flow_start=True,
-                    args={"cbid": r.cbid, "correlation": r.correlation},
-                )
+            calls = raw.get(family, [])
+            if not calls:
+                continue
+            cbids, starts, ends, tids, corrs = zip(*calls, strict=True)
+            names = {cbid: self.layer.callback_name(domain, cbid) for cbid in set(cbids)}
+            wanted = {
+                cbid for cbid, name in names.items() if self.all_apis or DEFAULT_API_PATTERN.search(name)
+            }
+            keep = [
+                i
+                for i, (cbid, corr) in enumerate(zip(cbids, corrs, strict=True))
+                if cbid in wanted or corr in launched
+            ]
+            if not keep:
+                continue
+            threads = {tid: sink.host_thread(tid) for tid in {tids[i] for i in keep}}
+            start_dev = np.array([starts[i] for i in keep], dtype=np.int64)
+            start = to_host(start_dev)
+            kept_corr = [corrs[i] for i in keep]
+            flows = [c if c in launched else 0 for c in kept_corr]
+            sink.activities(
+                {
+                    "kind": np.full(len(keep), int(kind)),
+                    "name": [names[cbids[i]] for i in keep],
+                    "cat": [cat] * len(keep),
+                    "device": np.full(len(keep), host),
+                    "resource": [threads[tids[i]] for i in keep],
+                    "start": start,
+                    "end": start + (np.array([ends[i] for i in keep], dtype=np.int64) - start_dev),
+                    "correlation": kept_corr,
+                    "external_id": [external.get(c, 0) for c in kept_corr],
+                    "flow_id": flows,
+                    "flow_type": [FLOW_AC2G if f else 0 for f in flows],
+                    "flow_start": [1 if f else 0 for f in flows],
+                },
+                {n: {"cbid": cbids[i], "correlation": corrs[i]} for n, i in enumerate(keep)},
+            )
         for r in raw.get(SYNC, []):
             index = context_device.get(r.context, 0)
             dev, row = stream_row(index, max(r.stream, 0), sync=True)
@@ -351,6 +432,10 @@ class CudaSession:
             elif r.external_kind == annotation_kind:
                 annotations[r.correlation] = r.external_id
         return {**annotations, **ops}
+
+    def _memset_name(self, r: Any) -> str:
+        kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
+        return f"Memset ({kind})"
 
     def _memcpy_name(self, r: Any) -> str:
         copy = self.layer.enum_name("ActivityMemcpyKind", r.copy_kind)
