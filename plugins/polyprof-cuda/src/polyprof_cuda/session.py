@@ -214,6 +214,29 @@ class CudaSession:
                 streams[key] = sink.resource(dev, rid, f"stream {stream}{' (sync)' if sync else ''}")
             return dev, streams[key]
 
+        def device_work(
+            kind: ActivityKind, names: Any, placed: list, starts: Any, ends: Any, corrs: Any, args: dict
+        ) -> None:
+            """Kernels, copies or fills in bulk: on their stream rows, with the ac2g flow end and the
+            External id of their launch."""
+            start_dev = np.array(starts, dtype=np.int64)
+            start = to_host(start_dev)
+            sink.activities(
+                {
+                    "kind": np.full(len(placed), int(kind)),
+                    "name": names,
+                    "device": [p[0] for p in placed],
+                    "resource": [p[1] for p in placed],
+                    "start": start,
+                    "end": start + (np.array(ends, dtype=np.int64) - start_dev),
+                    "correlation": corrs,
+                    "external_id": [external.get(k, 0) for k in corrs],
+                    "flow_id": corrs,
+                    "flow_type": np.full(len(placed), FLOW_AC2G),
+                },
+                args,
+            )
+
         kernels = raw.get(KERNEL, [])
         if kernels:  # column by column: the bulk of a CUDA trace
             (
@@ -238,8 +261,6 @@ class CudaSession:
                 context_device[c] = d
             rows = {key: stream_row(*key) for key in set(zip(devs, strms, strict=True))}
             placed = [rows[key] for key in zip(devs, strms, strict=True)]
-            start_dev = np.array(starts, dtype=np.int64)
-            start = to_host(start_dev)
             latency = self.latency
             args = {
                 i: {
@@ -277,21 +298,7 @@ class CudaSession:
                     )
                 )
             }
-            sink.activities(
-                {
-                    "kind": np.full(len(kernels), int(ActivityKind.KERNEL)),
-                    "name": names,
-                    "device": [p[0] for p in placed],
-                    "resource": [p[1] for p in placed],
-                    "start": start,
-                    "end": start + (np.array(ends, dtype=np.int64) - start_dev),
-                    "correlation": corrs,
-                    "external_id": [external.get(k, 0) for k in corrs],
-                    "flow_id": corrs,
-                    "flow_type": np.full(len(kernels), FLOW_AC2G),
-                },
-                args,
-            )
+            device_work(ActivityKind.KERNEL, names, placed, starts, ends, corrs, args)
 
         def transfers(rows: list, kind: ActivityKind, name_of: Any, extra: Any = None) -> None:
             """Copies or fills, added in bulk like kernels (names computed once per distinct kind)."""
@@ -309,22 +316,13 @@ class CudaSession:
                 args[i] = _transfer_args(r, r.end - r.start)
                 if extra is not None:
                     args[i].update(extra(r))
-            start_dev = np.array([r.start for r in rows], dtype=np.int64)
-            start = to_host(start_dev)
-            corrs = [r.correlation for r in rows]
-            sink.activities(
-                {
-                    "kind": np.full(len(rows), int(kind)),
-                    "name": names,
-                    "device": [p[0] for p in placed],
-                    "resource": [p[1] for p in placed],
-                    "start": start,
-                    "end": start + (np.array([r.end for r in rows], dtype=np.int64) - start_dev),
-                    "correlation": corrs,
-                    "external_id": [external.get(k, 0) for k in corrs],
-                    "flow_id": corrs,
-                    "flow_type": np.full(len(rows), FLOW_AC2G),
-                },
+            device_work(
+                kind,
+                names,
+                placed,
+                [r.start for r in rows],
+                [r.end for r in rows],
+                [r.correlation for r in rows],
                 args,
             )
 

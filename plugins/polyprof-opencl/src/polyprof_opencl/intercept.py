@@ -168,11 +168,6 @@ class Recorder(CallColumns):
     """
 
 
-def raw_records(columns: tuple[list, ...]) -> list[tuple]:
-    """Rows back from the columns (at collect time, off the hot path)."""
-    return CallColumns.rows(columns)
-
-
 recorder = Recorder()
 _current_external_id = correlation.current.get
 
@@ -237,8 +232,7 @@ def _python_wrapper(original: Callable, spec: CommandSpec) -> Callable:
     """The same recording in Python, when polyprof's C extension is not built."""
     kernel = spec.category == KERNEL
     get_tid = threading.get_native_id
-    nbytes = None if spec.nbytes is None else functools.partial(_nbytes, spec)
-
+    payload = _payload(spec)
     holder = recorder.holder
 
     @functools.wraps(original)
@@ -265,18 +259,10 @@ def _python_wrapper(original: Callable, spec: CommandSpec) -> Callable:
             c_tid.append(get_tid())
             c_ext.append(_current_external_id())
             c_error.append(error)
-            if kernel and not kwargs and len(args) >= 4:
-                c_a.append(args[1])
-                c_b.append(args[2])
-                c_c.append(args[3])
-            elif kernel:
-                c_a.append(_arg(args, kwargs, 1, "kernel"))
-                c_b.append(_arg(args, kwargs, 2, "global_work_size"))
-                c_c.append(_arg(args, kwargs, 3, "local_work_size"))
-            else:
-                c_a.append(nbytes(args, kwargs) if nbytes is not None else None)
-                c_b.append(None)
-                c_c.append(None)
+            a, b, c = args[1:4] if kernel and not kwargs and len(args) >= 4 else payload(args, kwargs)
+            c_a.append(a)
+            c_b.append(b)
+            c_c.append(c)
         return result
 
     wrapper.__polyprof_original__ = original  # type: ignore[attr-defined]

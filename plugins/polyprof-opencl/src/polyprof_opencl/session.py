@@ -18,7 +18,6 @@ from polyprof_opencl.intercept import (
     Record,
     adopt_event,
     patches,
-    raw_records,
     recorder,
 )
 
@@ -93,7 +92,7 @@ class OpenCLSession:
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
-        records = [Record.decode(raw) for raw in raw_records(self.columns or ())] if self.columns else []
+        records = [Record.decode(raw) for raw in recorder.rows(self.columns)] if self.columns else []
         for rec in records:
             rec.event = adopt_event(rec.event)
         self.columns = None
