@@ -170,20 +170,8 @@ def _memcpy(r: Any) -> Memcpy:
 
 
 def _memcpy_p2p(r: Any) -> Memcpy:
-    return Memcpy(
-        r.copy_kind,
-        r.src_kind,
-        r.dst_kind,
-        r.bytes,
-        r.start,
-        r.end,
-        r.device_id,
-        r.context_id,
-        r.stream_id,
-        r.correlation_id,
-        _get(r, "src_device_id"),
-        _get(r, "dst_device_id"),
-    )
+    """A peer copy: a copy whose source and destination devices are its own."""
+    return _memcpy(r)._replace(src_device=_get(r, "src_device_id"), dst_device=_get(r, "dst_device_id"))
 
 
 def _memset(r: Any) -> Memset:
