@@ -6,6 +6,7 @@ from polyprof.model import (
     ActivityBuilder,
     ActivityKind,
     ActivityTable,
+    CodedStrings,
     StringTable,
     kind_from_category,
 )
@@ -73,6 +74,68 @@ def test_extend_columns_defaults_optional_columns():
     )
     t = b.freeze()
     assert t["correlation"].tolist() == [0, 0] and t.row(1).args == {"x": 1}
+
+
+def test_a_tuple_of_two_names_is_two_names_not_codes():
+    b = ActivityBuilder()
+    b.extend_columns(
+        {
+            "kind": [3, 3],
+            "name": ("a", "b"),
+            "cat": ("kernel", "kernel"),
+            "device": [0, 0],
+            "resource": [0, 0],
+            "start": [1, 2],
+            "end": [2, 3],
+        }
+    )
+    assert [r.name for r in b.freeze()] == ["a", "b"]
+
+
+def test_rows_and_column_batches_keep_their_order_and_arg_rows():
+    b = ActivityBuilder()
+    b.append(ActivityKind.KERNEL, "kernel", "first", device=0, resource=0, start=1, end=2, args={"i": 0})
+    b.extend_columns(
+        {
+            "kind": np.array([0, 0, 0]),
+            "name": CodedStrings(np.array([2, 0, 2]), ["aten::mm", "unused", "aten::add"]),
+            "cat": ["cpu_op"] * 3,
+            "device": np.zeros(3, dtype=np.int64),
+            "resource": np.zeros(3, dtype=np.int64),
+            "start": np.array([3, 4, 5]),
+            "end": np.array([4, 5, 6]),
+        },
+        {2: {"i": 3}},
+    )
+    b.append(ActivityKind.KERNEL, "kernel", "last", device=0, resource=0, start=7, end=8)
+    assert len(b) == 5
+    t = b.freeze()
+    assert [r.name for r in t] == ["first", "aten::add", "aten::mm", "aten::add", "last"]
+    assert t["start"].tolist() == [1, 3, 4, 5, 7]
+    assert t.row(0).args == {"i": 0} and t.row(3).args == {"i": 3} and t.row(1).args == {}
+
+
+def test_sink_takes_names_as_codes_into_a_table_and_rejects_codes_outside_it():
+    from polyprof.backend import Sink
+
+    sink = Sink("b")
+    host = sink.host_device()
+    thread = sink.host_thread(1)
+    kept = sink.activities(
+        {
+            "kind": np.zeros(3, dtype=np.int64),
+            "name": CodedStrings(np.array([1, 5, 0]), ["aten::mm", "aten::add"]),
+            "device": np.full(3, host),
+            "resource": np.full(3, thread),
+            "start": np.array([1, 2, 3]),
+            "end": np.array([2, 3, 4]),
+        },
+        {2: {"k": "v"}},
+    )
+    assert kept == 2 and sink.rejected == {"name code outside its string table": 1}
+    t = sink.builder.freeze()
+    assert [r.name for r in t] == ["aten::add", "aten::mm"] and [r.cat for r in t] == ["cpu_op"] * 2
+    assert t.row(1).args == {"k": "v"}
 
 
 @pytest.mark.parametrize(

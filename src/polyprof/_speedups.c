@@ -672,6 +672,17 @@ static PyObject *sp_configure(PyObject *m, PyObject *args) {
 static PyObject *sp_set_active(PyObject *m, PyObject *v) { g_active = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_set_has_targets(PyObject *m, PyObject *v) { g_has_targets = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_next_id(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(g_next_id++); }
+static PyObject *sp_reserve_ids(PyObject *m, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "reserve_ids needs a count >= 0");
+        return NULL;
+    }
+    unsigned long long first = g_next_id;
+    g_next_id += (unsigned long long)n;
+    return PyLong_FromUnsignedLongLong(first);
+}
 static PyObject *sp_thread_buffer(PyObject *m, PyObject *unused) {
     PyObject *b = (PyObject *)thread_buffer();
     Py_XINCREF(b);
@@ -684,6 +695,7 @@ static PyMethodDef sp_methods[] = {
     {"set_active", sp_set_active, METH_O, "Turn recording on or off."},
     {"set_has_targets", sp_set_has_targets, METH_O, "Whether correlation push/pop must be called."},
     {"next_id", sp_next_id, METH_NOARGS, "A new process-wide correlation id."},
+    {"reserve_ids", sp_reserve_ids, METH_O, "reserve_ids(n): the first of n consecutive new ids."},
     {"thread_buffer", sp_thread_buffer, METH_NOARGS, "The calling thread's EventBuffer."},
     {"format_activities", sp_format_activities, METH_VARARGS, "Chrome JSON of activity rows (see the comment above)."},
     {"now_ns", sp_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns on Linux)."},

@@ -35,6 +35,7 @@ from polyprof.model import (
     HOST_DEVICE_KEY,
     ActivityBuilder,
     ActivityKind,
+    CodedStrings,
     Counters,
     Device,
     Resource,
@@ -83,6 +84,11 @@ class Reporter:
         self.warnings: list[str] = []
         self.dropped: dict[str, int] = {}
         self.clock: dict[str, Any] = {}
+        self.details: dict[str, Any] = {}
+
+    def detail(self, key: str, value: Any) -> None:
+        """A fact about how the backend recorded (JSON-serialisable), e.g. which recorder it used."""
+        self.details[key] = value
 
     def warning(self, message: str) -> None:
         if message not in self.warnings:
@@ -115,6 +121,11 @@ class SessionContext:
     def new_correlation_id() -> int:
         """A process-wide unique id, usable as a correlation or flow id."""
         return correlation.new_id()
+
+    @staticmethod
+    def new_correlation_ids(n: int) -> np.ndarray:
+        """`n` new process-wide ids at once (int64 array), for backends that bring many rows."""
+        return correlation.new_ids(n)
 
     @staticmethod
     def current_external_id() -> int:
@@ -161,6 +172,7 @@ def contract_problems(backend: Any) -> list[str]:
 
 
 _CATEGORY_BY_INT = {int(k): cat for k, cat in DEFAULT_CATEGORY.items()}
+_CATEGORY_TABLE = [_CATEGORY_BY_INT.get(k, "") for k in range(int(max(ActivityKind)) + 1)]
 
 
 class SinkClosedError(RuntimeError):
@@ -171,6 +183,21 @@ def _as_int(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError("bool is not a timestamp")
     return operator.index(value)
+
+
+def _code_problems(values: Any, key: str) -> tuple[np.ndarray, str]:
+    """Rows whose code is outside the table of a CodedStrings column (none for a plain string column)."""
+    if isinstance(values, CodedStrings):
+        codes = np.asarray(values.codes, dtype=np.int64)
+        return (codes < 0) | (codes >= len(values.table)), f"{key} code outside its string table"
+    return np.zeros(len(values), dtype=bool), ""
+
+
+def _subset_strings(values: Any, keep: np.ndarray) -> Any:
+    """The rows `keep` of a string column: a sequence of strings or CodedStrings."""
+    if isinstance(values, CodedStrings):
+        return CodedStrings(np.asarray(values.codes)[keep], values.table)
+    return [values[i] for i in keep.tolist()]
 
 
 class Sink:
@@ -312,7 +339,9 @@ class Sink:
 
     def activities(self, columns: Mapping[str, Any], args: Mapping[int, dict] | None = None) -> int:
         """Add many activities at once from columns (see ``polyprof.model.COLUMN_NAMES``; `kind`, `name`,
-        `device`, `resource`, `start`, `end` are required, `cat` defaults per kind). Returns rows kept."""
+        `device`, `resource`, `start`, `end` are required, `cat` defaults per kind). `name` and `cat` are
+        sequences of strings, or :class:`~polyprof.model.CodedStrings` (integer codes into a table),
+        which spares a backend with its own string table one Python string per row. Returns rows kept."""
         self._check_open()
         n = len(columns["start"])
         try:
@@ -334,6 +363,7 @@ class Sink:
             ((device < 0) | (device >= len(self.devices)), "unknown device"),
             ((resource < 0) | (resource >= len(self.resources)), "unknown resource"),
             ((kind < 0) | (kind > max(ActivityKind)), "invalid kind or timestamp (ValueError)"),
+            *(_code_problems(columns[key], key) for key in ("name", "cat") if key in columns),
         )
         for bad, reason in checks:
             bad &= ok
@@ -368,13 +398,12 @@ class Sink:
                 start=start[keep],
                 end=end[keep],
             )
-        names = columns["name"]
-        cols["name"] = names if everything else [names[i] for i in keep.tolist()]
+        cols["name"] = columns["name"] if everything else _subset_strings(columns["name"], keep)
         cats = columns.get("cat")
         if cats is None:
-            cols["cat"] = [_CATEGORY_BY_INT[k] for k in cols["kind"].tolist()]
+            cols["cat"] = CodedStrings(cols["kind"], _CATEGORY_TABLE)
         else:
-            cols["cat"] = cats if everything else [cats[i] for i in keep.tolist()]
+            cols["cat"] = cats if everything else _subset_strings(cats, keep)
         kept_args = None
         if args:
             if everything:

@@ -13,6 +13,10 @@ from polyprof.model import ActivityKind
 
 
 class HostSession:
+    # polyprof's own in-process bookkeeping cannot hang, so the engine calls it on the profile's
+    # thread instead of a guard thread (whose start can wait milliseconds for a CPU under load)
+    thread_affine = True
+
     def __init__(self, ctx: SessionContext) -> None:
         self.ctx = ctx
         self._running = False

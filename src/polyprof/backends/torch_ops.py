@@ -1,5 +1,12 @@
 """The ``torch`` backend: PyTorch operators (aten ops, autograd nodes, torch record_function ranges)
-recorded by PyTorch's own C++ collector (RecordFunction callbacks), in CPU-only mode.
+recorded through PyTorch's RecordFunction callbacks, at the C++ level.
+
+* Two recorders. By default (and with ``record_shapes``) polyprof's own observer
+  (:mod:`polyprof.backends.torch_observer`, C++ built once against the installed torch) appends each op
+  to per-thread columns that are read in bulk after stop. With ``with_stack``, ``with_flops`` or
+  ``profile_memory``, or when the observer cannot be built (no C++ compiler; the backend warns and says
+  how to fix it) or ``POLYPROF_TORCH_OBSERVER=0``, torch's own collector is used in CPU-only mode
+  (``torch._C._autograd._enable_profiler``), which is slower to stop.
 
 * Activity group CPU, available when torch is installed. torch is not imported to find that out, and a
   session does not import it either: it starts torch's collector when the program has imported torch,
@@ -14,6 +21,9 @@ recorded by PyTorch's own C++ collector (RecordFunction callbacks), in CPU-only 
   on the same thread (the engine does this for every backend), since torch offers Python no hook to
   push correlation ids per op.
 
+* Both record the ops of the thread that starts the profile and of threads that inherit its
+  RecordFunction state (autograd's), as torch.profiler does.
+
 Uses private torch APIs (``torch._C._autograd._enable_profiler`` and friends), guarded; checked on the
 installed torch (2.13) and written against the 2.4+ signatures.
 """
@@ -27,12 +37,15 @@ import threading
 from typing import Any
 
 import numpy as np
+import orjson
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext, Sink
+from polyprof.backends import torch_observer
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
-from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind
+from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind, CodedStrings
 
 MIN_TORCH = (2, 4)
+EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
 #: torch's activity types -> kinds; "[memory]" instant events are cpu_instant_event
 _KIND_BY_TYPE = {
     "cpu_op": ActivityKind.CPU_OP,
@@ -103,6 +116,9 @@ class TorchSession:
         self.hook: _PostImportHook | None = None
         self.pairs: list[tuple[int, int]] = []
         self.enabled_tid = 0
+        self.observer: torch_observer.Observer | None = None
+        self.observed = -1  # ops recorded by the observer, once stopped
+        self.stop_ns = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -149,12 +165,40 @@ class TorchSession:
                 f"torch {torch.__version__} is older than the supported 2.4; no aten ops recorded"
             )
             return
+        self.torch = torch
+        self.enabled_tid = threading.get_native_id()
+        observer, why_not = self._observer(torch)
+        if observer is not None:
+            observer.start(record_shapes=self.config.record_shapes)
+            self.observer = observer
+            self.enabled = True
+            self.ctx.report.detail("recorder", "polyprof observer")
+            return
+        self.ctx.report.detail("recorder", f"torch collector ({why_not})")
         cfg, acts = self._config(torch)
         _prepare_profiler(cfg, acts)
         _enable_profiler(cfg, acts)
-        self.torch = torch
         self.enabled = True
-        self.enabled_tid = threading.get_native_id()
+
+    def _observer(self, torch: Any) -> tuple[torch_observer.Observer | None, str]:
+        """(polyprof's observer, "") when it covers the options and loads, else (None, why not): then
+        torch's collector records the ops."""
+        c = self.config
+        needs_collector = [
+            name for name in ("with_stack", "with_flops", "profile_memory") if getattr(c, name)
+        ]
+        if needs_collector:
+            return None, f"{', '.join(needs_collector)} need it"
+        if torch_observer.disabled():
+            return None, "POLYPROF_TORCH_OBSERVER=0"
+        try:
+            return torch_observer.get(torch), ""
+        except torch_observer.BuildError as exc:
+            self.ctx.report.warning(
+                f"polyprof's torch operator observer is unavailable, so torch's own collector records "
+                f"the ops (same ops, slower stop): {exc}. POLYPROF_TORCH_OBSERVER=0 silences this."
+            )
+            return None, "the observer could not be built"
 
     def stop(self) -> None:
         self.recording = False
@@ -162,14 +206,18 @@ class TorchSession:
             self.hook.remove()
             self.hook = None
         if self.enabled:
-            from torch._C._autograd import _disable_profiler
-
             self.enabled = False
             if threading.get_native_id() != self.enabled_tid:
                 self.ctx.report.error(
                     "torch's profiler was stopped from another thread than the one that started it; "
                     "stop the profile on the thread that started it to get aten ops"
                 )
+            if self.observer is not None:
+                self.observed = self.observer.stop()
+                self.stop_ns = self.ctx.window_end or host_ns()
+                return
+            from torch._C._autograd import _disable_profiler
+
             self.result = _disable_profiler()
             self._pair()
 
@@ -178,6 +226,9 @@ class TorchSession:
             self.stop()
         finally:
             self.result = None
+            if self.observer is not None:
+                self.observer.reset()
+                self.observer = None
 
     def _pair(self) -> None:
         off = epoch_offset()
@@ -187,6 +238,13 @@ class TorchSession:
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
+        if self.observer is not None and self.observed >= 0:
+            n, self.observed = self.observed, -1
+            try:
+                self._collect_observed(sink, n)
+            finally:
+                self.observer.reset()
+            return
         if self.result is None:
             return
         result, self.result = self.result, None
@@ -242,6 +300,50 @@ class TorchSession:
                 "flow_start": [
                     int(ev.flow_start()) if fid else 0 for ev, fid in zip(keep, flow_ids, strict=True)
                 ],
+            },
+            args,
+        )
+
+    def _collect_observed(self, sink: Sink, n: int) -> None:
+        """Rows from polyprof's observer: already host-clock ns and native thread ids."""
+        assert self.observer is not None
+        cols, names = self.observer.columns(n)
+        shape_args = orjson.loads(self.observer.shape_args_json()) if self.config.record_shapes else None
+        if n == 0:
+            return
+        seq, fwd_tid = cols["seq"], cols["fwd_tid"]
+        user = cols["scope"] == torch_observer.USER_SCOPE
+        kinds = np.where(user, int(ActivityKind.USER_ANNOTATION), int(ActivityKind.CPU_OP))
+        start, end = cols["start"], cols["end"].copy()
+        unfinished = np.flatnonzero(end == 0)
+        end[unfinished] = np.maximum(self.stop_ns, start[unfinished])
+        tid = cols["tid"]
+        # distinct threads without np.unique, whose first call imports numpy.ma (~7 ms)
+        ordered = np.sort(tid)
+        threads = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+        thread_rows = np.array([sink.host_thread(t) for t in threads.tolist()], dtype=np.int64)
+        ids = self.ctx.new_correlation_ids(n)
+        args = _sequence_args(cols["name"], names, seq, fwd_tid, tid)
+        if shape_args is not None:
+            for i, shapes in enumerate(shape_args):
+                if shapes:
+                    args[i] = {**args[i], **shapes} if i in args else shapes
+        for i in unfinished.tolist():
+            args[i] = {**args.get(i, {}), "finished": False}
+        flow_id, flow_start = _fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, self.ctx)
+        sink.activities(
+            {
+                "kind": kinds,
+                "name": CodedStrings(cols["name"], names),
+                "device": np.full(n, sink.host_device()),
+                "resource": thread_rows[np.searchsorted(threads, tid)],
+                "start": start,
+                "end": end,
+                "correlation": ids,
+                "external_id": ids,
+                "flow_id": flow_id,
+                "flow_type": np.where(flow_id != 0, FLOW_FWDBWD, 0),
+                "flow_start": flow_start,
             },
             args,
         )
@@ -324,6 +426,59 @@ def _allocation_totals(result: Any) -> dict[tuple[int, int], tuple[int, int]]:
         return totals
     except Exception:
         return {}
+
+
+def _sequence_args(
+    name_codes: np.ndarray, names: list[str], seq: np.ndarray, fwd_tid: np.ndarray, tid: np.ndarray
+) -> dict[int, dict]:
+    """``Sequence number``/``Fwd thread id`` as torch writes them: for ops with a sequence number, and
+    for autograd's ``evaluate_function`` ranges, which take them from the backward node they run (their
+    first child on the same thread)."""
+    has = np.flatnonzero(seq >= 0)
+    args = {
+        i: {"Sequence number": s, "Fwd thread id": f}
+        for i, s, f in zip(has.tolist(), seq[has].tolist(), fwd_tid[has].tolist(), strict=True)
+    }
+    evaluate = [code for code, name in enumerate(names) if name.startswith(EVALUATE_FUNCTION)]
+    if evaluate:
+        rows = np.flatnonzero(np.isin(name_codes[:-1], evaluate) & (seq[:-1] < 0))
+        children = rows + 1
+        linked = (seq[children] >= 0) & (fwd_tid[children] > 0) & (tid[children] == tid[rows])
+        for i in rows[linked].tolist():
+            args[i] = dict(args[i + 1])
+    return args
+
+
+def _fwdbwd_flows(
+    seq: np.ndarray, fwd_tid: np.ndarray, rf_tid: np.ndarray, start: np.ndarray, ctx: SessionContext
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward->backward flows, as torch links them: a backward node (forward thread id > 0) to the
+    latest-starting forward op with the same sequence number on that forward thread. Returns (flow id,
+    flow start) columns."""
+    n = len(seq)
+    flow_id = np.zeros(n, dtype=np.int64)
+    flow_start = np.zeros(n, dtype=np.int8)
+    has_seq = np.flatnonzero(seq >= 0)
+    if len(has_seq) == 0:
+        return flow_id, flow_start
+    order = has_seq[np.argsort(start[has_seq], kind="stable")].tolist()
+    forward: dict[tuple[int, int], int] = {}
+    backward: dict[tuple[int, int], int] = {}
+    seq_l, fwd_l, rf_l = seq.tolist(), fwd_tid.tolist(), rf_tid.tolist()
+    for i in order:
+        if fwd_l[i] == 0:
+            forward[(rf_l[i], seq_l[i])] = i  # the latest start wins
+        else:
+            backward.setdefault((fwd_l[i], seq_l[i]), i)  # the earliest backward node
+    pairs = [(forward[k], b) for k, b in backward.items() if k in forward]
+    if pairs:
+        ids = ctx.new_correlation_ids(len(pairs))
+        fwd_rows = np.array([f for f, _ in pairs], dtype=np.int64)
+        bwd_rows = np.array([b for _, b in pairs], dtype=np.int64)
+        flow_id[fwd_rows] = ids
+        flow_id[bwd_rows] = ids
+        flow_start[fwd_rows] = 1
+    return flow_id, flow_start
 
 
 def _names(events: list) -> list[str]:

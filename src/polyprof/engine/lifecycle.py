@@ -500,6 +500,7 @@ class Profile:
         for what, n in rep.dropped.items():
             st.dropped[what] = st.dropped.get(what, 0) + n
         st.clock.update(rep.clock)
+        st.details.update(rep.details)
         if h.session is None or not h.started:
             st.state = BACKEND_FAILED
 

@@ -220,6 +220,7 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
                 rejected=int(st.get("rejected", 0)),
                 activities=int(st.get("activities", 0)),
                 version=st.get("version", ""),
+                details=dict(st.get("details", {})),
             )
     start = int(acts["start"].min()) if len(acts) else 0
     end = int(acts["end"].max()) if len(acts) else 0

@@ -12,6 +12,7 @@ from polyprof.model.activities import (
     Activity,
     ActivityBuilder,
     ActivityTable,
+    CodedStrings,
 )
 from polyprof.model.counters import Counters, CounterSample
 from polyprof.model.devices import HOST_DEVICE_KEY, Device, Resource
@@ -35,6 +36,7 @@ __all__ = [
     "BACKEND_UNAVAILABLE",
     "BackendStatus",
     "COLUMN_NAMES",
+    "CodedStrings",
     "CounterSample",
     "Counters",
     "DEFAULT_CATEGORY",

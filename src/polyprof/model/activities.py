@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,6 +42,14 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
     ("flow_start", np.int8),
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+
+
+class CodedStrings(NamedTuple):
+    """A string column given as integer `codes` into `table`, for backends with their own string
+    table: ``CodedStrings(np.array([0, 1, 0]), ["aten::mm", "aten::add"])``."""
+
+    codes: Any
+    table: Sequence[str]
 
 
 @dataclass(frozen=True)
@@ -173,18 +181,22 @@ class ActivityTable:
 class ActivityBuilder:
     """Appends activities row by row (or column by column) and freezes them into a table.
 
+    Rows from :meth:`append` collect in Python lists; :meth:`extend_columns` keeps its columns as numpy
+    chunks, so a backend that brings a million rows at once never turns them into Python ints.
     Not thread-safe: give each producer its own builder.
     """
 
-    __slots__ = ("strings", "_cols", "_args")
+    __slots__ = ("strings", "_cols", "_chunks", "_chunk_rows", "_args")
 
     def __init__(self, strings: StringTable | None = None) -> None:
         self.strings = strings or StringTable()
-        self._cols: dict[str, list] = {n: [] for n in COLUMN_NAMES}
+        self._cols: dict[str, list] = {n: [] for n in COLUMN_NAMES}  # rows appended since the last chunk
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._chunk_rows = 0
         self._args: dict[int, dict] = {}
 
     def __len__(self) -> int:
-        return len(self._cols["start"])
+        return self._chunk_rows + len(self._cols["start"])
 
     def append(
         self,
@@ -203,7 +215,7 @@ class ActivityBuilder:
         args: dict | None = None,
     ) -> int:
         c = self._cols
-        row = len(c["start"])
+        row = len(self)
         intern = self.strings.intern
         c["kind"].append(int(kind))
         c["cat"].append(intern(cat))
@@ -221,27 +233,52 @@ class ActivityBuilder:
             self._args[row] = args
         return row
 
-    def extend_columns(
-        self, columns: dict[str, Sequence | np.ndarray], args: dict[int, dict] | None = None
-    ) -> None:
-        """Append many rows at once. `cat` and `name` are sequences of strings; missing optional
-        columns default to 0; `args` maps row numbers (0-based within this batch) to dicts."""
+    def extend_columns(self, columns: dict[str, Any], args: dict[int, dict] | None = None) -> None:
+        """Append many rows at once. `cat` and `name` are sequences of strings or :class:`CodedStrings`;
+        missing optional columns default to 0; `args` maps row numbers (0-based within this batch) to
+        dicts."""
         n = len(columns["start"])
         base = len(self)
-        intern = self.strings.intern
-        for name, _dtype in COLUMNS:
+        self._flush()
+        chunk: dict[str, np.ndarray] = {}
+        for name, dtype in COLUMNS:
             values = columns.get(name)
             if values is None:
-                self._cols[name].extend([0] * n)
+                chunk[name] = np.zeros(n, dtype=dtype)
             elif name in ("cat", "name"):
-                ids = {s: intern(s) for s in set(values)}  # each distinct string once, then dict lookups
-                self._cols[name].extend([ids[s] for s in values])
+                chunk[name] = self._intern_column(values)
             else:
-                self._cols[name].extend(values.tolist() if isinstance(values, np.ndarray) else values)
+                chunk[name] = np.asarray(values, dtype=dtype)
+        self._chunks.append(chunk)
+        self._chunk_rows += n
         if args:
             for i, a in args.items():
                 self._args[base + i] = a
 
+    def _intern_column(self, values: Any) -> np.ndarray:
+        intern = self.strings.intern
+        if isinstance(values, CodedStrings):
+            ids = np.array([intern(s) for s in values.table] or [0], dtype=np.int32)
+            return ids[np.asarray(values.codes, dtype=np.int64)]
+        ids_by_string = {s: intern(s) for s in set(values)}  # each distinct string once, then lookups
+        return np.array([ids_by_string[s] for s in values], dtype=np.int32)
+
+    def _flush(self) -> None:
+        if self._cols["start"]:
+            self._chunks.append({n: np.asarray(self._cols[n], dtype=t) for n, t in COLUMNS})
+            self._chunk_rows += len(self._cols["start"])
+            self._cols = {n: [] for n in COLUMN_NAMES}
+
     def freeze(self) -> ActivityTable:
-        columns = {n: np.asarray(self._cols[n], dtype=t) for n, t in COLUMNS}
+        self._flush()
+        if not self._chunks:
+            return ActivityTable(
+                self.strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, dict(self._args)
+            )
+        if len(self._chunks) == 1:
+            columns = {n: self._chunks[0][n].astype(t, copy=True) for n, t in COLUMNS}
+        else:
+            columns = {
+                n: np.concatenate([c[n] for c in self._chunks]).astype(t, copy=False) for n, t in COLUMNS
+            }
         return ActivityTable(self.strings, columns, dict(self._args))

@@ -35,6 +35,7 @@ class BackendStatus:
     clock: dict[str, Any] = field(default_factory=dict)
     activities: int = 0
     version: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state}
@@ -42,7 +43,7 @@ class BackendStatus:
             if getattr(self, key):
                 out[key] = getattr(self, key)
         out["activities"] = self.activities
-        for key in ("errors", "warnings", "dropped", "rejected_reasons", "clock"):
+        for key in ("errors", "warnings", "dropped", "rejected_reasons", "clock", "details"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         if self.rejected:

@@ -1,0 +1,131 @@
+"""Builds polyprof's PyTorch operator observer (``observer.cpp``) against the installed torch, once per
+torch build, and caches the shared library::
+
+    python -m polyprof.backends.torch_observer          # build now; scripts/setup.sh does this
+
+Compiling against the torch that will load it is what keeps one source working across torch versions
+(2.4+) and C++ ABIs, the way ``torch.utils.cpp_extension`` and Triton build their native parts.
+
+* Compiler: ``$CXX``, else ``c++`` (any C++17 compiler; g++ and clang++ work). About 3 s.
+* Cache: ``$POLYPROF_CACHE_DIR``, else ``$XDG_CACHE_HOME/polyprof``, else ``~/.cache/polyprof``, under
+  ``torch-observer/<key>/``; the key hashes the source, the torch version and location, the compiler
+  and the flags, so upgrading torch builds a new library and never loads a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("observer.cpp")
+LIBRARY_NAME = "polyprof_torch_observer.so"
+BUILD_TIMEOUT_S = 300
+
+
+class BuildError(RuntimeError):
+    """The observer could not be built; the message says why and what to do."""
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("POLYPROF_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "polyprof"
+
+
+def compiler() -> str:
+    return os.environ.get("CXX") or "c++"
+
+
+def torch_paths(torch: Any) -> tuple[Path, Path]:
+    """(include dir, lib dir) of an imported torch."""
+    root = Path(torch.__file__).resolve().parent
+    return root / "include", root / "lib"
+
+
+def compile_command(torch: Any, output: Path) -> list[str]:
+    include, lib = torch_paths(torch)
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return [
+        compiler(),
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-w",  # torch's headers warn under C++17; the warnings are theirs
+        # torch's release builds define NDEBUG, and some of its classes have members only without it:
+        # the observer must see the same layout
+        "-DNDEBUG",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}",
+        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+        str(SOURCE),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{lib}",
+        "-o",
+        str(output),
+    ]
+
+
+def library_path(torch: Any) -> Path:
+    """Where the library for this torch is (or will be) cached."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (
+        getattr(torch, "__version__", ""),
+        getattr(getattr(torch, "version", None), "git_version", ""),
+        str(Path(torch.__file__).resolve().parent),
+        " ".join(compile_command(torch, Path("out"))),
+    ):
+        digest.update(b"\0" + str(part).encode())
+    return cache_root() / "torch-observer" / digest.hexdigest()[:20] / LIBRARY_NAME
+
+
+def build(torch: Any, *, force: bool = False) -> Path:
+    """The cached library for `torch`, compiled first if missing (or when `force`). Raises BuildError."""
+    target = library_path(torch)
+    if target.exists() and not force:
+        return target
+    cxx = compiler()
+    if shutil.which(cxx) is None:
+        raise BuildError(
+            f"no C++ compiler: {cxx!r} is not on PATH. Install one (Debian/Ubuntu: apt install g++) or "
+            "point CXX at one"
+        )
+    include, _ = torch_paths(torch)
+    if not (include / "ATen" / "record_function.h").exists():
+        raise BuildError(f"this torch has no C++ headers ({include}/ATen/record_function.h is missing)")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(
+            f"cannot create the cache folder {target.parent}: {exc}; set POLYPROF_CACHE_DIR"
+        ) from exc
+    # compile to a private name, then rename: concurrent builds never load a half-written library
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        try:
+            done = subprocess.run(
+                compile_command(torch, Path(tmp)),
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BuildError(f"{cxx} took more than {BUILD_TIMEOUT_S} s") from exc
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+            raise BuildError(f"{cxx} failed (exit {done.returncode}) compiling {SOURCE.name}:\n{tail}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

@@ -1,0 +1,215 @@
+"""polyprof's own PyTorch operator observer (C++ RecordFunction callbacks, built against the installed
+torch) against torch.profiler's collector, and the fallbacks to that collector."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from polyprof.model import FLOW_FWDBWD, ActivityKind
+
+torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare with torch.profiler")
+nn = torch.nn
+
+from polyprof.backends import torch_observer  # noqa: E402
+
+try:
+    torch_observer.get(torch)
+    BUILD_PROBLEM = ""
+except torch_observer.BuildError as exc:  # e.g. no C++ compiler on this machine
+    BUILD_PROBLEM = str(exc)
+needs_observer = pytest.mark.skipif(
+    bool(BUILD_PROBLEM), reason=f"the observer cannot be built here: {BUILD_PROBLEM}"
+)
+
+
+def make_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    return model, torch.randn(8, 16), torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train(model, x, opt, steps=2):
+    for _ in range(steps):
+        with torch.profiler.record_function("train_step"):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+
+def events_of(doc):
+    return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+
+
+def fwdbwd_pairs(doc):
+    """(forward op, backward op) name pairs of the fwdbwd flows in a Chrome trace."""
+    ops = {(e["tid"], e["ts"]): e["name"] for e in events_of(doc) if e.get("cat") == "cpu_op"}
+    ends = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "fwdbwd":
+            ends.setdefault(e["id"], {})[e["ph"]] = ops.get((e["tid"], e["ts"]))
+    return Counter((v.get("s"), v.get("f")) for v in ends.values())
+
+
+def shape_args(doc):
+    keys = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+    return Counter(
+        (e["name"], json.dumps([e["args"].get(k) for k in keys]))
+        for e in events_of(doc)
+        if e.get("cat") == "cpu_op"
+    )
+
+
+def sequence_args_shape(doc):
+    """Which ops carry Sequence number / Fwd thread id (values differ between runs: torch's counter)."""
+    return Counter(
+        (e["name"], "Sequence number" in e["args"], e["args"].get("Fwd thread id"))
+        for e in events_of(doc)
+        if e.get("cat") == "cpu_op"
+    )
+
+
+@needs_observer
+def test_observer_records_what_torch_profiler_records(tmp_path):
+    from polyprof.profiler import ProfilerActivity, profile
+
+    model, x, opt = make_model()
+    train(model, x, opt)  # lazy initialisation outside both profiles
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    ) as theirs:
+        train(model, x, opt)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as ours:
+        train(model, x, opt)
+    theirs.export_chrome_trace(str(tmp_path / "torch.json"))
+    ours.export_chrome_trace(str(tmp_path / "polyprof.json"))
+    a = json.loads((tmp_path / "torch.json").read_text())
+    b = json.loads((tmp_path / "polyprof.json").read_text())
+
+    assert ours.trace.backends["torch"].details["recorder"] == "polyprof observer"
+    names = lambda doc, cat: Counter(e["name"] for e in events_of(doc) if e.get("cat") == cat)  # noqa: E731
+    assert names(b, "cpu_op") == names(a, "cpu_op") and sum(names(a, "cpu_op").values()) > 100
+    assert names(b, "user_annotation")["train_step"] == names(a, "user_annotation")["train_step"] == 2
+    assert shape_args(b) == shape_args(a)
+    assert sequence_args_shape(b) == sequence_args_shape(a)
+    pairs = fwdbwd_pairs(b)
+    assert pairs == fwdbwd_pairs(a) and pairs[("aten::addmm", "AddmmBackward0")] == 4
+    # every op has its own External id, shared by nothing else
+    ext = [e["args"]["External id"] for e in events_of(b) if e.get("cat") in ("cpu_op", "user_annotation")]
+    assert len(ext) == len(set(ext)) and all(ext)
+
+
+@needs_observer
+def test_ops_are_timed_and_nested_on_the_profiling_thread():
+    import threading
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.ones(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("outer"):
+            y = torch.mm(x, x)
+        y.sum()
+    trace = prof.trace
+    rows = {a.name: a for a in trace.activities}
+    outer, mm = rows["outer"], rows["aten::mm"]
+    assert outer.kind == ActivityKind.USER_ANNOTATION and mm.kind == ActivityKind.CPU_OP
+    assert outer.start <= mm.start < mm.end <= outer.end
+    assert rows["aten::sum"].start >= outer.end
+    thread = trace.resources[mm.resource]
+    assert thread.id == threading.get_native_id()
+    assert not any(a.flow_type == FLOW_FWDBWD for a in trace.activities)  # no autograd here
+
+
+@needs_observer
+def test_an_op_still_open_at_stop_is_written_unfinished_up_to_the_stop():
+    from polyprof.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    prof.start()
+    rf = torch.autograd.profiler.record_function("still_open")
+    rf.__enter__()
+    torch.ones(2).add_(1)
+    prof.stop()
+    rf.__exit__(None, None, None)
+    (row,) = [a for a in prof.trace.activities if a.name == "still_open"]
+    assert row.args.get("finished") is False
+    assert row.end <= prof.trace.window[1] and row.end > row.start
+
+
+@needs_observer
+def test_consecutive_profiles_each_get_only_their_own_ops():
+    from polyprof.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as first:
+        torch.ones(3).mul(2)
+    with profile(activities=[ProfilerActivity.CPU]) as second:
+        torch.ones(3).div(2)
+    names = lambda p: {a.name for a in p.trace.activities_of(ActivityKind.CPU_OP)}  # noqa: E731
+    assert "aten::mul" in names(first) and "aten::div" not in names(first)
+    assert "aten::div" in names(second) and "aten::mul" not in names(second)
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [({"with_stack": True}, "with_stack need it"), ({"profile_memory": True}, "profile_memory need it")],
+)
+def test_options_the_observer_does_not_cover_use_torchs_collector(options, reason):
+    from polyprof.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+        torch.ones(4, 4).sum()
+    status = prof.trace.backends["torch"]
+    assert status.details["recorder"] == f"torch collector ({reason})"
+    assert "aten::sum" in {a.name for a in prof.trace.activities}
+
+
+def test_the_observer_can_be_turned_off(monkeypatch):
+    from polyprof.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("POLYPROF_TORCH_OBSERVER", "0")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4).sum()
+    assert prof.trace.backends["torch"].details["recorder"] == "torch collector (POLYPROF_TORCH_OBSERVER=0)"
+    assert not prof.trace.backends["torch"].warnings
+
+
+def test_without_a_compiler_the_ops_still_come_from_torchs_collector_with_a_warning(monkeypatch, tmp_path):
+    from polyprof.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("POLYPROF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-polyprof")
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler: 'no-such-compiler-polyprof' is not on PATH"):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.ones(4).sum()
+    status = prof.trace.backends["torch"]
+    assert status.details["recorder"] == "torch collector (the observer could not be built)"
+    assert "apt install g++" in status.warnings[0]
+    assert "aten::sum" in {a.name for a in prof.trace.activities}
+    assert not list(tmp_path.iterdir())  # nothing half-built left behind
+
+
+@needs_observer
+def test_building_from_scratch_into_a_fresh_cache(tmp_path):
+    env = {**os.environ, "POLYPROF_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "polyprof.backends.torch_observer"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    (library,) = tmp_path.glob("torch-observer/*/polyprof_torch_observer.so")
+    assert str(library) in done.stdout and f"torch {torch.__version__}" in done.stdout
+    assert not list(tmp_path.glob("torch-observer/*/*.tmp"))
+
+
+def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, tmp_path):
+    from polyprof.backends.torch_observer import builder
+
+    monkeypatch.setenv("POLYPROF_CACHE_DIR", str(tmp_path))
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(builder, "SOURCE", broken)
+    with pytest.raises(builder.BuildError, match=r"failed \(exit \d+\) compiling broken.cpp:\n(.|\n)*error"):
+        builder.build(torch)
