@@ -1,7 +1,7 @@
 """PyTorch overhead: a 20-layer MLP (batch 8), 20 forward passes, unprofiled, under torch.profiler (CPU)
 and under polyprof.profiler (CPU), in the same run.
 
-    .venv/bin/python benchmarks/torch_overhead.py [--repeats 7]
+    .venv/bin/python benchmarks/torch_overhead.py [--repeats 15] [--record-shapes]
 
 Reports medians over the repeats of: wall time of the 20 passes; added time per recorded operator
 ((profiled - unprofiled) / operators in the trace); stop-to-trace-written time (leaving the profile
@@ -25,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--passes", type=int, default=20)
+    ap.add_argument("--record-shapes", action="store_true", help="profile both with record_shapes=True")
     args = ap.parse_args()
     import torch
     from torch import nn
@@ -48,7 +49,9 @@ def main() -> None:
     ops: dict[str, int] = {}
 
     def run_torch(r: int) -> None:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=args.record_shapes
+        )
         prof.__enter__()
         t0 = time.perf_counter_ns()
         work()
@@ -62,7 +65,7 @@ def main() -> None:
             ops["torch"] = sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op")
 
     def run_polyprof(r: int) -> None:
-        prof = pp.profile(activities=[pp.ProfilerActivity.CPU])
+        prof = pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes)
         prof.__enter__()
         t0 = time.perf_counter_ns()
         work()
@@ -88,6 +91,7 @@ def main() -> None:
     results = {
         "torch_version": torch.__version__,
         "repeats": args.repeats,
+        "record_shapes": args.record_shapes,
         "operators_per_run": ops,
         "wall_ms": {k: round(med[k] / 1e6, 3) for k in ("plain", "torch", "polyprof")},
         "added_ns_per_op": {"torch": round(added_torch), "polyprof": round(added_polyprof)},

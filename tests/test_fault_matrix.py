@@ -127,3 +127,21 @@ def test_correlation_push_that_raises_is_disabled_not_fatal(registry):
     assert len(prof.trace.activities_of(ActivityKind.USER_ANNOTATION)) == 3
     errors = prof.trace.backends["badpush"].errors
     assert len(errors) == 1 and "correlation disabled" in errors[0]
+
+
+def test_guarded_calls_reuse_one_thread_until_a_call_hangs():
+    import threading
+
+    from polyprof.engine.guard import run_with_timeout
+
+    first = run_with_timeout(threading.get_ident, timeout_s=5)
+    second = run_with_timeout(threading.get_ident, timeout_s=5)
+    assert first.ok and second.ok and first.value == second.value != threading.get_ident()
+    release = threading.Event()
+    hung = run_with_timeout(release.wait, timeout_s=0.05)
+    assert hung.timed_out
+    after = run_with_timeout(threading.get_ident, timeout_s=5)
+    assert after.ok and after.value != first.value  # a fresh thread: the old one is still stuck
+    release.set()
+    failed = run_with_timeout(lambda: 1 / 0, timeout_s=5)
+    assert not failed.ok and isinstance(failed.value, ZeroDivisionError)

@@ -213,3 +213,23 @@ def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, 
     monkeypatch.setattr(builder, "SOURCE", broken)
     with pytest.raises(builder.BuildError, match=r"failed \(exit \d+\) compiling broken.cpp:\n(.|\n)*error"):
         builder.build(torch)
+
+
+def test_stacks_of_other_parked_python_threads_get_a_valid_thread_row(tmp_path):
+    import threading
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    release = threading.Event()
+    parked = threading.Thread(target=release.wait, name="parked")
+    parked.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+            torch.ones(4).sum()
+    finally:
+        release.set()
+        parked.join()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))  # raised OverflowError on torch's uint64(-1)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    frames = [e for e in doc["traceEvents"] if e.get("cat") == "python_function"]
+    assert frames and all(0 <= e["tid"] < 2**63 for e in frames)

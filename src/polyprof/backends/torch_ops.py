@@ -269,7 +269,7 @@ class TorchSession:
         ]
         names = _names(keep)
         tids = [ev.device_resource_id() or ev.start_thread_id() for ev in keep]
-        rows = {tid: sink.host_thread(tid) for tid in set(tids)}
+        rows = {tid: _thread_row(sink, tid) for tid in set(tids)}
         start = mapping.to_host(np.array([ev.start_ns() for ev in keep], dtype=np.int64))
         duration = np.maximum(np.array([ev.duration_ns() for ev in keep], dtype=np.int64), 0)
         torch_ids = [ev.correlation_id() for ev in keep]
@@ -426,6 +426,14 @@ def _allocation_totals(result: Any) -> dict[tuple[int, int], tuple[int, int]]:
         return totals
     except Exception:
         return {}
+
+
+def _thread_row(sink: Sink, tid: int) -> int:
+    # torch reports uint64(-1) for events of threads it does not know, such as the python_function
+    # frames with_stack finds on other Python threads parked when the profile starts
+    if not 0 <= tid < 2**63:
+        return sink.host_thread(0, "unknown thread")
+    return sink.host_thread(tid)
 
 
 def _sequence_args(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import traceback
 from collections.abc import Callable
@@ -23,26 +24,54 @@ def describe(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
-def run_with_timeout(
-    fn: Callable[..., Any], *args: Any, timeout_s: float, name: str = "polyprof-call"
-) -> CallOutcome:
-    """Run ``fn(*args)`` on a daemon thread; give up waiting after `timeout_s` (the thread is abandoned).
+GUARD_THREAD_NAME = "polyprof-guard"
+
+
+class _Worker:
+    """A daemon thread that runs guarded calls one after another. Reusing it spares each call a thread
+    start (tens of microseconds idle, milliseconds when the CPUs are busy). A worker whose call timed out
+    is abandoned with that call, and the next call gets a new worker."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=GUARD_THREAD_NAME, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, box, done = self.calls.get()
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+            del fn, args, box, done  # drop references to the finished call before waiting again
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float) -> CallOutcome:
+    """Run ``fn(*args)`` on polyprof's guard thread; give up waiting after `timeout_s` (the thread is
+    abandoned with the call). Calls from several threads at once each get their own thread.
 
     Returns an outcome whose `value` is the result, or the exception when `ok` is False.
     """
+    global _worker
     box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        return CallOutcome(False, timed_out=True)
+    done = threading.Event()
+    with _worker_lock:
+        worker, _worker = _worker, None  # taken: a concurrent call starts its own
+    if worker is None:
+        worker = _Worker()
+    worker.calls.put((fn, args, box, done))
+    if not done.wait(timeout_s):
+        return CallOutcome(False, timed_out=True)  # the worker is not handed back: it is stuck
+    with _worker_lock:
+        if _worker is None:
+            _worker = worker
     if "error" in box:
         return CallOutcome(False, box["error"])
     return CallOutcome(True, box.get("value"))
@@ -57,7 +86,7 @@ def guarded_call(
 ) -> CallOutcome:
     """Run ``fn(*args)``; an exception becomes an error entry in `status` instead of propagating.
 
-    With `timeout_s`, the call runs on a daemon thread and is abandoned (reported, never joined
+    With `timeout_s`, the call runs on polyprof's guard thread and is abandoned (reported, never joined
     again) when it takes longer; the caller goes on.
     """
     if timeout_s is None:
@@ -69,7 +98,7 @@ def guarded_call(
             status.errors.append(f"{what}() raised {describe(exc)}")
             return CallOutcome(False)
 
-    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s, name=f"polyprof-{status.name}-{what}")
+    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s)
     if outcome.timed_out:
         status.errors.append(f"{what}() did not return within {timeout_s:g} s and was abandoned")
     elif not outcome.ok:

@@ -20,7 +20,7 @@ from polyprof.backend import (
     contract_problems,
 )
 from polyprof.clock import host_ns
-from polyprof.engine.guard import describe, run_with_timeout
+from polyprof.engine.guard import GUARD_THREAD_NAME, describe, run_with_timeout
 from polyprof.model import BACKEND_RAN, DEVICE_KINDS, ActivityKind
 
 
@@ -55,7 +55,7 @@ class ConformanceReport:
 def _call(
     report: ConformanceReport, name: str, fn: Callable, *args: Any, timeout_s: float
 ) -> tuple[bool, Any]:
-    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s, name=f"polyprof-conformance-{name}")
+    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s)
     if outcome.timed_out:
         report.check(False, f"{name} returns in time", f"still running after {timeout_s:g} s")
         return False, None
@@ -90,7 +90,7 @@ def check_backend(
     if not report.check(not problems, "follows the backend contract", "; ".join(problems)):
         return report
 
-    threads_before = threading.active_count()
+    threads_before = _backend_threads()
     ok, first = _call(report, "probe", backend.probe, timeout_s=timeout_s)
     if not ok:
         return report
@@ -105,9 +105,9 @@ def check_backend(
         f"first {first!r}, then {second!r}",
     )
     report.check(
-        threading.active_count() <= threads_before,
+        not (_backend_threads() - threads_before),
         "probe leaves no threads running",
-        f"{threading.active_count() - threads_before} new thread(s)",
+        f"new thread(s): {', '.join(sorted(t.name for t in _backend_threads() - threads_before))}",
     )
     report.check(first.available or bool(first.reason), "an unavailable probe says why", "empty reason")
     if not first.available:
@@ -117,6 +117,11 @@ def check_backend(
     _check_session(report, backend, workload, options, timeout_s, require_activities)
     _check_through_engine(report, backend, workload, options)
     return report
+
+
+def _backend_threads() -> set[threading.Thread]:
+    """Live threads other than polyprof's own guard thread (which runs the kit's calls)."""
+    return {t for t in threading.enumerate() if t.name != GUARD_THREAD_NAME}
 
 
 def _check_session(
