@@ -124,6 +124,49 @@ def test_ops_are_timed_and_nested_on_the_profiling_thread():
     assert not any(a.flow_type == FLOW_FWDBWD for a in trace.activities)  # no autograd here
 
 
+def _forked_mm(x):
+    return torch.mm(x, x).relu()
+
+
+@needs_observer
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script` is deprecated:DeprecationWarning"
+)  # still the way to fork
+def test_ops_on_threads_that_inherit_the_profiling_threads_state_are_recorded_like_torch(tmp_path):
+    """TorchScript's fork runs work on torch's inter-op threads, which inherit the RecordFunction
+    callbacks of the thread that forked: both profilers must see the same ops on the same threads."""
+    import threading
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    @torch.jit.script
+    def parallel(x):
+        futures = [torch.jit.fork(_forked_mm, x) for _ in range(4)]
+        return [torch.jit.wait(f) for f in futures]
+
+    x = torch.ones(32, 32)
+    parallel(x)
+    parallel(x)  # TorchScript optimises on the second call
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
+        parallel(x)
+    with profile(activities=[ProfilerActivity.CPU]) as ours:
+        parallel(x)
+    theirs.export_chrome_trace(str(tmp_path / "torch.json"))
+    ours.export_chrome_trace(str(tmp_path / "polyprof.json"))
+
+    def ops_by_thread(path):
+        main = threading.get_native_id()
+        return Counter(
+            (e["name"], e["tid"] == main)
+            for e in events_of(json.loads(path.read_text()))
+            if e.get("cat") in ("cpu_op", "user_annotation")
+        )
+
+    ours_seen = ops_by_thread(tmp_path / "polyprof.json")
+    assert ours_seen == ops_by_thread(tmp_path / "torch.json")
+    assert ours_seen[("aten::mm", False)] == 4  # on the inter-op threads
+
+
 @needs_observer
 def test_an_op_still_open_at_stop_is_written_unfinished_up_to_the_stop():
     from polyprof.profiler import ProfilerActivity, profile
