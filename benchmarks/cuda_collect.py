@@ -5,6 +5,7 @@
 Feeds the session's collect with the tuples its buffer callback produces (a launch, an external
 correlation and a kernel per launch, plus copies) and reports records processed per second. Needs
 cupti-python installed (for its enums), not a GPU. Target (issue #5): >= 1 M records/s at collect.
+Also reports how long merging the rows into a trace and writing it as Chrome JSON takes.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
     with gc_paused():  # as the engine runs every collect
         session.collect(sink)
     seconds = time.perf_counter() - start
+    export_seconds, events = _merge_and_export(sink)
     report(
         "cuda_collect",
         {
@@ -82,8 +84,37 @@ def main() -> None:
             "records_per_s": round(records / seconds),
             "target_records_per_s": 1_000_000,
             "meets_target": records / seconds >= 1_000_000,
+            "merge_and_export_seconds": round(export_seconds, 3),
+            "trace_events_per_s_merge_and_export": round(events / export_seconds),
         },
     )
+
+
+def _merge_and_export(sink) -> tuple[float, int]:
+    """What follows collect when a profile stops: merge into a trace, write it as Chrome JSON."""
+    import tempfile
+
+    from polyprof.clock import base_time_ns, epoch_offset
+    from polyprof.engine.merge import CollectedPart, merge
+    from polyprof.export import write_chrome_trace
+    from polyprof.model import BackendStatus
+
+    rows = sink.builder.freeze()
+    window = (int(rows["start"].min()), int(rows["end"].max()))
+    offset = epoch_offset().offset_ns
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        trace = merge(
+            [CollectedPart(BackendStatus("cuda"), sink)],
+            window=window,
+            epoch_offset_ns=offset,
+            base_time_ns=base_time_ns(window[0] + offset),
+            metadata={},
+        )
+        write_chrome_trace(trace, os.path.join(folder, "cuda.json"))
+        seconds = time.perf_counter() - start
+    events = len(trace.activities) + int((trace.activities["flow_id"] != 0).sum())
+    return seconds, events
 
 
 if __name__ == "__main__":

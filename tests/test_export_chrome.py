@@ -212,3 +212,53 @@ def test_c_and_python_formatters_write_identical_bytes():
     py_text = format_activities_py(cols, names, extra)
     assert c_text == py_text
     json.loads("[" + c_text + "]")  # and it is valid JSON
+
+
+def _with_column_args(trace):
+    """The trace with args on every other row from a column block, plus one row with dict args too."""
+    import dataclasses
+
+    from polyprof.model import ActivityTable, ArgColumns, Args
+
+    acts = trace.activities
+    rows = np.arange(0, len(acts), 2)
+    m = len(rows)
+    block = ArgColumns(
+        ("device", "queued", "grid", "ok", "label", "correlation"),
+        (
+            np.arange(m, dtype=np.int32),
+            np.linspace(0.0, 2.5, m),
+            [(int(i), 1, 1) for i in rows],
+            np.array([i % 2 == 0 for i in range(m)]),
+            [f'k"{i}' for i in range(m)],
+            np.arange(m) + 100,
+        ),
+    )
+    args = Args({int(rows[0]): {"extra": [1, 2]}, 1: {"only": "dict"}})
+    args.add_block(rows, block)
+    with_blocks = dataclasses.replace(trace, activities=ActivityTable(acts.strings, acts.columns, args))
+    as_dicts = dataclasses.replace(
+        trace, activities=ActivityTable(acts.strings, acts.columns, {r: args[r] for r in args})
+    )
+    return with_blocks, as_dicts
+
+
+@pytest.mark.parametrize("c_formatter", [True, False])
+def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch, c_formatter):
+    from polyprof.export import chrome
+
+    if not c_formatter:
+        monkeypatch.setattr(chrome, "speedups", None)
+    elif chrome.speedups is None:
+        pytest.skip("the C extension is not built here")
+    with_blocks, as_dicts = _with_column_args(trace)
+    text = dumps_chrome_trace(with_blocks).decode()
+    doc = json.loads(text)
+    assert doc == json.loads(dumps_chrome_trace(as_dicts))
+    # json.loads keeps the last of duplicate keys, so check the text: one correlation per event
+    assert all(line.count('"correlation":') <= 1 for line in text.splitlines())
+    xs = [e for e in doc["traceEvents"] if e["ph"] in "Xi"]
+    first = xs[0]["args"]
+    assert first["extra"] == [1, 2] and first["device"] == 0 and first["grid"] == [0, 1, 1]
+    assert first["ok"] is True and first["label"] == 'k"0' and first["correlation"] == 100
+    assert list(first).count("correlation") == 1

@@ -157,3 +157,49 @@ def test_activity_kind_parse_rejects_unknown_names_with_suggestion():
     assert ActivityKind.parse("kernel") is ActivityKind.KERNEL
     with pytest.raises(ValueError, match="kernel"):
         ActivityKind.parse("kernal")
+
+
+def test_column_args_read_like_dicts_and_follow_their_rows():
+    from polyprof.model import ArgColumns, Args
+
+    args = Args({0: {"error": "x"}, 2: {"stream": 99}})
+    args.add_block(
+        np.array([2, 1]), ArgColumns(("stream", "grid"), (np.array([7, 8]), [(1, 1, 1), (2, 1, 1)]))
+    )
+    assert args[1] == {"stream": 8, "grid": (2, 1, 1)} and type(args[1]["stream"]) is int
+    assert args[2] == {"stream": 99, "grid": (1, 1, 1)}, "the dict wins on a shared key"
+    assert args.rows().tolist() == [0, 1, 2] and len(args) == 3 and 3 not in args and 1 in args
+    with pytest.raises(KeyError):
+        args[3]
+    taken = args.take(np.array([2, 3, 1]))
+    assert taken[0] == {"stream": 99, "grid": (1, 1, 1)} and 1 not in taken and taken[2]["stream"] == 8
+    t = ActivityTable.concat([(ActivityTable.empty(), np.zeros(0, np.int32), np.zeros(0, np.int32), 0)])
+    assert not t.args
+    with pytest.raises(ValueError, match="has 1 values for 2 rows"):
+        Args().add_block(np.array([0, 1]), ArgColumns(("k",), (np.array([1]),)))
+
+
+def test_sink_keeps_column_args_of_the_rows_it_keeps():
+    from polyprof.backend import Sink
+    from polyprof.model import ArgColumns
+
+    sink = Sink("b")
+    host, thread = sink.host_device(), sink.host_thread(1)
+    kept = sink.activities(
+        {
+            "kind": np.zeros(3, dtype=np.int64),
+            "name": ["a", "b", "c"],
+            "device": np.full(3, host),
+            "resource": np.full(3, thread),
+            "start": np.array([1, 5, 3]),
+            "end": np.array([2, 4, 4]),  # the second ends before it starts: rejected
+        },
+        ArgColumns(("n",), (np.array([10, 20, 30]),)),
+    )
+    t = sink.builder.freeze()
+    assert kept == 2 and [r.args for r in t] == [{"n": 10}, {"n": 30}]
+    with pytest.raises(ValueError, match="one value per row"):
+        sink.activities(
+            {"kind": [0], "name": ["a"], "device": [host], "resource": [thread], "start": [1], "end": [2]},
+            ArgColumns(("n",), (np.array([1, 2]),)),
+        )

@@ -35,6 +35,7 @@ from polyprof.model import (
     HOST_DEVICE_KEY,
     ActivityBuilder,
     ActivityKind,
+    ArgColumns,
     CodedStrings,
     Counters,
     Device,
@@ -193,6 +194,12 @@ def _code_problems(values: Any, key: str) -> tuple[np.ndarray, str]:
     return np.zeros(len(values), dtype=bool), ""
 
 
+def _subset(values: Any, keep: np.ndarray) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[keep]
+    return [values[i] for i in keep.tolist()]
+
+
 def _subset_strings(values: Any, keep: np.ndarray) -> Any:
     """The rows `keep` of a string column: a sequence of strings or CodedStrings."""
     if isinstance(values, CodedStrings):
@@ -337,11 +344,15 @@ class Sink:
         )
         return True
 
-    def activities(self, columns: Mapping[str, Any], args: Mapping[int, dict] | None = None) -> int:
+    def activities(
+        self, columns: Mapping[str, Any], args: Mapping[int, dict] | ArgColumns | None = None
+    ) -> int:
         """Add many activities at once from columns (see ``polyprof.model.COLUMN_NAMES``; `kind`, `name`,
         `device`, `resource`, `start`, `end` are required, `cat` defaults per kind). `name` and `cat` are
         sequences of strings, or :class:`~polyprof.model.CodedStrings` (integer codes into a table),
-        which spares a backend with its own string table one Python string per row. Returns rows kept."""
+        which spares a backend with its own string table one Python string per row. `args` maps row numbers
+        to dicts, or is :class:`~polyprof.model.ArgColumns` (the same keys for every row, one column
+        each), which spares a dict per row. Returns rows kept."""
         self._check_open()
         n = len(columns["start"])
         try:
@@ -404,8 +415,17 @@ class Sink:
             cols["cat"] = CodedStrings(cols["kind"], _CATEGORY_TABLE)
         else:
             cols["cat"] = cats if everything else _subset_strings(cats, keep)
-        kept_args = None
-        if args:
+        kept_args: Any = None
+        if isinstance(args, ArgColumns):
+            if len(args.keys) != len(args.columns) or any(len(c) != n for c in args.columns):
+                raise ValueError(
+                    f"ArgColumns needs one column per key and one value per row ({n} rows); "
+                    f"got {len(args.keys)} keys and columns of lengths {[len(c) for c in args.columns]}"
+                )
+            kept_args = (
+                args if everything else ArgColumns(args.keys, tuple(_subset(c, keep) for c in args.columns))
+            )
+        elif args:
             if everything:
                 kept_args = args
             else:

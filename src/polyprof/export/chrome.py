@@ -24,7 +24,7 @@ import orjson
 
 from polyprof._accel import speedups
 from polyprof.export.paths import atomic_output, check_output_path
-from polyprof.model import FLOW_NAMES, ActivityKind, Trace
+from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
 
 CHUNK_ROWS = 65_536
 GZIP_LEVEL = 3  # ~2x faster than the default 9 for a few percent more bytes
@@ -120,10 +120,10 @@ def iter_event_chunks(trace: Trace) -> Iterator[bytes]:
     n = len(acts)
     if n:
         names = [orjson.dumps(s) for s in acts.strings.strings]
-        arg_rows = np.array(sorted(acts.args), dtype=np.int64)
+        arg_rows = acts.args.rows()
         for lo in range(0, n, CHUNK_ROWS):
             hi = min(n, lo + CHUNK_ROWS)
-            rows = arg_rows[np.searchsorted(arg_rows, lo) : np.searchsorted(arg_rows, hi)].tolist()
+            rows = arg_rows[np.searchsorted(arg_rows, lo) : np.searchsorted(arg_rows, hi)]
             yield _activity_chunk(acts, lo, hi, rows, offset, names, pids, tids)
     yield ",\n".join(_counter_events(trace, offset, pids, tids)).encode()
     yield ",\n".join(_metadata_events(trace, offset)).encode()
@@ -136,7 +136,7 @@ def _activity_chunk(
     acts: Any,
     lo: int,
     hi: int,
-    arg_rows: list[int],
+    arg_rows: np.ndarray,
     offset: int,
     names: list[bytes],
     pids: np.ndarray,
@@ -166,11 +166,16 @@ def _activity_chunk(
         )
     )
     extra: list[Any] = [None] * (hi - lo)
-    if arg_rows:
-        local = np.array(arg_rows, dtype=np.int64) - lo
+    if len(arg_rows):
+        pending = arg_rows
+        if speedups is not None and acts.args.blocks:
+            pending = _format_block_args(acts.args, lo, hi, arg_rows, cols[6], cols[7], flags, extra)
+        local = pending - lo
         ext_l, corr_l = cols[6][local].tolist(), cols[7][local].tolist()
         with_corr = (flags[local] & FLAG_CORRELATION).tolist()
-        for i, row, e, corr, wc in zip(local.tolist(), arg_rows, ext_l, corr_l, with_corr, strict=True):
+        for i, row, e, corr, wc in zip(
+            local.tolist(), pending.tolist(), ext_l, corr_l, with_corr, strict=True
+        ):
             a = acts.args[row]
             head = {}
             if e:
@@ -181,6 +186,69 @@ def _activity_chunk(
     if speedups is not None:
         return speedups.format_activities(cols, names, extra)
     return format_activities_py(cols, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
+
+
+def _format_block_args(
+    args: Args,
+    lo: int,
+    hi: int,
+    arg_rows: np.ndarray,
+    ext: np.ndarray,
+    corr: np.ndarray,
+    flags: np.ndarray,
+    extra: list[Any],
+) -> np.ndarray:
+    """Fill `extra` for the rows of lo..hi whose args come from exactly one column block, column-wise
+    in C; returns the rows left for the per-row path (dict args, or several sources to merge)."""
+    sources = np.zeros(hi - lo, dtype=np.int64)
+    spans = []
+    for b in args.blocks:
+        p0, p1 = np.searchsorted(b.rows, lo), np.searchsorted(b.rows, hi)
+        if p1 > p0:
+            spans.append((b, p0, p1))
+            sources[b.rows[p0:p1] - lo] += 1
+    if args.dicts:
+        own = np.fromiter(args.dicts, dtype=np.int64, count=len(args.dicts))
+        sources[own[(own >= lo) & (own < hi)] - lo] += 2
+    for b, p0, p1 in spans:
+        local = b.rows[p0:p1] - lo
+        alone = sources[local] == 1
+        if not alone.any():
+            continue
+        positions = np.arange(p0, p1)[alone]
+        local = local[alone]
+        with_corr = (flags[local] & FLAG_CORRELATION) != 0
+        head_corr = (
+            np.zeros(len(local), dtype=np.int64)
+            if "correlation" in b.keys
+            else np.where(with_corr, corr[local], 0)
+        )
+        objects = speedups.format_arg_objects(
+            np.ascontiguousarray(ext[local]),
+            np.ascontiguousarray(head_corr, dtype=np.int64),
+            [orjson.dumps(k) for k in b.keys],
+            [_c_column(c[positions]) for c in b.columns],
+        )
+        for i, obj in zip(local.tolist(), objects, strict=True):
+            extra[i] = obj
+    return arg_rows[sources[arg_rows - lo] != 1]
+
+
+def _c_column(values: np.ndarray) -> Any:
+    """An arg column as format_arg_objects takes it: int64 or float64 array, else JSON bytes per value."""
+    kind = values.dtype.kind
+    if kind == "i" or (kind == "u" and (len(values) == 0 or int(values.max()) < 2**63)):
+        return np.ascontiguousarray(values, dtype=np.int64)
+    if kind == "f":
+        return np.ascontiguousarray(values, dtype=np.float64)
+    items = values.tolist()
+    try:  # values repeat (grids, blocks, names): encode each distinct one once
+        # keyed by type too: 1, 1.0 and True are equal as dict keys but not as JSON
+        keys = [(type(v), v) for v in items]
+        encoded = {k: orjson.dumps(k[1], option=_JSON_OPTIONS) for k in set(keys)}
+        return [encoded[k] for k in keys]
+    except TypeError:  # unhashable values such as lists
+        return [orjson.dumps(v, option=_JSON_OPTIONS) for v in items]
 
 
 def format_activities_py(cols: tuple[np.ndarray, ...], names: list[str], extra: list[Any]) -> str:

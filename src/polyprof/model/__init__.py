@@ -14,6 +14,7 @@ from polyprof.model.activities import (
     ActivityTable,
     CodedStrings,
 )
+from polyprof.model.args import ArgColumns, Args
 from polyprof.model.counters import Counters, CounterSample
 from polyprof.model.devices import HOST_DEVICE_KEY, Device, Resource
 from polyprof.model.kinds import DEFAULT_CATEGORY, DEVICE_KINDS, ActivityKind, kind_from_category
@@ -27,6 +28,8 @@ from polyprof.model.trace import (
 )
 
 __all__ = [
+    "ArgColumns",
+    "Args",
     "Activity",
     "ActivityBuilder",
     "ActivityKind",

@@ -12,12 +12,13 @@ Build one with :class:`ActivityBuilder`, then :meth:`ActivityBuilder.freeze` it:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from polyprof.model.args import ArgColumns, Args
 from polyprof.model.kinds import ActivityKind
 from polyprof.model.strings import StringTable
 
@@ -81,14 +82,16 @@ class ActivityTable:
 
     __slots__ = ("strings", "columns", "args")
 
-    def __init__(self, strings: StringTable, columns: dict[str, np.ndarray], args: dict[int, dict]) -> None:
+    def __init__(
+        self, strings: StringTable, columns: dict[str, np.ndarray], args: Mapping[int, dict] | None
+    ) -> None:
         self.strings = strings
         self.columns = columns
-        self.args = args
+        self.args: Args = Args.of(args)
 
     @classmethod
     def empty(cls) -> ActivityTable:
-        return cls(StringTable(), {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, {})
+        return cls(StringTable(), {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, Args())
 
     def __len__(self) -> int:
         return len(self.columns["start"])
@@ -130,13 +133,7 @@ class ActivityTable:
         """A new table with the rows at `indices` (in that order); args follow their rows."""
         indices = np.asarray(indices, dtype=np.int64)
         columns = {n: a[indices] for n, a in self.columns.items()}
-        args: dict[int, dict] = {}
-        if self.args:
-            for new, old in enumerate(indices.tolist()):
-                a = self.args.get(old)
-                if a is not None:
-                    args[new] = a
-        return ActivityTable(self.strings, columns, args)
+        return ActivityTable(self.strings, columns, self.args.take(indices) if self.args else Args())
 
     @classmethod
     def concat(
@@ -151,7 +148,7 @@ class ActivityTable:
         """
         strings = StringTable()
         out: dict[str, list[np.ndarray]] = {n: [] for n in COLUMN_NAMES}
-        args: dict[int, dict] = {}
+        args: list[Args] = []
         base = 0
         for table, device_map, resource_map, flow_offset in parts:
             n = len(table)
@@ -169,13 +166,13 @@ class ActivityTable:
                 elif name == "flow_id" and flow_offset:
                     col = np.where(col != 0, col + flow_offset, 0)
                 out[name].append(col)
-            for i, a in table.args.items():
-                args[base + i] = a
+            if table.args:
+                args.append(table.args.shifted(base))
             base += n
         if base == 0:
-            return cls(strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, {})
+            return cls(strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, Args())
         columns = {n: np.concatenate(out[n]).astype(t, copy=False) for n, t in COLUMNS}
-        return cls(strings, columns, args)
+        return cls(strings, columns, Args.combine(args))
 
 
 class ActivityBuilder:
@@ -186,7 +183,7 @@ class ActivityBuilder:
     Not thread-safe: give each producer its own builder.
     """
 
-    __slots__ = ("strings", "_cols", "_chunks", "_chunk_rows", "_args")
+    __slots__ = ("strings", "_cols", "_chunks", "_chunk_rows", "_args", "_arg_blocks")
 
     def __init__(self, strings: StringTable | None = None) -> None:
         self.strings = strings or StringTable()
@@ -194,6 +191,7 @@ class ActivityBuilder:
         self._chunks: list[dict[str, np.ndarray]] = []
         self._chunk_rows = 0
         self._args: dict[int, dict] = {}
+        self._arg_blocks: list[tuple[int, ArgColumns]] = []
 
     def __len__(self) -> int:
         return self._chunk_rows + len(self._cols["start"])
@@ -233,10 +231,12 @@ class ActivityBuilder:
             self._args[row] = args
         return row
 
-    def extend_columns(self, columns: dict[str, Any], args: dict[int, dict] | None = None) -> None:
+    def extend_columns(
+        self, columns: dict[str, Any], args: Mapping[int, dict] | ArgColumns | None = None
+    ) -> None:
         """Append many rows at once. `cat` and `name` are sequences of strings or :class:`CodedStrings`;
         missing optional columns default to 0; `args` maps row numbers (0-based within this batch) to
-        dicts."""
+        dicts, or is :class:`ArgColumns` with one value per row."""
         n = len(columns["start"])
         base = len(self)
         self._flush()
@@ -251,7 +251,9 @@ class ActivityBuilder:
                 chunk[name] = np.asarray(values, dtype=dtype)
         self._chunks.append(chunk)
         self._chunk_rows += n
-        if args:
+        if isinstance(args, ArgColumns):
+            self._arg_blocks.append((base, args))
+        elif args:
             for i, a in args.items():
                 self._args[base + i] = a
 
@@ -271,14 +273,16 @@ class ActivityBuilder:
 
     def freeze(self) -> ActivityTable:
         self._flush()
+        args = Args(dict(self._args))
+        for base, block in self._arg_blocks:
+            n = len(block.columns[0]) if block.columns else 0
+            args.add_block(np.arange(base, base + n, dtype=np.int64), block)
         if not self._chunks:
-            return ActivityTable(
-                self.strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, dict(self._args)
-            )
+            return ActivityTable(self.strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, args)
         if len(self._chunks) == 1:
             columns = {n: self._chunks[0][n].astype(t, copy=True) for n, t in COLUMNS}
         else:
             columns = {
                 n: np.concatenate([c[n] for c in self._chunks]).astype(t, copy=False) for n, t in COLUMNS
             }
-        return ActivityTable(self.strings, columns, dict(self._args))
+        return ActivityTable(self.strings, columns, args)

@@ -19,7 +19,7 @@ import numpy as np
 
 from polyprof.backend import ProfileConfig, SessionContext, Sink
 from polyprof.clock import ClockMapping, host_ns
-from polyprof.model import FLOW_AC2G, ActivityKind
+from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns
 from polyprof_cuda.records import (
     DEFAULT_KINDS,
     DRIVER,
@@ -68,17 +68,46 @@ def _name_key(r: Any) -> tuple:
     )
 
 
-def _transfer_args(r: Any, duration: int) -> dict[str, Any]:
-    """Kineto's args for a copy or a fill."""
-    bandwidth = round(r.bytes / duration, 6) if duration else 0
-    return {
-        "device": r.device,
-        "context": r.context,
-        "stream": r.stream,
-        "correlation": r.correlation,
-        "bytes": r.bytes,
-        "memory bandwidth (GB/s)": bandwidth,
-    }
+KERNEL_ARG_KEYS = (
+    "queued",
+    "device",
+    "context",
+    "stream",
+    "correlation",
+    "registers per thread",
+    "shared memory",
+    "grid",
+    "block",
+    "graph id",
+    "graph node id",
+    "channel",
+    "channel_type",
+)
+TRANSFER_ARG_KEYS = ("device", "context", "stream", "correlation", "bytes", "memory bandwidth (GB/s)")
+PEER_ARG_KEYS = ("fromDevice", "inDevice", "toDevice")
+
+
+def _transfer_args(rows: list, peer: bool) -> ArgColumns:
+    """Kineto's args for copies or fills, as columns (peer copies add the three device ids)."""
+    nbytes = np.array([r.bytes for r in rows], dtype=np.int64)
+    duration = np.array([r.end - r.start for r in rows], dtype=np.int64)
+    bandwidth = np.round(np.divide(nbytes, duration, out=np.zeros(len(rows)), where=duration != 0), 6)
+    columns = [
+        np.array([r.device for r in rows], dtype=np.int64),
+        np.array([r.context for r in rows], dtype=np.int64),
+        np.array([r.stream for r in rows], dtype=np.int64),
+        np.array([r.correlation for r in rows], dtype=np.int64),
+        nbytes,
+        bandwidth,
+    ]
+    if not peer:
+        return ArgColumns(TRANSFER_ARG_KEYS, tuple(columns))
+    columns += [
+        np.array([r.src_device for r in rows], dtype=np.int64),
+        np.array([r.device for r in rows], dtype=np.int64),
+        np.array([r.dst_device for r in rows], dtype=np.int64),
+    ]
+    return ArgColumns(TRANSFER_ARG_KEYS + PEER_ARG_KEYS, tuple(columns))
 
 
 class CudaSession:
@@ -215,7 +244,7 @@ class CudaSession:
             return dev, streams[key]
 
         def device_work(
-            kind: ActivityKind, names: Any, placed: list, starts: Any, ends: Any, corrs: Any, args: dict
+            kind: ActivityKind, names: Any, placed: list, starts: Any, ends: Any, corrs: Any, args: ArgColumns
         ) -> None:
             """Kernels, copies or fills in bulk: on their stream rows, with the ac2g flow end and the
             External id of their launch."""
@@ -261,61 +290,46 @@ class CudaSession:
                 context_device[c] = d
             rows = {key: stream_row(*key) for key in set(zip(devs, strms, strict=True))}
             placed = [rows[key] for key in zip(devs, strms, strict=True)]
-            latency = self.latency
-            args = {
-                i: {
-                    "queued": (s - q) / 1000.0 if latency and q else 0,
-                    "device": d,
-                    "context": c,
-                    "stream": st,
-                    "correlation": k,
-                    "registers per thread": rg,
-                    "shared memory": sm,
-                    "grid": g,  # tuples: written as the same JSON arrays, without a copy per kernel
-                    "block": b,
-                    "graph id": gi,
-                    "graph node id": gn,
-                    "channel": ch,
-                    "channel_type": ct,
-                }
-                for i, (s, q, d, c, st, k, rg, sm, g, b, gi, gn, ch, ct) in enumerate(
-                    zip(
-                        starts,
-                        queued,
-                        devs,
-                        ctxs,
-                        strms,
-                        corrs,
-                        regs,
-                        smem,
-                        grids,
-                        blocks,
-                        graph_ids,
-                        graph_nodes,
-                        channels,
-                        channel_types,
-                        strict=True,
-                    )
-                )
-            }
+            start_col, queued_col = np.array(starts, dtype=np.int64), np.array(queued, dtype=np.int64)
+            queued_us = (
+                np.where(queued_col != 0, (start_col - queued_col) / 1000.0, 0.0)
+                if self.latency
+                else np.zeros(len(kernels), dtype=np.int64)
+            )
+            # one column per key (no dict per kernel); grid and block stay tuples, written as JSON arrays
+            args = ArgColumns(
+                KERNEL_ARG_KEYS,
+                (
+                    queued_us,
+                    np.array(devs, dtype=np.int64),
+                    np.array(ctxs, dtype=np.int64),
+                    np.array(strms, dtype=np.int64),
+                    np.array(corrs, dtype=np.int64),
+                    np.array(regs, dtype=np.int64),
+                    np.array(smem, dtype=np.int64),
+                    grids,
+                    blocks,
+                    np.array(graph_ids, dtype=np.int64),
+                    np.array(graph_nodes, dtype=np.int64),
+                    np.array(channels, dtype=np.int64),
+                    np.array(channel_types, dtype=np.int64),
+                ),
+            )
             device_work(ActivityKind.KERNEL, names, placed, starts, ends, corrs, args)
 
-        def transfers(rows: list, kind: ActivityKind, name_of: Any, extra: Any = None) -> None:
+        def transfers(rows: list, kind: ActivityKind, name_of: Any, peer: bool = False) -> None:
             """Copies or fills, added in bulk like kernels (names computed once per distinct kind)."""
             if not rows:
                 return
             name_by_key: dict[tuple, str] = {}
-            names, placed, args = [], [], {}
-            for i, r in enumerate(rows):
+            names, placed = [], []
+            for r in rows:
                 context_device[r.context] = r.device
                 placed.append(stream_row(r.device, r.stream))
                 key = _name_key(r)
                 if key not in name_by_key:
                     name_by_key[key] = name_of(r)
                 names.append(name_by_key[key])
-                args[i] = _transfer_args(r, r.end - r.start)
-                if extra is not None:
-                    args[i].update(extra(r))
             device_work(
                 kind,
                 names,
@@ -323,16 +337,11 @@ class CudaSession:
                 [r.start for r in rows],
                 [r.end for r in rows],
                 [r.correlation for r in rows],
-                args,
+                _transfer_args(rows, peer),
             )
 
         transfers(raw.get(MEMCPY, []), ActivityKind.GPU_MEMCPY, self._memcpy_name)
-        transfers(
-            raw.get(MEMCPY_P2P, []),
-            ActivityKind.GPU_MEMCPY,
-            self._memcpy_name,
-            lambda r: {"fromDevice": r.src_device, "inDevice": r.device, "toDevice": r.dst_device},
-        )
+        transfers(raw.get(MEMCPY_P2P, []), ActivityKind.GPU_MEMCPY, self._memcpy_name, peer=True)
         transfers(raw.get(MEMSET, []), ActivityKind.GPU_MEMSET, self._memset_name)
         for family, kind, cat, domain in (
             (RUNTIME, ActivityKind.RUNTIME, "cuda_runtime", "runtime"),
@@ -373,7 +382,10 @@ class CudaSession:
                     "flow_type": [FLOW_AC2G if f else 0 for f in flows],
                     "flow_start": [1 if f else 0 for f in flows],
                 },
-                {n: {"cbid": cbids[i], "correlation": corrs[i]} for n, i in enumerate(keep)},
+                ArgColumns(
+                    ("cbid", "correlation"),
+                    (np.array([cbids[i] for i in keep], dtype=np.int64), np.array(kept_corr, dtype=np.int64)),
+                ),
             )
         for r in raw.get(SYNC, []):
             index = context_device.get(r.context, 0)
