@@ -194,12 +194,13 @@ def test_sink_keeps_column_args_of_the_rows_it_keeps():
             "start": np.array([1, 5, 3]),
             "end": np.array([2, 4, 4]),  # the second ends before it starts: rejected
         },
+        {2: {"d": 1}},
         ArgColumns(("n",), (np.array([10, 20, 30]),)),
     )
     t = sink.builder.freeze()
-    assert kept == 2 and [r.args for r in t] == [{"n": 10}, {"n": 30}]
+    assert kept == 2 and [r.args for r in t] == [{"n": 10}, {"n": 30, "d": 1}]
     with pytest.raises(ValueError, match="one value per row"):
         sink.activities(
             {"kind": [0], "name": ["a"], "device": [host], "resource": [thread], "start": [1], "end": [2]},
-            ArgColumns(("n",), (np.array([1, 2]),)),
+            arg_columns=ArgColumns(("n",), (np.array([1, 2]),)),
         )

@@ -103,6 +103,28 @@ def test_observer_records_what_torch_profiler_records(tmp_path):
 
 
 @needs_observer
+def test_key_averages_by_input_shape_match_torchs():
+    from polyprof.profiler import ProfilerActivity, profile
+
+    model, x, _ = make_model()
+    model(x)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    ) as theirs:
+        model(x)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as ours:
+        model(x)
+
+    def grouped(prof):
+        return sorted(
+            (e.key, str(e.input_shapes), e.count) for e in prof.key_averages(group_by_input_shape=True)
+        )
+
+    assert grouped(ours) == grouped(theirs)
+    assert ("aten::addmm", "[[32], [8, 16], [16, 32], [], []]", 1) in grouped(ours)
+
+
+@needs_observer
 def test_ops_are_timed_and_nested_on_the_profiling_thread():
     import threading
 

@@ -456,7 +456,8 @@ done:
  * {"External id":ext,"correlation":corr,key0:value0,...}, the first two left out where 0. `ext` and
  * `corr` are int64 arrays; `keys` a list of JSON-encoded keys (bytes); `columns` one per key, each an
  * int64 array, a float64 array (written like Python's repr, NaN and infinities as null) or a list of
- * JSON values already encoded as bytes. Every column has one entry per row. */
+ * JSON values already encoded as bytes, where empty bytes leave the key out of that row. Every column
+ * has one entry per row. */
 static PyObject *sp_format_arg_objects(PyObject *m, PyObject *args) {
     PyObject *ext_o, *corr_o, *keys, *columns;
     if (!PyArg_ParseTuple(args, "OOO!O!", &ext_o, &corr_o, &PyList_Type, &keys, &PyList_Type, &columns)) return NULL;
@@ -515,6 +516,11 @@ static PyObject *sp_format_arg_objects(PyObject *m, PyObject *args) {
         if (corr[i]) { if (!first) OB_LIT(&b, ","); OB_LIT(&b, "\"correlation\":"); ob_int(&b, corr[i]); first = 0; }
         for (Py_ssize_t k = 0; k < n_keys; k++) {
             PyObject *key = PyList_GET_ITEM(keys, k);
+            PyObject *value = kind[k] == 'b' ? PyList_GET_ITEM(PyList_GET_ITEM(columns, k), i) : NULL;
+            if (value != NULL) {
+                if (!PyBytes_Check(value)) { PyErr_SetString(PyExc_TypeError, "list columns hold JSON bytes"); goto fail; }
+                if (PyBytes_GET_SIZE(value) == 0) continue;  /* this row has no such key */
+            }
             if (ob_reserve(&b, PyBytes_GET_SIZE(key) + 64) < 0) goto fail;
             if (!first) OB_LIT(&b, ",");
             first = 0;
@@ -530,10 +536,8 @@ static PyObject *sp_format_arg_objects(PyObject *m, PyObject *args) {
                 size_t len = strlen(text);
                 ob_lit(&b, text, (Py_ssize_t)len);
                 PyMem_Free(text);
-            } else {
-                PyObject *value = PyList_GET_ITEM(PyList_GET_ITEM(columns, k), i);
-                if (!PyBytes_Check(value)) { PyErr_SetString(PyExc_TypeError, "list columns hold JSON bytes"); goto fail; }
-                if (ob_str(&b, value) < 0) goto fail;
+            } else if (ob_str(&b, value) < 0) {
+                goto fail;
             }
         }
         if (ob_reserve(&b, 1) < 0) goto fail;

@@ -39,6 +39,7 @@ from polyprof.model import (
     CodedStrings,
     Counters,
     Device,
+    JSONColumn,
     Resource,
 )
 
@@ -197,6 +198,8 @@ def _code_problems(values: Any, key: str) -> tuple[np.ndarray, str]:
 def _subset(values: Any, keep: np.ndarray) -> Any:
     if isinstance(values, np.ndarray):
         return values[keep]
+    if isinstance(values, JSONColumn):
+        return JSONColumn([values.values[i] for i in keep.tolist()])
     return [values[i] for i in keep.tolist()]
 
 
@@ -345,14 +348,18 @@ class Sink:
         return True
 
     def activities(
-        self, columns: Mapping[str, Any], args: Mapping[int, dict] | ArgColumns | None = None
+        self,
+        columns: Mapping[str, Any],
+        args: Mapping[int, dict] | None = None,
+        arg_columns: ArgColumns | None = None,
     ) -> int:
         """Add many activities at once from columns (see ``polyprof.model.COLUMN_NAMES``; `kind`, `name`,
         `device`, `resource`, `start`, `end` are required, `cat` defaults per kind). `name` and `cat` are
         sequences of strings, or :class:`~polyprof.model.CodedStrings` (integer codes into a table),
         which spares a backend with its own string table one Python string per row. `args` maps row numbers
-        to dicts, or is :class:`~polyprof.model.ArgColumns` (the same keys for every row, one column
-        each), which spares a dict per row. Returns rows kept."""
+        to dicts; `arg_columns` (:class:`~polyprof.model.ArgColumns`: the same keys for every row, one
+        column each) spares a dict per row. A row with both gets both (the dict wins on a shared key).
+        Returns rows kept."""
         self._check_open()
         n = len(columns["start"])
         try:
@@ -415,23 +422,28 @@ class Sink:
             cols["cat"] = CodedStrings(cols["kind"], _CATEGORY_TABLE)
         else:
             cols["cat"] = cats if everything else _subset_strings(cats, keep)
-        kept_args: Any = None
-        if isinstance(args, ArgColumns):
-            if len(args.keys) != len(args.columns) or any(len(c) != n for c in args.columns):
+        kept_columns = None
+        if arg_columns is not None:
+            if len(arg_columns.keys) != len(arg_columns.columns) or any(
+                len(c) != n for c in arg_columns.columns
+            ):
                 raise ValueError(
-                    f"ArgColumns needs one column per key and one value per row ({n} rows); "
-                    f"got {len(args.keys)} keys and columns of lengths {[len(c) for c in args.columns]}"
+                    f"ArgColumns needs one column per key and one value per row ({n} rows); got "
+                    f"{len(arg_columns.keys)} keys and columns of lengths {[len(c) for c in arg_columns.columns]}"
                 )
-            kept_args = (
-                args if everything else ArgColumns(args.keys, tuple(_subset(c, keep) for c in args.columns))
+            kept_columns = (
+                arg_columns
+                if everything
+                else ArgColumns(arg_columns.keys, tuple(_subset(c, keep) for c in arg_columns.columns))
             )
-        elif args:
+        kept_args = None
+        if args:
             if everything:
                 kept_args = args
             else:
                 position = {old: new for new, old in enumerate(keep.tolist())}
                 kept_args = {position[i]: a for i, a in args.items() if i in position}
-        self.builder.extend_columns(cols, kept_args)
+        self.builder.extend_columns(cols, kept_args, kept_columns)
         return len(keep)
 
     def instant(self, name: str, *, device: int, resource: int, ts: int, args: dict | None = None) -> bool:

@@ -37,12 +37,11 @@ import threading
 from typing import Any
 
 import numpy as np
-import orjson
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext, Sink
 from polyprof.backends import torch_observer
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
-from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind, CodedStrings
+from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
 
 MIN_TORCH = (2, 4)
 EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
@@ -308,7 +307,6 @@ class TorchSession:
         """Rows from polyprof's observer: already host-clock ns and native thread ids."""
         assert self.observer is not None
         cols, names = self.observer.columns(n)
-        shape_args = orjson.loads(self.observer.shape_args_json()) if self.config.record_shapes else None
         if n == 0:
             return
         seq, fwd_tid = cols["seq"], cols["fwd_tid"]
@@ -323,11 +321,14 @@ class TorchSession:
         threads = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
         thread_rows = np.array([sink.host_thread(t) for t in threads.tolist()], dtype=np.int64)
         ids = self.ctx.new_correlation_ids(n)
-        args = _sequence_args(cols["name"], names, seq, fwd_tid, tid)
-        if shape_args is not None:
-            for i, shapes in enumerate(shape_args):
-                if shapes:
-                    args[i] = {**args[i], **shapes} if i in args else shapes
+        args = _evaluate_function_args(cols["name"], names, seq, fwd_tid, tid)
+        arg_columns = None
+        if self.config.record_shapes:
+            # formatted by the observer: Sequence number, Fwd thread id and the four shape args
+            fragments = self.observer.arg_fragments(n)
+            arg_columns = ArgColumns(torch_observer.ARG_KEYS, tuple(JSONColumn(f) for f in fragments))
+        else:
+            args.update(_sequence_args(seq, fwd_tid))
         for i in unfinished.tolist():
             args[i] = {**args.get(i, {}), "finished": False}
         flow_id, flow_start = _fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, self.ctx)
@@ -346,6 +347,7 @@ class TorchSession:
                 "flow_start": flow_start,
             },
             args,
+            arg_columns,
         )
 
     def _all_args(self, keep: list, kinds: list[int], memory: list[int]) -> dict[int, dict]:
@@ -436,25 +438,31 @@ def _thread_row(sink: Sink, tid: int) -> int:
     return sink.host_thread(tid)
 
 
-def _sequence_args(
-    name_codes: np.ndarray, names: list[str], seq: np.ndarray, fwd_tid: np.ndarray, tid: np.ndarray
-) -> dict[int, dict]:
-    """``Sequence number``/``Fwd thread id`` as torch writes them: for ops with a sequence number, and
-    for autograd's ``evaluate_function`` ranges, which take them from the backward node they run (their
-    first child on the same thread)."""
+def _sequence_args(seq: np.ndarray, fwd_tid: np.ndarray) -> dict[int, dict]:
+    """``Sequence number``/``Fwd thread id`` of the ops that have a sequence number, as torch writes them."""
     has = np.flatnonzero(seq >= 0)
-    args = {
+    return {
         i: {"Sequence number": s, "Fwd thread id": f}
         for i, s, f in zip(has.tolist(), seq[has].tolist(), fwd_tid[has].tolist(), strict=True)
     }
+
+
+def _evaluate_function_args(
+    name_codes: np.ndarray, names: list[str], seq: np.ndarray, fwd_tid: np.ndarray, tid: np.ndarray
+) -> dict[int, dict]:
+    """torch gives autograd's ``evaluate_function`` ranges the ``Sequence number``/``Fwd thread id`` of
+    the backward node they run: their first child on the same thread."""
     evaluate = [code for code, name in enumerate(names) if name.startswith(EVALUATE_FUNCTION)]
-    if evaluate:
-        rows = np.flatnonzero(np.isin(name_codes[:-1], evaluate) & (seq[:-1] < 0))
-        children = rows + 1
-        linked = (seq[children] >= 0) & (fwd_tid[children] > 0) & (tid[children] == tid[rows])
-        for i in rows[linked].tolist():
-            args[i] = dict(args[i + 1])
-    return args
+    if not evaluate:
+        return {}
+    rows = np.flatnonzero(np.isin(name_codes[:-1], evaluate) & (seq[:-1] < 0))
+    children = rows + 1
+    linked = (seq[children] >= 0) & (fwd_tid[children] > 0) & (tid[children] == tid[rows])
+    rows, children = rows[linked], children[linked]
+    return {
+        i: {"Sequence number": s, "Fwd thread id": f}
+        for i, s, f in zip(rows.tolist(), seq[children].tolist(), fwd_tid[children].tolist(), strict=True)
+    }
 
 
 def _fwdbwd_flows(

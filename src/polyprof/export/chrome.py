@@ -25,6 +25,7 @@ import orjson
 from polyprof._accel import speedups
 from polyprof.export.paths import atomic_output, check_output_path
 from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
+from polyprof.model.args import is_json_column
 
 CHUNK_ROWS = 65_536
 GZIP_LEVEL = 3  # ~2x faster than the default 9 for a few percent more bytes
@@ -236,6 +237,8 @@ def _format_block_args(
 
 def _c_column(values: np.ndarray) -> Any:
     """An arg column as format_arg_objects takes it: int64 or float64 array, else JSON bytes per value."""
+    if is_json_column(values):
+        return values.tolist()
     kind = values.dtype.kind
     if kind == "i" or (kind == "u" and (len(values) == 0 or int(values.max()) < 2**63)):
         return np.ascontiguousarray(values, dtype=np.int64)

@@ -14,7 +14,7 @@ from polyprof.model.activities import (
     ActivityTable,
     CodedStrings,
 )
-from polyprof.model.args import ArgColumns, Args
+from polyprof.model.args import ArgColumns, Args, JSONColumn
 from polyprof.model.counters import Counters, CounterSample
 from polyprof.model.devices import HOST_DEVICE_KEY, Device, Resource
 from polyprof.model.kinds import DEFAULT_CATEGORY, DEVICE_KINDS, ActivityKind, kind_from_category
@@ -30,6 +30,7 @@ from polyprof.model.trace import (
 __all__ = [
     "ArgColumns",
     "Args",
+    "JSONColumn",
     "Activity",
     "ActivityBuilder",
     "ActivityKind",

@@ -232,11 +232,14 @@ class ActivityBuilder:
         return row
 
     def extend_columns(
-        self, columns: dict[str, Any], args: Mapping[int, dict] | ArgColumns | None = None
+        self,
+        columns: dict[str, Any],
+        args: Mapping[int, dict] | None = None,
+        arg_columns: ArgColumns | None = None,
     ) -> None:
         """Append many rows at once. `cat` and `name` are sequences of strings or :class:`CodedStrings`;
         missing optional columns default to 0; `args` maps row numbers (0-based within this batch) to
-        dicts, or is :class:`ArgColumns` with one value per row."""
+        dicts; `arg_columns` has one value per row in each column."""
         n = len(columns["start"])
         base = len(self)
         self._flush()
@@ -251,9 +254,9 @@ class ActivityBuilder:
                 chunk[name] = np.asarray(values, dtype=dtype)
         self._chunks.append(chunk)
         self._chunk_rows += n
-        if isinstance(args, ArgColumns):
-            self._arg_blocks.append((base, args))
-        elif args:
+        if arg_columns is not None:
+            self._arg_blocks.append((base, arg_columns))
+        if args:
             for i, a in args.items():
                 self._args[base + i] = a
 

@@ -12,25 +12,52 @@ someone asks for one::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 
 class ArgColumns(NamedTuple):
     """Args of a batch of rows as columns: row i's args are ``{k: column[i] for k, column in zip(keys,
-    columns)}``. Give numbers as numpy arrays; any other column is a sequence of JSON-able values."""
+    columns)}``. Give numbers as numpy arrays; any other column is a sequence of JSON-able values, or a
+    :class:`JSONColumn` of values already encoded."""
 
     keys: tuple[str, ...]
     columns: tuple[Any, ...]
 
 
+class JSONColumn(NamedTuple):
+    """A column of JSON-encoded values (bytes), written to the trace as they are and decoded only when
+    a row's args are read; ``b""`` means the row has no such key. For backends whose native side
+    formats args already (the torch observer's record_shapes args)."""
+
+    values: Sequence[bytes]
+
+    def __len__(self) -> int:  # the column's length, not the tuple's
+        return len(self.values)
+
+
 def _as_column(values: Any, n: int) -> np.ndarray:
+    if isinstance(values, JSONColumn):
+        return _JSONArray.of(values.values, n)
     if isinstance(values, np.ndarray) and values.ndim == 1:
         return values
     # object arrays keep tuples and strings as they are (np.asarray would turn tuples into a 2-D array)
     return np.fromiter(values, dtype=object, count=n)
+
+
+class _JSONArray(np.ndarray):
+    """An object array of JSON-encoded values: keeps its type through indexing and slicing."""
+
+    @classmethod
+    def of(cls, values: Sequence[bytes], n: int) -> _JSONArray:
+        return np.fromiter(values, dtype=object, count=n).view(cls)
+
+
+def is_json_column(column: np.ndarray) -> bool:
+    return isinstance(column, _JSONArray)
 
 
 class _Block:
@@ -46,7 +73,14 @@ class _Block:
         return p if p < len(self.rows) and self.rows[p] == row else -1
 
     def dict_at(self, p: int) -> dict[str, Any]:
-        return {k: _python(c[p]) for k, c in zip(self.keys, self.columns, strict=True)}
+        out = {}
+        for k, c in zip(self.keys, self.columns, strict=True):
+            if isinstance(c, _JSONArray):
+                if c[p]:
+                    out[k] = orjson.loads(c[p])
+            else:
+                out[k] = _python(c[p])
+        return out
 
 
 def _python(value: Any) -> Any:

@@ -263,7 +263,7 @@ class CudaSession:
                     "flow_id": corrs,
                     "flow_type": np.full(len(placed), FLOW_AC2G),
                 },
-                args,
+                arg_columns=args,
             )
 
         kernels = raw.get(KERNEL, [])
@@ -382,7 +382,7 @@ class CudaSession:
                     "flow_type": [FLOW_AC2G if f else 0 for f in flows],
                     "flow_start": [1 if f else 0 for f in flows],
                 },
-                ArgColumns(
+                arg_columns=ArgColumns(
                     ("cbid", "correlation"),
                     (np.array([cbids[i] for i in keep], dtype=np.int64), np.array(kept_corr, dtype=np.int64)),
                 ),

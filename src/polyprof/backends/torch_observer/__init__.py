@@ -28,7 +28,16 @@ from polyprof.backends.torch_observer.builder import BuildError, build, library_
 
 __all__ = ["BuildError", "Observer", "disabled", "get", "library_path", "unavailable_reason"]
 
-ABI_VERSION = 1
+ABI_VERSION = 3
+#: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments)
+ARG_KEYS = (
+    "Sequence number",
+    "Fwd thread id",
+    "Concrete Inputs",
+    "Input type",
+    "Input Strides",
+    "Input Dims",
+)
 USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: torch's record_function ranges, written as user_annotation
 FIELDS = (
     ("start", np.int64),
@@ -60,8 +69,8 @@ class Observer:
         lib.polyprof_observer_names_size.restype = ctypes.c_int64
         lib.polyprof_observer_names.argtypes = [ctypes.c_void_p]
         lib.polyprof_observer_fill.argtypes = [ctypes.c_void_p] * len(FIELDS)
-        lib.polyprof_observer_shape_args.argtypes = [ctypes.POINTER(ctypes.c_int64)]
-        lib.polyprof_observer_shape_args.restype = ctypes.c_void_p
+        lib.polyprof_observer_arg_fragments.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.polyprof_observer_arg_fragments.restype = ctypes.c_void_p
         self.lib = lib
         self.path = path
 
@@ -84,11 +93,18 @@ class Observer:
         names = buf.raw[: max(size - 1, 0)].decode(errors="replace").split("\0") if size else []
         return cols, names
 
-    def shape_args_json(self) -> bytes:
-        """record_shapes args of every operator as one JSON array of objects, in `columns` order."""
+    def arg_fragments(self, n: int) -> list[list[bytes]]:
+        """For each of ARG_KEYS, one JSON-encoded value per operator (in `columns` order); ``b""`` where
+        torch writes no such key (no sequence number; no inputs, or record_shapes off)."""
         size = ctypes.c_int64(0)
-        ptr = self.lib.polyprof_observer_shape_args(ctypes.byref(size))
-        return ctypes.string_at(ptr, size.value)
+        ptr = self.lib.polyprof_observer_arg_fragments(ctypes.byref(size))
+        fragments = ctypes.string_at(ptr, size.value).split(b"\0")  # one split in C, not 6n slices
+        k = len(ARG_KEYS)
+        if len(fragments) != k * n + 1:  # each fragment ends in NUL: the last piece is empty
+            raise RuntimeError(
+                f"the observer wrote {len(fragments) - 1} arg fragments for {n} ops, not {k * n}"
+            )
+        return [fragments[i : k * n : k] for i in range(k)]
 
     def reset(self) -> None:
         self.lib.polyprof_observer_reset()

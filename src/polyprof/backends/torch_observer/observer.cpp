@@ -31,7 +31,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 3;
 
 // Input encodings in ThreadBuffer::shapes (record_shapes).
 enum InputTag : int64_t {
@@ -256,56 +256,101 @@ void append_json_string(std::string& out, const std::string& s) {
   out.push_back('"');
 }
 
-// torch.profiler's record_shapes args for one op: Concrete Inputs, Input type, Input Strides, Input Dims.
-void append_shape_args(std::string& out, const ThreadBuffer& b, int64_t offset) {
+// Walks one op's encoded inputs: fn(tag, scalar type, ndim, sizes, strides, value index).
+template <typename Fn>
+void for_each_input(const ThreadBuffer& b, int64_t offset, Fn fn) {
   const int64_t* p = b.shapes.data() + offset;
   int64_t n = *p++;
-  std::vector<std::string> concrete, types;
-  std::string dims = "[", strides = "[";
   for (int64_t i = 0; i < n; ++i) {
-    int64_t tag = *p++;
-    std::string type, value, d = "[]", s = "[]";
+    int64_t tag = *p++, st = -1, ndim = 0, value = -1;
+    const int64_t *sizes = nullptr, *strides = nullptr;
     if (tag == kTensor || tag == kTensorNoShape) {
-      auto st = c10::ScalarType(*p++);
-      type = std::string(c10::scalarTypeToTypeMeta(st).name());
+      st = *p++;
       if (tag == kTensor) {
-        int64_t ndim = *p++;
-        d = "[";
-        s = "[";
-        for (int64_t k = 0; k < ndim; ++k) {
-          d += (k ? ", " : "") + std::to_string(p[k]);
-          s += (k ? ", " : "") + std::to_string(p[ndim + k]);
-        }
-        d += "]";
-        s += "]";
+        ndim = *p++;
+        sizes = p;
+        strides = p + ndim;
         p += 2 * ndim;
       }
     } else if (tag == kScalar || tag == kScalarList) {
-      type = tag == kScalar ? "Scalar" : "ScalarList";
-      std::ostringstream os;
-      os << b.values[size_t(*p++)];
-      value = os.str();
-    } else if (tag == kTensorList) {
-      type = "TensorList";
+      value = *p++;
     }
-    concrete.push_back(value);
-    types.push_back(type);
-    dims += (i ? ", " : "") + d;
-    strides += (i ? ", " : "") + s;
+    fn(i, tag, st, ndim, sizes, strides, value);
   }
-  auto list = [&out](const std::vector<std::string>& items) {
-    out.push_back('[');
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i) out += ", ";
-      append_json_string(out, items[i]);
+}
+
+// torch's name of a scalar type ("float", "c10::BFloat16"...), computed once per type
+const std::string& type_name(int64_t st) {
+  static std::unordered_map<int64_t, std::string> names;
+  auto hit = names.find(st);
+  if (hit != names.end()) return hit->second;
+  std::string name(c10::scalarTypeToTypeMeta(c10::ScalarType(st)).name());
+  return names.emplace(st, std::move(name)).first->second;
+}
+
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  int len = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+  out.append(buf, size_t(len));
+}
+
+void append_ints(std::string& out, const int64_t* v, int64_t n) {
+  out.push_back('[');
+  for (int64_t k = 0; k < n; ++k) {
+    if (k) out += ", ";
+    append_int(out, v[k]);
+  }
+  out.push_back(']');
+}
+
+// torch.profiler's record_shapes args for one op, as four JSON values appended to `out`, each
+// followed by a NUL byte: Concrete Inputs, Input type, Input Strides, Input Dims.
+void append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t offset) {
+  static std::ostringstream os;  // reused: constructing one per value costs more than formatting it
+  out.push_back('[');
+  for_each_input(b, offset, [&](int64_t i, int64_t tag, int64_t, int64_t, const int64_t*, const int64_t*,
+                                int64_t value) {
+    if (i) out += ", ";
+    if (value >= 0) {
+      os.str(std::string());
+      os.clear();
+      os << b.values[size_t(value)];
+      append_json_string(out, os.str());
+    } else {
+      out += "\"\"";
     }
+    (void)tag;
+  });
+  out.push_back(']');
+  out.push_back('\0');
+  out.push_back('[');
+  for_each_input(b, offset, [&](int64_t i, int64_t tag, int64_t st, int64_t, const int64_t*, const int64_t*,
+                                int64_t) {
+    if (i) out += ", ";
+    if (st >= 0) {
+      append_json_string(out, type_name(st));
+    } else if (tag == kScalar) {
+      out += "\"Scalar\"";
+    } else if (tag == kScalarList) {
+      out += "\"ScalarList\"";
+    } else if (tag == kTensorList) {
+      out += "\"TensorList\"";
+    } else {
+      out += "\"\"";
+    }
+  });
+  out.push_back(']');
+  out.push_back('\0');
+  for (int which = 0; which < 2; ++which) {  // strides, then dims
+    out.push_back('[');
+    for_each_input(b, offset, [&](int64_t i, int64_t, int64_t, int64_t ndim, const int64_t* sizes,
+                                  const int64_t* strides, int64_t) {
+      if (i) out += ", ";
+      append_ints(out, which == 0 ? strides : sizes, ndim);
+    });
     out.push_back(']');
-  };
-  out += "\"Concrete Inputs\": ";
-  list(concrete);
-  out += ", \"Input type\": ";
-  list(types);
-  out += ", \"Input Strides\": " + strides + "], \"Input Dims\": " + dims + "]";
+    out.push_back('\0');
+  }
 }
 
 }  // namespace
@@ -402,26 +447,30 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
   }
 }
 
-// record_shapes args of every operator, as one JSON array of objects (same order as fill); the
-// returned pointer stays valid until the next call or polyprof_observer_reset.
-const char* polyprof_observer_shape_args(int64_t* size) {
+// Args of every operator as JSON fragments, six per op in fill order, each followed by a NUL byte
+// (JSON text never holds a raw one): Sequence number, Fwd thread id, Concrete Inputs, Input type,
+// Input Strides, Input Dims. An empty fragment means torch writes no such key (no sequence number; no
+// inputs, or record_shapes off). The returned text stays valid until the next call or
+// polyprof_observer_reset.
+const char* polyprof_observer_arg_fragments(int64_t* size) {
   static std::string out;
   out.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
-  out.push_back('[');
-  bool first = true;
   for (auto& b : g_buffers) {
     for (const Op& op : b->ops) {
-      if (!first) out.push_back(',');
-      first = false;
-      out.push_back('{');
-      if (op.shapes >= 0) append_shape_args(out, *b, op.shapes);
-      out.push_back('}');
+      if (op.seq >= 0) append_int(out, op.seq);
+      out.push_back('\0');
+      if (op.seq >= 0) append_int(out, op.fwd_tid);
+      out.push_back('\0');
+      if (op.shapes >= 0) {
+        append_shape_fragments(out, *b, op.shapes);
+      } else {
+        out.append(4, '\0');
+      }
     }
   }
-  out.push_back(']');
   *size = int64_t(out.size());
-  return out.c_str();
+  return out.data();
 }
 
 // Frees what was recorded.
