@@ -218,13 +218,13 @@ def _with_column_args(trace):
     """The trace with args on every other row from a column block, plus one row with dict args too."""
     import dataclasses
 
-    from polyprof.model import ActivityTable, ArgColumns, Args
+    from polyprof.model import ActivityTable, ArgColumns, Args, JSONColumn
 
     acts = trace.activities
     rows = np.arange(0, len(acts), 2)
     m = len(rows)
     block = ArgColumns(
-        ("device", "queued", "grid", "ok", "label", "correlation"),
+        ("device", "queued", "grid", "ok", "label", "correlation", "raw"),
         (
             np.arange(m, dtype=np.int32),
             np.linspace(0.0, 2.5, m),
@@ -232,6 +232,7 @@ def _with_column_args(trace):
             np.array([i % 2 == 0 for i in range(m)]),
             [f'k"{i}' for i in range(m)],
             np.arange(m) + 100,
+            JSONColumn([b'{"dims": [[2, 3]]}' if i % 2 == 0 else b"" for i in range(m)]),  # b"": no key
         ),
     )
     args = Args({int(rows[0]): {"extra": [1, 2]}, 1: {"only": "dict"}})
@@ -261,4 +262,5 @@ def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch,
     first = xs[0]["args"]
     assert first["extra"] == [1, 2] and first["device"] == 0 and first["grid"] == [0, 1, 1]
     assert first["ok"] is True and first["label"] == 'k"0' and first["correlation"] == 100
-    assert list(first).count("correlation") == 1
+    assert list(first).count("correlation") == 1 and first["raw"] == {"dims": [[2, 3]]}
+    assert "raw" not in xs[2]["args"]  # the second block row has no "raw"
