@@ -87,6 +87,10 @@ TRANSFER_ARG_KEYS = ("device", "context", "stream", "correlation", "bytes", "mem
 PEER_ARG_KEYS = ("fromDevice", "inDevice", "toDevice")
 
 
+def _ints(values: Any) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
 def _transfer_args(rows: list, peer: bool) -> ArgColumns:
     """Kineto's args for copies or fills, as columns (peer copies add the three device ids)."""
     nbytes = np.array([r.bytes for r in rows], dtype=np.int64)
@@ -301,18 +305,10 @@ class CudaSession:
                 KERNEL_ARG_KEYS,
                 (
                     queued_us,
-                    np.array(devs, dtype=np.int64),
-                    np.array(ctxs, dtype=np.int64),
-                    np.array(strms, dtype=np.int64),
-                    np.array(corrs, dtype=np.int64),
-                    np.array(regs, dtype=np.int64),
-                    np.array(smem, dtype=np.int64),
+                    *map(_ints, (devs, ctxs, strms, corrs, regs, smem)),
                     grids,
                     blocks,
-                    np.array(graph_ids, dtype=np.int64),
-                    np.array(graph_nodes, dtype=np.int64),
-                    np.array(channels, dtype=np.int64),
-                    np.array(channel_types, dtype=np.int64),
+                    *map(_ints, (graph_ids, graph_nodes, channels, channel_types)),
                 ),
             )
             device_work(ActivityKind.KERNEL, names, placed, starts, ends, corrs, args)
