@@ -102,6 +102,22 @@ def test_observer_records_what_torch_profiler_records(tmp_path):
     assert len(ext) == len(set(ext)) and all(ext)
 
 
+def test_torchs_profiler_flag_is_on_while_recording_as_under_torch_profiler():
+    """torch.compile'd code emits its own ranges only when torch.autograd.profiler says a profiler is
+    on; polyprof sets that flag like torch.profiler does, and restores it."""
+    from polyprof.profiler import ProfilerActivity, profile
+
+    flag = lambda: torch.autograd.profiler._is_profiler_enabled  # noqa: E731
+    assert flag() is False
+    with profile(activities=[ProfilerActivity.CPU]):
+        assert flag() is True
+    assert flag() is False
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with profile(activities=[ProfilerActivity.CPU]):
+            pass
+        assert flag() is True, "torch.profiler's own profile is still running"
+
+
 @needs_observer
 def test_key_averages_by_input_shape_match_torchs():
     from polyprof.profiler import ProfilerActivity, profile

@@ -166,6 +166,7 @@ class TorchSession:
             return
         self.torch = torch
         self.enabled_tid = threading.get_native_id()
+        self._announce(torch, True)
         observer, why_not = self._observer(torch)
         if observer is not None:
             observer.start(record_shapes=self.config.record_shapes)
@@ -178,6 +179,19 @@ class TorchSession:
         _prepare_profiler(cfg, acts)
         _enable_profiler(cfg, acts)
         self.enabled = True
+
+    def _announce(self, torch: Any, recording: bool) -> None:
+        """Set torch's Python-side "a profiler is on" flag as torch.profiler does: torch.compile'd code
+        checks it to emit its own ranges (compiled graphs, Triton kernel launches). The value found at
+        start is restored at stop, in case torch.profiler itself runs around this profile."""
+        profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
+        if profiler is None or not isinstance(getattr(profiler, "_is_profiler_enabled", None), bool):
+            return
+        if recording:
+            self.torch_flag_before = profiler._is_profiler_enabled
+            profiler._is_profiler_enabled = True
+        else:
+            profiler._is_profiler_enabled = getattr(self, "torch_flag_before", False)
 
     def _observer(self, torch: Any) -> tuple[torch_observer.Observer | None, str]:
         """(polyprof's observer, "") when it covers the options and loads, else (None, why not): then
@@ -206,6 +220,7 @@ class TorchSession:
             self.hook = None
         if self.enabled:
             self.enabled = False
+            self._announce(self.torch, False)
             if threading.get_native_id() != self.enabled_tid:
                 self.ctx.report.error(
                     "torch's profiler was stopped from another thread than the one that started it; "
