@@ -83,6 +83,8 @@ class RecordedLayer:
         self.next_corr = 1000
         self.t0 = host_ns()
         self.late_thread: threading.Thread | None = None
+        self.preallocated: tuple | None = None
+        self.refuse_preallocation = 0
 
     # -- CuptiLayer's interface -----------------------------------------------------------------
     @staticmethod
@@ -109,6 +111,11 @@ class RecordedLayer:
 
     def use_system_thread_ids(self):
         pass
+
+    def preallocate(self, device_buffers, semaphore_pools):
+        if self.refuse_preallocation:
+            raise self.c.cuptiError(self.refuse_preallocation)
+        self.preallocated = (device_buffers, semaphore_pools, list(self.enabled))
 
     def enable_latency_timestamps(self, enable):
         pass

@@ -270,10 +270,29 @@ def test_options_are_checked_before_anything_starts():
         ({"kinds": ["KERNAL"]}, "unsupported activity kind"),
         ({"apis": "some"}, "'apis' must be"),
         ({"max_records": 0}, "positive integer"),
+        ({"preallocate_device_buffers": -1}, "integer >= 0"),
         ({"nope": 1}, "unknown option"),
     ):
         with pytest.raises(polyprof.ConfigError, match=match):
             polyprof.profile(["cuda"], registry=reg, backend_options={"cuda": options})
+
+
+def test_cupti_buffers_are_preallocated_before_tracing_is_enabled():
+    """Kineto issue #1020: buffers CUPTI allocates inside the traced window stall launches."""
+    layer = RecordedLayer()
+    profile(layer, layer.launch_kernel)
+    assert layer.preallocated == (2, 2, []), "set before any activity kind is enabled"
+    layer = RecordedLayer()
+    profile(layer, layer.launch_kernel, backend_options={"cuda": {"preallocate_device_buffers": 0}})
+    assert layer.preallocated[:2] == (0, 2)
+
+
+def test_a_refused_preallocation_is_a_warning_and_tracing_goes_on():
+    layer = RecordedLayer()
+    layer.refuse_preallocation = 1
+    with pytest.warns(polyprof.PolyprofWarning, match="CUPTI refused to pre-allocate its buffers"):
+        trace = profile(layer, layer.launch_kernel)
+    assert trace.backends["cuda"].state == "ran" and len(trace.activities_of(ActivityKind.KERNEL)) == 1
 
 
 def test_conformance_kit_with_recorded_cupti():

@@ -7,7 +7,15 @@ from typing import Any
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.errors import ConfigError
 
-KNOWN_OPTIONS = {"kinds", "buffer_size_mb", "max_records", "apis", "latency_timestamps"}
+KNOWN_OPTIONS = {
+    "kinds",
+    "buffer_size_mb",
+    "max_records",
+    "apis",
+    "latency_timestamps",
+    "preallocate_device_buffers",
+    "preallocate_semaphore_pools",
+}
 
 
 def make_layer() -> Any:
@@ -22,7 +30,9 @@ class CudaBackend:
     Options (``backend_options={"cuda": {...}}``): ``kinds`` (CUPTI activity kind names, default
     kernels, copies, fills, runtime, driver, syncs, overhead), ``apis`` (``"default"``: launch, copy,
     fill, sync and graph calls; ``"all"``), ``buffer_size_mb`` (8), ``max_records`` (20,000,000; more
-    are counted as dropped), ``latency_timestamps`` (False; adds kernels' ``queued``).
+    are counted as dropped), ``latency_timestamps`` (False; adds kernels' ``queued``),
+    ``preallocate_device_buffers`` and ``preallocate_semaphore_pools`` (2 each: allocated by CUPTI when it
+    sets up a context, not inside the traced window; 0 leaves CUPTI's lazy default).
     """
 
     name = "cuda"
@@ -65,6 +75,10 @@ class CudaBackend:
         for key in ("buffer_size_mb", "max_records"):
             if key in options and (not isinstance(options[key], int) or options[key] <= 0):
                 raise ConfigError(f"cuda: '{key}' must be a positive integer, got {options[key]!r}")
+        for key in ("preallocate_device_buffers", "preallocate_semaphore_pools"):
+            value = options.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"cuda: '{key}' must be an integer >= 0, got {value!r}")
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:
         from polyprof_cuda.session import CudaSession

@@ -144,6 +144,20 @@ class CuptiLayer:
     def enable_latency_timestamps(self, enable: bool) -> None:
         self.c.activity_enable_latency_timestamps(1 if enable else 0)
 
+    def preallocate(self, device_buffers: int, semaphore_pools: int) -> None:
+        """Have CUPTI allocate its device buffers and profiling-semaphore pools when it initialises a
+        context, not while the program runs (Kineto issue #1020: allocations inside the traced window
+        stall launches). Raises when CUPTI refuses an attribute."""
+        import ctypes
+
+        attrs = self.c.ActivityAttribute
+        for attr, value in (
+            (attrs.ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, device_buffers),
+            (attrs.ATTR_PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE, semaphore_pools),
+        ):
+            size, number = ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t)), ctypes.c_size_t(value)
+            self.c.activity_set_attribute(int(attr), ctypes.addressof(size), ctypes.addressof(number))
+
     def register_callbacks(
         self, requested: Callable[[], tuple[int, int]], completed: Callable[[list], None]
     ) -> None:

@@ -37,6 +37,8 @@ from polyprof_cuda.records import (
 
 DEFAULT_BUFFER_MB = 8
 DEFAULT_MAX_RECORDS = 20_000_000
+#: device buffers and profiling-semaphore pools CUPTI allocates per context up front (CUPTI's default: 0)
+DEFAULT_PREALLOCATED = 2
 #: Runtime/driver calls kept by default: launches, copies, fills, syncs, graph launches.
 DEFAULT_API_PATTERN = re.compile(r"Launch|Memcpy|Memset|Synchronize|EventRecord|StreamWait|Graph")
 SYNC_STREAM_OFFSET = 1_000_000  # Kineto's kSyncStreamTidOffset: "stream N (sync)" rows
@@ -125,6 +127,10 @@ class CudaSession:
         self.max_records = int(opts.get("max_records", DEFAULT_MAX_RECORDS))
         self.all_apis = opts.get("apis", "default") == "all"
         self.latency = bool(opts.get("latency_timestamps", False))
+        self.preallocated = (
+            int(opts.get("preallocate_device_buffers", DEFAULT_PREALLOCATED)),
+            int(opts.get("preallocate_semaphore_pools", DEFAULT_PREALLOCATED)),
+        )
         self.families = {layer.kind_value(k): KIND_FAMILIES[k] for k in self.kinds}
         self.raw: dict[str, list[tuple]] = defaultdict(list)
         self.records = 0
@@ -137,6 +143,12 @@ class CudaSession:
     # -- lifecycle --------------------------------------------------------------------------------
     def prepare(self) -> None:
         self.layer.check_subscriber()
+        try:  # before enabling anything: CUPTI applies it when it sets up a context
+            self.layer.preallocate(*self.preallocated)
+        except Exception as exc:
+            self.ctx.report.warning(
+                f"CUPTI refused to pre-allocate its buffers ({exc}); it will allocate them while tracing"
+            )
         self.layer.use_system_thread_ids()
         self.layer.register_callbacks(self._requested, self._completed)
         if self.latency:
