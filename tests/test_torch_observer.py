@@ -285,6 +285,7 @@ def test_building_from_scratch_into_a_fresh_cache(tmp_path):
     assert not list(tmp_path.glob("torch-observer/*/*.tmp"))
 
 
+@needs_observer  # a compiler to run
 def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, tmp_path):
     from polyprof.backends.torch_observer import builder
 
