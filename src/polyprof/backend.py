@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter as _Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from polyprof import correlation
 from polyprof.clock import ClockMapping, host_ns
+from polyprof.errors import ConfigError
 from polyprof.model import (
     DEFAULT_CATEGORY,
     FLOW_AC2G,
@@ -151,6 +152,31 @@ class Backend(Protocol):
 
     def probe(self) -> Availability: ...
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Session: ...
+
+
+def reject_unknown_options(backend: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """For a backend's ``check_options``: a ConfigError naming the unknown keys and the known ones::
+
+    reject_unknown_options("cuda", options, KNOWN_OPTIONS)
+    """
+    known = set(known)
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigError(
+            f"{backend}: unknown option(s) {sorted(unknown)}; known: {', '.join(sorted(known))}"
+        )
+
+
+def require_int_options(backend: str, options: Mapping[str, Any], keys: Iterable[str], minimum: int) -> None:
+    """For a backend's ``check_options``: each of `keys` that is given must be an int (not a bool)
+    >= `minimum`."""
+    for key in keys:
+        if key not in options:
+            continue
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ConfigError(f"{backend}: '{key}' must be {wanted}, got {value!r}")
 
 
 def contract_problems(backend: Any) -> list[str]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.backend import (
+    API_VERSION,
+    Availability,
+    ProfileConfig,
+    SessionContext,
+    reject_unknown_options,
+    require_int_options,
+)
 from polyprof.errors import ConfigError
 
 KNOWN_OPTIONS = {
@@ -58,11 +65,7 @@ class CudaBackend:
         )
 
     def check_options(self, options: dict) -> None:
-        unknown = set(options) - KNOWN_OPTIONS
-        if unknown:
-            raise ConfigError(
-                f"cuda: unknown option(s) {sorted(unknown)}; known: {', '.join(sorted(KNOWN_OPTIONS))}"
-            )
+        reject_unknown_options("cuda", options, KNOWN_OPTIONS)
         from polyprof_cuda.records import KIND_FAMILIES
 
         bad = [k for k in options.get("kinds", ()) if k not in KIND_FAMILIES]
@@ -72,13 +75,10 @@ class CudaBackend:
             )
         if options.get("apis", "default") not in ("default", "all"):
             raise ConfigError("cuda: 'apis' must be 'default' or 'all'")
-        for key in ("buffer_size_mb", "max_records"):
-            if key in options and (not isinstance(options[key], int) or options[key] <= 0):
-                raise ConfigError(f"cuda: '{key}' must be a positive integer, got {options[key]!r}")
-        for key in ("preallocate_device_buffers", "preallocate_semaphore_pools"):
-            value = options.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"cuda: '{key}' must be an integer >= 0, got {value!r}")
+        require_int_options("cuda", options, ("buffer_size_mb", "max_records"), minimum=1)
+        require_int_options(
+            "cuda", options, ("preallocate_device_buffers", "preallocate_semaphore_pools"), minimum=0
+        )
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:
         from polyprof_cuda.session import CudaSession

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.backend import (
+    API_VERSION,
+    Availability,
+    ProfileConfig,
+    SessionContext,
+    reject_unknown_options,
+)
 from polyprof.errors import ConfigError
 
 INSTALL_HINT = (
@@ -59,9 +65,7 @@ class OpenCLBackend:
         return Availability.yes(devices=[d.describe() for d in devices], pyopencl=cl.VERSION_TEXT)
 
     def check_options(self, options: dict) -> None:
-        unknown = set(options) - {"devices"}
-        if unknown:
-            raise ConfigError(f"opencl: unknown option(s) {sorted(unknown)}; known: devices")
+        reject_unknown_options("opencl", options, {"devices"})
         wanted = options.get("devices")
         if wanted is None:
             return

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.backend import (
+    API_VERSION,
+    Availability,
+    ProfileConfig,
+    SessionContext,
+    reject_unknown_options,
+    require_int_options,
+)
 from polyprof.errors import ConfigError
 
 KNOWN_OPTIONS = {"views", "buffer_kb", "max_buffers", "runtime_apis"}
@@ -51,19 +58,13 @@ class XpuBackend:
     def check_options(self, options: dict) -> None:
         from polyprof_xpu.session import ALL_VIEWS
 
-        unknown = set(options) - KNOWN_OPTIONS
-        if unknown:
-            raise ConfigError(
-                f"xpu: unknown option(s) {sorted(unknown)}; known: {', '.join(sorted(KNOWN_OPTIONS))}"
-            )
+        reject_unknown_options("xpu", options, KNOWN_OPTIONS)
         bad = [v for v in options.get("views", ()) if v not in ALL_VIEWS]
         if bad:
             raise ConfigError(f"xpu: unknown view(s) {bad}; views: {', '.join(ALL_VIEWS)}")
         if options.get("runtime_apis", "gpu_operations") not in ("gpu_operations", "all"):
             raise ConfigError("xpu: 'runtime_apis' must be 'gpu_operations' or 'all'")
-        for key in ("buffer_kb", "max_buffers"):
-            if key in options and (not isinstance(options[key], int) or options[key] <= 0):
-                raise ConfigError(f"xpu: '{key}' must be a positive integer, got {options[key]!r}")
+        require_int_options("xpu", options, ("buffer_kb", "max_buffers"), minimum=1)
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:
         from polyprof_xpu.session import XpuSession
