@@ -222,17 +222,14 @@ def _code_problems(values: Any, key: str) -> tuple[np.ndarray, str]:
 
 
 def _subset(values: Any, keep: np.ndarray) -> Any:
+    """The rows `keep` of a column in any form sink.activities takes (array, sequence, CodedStrings,
+    JSONColumn)."""
     if isinstance(values, np.ndarray):
         return values[keep]
-    if isinstance(values, JSONColumn):
-        return JSONColumn([values.values[i] for i in keep.tolist()])
-    return [values[i] for i in keep.tolist()]
-
-
-def _subset_strings(values: Any, keep: np.ndarray) -> Any:
-    """The rows `keep` of a string column: a sequence of strings or CodedStrings."""
     if isinstance(values, CodedStrings):
         return CodedStrings(np.asarray(values.codes)[keep], values.table)
+    if isinstance(values, JSONColumn):
+        return JSONColumn(_subset(values.values, keep))
     return [values[i] for i in keep.tolist()]
 
 
@@ -442,12 +439,12 @@ class Sink:
                 start=start[keep],
                 end=end[keep],
             )
-        cols["name"] = columns["name"] if everything else _subset_strings(columns["name"], keep)
+        cols["name"] = columns["name"] if everything else _subset(columns["name"], keep)
         cats = columns.get("cat")
         if cats is None:
             cols["cat"] = CodedStrings(cols["kind"], _CATEGORY_TABLE)
         else:
-            cols["cat"] = cats if everything else _subset_strings(cats, keep)
+            cols["cat"] = cats if everything else _subset(cats, keep)
         kept_columns = None
         if arg_columns is not None:
             if len(arg_columns.keys) != len(arg_columns.columns) or any(

@@ -42,6 +42,7 @@ from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionCo
 from polyprof.backends import torch_observer
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
 from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
+from polyprof.model.args import sorted_unique
 
 MIN_TORCH = (2, 4)
 EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
@@ -118,6 +119,7 @@ class TorchSession:
         self.observer: torch_observer.Observer | None = None
         self.observed = -1  # ops recorded by the observer, once stopped
         self.stop_ns = 0
+        self.torch_flag_before = False  # torch.autograd.profiler._is_profiler_enabled at start
 
     # -- lifecycle --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -191,7 +193,7 @@ class TorchSession:
             self.torch_flag_before = profiler._is_profiler_enabled
             profiler._is_profiler_enabled = True
         else:
-            profiler._is_profiler_enabled = getattr(self, "torch_flag_before", False)
+            profiler._is_profiler_enabled = self.torch_flag_before
 
     def _observer(self, torch: Any) -> tuple[torch_observer.Observer | None, str]:
         """(polyprof's observer, "") when it covers the options and loads, else (None, why not): then
@@ -331,9 +333,7 @@ class TorchSession:
         unfinished = np.flatnonzero(end == 0)
         end[unfinished] = np.maximum(self.stop_ns, start[unfinished])
         tid = cols["tid"]
-        # distinct threads without np.unique, whose first call imports numpy.ma (~7 ms)
-        ordered = np.sort(tid)
-        threads = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+        threads = sorted_unique(tid)
         thread_rows = np.array([sink.host_thread(t) for t in threads.tolist()], dtype=np.int64)
         ids = self.ctx.new_correlation_ids(n)
         args = _evaluate_function_args(cols["name"], names, seq, fwd_tid, tid)
@@ -343,7 +343,7 @@ class TorchSession:
             fragments = self.observer.arg_fragments(n)
             arg_columns = ArgColumns(torch_observer.ARG_KEYS, tuple(JSONColumn(f) for f in fragments))
         else:
-            args.update(_sequence_args(seq, fwd_tid))
+            args.update(_sequence_args(np.flatnonzero(seq >= 0), seq, fwd_tid))
         for i in unfinished.tolist():
             args[i] = {**args.get(i, {}), "finished": False}
         flow_id, flow_start = _fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, self.ctx)
@@ -453,12 +453,15 @@ def _thread_row(sink: Sink, tid: int) -> int:
     return sink.host_thread(tid)
 
 
-def _sequence_args(seq: np.ndarray, fwd_tid: np.ndarray) -> dict[int, dict]:
-    """``Sequence number``/``Fwd thread id`` of the ops that have a sequence number, as torch writes them."""
-    has = np.flatnonzero(seq >= 0)
+def _sequence_args(
+    rows: np.ndarray, seq: np.ndarray, fwd_tid: np.ndarray, source: np.ndarray | None = None
+) -> dict[int, dict]:
+    """``Sequence number``/``Fwd thread id`` as torch writes them, for `rows`, taken from the rows
+    `source` (default: the rows themselves)."""
+    source = rows if source is None else source
     return {
         i: {"Sequence number": s, "Fwd thread id": f}
-        for i, s, f in zip(has.tolist(), seq[has].tolist(), fwd_tid[has].tolist(), strict=True)
+        for i, s, f in zip(rows.tolist(), seq[source].tolist(), fwd_tid[source].tolist(), strict=True)
     }
 
 
@@ -473,11 +476,7 @@ def _evaluate_function_args(
     rows = np.flatnonzero(np.isin(name_codes[:-1], evaluate) & (seq[:-1] < 0))
     children = rows + 1
     linked = (seq[children] >= 0) & (fwd_tid[children] > 0) & (tid[children] == tid[rows])
-    rows, children = rows[linked], children[linked]
-    return {
-        i: {"Sequence number": s, "Fwd thread id": f}
-        for i, s, f in zip(rows.tolist(), seq[children].tolist(), fwd_tid[children].tolist(), strict=True)
-    }
+    return _sequence_args(rows[linked], seq, fwd_tid, children[linked])
 
 
 def _fwdbwd_flows(

@@ -39,6 +39,13 @@ class JSONColumn(NamedTuple):
         return len(self.values)
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` for a 1-D array, without np.unique, whose first call imports numpy.ma
+    (~7 ms, paid at the stop of a profile)."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if len(ordered) else ordered
+
+
 def _as_column(values: Any, n: int) -> np.ndarray:
     if isinstance(values, JSONColumn):
         return _JSONArray.of(values.values, n)
@@ -155,9 +162,7 @@ class Args(Mapping):
         """Every row that has args, ascending."""
         parts = [np.fromiter(self.dicts, dtype=np.int64, count=len(self.dicts))]
         parts.extend(b.rows for b in self.blocks)
-        rows = np.sort(np.concatenate(parts)) if len(parts) > 1 else np.sort(parts[0])
-        # unique without np.unique, whose first call imports numpy.ma (~7 ms)
-        return rows[np.concatenate(([True], rows[1:] != rows[:-1]))] if len(rows) else rows
+        return sorted_unique(np.concatenate(parts))
 
     def take(self, indices: np.ndarray) -> Args:
         """Args of the table ``table.take(indices)``: new row p has old row ``indices[p]``'s args."""

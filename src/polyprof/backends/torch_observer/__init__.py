@@ -26,7 +26,7 @@ import numpy as np
 
 from polyprof.backends.torch_observer.builder import BuildError, build, library_path
 
-__all__ = ["BuildError", "Observer", "disabled", "get", "library_path", "unavailable_reason"]
+__all__ = ["BuildError", "Observer", "disabled", "get", "library_path"]
 
 ABI_VERSION = 3
 #: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments)
@@ -127,10 +127,3 @@ def get(torch: Any) -> Observer:
             _failed[key] = str(exc)
             raise BuildError(str(exc)) from exc
     return _loaded[key]
-
-
-def unavailable_reason(torch: Any) -> str | None:
-    """None when the observer can be used, else why not (without building)."""
-    if disabled():
-        return "POLYPROF_TORCH_OBSERVER=0"
-    return _failed.get(str(library_path(torch)))
