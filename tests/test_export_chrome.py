@@ -264,3 +264,12 @@ def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch,
     assert first["ok"] is True and first["label"] == 'k"0' and first["correlation"] == 100
     assert list(first).count("correlation") == 1 and first["raw"] == {"dims": [[2, 3]]}
     assert "raw" not in xs[2]["args"]  # the second block row has no "raw"
+
+
+def test_column_args_across_chunk_boundaries(trace, monkeypatch):
+    from polyprof.export import chrome
+
+    monkeypatch.setattr(chrome, "CHUNK_ROWS", 2)  # every chunk holds block rows, dict rows or both
+    with_blocks, as_dicts = _with_column_args(trace)
+    assert len(with_blocks.activities) > 4
+    assert json.loads(dumps_chrome_trace(with_blocks)) == json.loads(dumps_chrome_trace(as_dicts))

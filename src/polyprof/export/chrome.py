@@ -122,10 +122,17 @@ def iter_event_chunks(trace: Trace) -> Iterator[bytes]:
     if n:
         names = [orjson.dumps(s) for s in acts.strings.strings]
         arg_rows = acts.args.rows()
+        dicts = acts.args.dicts  # rows with dict args, sorted once for the column-block pass
+        dict_rows = np.sort(np.fromiter(dicts, dtype=np.int64, count=len(dicts)))
+
+        def within(rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
+            return rows[np.searchsorted(rows, lo) : np.searchsorted(rows, hi)]
+
         for lo in range(0, n, CHUNK_ROWS):
             hi = min(n, lo + CHUNK_ROWS)
-            rows = arg_rows[np.searchsorted(arg_rows, lo) : np.searchsorted(arg_rows, hi)]
-            yield _activity_chunk(acts, lo, hi, rows, offset, names, pids, tids)
+            yield _activity_chunk(
+                acts, lo, hi, within(arg_rows, lo, hi), within(dict_rows, lo, hi), offset, names, pids, tids
+            )
     yield ",\n".join(_counter_events(trace, offset, pids, tids)).encode()
     yield ",\n".join(_metadata_events(trace, offset)).encode()
 
@@ -138,13 +145,14 @@ def _activity_chunk(
     lo: int,
     hi: int,
     arg_rows: np.ndarray,
+    dict_rows: np.ndarray,
     offset: int,
     names: list[bytes],
     pids: np.ndarray,
     tids: np.ndarray,
 ) -> bytes:
     """UTF-8 JSON of rows lo..hi (events separated by ",\n"), by the C formatter when built.
-    `arg_rows` are the rows in lo..hi that have args."""
+    `arg_rows` are the rows in lo..hi that have args, `dict_rows` those of them with dict args."""
     c = {k: v[lo:hi] for k, v in acts.columns.items()}
     kind = c["kind"]
     flags = np.where((c["correlation"] != 0) & ~np.isin(kind, _NO_CORRELATION_LIST), FLAG_CORRELATION, 0)
@@ -170,7 +178,9 @@ def _activity_chunk(
     if len(arg_rows):
         pending = arg_rows
         if speedups is not None and acts.args.blocks:
-            pending = _format_block_args(acts.args, lo, hi, arg_rows, cols[6], cols[7], flags, extra)
+            pending = _format_block_args(
+                acts.args, lo, hi, arg_rows, dict_rows, cols[6], cols[7], flags, extra
+            )
         local = pending - lo
         ext_l, corr_l = cols[6][local].tolist(), cols[7][local].tolist()
         with_corr = (flags[local] & FLAG_CORRELATION).tolist()
@@ -194,6 +204,7 @@ def _format_block_args(
     lo: int,
     hi: int,
     arg_rows: np.ndarray,
+    dict_rows: np.ndarray,
     ext: np.ndarray,
     corr: np.ndarray,
     flags: np.ndarray,
@@ -208,9 +219,7 @@ def _format_block_args(
         if p1 > p0:
             spans.append((b, p0, p1))
             sources[b.rows[p0:p1] - lo] += 1
-    if args.dicts:
-        own = np.fromiter(args.dicts, dtype=np.int64, count=len(args.dicts))
-        sources[own[(own >= lo) & (own < hi)] - lo] += 2
+    sources[dict_rows - lo] += 2
     for b, p0, p1 in spans:
         local = b.rows[p0:p1] - lo
         alone = sources[local] == 1
