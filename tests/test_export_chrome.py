@@ -271,5 +271,5 @@ def test_column_args_across_chunk_boundaries(trace, monkeypatch):
 
     monkeypatch.setattr(chrome, "CHUNK_ROWS", 2)  # every chunk holds block rows, dict rows or both
     with_blocks, as_dicts = _with_column_args(trace)
-    assert len(with_blocks.activities) > 4
+    assert len(with_blocks.activities) >= 4  # two chunks at least
     assert json.loads(dumps_chrome_trace(with_blocks)) == json.loads(dumps_chrome_trace(as_dicts))
