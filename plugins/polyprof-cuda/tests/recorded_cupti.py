@@ -1,19 +1,29 @@
-"""A CUPTI layer that replays what a GPU would have produced, for tests without a GPU.
+"""A CUPTI that replays what a GPU would have produced, for tests without a GPU.
 
-Records are real ``cupti.cupti`` record objects (cupti-python is installed in CI; it imports without a
-driver), built only with fields that ``cupti.pyi`` declares for their class, so a typo or a field that
-a cupti-python release renamed fails here. What this does not exercise: the real libcupti, the driver,
-buffer management inside cupti-python, and real timing. Those run in scripts/device-check.py on a GPU.
+:class:`FakeCupti` stands in for the ``cupti.cupti`` module and nothing else: the real
+:class:`polyprof_cuda.cupti_layer.CuptiLayer` runs on top of it. Its enums, record classes, params
+structs and errors are cupti-python's own; each function it implements accepts exactly the arguments
+of the real function of that name (checked against the installed release's signature on every call)
+and does what libcupti documents: pointers are written through, buffers are requested and delivered
+on another thread, an occupied subscriber slot is refused with the holder's name written into the
+caller's ``oldSubscriberName`` buffer. Records are real record objects built only with fields that
+``cupti.pyi`` declares, of the newest layout the installed release has.
+
+What this does not exercise: the real libcupti, the driver, buffer management inside cupti-python,
+and real timing. Those run in scripts/device-check.py on a GPU.
 """
 
 from __future__ import annotations
 
 import ast
+import ctypes
 import functools
+import inspect
 import os
+import re
 import threading
 
-from polyprof_cuda.cupti_layer import CuptiUnavailable, DeviceFacts
+from polyprof_cuda.cupti_layer import CuptiLayer, DeviceFacts
 
 from polyprof.clock import host_ns
 
@@ -58,119 +68,176 @@ def make_record(class_name: str, **fields):
     return record
 
 
-class RecordedLayer:
-    """Stands in for CuptiLayer: its clock runs `offset_ns` ahead of the host clock, `drift_ppm` fast."""
+def latest_class(prefix: str) -> str:
+    """The newest record layout of a family the installed cupti-python has (e.g. ActivityKernel10)."""
+    numbered = [
+        (int(m.group(1) or 0), name)
+        for name in stub_fields()
+        if (m := re.fullmatch(re.escape(prefix) + r"(\d*)", name))
+    ]
+    return max(numbered)[1]
+
+
+def mirrors_real(method):
+    """Bind each call to the real ``cupti.cupti`` function's signature: a wrong call fails here."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        inspect.signature(getattr(self.real, method.__name__)).bind(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return checked
+
+
+class FakeCupti:
+    """``cupti.cupti`` for a machine with `devices` GPUs whose clock runs `offset_ns` ahead of the host
+    clock and `drift_ppm` fast. Tests drive "the GPU" with launch_kernel(), memcpy() and the like."""
 
     def __init__(
         self,
         offset_ns: int = 7_000_000_000,
         drift_ppm: float = 20.0,
-        devices: int = 2,
         subscriber: str | None = None,
         dropped: int = 0,
         deliver_late: bool = False,
     ) -> None:
         from cupti import cupti
 
-        self.c = cupti
+        self.real = cupti
         self.offset_ns, self.drift = offset_ns, drift_ppm * 1e-6
-        self.n_devices, self.subscriber, self.dropped = devices, subscriber, dropped
-        self.deliver_late = deliver_late
-        self.enabled: list[str] = []
+        self.subscriber, self.dropped, self.deliver_late = subscriber, dropped, deliver_late
+        self.enabled: set[int] = set()
         self.pending: list = []
-        self.stacks = {"op": [], "annotation": []}
+        self.stacks: dict[int, list[int]] = {}
         self.callbacks = None
+        self.subscribers: set[int] = set()  # handles not yet unsubscribed
+        self.subscriber_names: list[str] = []  # of every successful subscribe
+        self.attributes: dict[int, int] = {}
+        self.enabled_when_attributes_set: list[int] | None = None
+        self.refuse_attributes = 0
+        self.thread_id_type = None
+        self.latency_timestamps = 0
         self.next_corr = 1000
         self.t0 = host_ns()
-        self.late_thread: threading.Thread | None = None
-        self.preallocated: tuple | None = None
-        self.refuse_preallocation = 0
 
-    # -- CuptiLayer's interface -----------------------------------------------------------------
-    @staticmethod
-    def package_version() -> str:
-        return "13.4.0"
+    def __getattr__(self, name):
+        """Enums, record classes, params structs, errors and constants: the real module's."""
+        value = getattr(self.real, name)
+        if callable(value) and not isinstance(value, type):
+            raise AttributeError(f"FakeCupti does not implement cupti.{name}()")
+        return value
 
-    def check_ready(self) -> None:
-        pass
+    # -- cupti.cupti's functions --------------------------------------------------------------------
+    @mirrors_real
+    def get_timestamp(self) -> int:
+        h = host_ns()
+        return int(self.offset_ns + self.t0 + (h - self.t0) * (1 + self.drift))
 
-    def devices(self):
-        return [
-            DeviceFacts(i, f"Fake GPU {i}", {"totalGlobalMem": 80 << 30, "computeMajor": 9, "numSms": 132})
-            for i in range(self.n_devices)
-        ]
+    @mirrors_real
+    def activity_enable(self, kind) -> None:
+        self.enabled.add(int(kind))
 
-    def kind_value(self, name: str) -> int:
-        return int(getattr(self.c.ActivityKind, name))
+    @mirrors_real
+    def activity_disable(self, kind) -> None:
+        self.enabled.discard(int(kind))
 
-    def enable(self, kinds):
-        self.enabled = list(kinds)
+    @mirrors_real
+    def set_thread_id_type(self, type) -> None:  # noqa: A002 (the real parameter's name)
+        self.thread_id_type = int(type)
 
-    def disable(self, kinds):
-        self.enabled = []
+    @mirrors_real
+    def activity_enable_latency_timestamps(self, enable) -> None:
+        self.latency_timestamps = int(enable)
 
-    def use_system_thread_ids(self):
-        pass
+    @mirrors_real
+    def activity_set_attribute(self, attr, value_size, value) -> None:
+        """Like cuptiActivitySetAttribute: both arguments are addresses."""
+        if self.refuse_attributes:
+            raise self.real.cuptiError(self.refuse_attributes)
+        size = ctypes.c_size_t.from_address(value_size).value
+        assert size == ctypes.sizeof(ctypes.c_size_t), f"attribute {attr}: value size {size}"
+        self.attributes[int(attr)] = ctypes.c_size_t.from_address(value).value
+        self.enabled_when_attributes_set = sorted(self.enabled)
 
-    def preallocate(self, device_buffers, semaphore_pools):
-        if self.refuse_preallocation:
-            raise self.c.cuptiError(self.refuse_preallocation)
-        self.preallocated = (device_buffers, semaphore_pools, list(self.enabled))
+    @mirrors_real
+    def activity_register_callbacks(self, func_buffer_requested, func_buffer_completed) -> None:
+        self.callbacks = (func_buffer_requested, func_buffer_completed)
 
-    def enable_latency_timestamps(self, enable):
-        pass
+    @mirrors_real
+    def subscribe_v2(self, callback, userdata, p_params) -> int:
+        params = self.real.SubscriberParams.from_ptr(p_params)
+        if params.struct_size != self.real.SUBSCRIBER_PARAMS_SIZE:
+            raise self.real.cuptiError(int(self.real.Result.ERROR_INVALID_PARAMETER))
+        if self.subscriber is not None:
+            # CUPTI writes the holder's name into the caller's buffer (oldSubscriberName, with its size
+            # in oldSubscriberSize: the 3rd and 4th fields of CUpti_SubscriberParams)
+            address, size = (ctypes.c_size_t * 4).from_address(p_params)[2:4]
+            if address:
+                ctypes.memmove(
+                    address, self.subscriber.encode()[: size - 1] + b"\0", min(size, len(self.subscriber) + 1)
+                )
+            raise self.real.cuptiError(int(self.real.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+        handle = len(self.subscriber_names) + 1
+        self.subscriber_names.append(params.subscriber_name)
+        self.subscribers.add(handle)
+        return handle
 
-    def register_callbacks(self, requested, completed):
-        self.callbacks = (requested, completed)
+    @mirrors_real
+    def unsubscribe(self, subscriber) -> None:
+        self.subscribers.remove(subscriber)
 
-    def check_subscriber(self):
-        if self.subscriber:
-            raise CuptiUnavailable(f"another CUPTI subscriber is attached ({self.subscriber})")
-
-    def flush_all(self):
+    @mirrors_real
+    def activity_flush_all(self, flag) -> None:
         requested, completed = self.callbacks
-        size, _ = requested()
+        size, _max_records = requested()
         assert size > 0
         records, self.pending = self.pending, []
         if self.deliver_late:  # the last buffer arrives after stop, from CUPTI's own thread
             half = len(records) // 2
-            t = threading.Thread(target=completed, args=(records[half:],))
             completed(records[:half])
-            t.start()
-            t.join()
-        else:
-            t = threading.Thread(target=completed, args=(records,))  # CUPTI delivers on its own thread
-            t.start()
-            t.join()
+            records = records[half:]
+        t = threading.Thread(target=completed, args=(records,))  # CUPTI delivers on its own thread
+        t.start()
+        t.join()
 
-    def timestamp(self) -> int:
-        h = host_ns()
-        return int(self.offset_ns + self.t0 + (h - self.t0) * (1 + self.drift))
+    @mirrors_real
+    def activity_get_num_dropped_records(self, context, stream_id, dropped) -> None:
+        ctypes.c_uint64.from_address(dropped).value = self.dropped
 
-    def push_external(self, kind, ident):
-        self.stacks[kind].append(ident)
+    @mirrors_real
+    def activity_push_external_correlation_id(self, kind, id) -> None:  # noqa: A002
+        self.stacks.setdefault(int(kind), []).append(id)
 
-    def pop_external(self, kind):
-        self.stacks[kind].pop()
+    @mirrors_real
+    def activity_pop_external_correlation_id(self, kind) -> int:
+        return self.stacks[int(kind)].pop()
 
-    def external_kind_value(self, kind):
-        return int(getattr(self.c.ExternalCorrelationKind, "CUSTOM0" if kind == "op" else "CUSTOM1"))
+    @mirrors_real
+    def get_callback_name(self, domain, cbid) -> str:
+        names = RUNTIME_NAMES if domain == self.real.CallbackDomain.RUNTIME_API else DRIVER_NAMES
+        return names.get(cbid, f"api{cbid}")
 
-    def callback_name(self, domain, cbid):
-        return (RUNTIME_NAMES if domain == "runtime" else DRIVER_NAMES).get(cbid, f"api{cbid}")
+    # -- helpers ----------------------------------------------------------------------------------
+    def kind_value(self, name: str) -> int:
+        return int(getattr(self.real.ActivityKind, name))
 
-    def dropped_records(self):
-        return self.dropped
+    def tracing(self, kind_name: str) -> bool:
+        return self.kind_value(kind_name) in self.enabled
 
-    def enum_name(self, enum, value):
-        return getattr(self.c, enum)(value).name
+    def external_stacks(self) -> dict[str, list[int]]:
+        """The pushed external ids, as "op" (CUSTOM0) and "annotation" (CUSTOM1)."""
+        kinds = self.real.ExternalCorrelationKind
+        return {
+            "op": list(self.stacks.get(int(kinds.CUSTOM0), [])),
+            "annotation": list(self.stacks.get(int(kinds.CUSTOM1), [])),
+        }
 
     # -- what "the GPU" does when the program launches work ------------------------------------
     def _api_and_externals(self, cbid: int, kind_name: str = "RUNTIME"):
         corr = self.next_corr = self.next_corr + 1
-        t0 = self.timestamp()
+        t0 = self.get_timestamp()
         t1 = t0 + 3_000
-        if self.enabled:
+        if self.tracing(kind_name):
             self.pending.append(
                 make_record(
                     "ActivityAPI",
@@ -183,13 +250,14 @@ class RecordedLayer:
                     process_id=os.getpid(),
                 )
             )
+        if self.tracing("EXTERNAL_CORRELATION"):
             for kind, stack in self.stacks.items():
                 if stack:
                     self.pending.append(
                         make_record(
                             "ActivityExternalCorrelation",
                             kind=self.kind_value("EXTERNAL_CORRELATION"),
-                            external_kind=self.external_kind_value(kind),
+                            external_kind=kind,
                             external_id=stack[-1],
                             correlation_id=corr,
                         )
@@ -198,10 +266,10 @@ class RecordedLayer:
 
     def launch_kernel(self, name="gemm", device=0, stream=7, duration=20_000, driver=False):
         corr, t = self._api_and_externals(307 if driver else 211, "DRIVER" if driver else "RUNTIME")
-        if self.enabled:
+        if self.tracing("CONCURRENT_KERNEL"):
             self.pending.append(
                 make_record(
-                    "ActivityKernel9",
+                    latest_class("ActivityKernel"),
                     kind=self.kind_value("CONCURRENT_KERNEL"),
                     name=name,
                     start=t + 5_000,
@@ -231,14 +299,14 @@ class RecordedLayer:
         kinds = {"HTOD": ("PAGEABLE", "DEVICE"), "DTOH": ("DEVICE", "PINNED"), "DTOD": ("DEVICE", "DEVICE")}[
             direction
         ]
-        if self.enabled:
+        if self.tracing("MEMCPY"):
             self.pending.append(
                 make_record(
-                    "ActivityMemcpy5",
+                    latest_class("ActivityMemcpy"),
                     kind=self.kind_value("MEMCPY"),
-                    copy_kind=int(getattr(self.c.ActivityMemcpyKind, direction)),
-                    src_kind=int(getattr(self.c.ActivityMemoryKind, kinds[0])),
-                    dst_kind=int(getattr(self.c.ActivityMemoryKind, kinds[1])),
+                    copy_kind=int(getattr(self.real.ActivityMemcpyKind, direction)),
+                    src_kind=int(getattr(self.real.ActivityMemoryKind, kinds[0])),
+                    dst_kind=int(getattr(self.real.ActivityMemoryKind, kinds[1])),
                     bytes=nbytes,
                     start=t + 4_000,
                     end=t + 104_000,
@@ -252,14 +320,14 @@ class RecordedLayer:
 
     def memset(self, nbytes=4096, device=0, stream=7):
         corr, t = self._api_and_externals(53)
-        if self.enabled:
+        if self.tracing("MEMSET"):
             self.pending.append(
                 make_record(
-                    "ActivityMemset4",
+                    latest_class("ActivityMemset"),
                     kind=self.kind_value("MEMSET"),
                     bytes=nbytes,
                     value=0,
-                    memory_kind=int(self.c.ActivityMemoryKind.DEVICE),
+                    memory_kind=int(self.real.ActivityMemoryKind.DEVICE),
                     start=t + 2_000,
                     end=t + 3_000,
                     device_id=device,
@@ -272,12 +340,12 @@ class RecordedLayer:
 
     def synchronize(self, stream=7):
         corr, t = self._api_and_externals(131)
-        if self.enabled:
+        if self.tracing("SYNCHRONIZATION"):
             self.pending.append(
                 make_record(
-                    "ActivitySynchronization",
+                    latest_class("ActivitySynchronization"),
                     kind=self.kind_value("SYNCHRONIZATION"),
-                    type=int(self.c.ActivitySynchronizationType.STREAM_SYNCHRONIZE),
+                    type=int(self.real.ActivitySynchronizationType.STREAM_SYNCHRONIZE),
                     start=t - 2_000,
                     end=t,
                     context_id=1,
@@ -290,11 +358,11 @@ class RecordedLayer:
 
     def graph_launch(self, nodes=3, device=0, stream=9):
         corr, t = self._api_and_externals(311)
-        if self.enabled:
+        if self.tracing("CONCURRENT_KERNEL"):
             for i in range(nodes):
                 self.pending.append(
                     make_record(
-                        "ActivityKernel9",
+                        latest_class("ActivityKernel"),
                         kind=self.kind_value("CONCURRENT_KERNEL"),
                         name=f"graph_node_{i}",
                         start=t + 10_000 * (i + 1),
@@ -320,3 +388,40 @@ class RecordedLayer:
 
     def uninteresting_api(self):
         return self._api_and_externals(10)[0]
+
+
+class RecordedLayer(CuptiLayer):
+    """The real CuptiLayer over :class:`FakeCupti`; only the device facts, which come from
+    cuda-bindings and the driver, are given. `layer.launch_kernel()` and the like drive the fake GPU."""
+
+    def __init__(self, devices: int = 2, **fake_options) -> None:
+        super().__init__(module=FakeCupti(**fake_options))
+        self.n_devices = devices
+
+    def __getattr__(self, name):  # the fake GPU's methods and state: layer.launch_kernel(), ...
+        try:
+            fake = self.__dict__["c"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(fake, name)
+
+    def devices(self):
+        return [
+            DeviceFacts(i, f"Fake GPU {i}", {"totalGlobalMem": 80 << 30, "computeMajor": 9, "numSms": 132})
+            for i in range(self.n_devices)
+        ]
+
+    def driver_version(self) -> int:
+        return 13000
+
+    @property
+    def preallocated(self) -> tuple | None:
+        """(device buffers, semaphore pools, kinds enabled when they were set), or None if never set."""
+        attrs = self.c.real.ActivityAttribute
+        if self.c.enabled_when_attributes_set is None:
+            return None
+        return (
+            self.c.attributes.get(int(attrs.ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE)),
+            self.c.attributes.get(int(attrs.ATTR_PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE)),
+            self.c.enabled_when_attributes_set,
+        )

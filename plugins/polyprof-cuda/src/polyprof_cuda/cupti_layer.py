@@ -24,10 +24,34 @@ class CuptiUnavailable(RuntimeError):
     """CUPTI cannot be used here; the message says why and what to do."""
 
 
-class CuptiLayer:
-    """Thin adapter over ``cupti.cupti``: enums by name, errors turned into reasons."""
+#: What polyprof calls itself when it subscribes to CUPTI (CUPTI shows it as "CUPTI for polyprof").
+SUBSCRIBER_NAME = "polyprof"
 
-    def __init__(self) -> None:
+
+def _ignore_callback(*_args: Any) -> None:
+    """The probe subscriber enables no callback domain; CUPTI never calls this."""
+
+
+def _holder_name(params: Any) -> str:
+    """The tool CUPTI named in ``oldSubscriberName``, or a plain phrase when it named none."""
+    try:
+        name = params.old_subscriber_name
+    except Exception:  # CUPTI wrote nothing readable into the buffer
+        return "another tool"
+    name = "".join(ch for ch in name if ch.isprintable()).strip()
+    return name or "another tool"
+
+
+class CuptiLayer:
+    """Thin adapter over ``cupti.cupti``: enums by name, errors turned into reasons.
+
+    ``module`` replaces ``cupti.cupti`` (tests pass a double with the real module's signatures).
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        if module is not None:
+            self._bind(module)
+            return
         try:
             from cupti import cupti
         except ImportError as exc:
@@ -40,6 +64,9 @@ class CuptiLayer:
                 f"libcupti could not be loaded ({exc}): install nvidia-cuda-cupti matching your CUDA, or put "
                 "$CUDA_HOME/extras/CUPTI/lib64 on LD_LIBRARY_PATH"
             ) from exc
+        self._bind(cupti)
+
+    def _bind(self, cupti: Any) -> None:
         self.c = cupti
         self.kind_values = {
             name: int(getattr(cupti.ActivityKind, name)) for name in dir(cupti.ActivityKind) if name.isupper()
@@ -164,18 +191,31 @@ class CuptiLayer:
         self.c.activity_register_callbacks(requested, completed)
 
     def check_subscriber(self) -> None:
-        """Raise when another tool (Nsight, torch.profiler's Kineto) already holds CUPTI."""
+        """Raise when another tool (Nsight, torch.profiler's Kineto) already holds CUPTI.
+
+        Subscribes and unsubscribes at once: CUPTI allows one subscriber per process and, through
+        ``cuptiSubscribe_v2``, names the one that holds it. Any other refusal says nothing about other
+        tools, so tracing goes on and CUPTI's own errors, if any, surface when activities are enabled.
+        """
         c = self.c
-        if not hasattr(c, "subscribe_v2"):
-            return
-        params = c.SubscriberParams()
+        busy = int(c.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+        params = None
+        if hasattr(c, "subscribe_v2"):
+            params = c.SubscriberParams()
+            params.struct_size = c.SUBSCRIBER_PARAMS_SIZE  # CUPTI rejects a params struct without its size
+            params.subscriber_name = SUBSCRIBER_NAME
         try:
-            handle = c.subscribe_v2(lambda *a: None, None, params.ptr)
-        except Exception as exc:
-            holder = getattr(params, "old_subscriber_name", "") or "another tool"
+            if params is not None:
+                handle = c.subscribe_v2(_ignore_callback, None, params.ptr)
+            else:  # releases without cuptiSubscribe_v2: CUPTI cannot name the holder
+                handle = c.subscribe(_ignore_callback, None)
+        except c.cuptiError as exc:
+            if exc.status != busy:
+                return
+            holder = _holder_name(params) if params is not None else "another tool"
             raise CuptiUnavailable(
-                f"another CUPTI subscriber is attached ({holder}): only one tool can trace CUDA per process; "
-                f"stop torch.profiler's CUDA tracing or Nsight, then profile again ({exc})"
+                f"another CUPTI subscriber is attached ({holder}): only one tool can trace "
+                "CUDA per process; stop torch.profiler's CUDA tracing or Nsight, then profile again"
             ) from exc
         c.unsubscribe(handle)
 
