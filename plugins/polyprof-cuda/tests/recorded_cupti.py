@@ -100,12 +100,14 @@ class FakeCupti:
         subscriber: str | None = None,
         dropped: int = 0,
         deliver_late: bool = False,
+        subscribe_error: str | None = None,
     ) -> None:
         from cupti import cupti
 
         self.real = cupti
         self.offset_ns, self.drift = offset_ns, drift_ppm * 1e-6
         self.subscriber, self.dropped, self.deliver_late = subscriber, dropped, deliver_late
+        self.subscribe_error = subscribe_error  # a cupti.Result name: CUPTI refuses subscribers with it
         self.enabled: set[int] = set()
         self.pending: list = []
         self.stacks: dict[int, list[int]] = {}
@@ -168,6 +170,8 @@ class FakeCupti:
         params = self.real.SubscriberParams.from_ptr(p_params)
         if params.struct_size != self.real.SUBSCRIBER_PARAMS_SIZE:
             raise self.real.cuptiError(int(self.real.Result.ERROR_INVALID_PARAMETER))
+        if self.subscribe_error:
+            raise self.real.cuptiError(int(getattr(self.real.Result, self.subscribe_error)))
         if self.subscriber is not None:
             # CUPTI writes the holder's name into the caller's buffer (oldSubscriberName, with its size
             # in oldSubscriberSize: the 3rd and 4th fields of CUpti_SubscriberParams)

@@ -250,6 +250,29 @@ def test_another_cupti_subscriber_is_a_clear_failure_that_spares_the_rest():
     assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["still recorded"]
 
 
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        ("ERROR_NOT_INITIALIZED", r"libcupti .* needs a driver at least as new .* supports CUDA 13\.0"),
+        ("ERROR_INSUFFICIENT_PRIVILEGES", r"may not profile the GPU .*NVreg_RestrictProfilingToAdminUsers"),
+        ("ERROR_UNKNOWN", None),
+    ],
+)
+def test_cupti_refusing_to_trace_here_is_explained(error, says):
+    layer = RecordedLayer(subscribe_error=error)
+    reg = registry_with(layer)
+    if says is None:  # an error that says nothing about tracing: the probe gives up, tracing goes on
+        with polyprof.profile(["cpu", "cuda"], registry=reg) as prof:
+            layer.launch_kernel()
+        assert prof.trace.backends["cuda"].state == "ran"
+        assert len(prof.trace.activities_of(ActivityKind.KERNEL)) == 1
+        return
+    with pytest.warns(polyprof.PolyprofWarning, match=says):
+        with polyprof.profile(["cpu", "cuda"], registry=reg) as prof:
+            layer.launch_kernel()
+    assert prof.trace.backends["cuda"].state == "failed"
+
+
 def test_the_subscriber_probe_names_polyprof_and_frees_the_slot():
     """cuptiSubscribe_v2 needs the params' structSize; without it CUPTI refuses every call and the
     probe would learn nothing."""

@@ -20,6 +20,21 @@ class DeviceFacts:
     properties: dict[str, Any] = field(default_factory=dict)
 
 
+#: CUPTI errors (cupti.Result names) after which nothing can be traced in this process.
+CANNOT_TRACE = {
+    "ERROR_INSUFFICIENT_PRIVILEGES": "this user may not profile the GPU (run as root, or load the driver with "
+    "NVreg_RestrictProfilingToAdminUsers=0)",
+    "ERROR_VIRTUALIZED_DEVICE_NOT_SUPPORTED": "the GPU is a virtual device that CUPTI does not support",
+    "ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES": "the virtual GPU's profile does not allow profiling",
+    "ERROR_CONFIDENTIAL_COMPUTING_NOT_SUPPORTED": "the GPU runs in confidential-computing mode",
+    "ERROR_CMP_DEVICE_NOT_SUPPORTED": "CUPTI does not support CMP devices",
+    "ERROR_MIG_DEVICE_NOT_SUPPORTED": "CUPTI does not support this MIG configuration",
+    "ERROR_SLI_DEVICE_NOT_SUPPORTED": "CUPTI does not support SLI devices",
+    "ERROR_WSL_DEVICE_NOT_SUPPORTED": "CUPTI does not support this device under WSL",
+    "ERROR_NOT_COMPATIBLE": "another profiling feature in this process is incompatible with tracing",
+}
+
+
 class CuptiUnavailable(RuntimeError):
     """CUPTI cannot be used here; the message says why and what to do."""
 
@@ -211,6 +226,7 @@ class CuptiLayer:
                 handle = c.subscribe(_ignore_callback, None)
         except c.cuptiError as exc:
             if exc.status != busy:
+                self._raise_if_cannot_trace(exc)
                 return
             holder = _holder_name(params) if params is not None else "another tool"
             raise CuptiUnavailable(
@@ -218,6 +234,35 @@ class CuptiLayer:
                 "CUDA per process; stop torch.profiler's CUDA tracing or Nsight, then profile again"
             ) from exc
         c.unsubscribe(handle)
+
+    def _raise_if_cannot_trace(self, exc: Any) -> None:
+        """CUPTI errors that mean no tracing is possible in this process, in words that say why."""
+        status = self.c.Result(exc.status).name
+        if status == "ERROR_NOT_INITIALIZED":
+            driver = self.driver_version()
+            driver_text = (
+                f"CUDA {driver // 1000}.{driver % 1000 // 10}" if driver else "an unknown CUDA version"
+            )
+            raise CuptiUnavailable(
+                f"CUPTI could not initialise: libcupti {self.libcupti_version()} (cupti-python "
+                f"{self.package_version()}) needs a driver at least as new as its CUDA release, and the driver "
+                f"supports {driver_text}; install the nvidia-cuda-cupti and cupti-python releases of your "
+                "driver's CUDA version, or update the driver"
+            ) from exc
+        if status in CANNOT_TRACE:
+            raise CuptiUnavailable(f"CUPTI cannot trace here: {CANNOT_TRACE[status]} ({status})") from exc
+
+    @staticmethod
+    def libcupti_version() -> str:
+        """The version of the libcupti wheel that cupti-python loads (nvidia-cuda-cupti)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("nvidia-cuda-cupti", "nvidia-cuda-cupti-cu12"):
+            try:
+                return version(dist)
+            except PackageNotFoundError:
+                continue
+        return "of unknown version"
 
     def flush_all(self) -> None:
         self.c.activity_flush_all(1)
