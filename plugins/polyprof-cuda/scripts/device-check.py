@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
 """GPU check for polyprof-cuda: run on a machine with one NVIDIA GPU, torch (CUDA build) and cupti-python.
 
-    python plugins/polyprof-cuda/scripts/device-check.py [--out report.md]
+    python plugins/polyprof-cuda/scripts/device-check.py [--out report.md] [--parts a_polyprof,a_torch]
 
-Parts (each in its own process, so that torch.profiler's CUPTI subscriber cannot disturb polyprof's):
+On the lent GPU machine, scripts/device-run.sh installs the carried wheels and runs this (see the
+plugin README, "Checking on a GPU"). Each part runs in its own process (so that torch.profiler's CUPTI
+use cannot disturb polyprof's) with a time limit, and a failing part is reported, not fatal:
+
+  env           versions (driver, CUDA, torch, cupti-python, libcupti), polyprof's backends and why any
+                is unavailable, which torch recorder can run (the observer build);
   (a) a torch workload (matmuls, elementwise ops, H2D/D2H copies, a memset, a CUDA graph replay) traced
       by polyprof [CPU, CUDA] and by torch.profiler [CPU, CUDA]: same multiset of kernel names, same
-      memcpy/memset counts, every kernel with a flow from its launch and an External id naming an aten op;
-  (b) a CuPy workload without torch: its kernels and copies appear (skipped if CuPy is missing);
+      memcpy/memset counts, every kernel with a flow from its launch and an External id naming an aten
+      op, and the same (op, kernel) attribution as torch.profiler; then again with with_stack=True
+      (polyprof falls back to torch's collector in CPU-only mode): kernels must still reach polyprof;
+  (b) CuPy, Numba, cuda-python (cuda.bindings + NVRTC) and JAX without torch, and a Triton kernel:
+      their kernels and copies appear, linked to their launches;
   (c) a launch-bound loop of 10,000 tiny kernels: wall time unprofiled, under torch.profiler, under
-      polyprof, and the ratios;
-  (d) stop-to-trace-written time for both, and polyprof's records processed per second at collect.
-Writes a markdown report (stdout, and --out / $OUT/device-check-report.md when given).
+      polyprof, and the overhead ratio;
+  (d) stop-to-trace-written time for both, and polyprof's CUDA records processed per second at stop.
+Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when given).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import time
 from collections import Counter
 
 PARTS = {}
+PART_TIMEOUT_S = 180
+TINY_KERNELS = 10_000
 
 
 def part(fn):
@@ -33,6 +43,46 @@ def part(fn):
     return fn
 
 
+# -- reading a Kineto-dialect trace (torch.profiler's or polyprof's) ------------------------------
+def trace_summary(doc: dict) -> dict:
+    """What the report compares: kernels, copies, fills, flows and which op each kernel is charged to."""
+    events = doc["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    flow_starts = {e["id"] for e in events if e.get("ph") == "s" and e.get("cat") == "ac2g"}
+    flow_ends = {e["id"] for e in events if e.get("ph") == "f" and e.get("cat") == "ac2g"}
+    linked = flow_starts & flow_ends
+    host_by_id = {}
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation") and "External id" in e.get("args", {}):
+            host_by_id[e["args"]["External id"]] = (e["cat"], e["name"])
+
+    def charged_to(kernel: dict) -> str:
+        cat_name = host_by_id.get(kernel.get("args", {}).get("External id"))
+        return cat_name[1] if cat_name else "-"
+
+    return {
+        "n_kernels": len(kernels),
+        "kernels": Counter(e["name"] for e in kernels),
+        "memcpy": sum(1 for e in events if e.get("cat") == "gpu_memcpy"),
+        "memset": sum(1 for e in events if e.get("cat") == "gpu_memset"),
+        "kernels_with_flow": sum(1 for e in kernels if e.get("args", {}).get("correlation") in linked),
+        "kernels_charged_to_op": sum(
+            1 for e in kernels if host_by_id.get(e.get("args", {}).get("External id"), ("",))[0] == "cpu_op"
+        ),
+        "attribution": Counter(f"{charged_to(e)} -> {e['name']}" for e in kernels),
+    }
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def polyprof_status(doc: dict) -> dict:
+    return doc.get("polyprof", {}).get("backends", {})
+
+
+# -- workloads ------------------------------------------------------------------------------------
 def torch_workload(torch, graph=True):
     a = torch.randn(1024, 1024, device="cuda")
     b = torch.randn(1024, 1024, device="cuda")
@@ -59,22 +109,61 @@ def torch_workload(torch, graph=True):
     torch.cuda.synchronize()
 
 
-def kineto_summary(doc):
-    events = doc["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
-    starts = {e["id"] for e in events if e.get("ph") == "s" and e.get("cat") == "ac2g"}
-    ends = {e["id"] for e in events if e.get("ph") == "f" and e.get("cat") == "ac2g"}
-    ops = {e["args"].get("External id") for e in events if e.get("cat") == "cpu_op" and "args" in e}
-    return {
-        "kernels": Counter(e["name"] for e in kernels),
-        "memcpy": sum(1 for e in events if e.get("cat") == "gpu_memcpy"),
-        "memset": sum(1 for e in events if e.get("cat") == "gpu_memset"),
-        "kernels_with_flow": sum(
-            1 for e in kernels if e.get("args", {}).get("correlation") in (starts & ends)
-        ),
-        "kernels_with_op_external_id": sum(1 for e in kernels if e.get("args", {}).get("External id") in ops),
-        "n_kernels": len(kernels),
-    }
+def tiny_loop(torch, n=TINY_KERNELS):
+    x = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+# -- parts ----------------------------------------------------------------------------------------
+@part
+def env(out):
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = {"python": platform.python_version()}
+    for dist in ("polyprof", "polyprof-cuda", "cupti-python", "nvidia-cuda-cupti", "cuda-bindings", "torch"):
+        try:
+            info[dist] = version(dist)
+        except PackageNotFoundError:
+            info[dist] = None
+    try:
+        from polyprof_cuda.cupti_layer import CuptiLayer
+
+        driver = CuptiLayer.driver_version()
+        info["driver_cuda"] = f"{driver // 1000}.{driver % 1000 // 10}" if driver else None
+    except Exception as exc:
+        info["driver_cuda"] = f"unknown ({exc})"
+    from polyprof.registry import default
+
+    backends = {}
+    for entry in sorted(default.entries(), key=lambda e: e.name):
+        if entry.error or entry.conflict:
+            backends[entry.name] = f"broken: {entry.error or entry.conflict}"
+            continue
+        avail = default.probe(entry)
+        backends[entry.name] = (
+            f"available: {', '.join(avail.devices)}" if avail.available else f"unavailable: {avail.reason}"
+        )
+    info["backends"] = backends
+    try:
+        import torch
+
+        from polyprof.backends import torch_observer
+
+        info["torch_cuda"] = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)"
+        if torch.cuda.is_available():
+            info["torch_cuda"] += f": {torch.cuda.get_device_name(0)}"
+        t0 = time.perf_counter()
+        torch_observer.get(torch)  # built once here for every later part (cached on disk)
+        info["torch_observer"] = f"built or loaded in {time.perf_counter() - t0:.1f} s"
+    except Exception as exc:  # BuildError: torch's collector will record the ops, with a warning
+        info["torch_observer"] = f"error: {type(exc).__name__}: {exc}"
+    return info
 
 
 @part
@@ -83,14 +172,12 @@ def a_polyprof(out):
 
     from polyprof.profiler import ProfilerActivity, profile
 
-    torch_workload(torch)  # warm up (cuBLAS handles, graph capture pools)
+    torch_workload(torch)  # warm up (cuBLAS handles, graph pools)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch_workload(torch)
     prof.export_chrome_trace(out)
-    doc = json.load(open(out))
-    s = kineto_summary(doc)
-    s["backends"] = doc["polyprof"]["backends"]
-    return s
+    doc = load(out)
+    return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
 @part
@@ -102,37 +189,175 @@ def a_torch(out):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch_workload(torch)
     prof.export_chrome_trace(out)
-    return kineto_summary(json.load(open(out)))
+    return trace_summary(load(out))
+
+
+@part
+def a_polyprof_collector(out):
+    """with_stack=True: polyprof records ops through torch's collector (CPU only); CUPTI stays polyprof's."""
+    import torch
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    torch_workload(torch, graph=False)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        torch_workload(torch, graph=False)
+    prof.export_chrome_trace(out)
+    doc = load(out)
+    return {**trace_summary(doc), "backends": polyprof_status(doc)}
+
+
+def _without_torch(result: dict) -> dict:
+    result["torch_imported"] = "torch" in sys.modules
+    return result
 
 
 @part
 def b_cupy(out):
-    try:
-        import cupy as cp
-    except ImportError as exc:
-        return {"skipped": f"CuPy not installed ({exc})"}
+    import cupy as cp
+
     import polyprof
 
     x = cp.arange(1 << 20, dtype=cp.float32)
+    (cp.sin(x) * 2).sum()  # compile outside the window
+    cp.cuda.Device().synchronize()
     with polyprof.profile(["cpu", "cuda"]) as prof:
-        y = cp.sin(x) * 2
-        z = cp.asnumpy(y)
+        with polyprof.record_function("cupy_step"):
+            y = cp.sin(x) * 2
+            z = cp.asnumpy(y)
         cp.cuda.Device().synchronize()
     prof.export_chrome_trace(out)
-    s = kineto_summary(json.load(open(out)))
-    s["torch_imported"] = "torch" in sys.modules
+    s = trace_summary(load(out))
     s["result_ok"] = bool(abs(float(z[1]) - 2 * __import__("math").sin(1.0)) < 1e-4)
+    return _without_torch(s)
+
+
+@part
+def b_numba(out):
+    import numpy as np
+    from numba import cuda
+
+    import polyprof
+
+    @cuda.jit
+    def polyprof_scale(x, a):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] *= a
+
+    x = cuda.to_device(np.ones(1 << 20, dtype=np.float32))
+    polyprof_scale[4096, 256](x, 2.0)  # compile outside the window
+    cuda.synchronize()
+    with polyprof.profile(["cpu", "cuda"]) as prof:
+        with polyprof.record_function("numba_step"):
+            polyprof_scale[4096, 256](x, 2.0)
+            host = x.copy_to_host()
+        cuda.synchronize()
+    prof.export_chrome_trace(out)
+    s = trace_summary(load(out))
+    s["result_ok"] = bool(host[0] == 4.0)
+    return _without_torch(s)
+
+
+CUDA_C_SOURCE = b"""
+extern "C" __global__ void polyprof_axpy(float a, float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = a * x[i] + 1.0f;
+}
+"""
+
+
+def _checked(result):
+    """cuda.bindings calls return (error, values...): raise on error, return the values."""
+    err, *values = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA call failed: {err}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@part
+def b_cuda_python(out):
+    import numpy as np
+    from cuda.bindings import driver as cu
+    from cuda.bindings import nvrtc
+
+    import polyprof
+
+    _checked(cu.cuInit(0))
+    dev = _checked(cu.cuDeviceGet(0))
+    major = _checked(
+        cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    )
+    minor = _checked(
+        cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    )
+    prog = _checked(nvrtc.nvrtcCreateProgram(CUDA_C_SOURCE, b"axpy.cu", 0, [], []))
+    opts = [f"--gpu-architecture=compute_{major}{minor}".encode()]
+    _checked(nvrtc.nvrtcCompileProgram(prog, len(opts), opts))
+    ptx = b" " * _checked(nvrtc.nvrtcGetPTXSize(prog))
+    _checked(nvrtc.nvrtcGetPTX(prog, ptx))
+    ctx = _checked(cu.cuDevicePrimaryCtxRetain(dev))
+    _checked(cu.cuCtxSetCurrent(ctx))
+    module = _checked(cu.cuModuleLoadData(ptx))
+    kernel = _checked(cu.cuModuleGetFunction(module, b"polyprof_axpy"))
+    n = 1 << 20
+    host = np.ones(n, dtype=np.float32)
+    dptr = _checked(cu.cuMemAlloc(host.nbytes))
+    a, count, ptr = np.array([2.0], np.float32), np.array([n], np.int32), np.array([int(dptr)], np.uint64)
+    params = np.array([a.ctypes.data, ptr.ctypes.data, count.ctypes.data], dtype=np.uint64)
+    with polyprof.profile(["cpu", "cuda"]) as prof:
+        with polyprof.record_function("cuda_python_step"):
+            _checked(cu.cuMemcpyHtoD(dptr, host.ctypes.data, host.nbytes))
+            _checked(cu.cuLaunchKernel(kernel, n // 256, 1, 1, 256, 1, 1, 0, 0, params.ctypes.data, 0))
+            _checked(cu.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes))
+        _checked(cu.cuCtxSynchronize())
+    prof.export_chrome_trace(out)
+    s = trace_summary(load(out))
+    s["result_ok"] = bool(host[0] == 3.0)
+    return _without_torch(s)
+
+
+@part
+def b_jax(out):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import jax.numpy as jnp
+
+    import polyprof
+
+    x = jnp.ones((1024, 1024))
+    f = jax.jit(lambda m: (m @ m).sum())
+    f(x).block_until_ready()
+    with polyprof.profile(["cpu", "cuda"]) as prof:
+        with polyprof.record_function("jax_step"):
+            r = f(x).block_until_ready()
+    prof.export_chrome_trace(out)
+    s = trace_summary(load(out))
+    s["result_ok"] = bool(float(r) == 1024.0 * 1024 * 1024)
+    s["jax_devices"] = [str(d) for d in jax.devices()]
+    return _without_torch(s)
+
+
+@part
+def b_triton(out):
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from triton_kernels import add
+
+    import polyprof
+
+    x, y = torch.rand(1 << 20, device="cuda"), torch.rand(1 << 20, device="cuda")
+    add(x, y)  # compile outside the window
+    torch.cuda.synchronize()
+    with polyprof.profile(["cpu", "cuda"]) as prof:
+        with polyprof.record_function("triton_step"):
+            z = add(x, y)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(out)
+    s = trace_summary(load(out))
+    s["result_ok"] = bool(torch.allclose(z, x + y))
     return s
-
-
-def tiny_loop(torch, n=10_000):
-    x = torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        x.add_(1)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
 
 
 @part
@@ -173,83 +398,164 @@ def c_polyprof(out):
     t1 = time.perf_counter()
     prof.export_chrome_trace(out)
     cuda = prof.trace.backends["cuda"]
+    kernels = trace_summary(load(out))["n_kernels"]
     return {
         "seconds": seconds,
         "stop_to_written_s": time.perf_counter() - t0,
         "stop_s": t1 - t0,
+        "n_kernels": kernels,
         "cuda_activities": cuda.activities,
         "records_per_s_at_stop": cuda.activities / max(t1 - t0, 1e-9),
         "cuda_status": cuda.to_json(),
     }
 
 
-def run_part(name, folder):
+# -- running and reporting ------------------------------------------------------------------------
+def run_part(name: str, folder: str) -> dict:
     out = os.path.join(folder, f"{name}.json")
-    r = subprocess.run(
-        [sys.executable, __file__, "--part", name, "--trace", out],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if r.returncode != 0:
-        return {"error": r.stderr[-2000:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--part")
-    ap.add_argument("--trace")
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    if args.part:
-        result = PARTS[args.part](args.trace)
-        print(json.dumps(result, default=lambda o: dict(o) if isinstance(o, Counter) else str(o)))
-        return
-    folder = tempfile.mkdtemp()
-    res = {name: run_part(name, folder) for name in PARTS}
-    lines = ["# polyprof-cuda device check", ""]
+    started = time.perf_counter()
     try:
-        import torch
-
-        lines.append(
-            f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; CUDA {torch.version.cuda}"
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--part", name, "--trace", out],
+            capture_output=True,
+            text=True,
+            timeout=PART_TIMEOUT_S,
         )
-    except Exception as exc:
-        lines.append(f"torch/CUDA not available: {exc}")
-    pa, ta = res["a_polyprof"], res["a_torch"]
-    lines += ["", "## (a) torch workload, polyprof vs torch.profiler"]
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {PART_TIMEOUT_S} s"}
+    if r.returncode != 0 or not r.stdout.strip():
+        return {"error": (r.stderr or r.stdout)[-2500:]}
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    result["part_seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _counter_diff(a: dict, b: dict, limit: int = 8) -> str:
+    only_a = Counter(a) - Counter(b)
+    return ", ".join(f"{k} x{v}" for k, v in only_a.most_common(limit)) or "none"
+
+
+def _error_lines(name: str, result: dict) -> list[str]:
+    """A failed part: the end of its error (a traceback's last frames and message)."""
+    text = "\n".join(result["error"].strip().splitlines()[-12:]).replace("```", "'''")
+    return [f"- {name}: **failed**", "", "```", text, "```"]
+
+
+def build_report(res: dict) -> str:
+    """The markdown report from the parts' results (each a dict, or {"error": text})."""
+    lines = ["# polyprof-cuda device check", ""]
+    env_ = res.get("env", {})
+    lines += ["## Environment"]
+    lines += _error_lines("env", env_) if "error" in env_ else [f"- {k}: {v}" for k, v in env_.items()]
+
+    lines += ["", "## (a) torch workload: polyprof vs torch.profiler, [CPU, CUDA]"]
+    pa, ta = res.get("a_polyprof", {"error": "not run"}), res.get("a_torch", {"error": "not run"})
     if "error" in pa or "error" in ta:
-        lines.append(f"error: polyprof: {pa.get('error', '')}\ntorch: {ta.get('error', '')}")
+        for name, r in (("polyprof", pa), ("torch.profiler", ta)):
+            if "error" in r:
+                lines += _error_lines(name, r)
     else:
+        n = pa["n_kernels"]
         same = pa["kernels"] == ta["kernels"]
+        agree = sum((Counter(pa["attribution"]) & Counter(ta["attribution"])).values())
         lines += [
-            f"- kernel names identical (multiset): **{same}** ({pa['n_kernels']} vs {ta['n_kernels']} kernels)",
+            f"- kernel names identical (multiset): **{same}** ({n} vs {ta['n_kernels']} kernels)",
             f"- memcpy {pa['memcpy']} vs {ta['memcpy']}; memset {pa['memset']} vs {ta['memset']}",
-            f"- polyprof kernels with an ac2g flow: {pa['kernels_with_flow']}/{pa['n_kernels']}; with an aten op's External id: {pa['kernels_with_op_external_id']}/{pa['n_kernels']}",
+            f"- kernels with an ac2g flow from their launch: polyprof {pa['kernels_with_flow']}/{n}, "
+            f"torch.profiler {ta['kernels_with_flow']}/{ta['n_kernels']}",
+            f"- kernels whose External id names an aten op: polyprof {pa['kernels_charged_to_op']}/{n}, "
+            f"torch.profiler {ta['kernels_charged_to_op']}/{ta['n_kernels']}",
+            f"- (op -> kernel) attribution identical to torch.profiler's for **{agree}/{n}** kernels",
             f"- polyprof backends: {json.dumps(pa['backends'])}",
         ]
         if not same:
+            lines.append(f"- kernels only in polyprof: {_counter_diff(pa['kernels'], ta['kernels'])}")
+            lines.append(f"- kernels only in torch.profiler: {_counter_diff(ta['kernels'], pa['kernels'])}")
+        if agree != n:
             lines.append(
-                f"- only in polyprof: {dict(Counter(pa['kernels']) - Counter(ta['kernels']))}; only in torch: {dict(Counter(ta['kernels']) - Counter(pa['kernels']))}"
+                f"- attributed only by polyprof: {_counter_diff(pa['attribution'], ta['attribution'])}"
             )
-    lines += ["", "## (b) CuPy without torch", f"- {json.dumps(res['b_cupy'])}"]
-    cu, ct, cp_ = res["c_unprofiled"], res["c_torch"], res["c_polyprof"]
-    lines += ["", "## (c) 10,000 tiny kernels"]
-    if any("error" in x for x in (cu, ct, cp_)):
-        lines.append(f"error: {cu.get('error', '')} {ct.get('error', '')} {cp_.get('error', '')}")
+            lines.append(f"- attributed only by torch: {_counter_diff(ta['attribution'], pa['attribution'])}")
+    pc = res.get("a_polyprof_collector", {"error": "not run"})
+    if "error" in pc:
+        lines += _error_lines("with_stack=True (torch's collector, CPU only)", pc)
+    else:
+        lines.append(
+            f"- with_stack=True (torch's collector records ops): {pc['n_kernels']} kernels reached polyprof, "
+            f"{pc['kernels_with_flow']} with a flow; backends: {json.dumps(pc['backends'])}"
+        )
+
+    lines += ["", "## (b) other CUDA code"]
+    for name, label in (
+        ("b_cupy", "CuPy"),
+        ("b_numba", "Numba"),
+        ("b_cuda_python", "cuda-python (cuda.bindings + NVRTC)"),
+        ("b_jax", "JAX"),
+        ("b_triton", "Triton (torch tensors)"),
+    ):
+        r = res.get(name, {"error": "not run"})
+        if "error" in r:
+            lines += _error_lines(label, r)
+            continue
+        torch_note = "" if "torch_imported" not in r else f", torch imported: {r['torch_imported']}"
+        lines.append(
+            f"- {label}: {r['n_kernels']} kernels ({', '.join(sorted(r['kernels'])[:4])}), "
+            f"{r['memcpy']} copies, {r['kernels_with_flow']}/{r['n_kernels']} with a flow from their launch, "
+            f"result correct: {r.get('result_ok')}{torch_note}"
+        )
+
+    lines += ["", f"## (c) {TINY_KERNELS:,} tiny kernels (launch-bound)"]
+    cu, ct, cp = (res.get(k, {"error": "not run"}) for k in ("c_unprofiled", "c_torch", "c_polyprof"))
+    failed = [
+        (k, r) for k, r in (("unprofiled", cu), ("torch.profiler", ct), ("polyprof", cp)) if "error" in r
+    ]
+    if failed:
+        for name, r in failed:
+            lines += _error_lines(name, r)
     else:
         base = cu["seconds"]
+        ratio = (cp["seconds"] - base) / max(ct["seconds"] - base, 1e-9)
         lines += [
-            f"- unprofiled {base * 1e3:.1f} ms; torch.profiler {ct['seconds'] * 1e3:.1f} ms ({ct['seconds'] / base:.2f}x); "
-            f"polyprof {cp_['seconds'] * 1e3:.1f} ms ({cp_['seconds'] / base:.2f}x)",
-            f"- overhead ratio polyprof/torch: {(cp_['seconds'] - base) / max(ct['seconds'] - base, 1e-9):.2f} (target <= 1.0)",
+            f"- unprofiled {base * 1e3:.1f} ms; torch.profiler {ct['seconds'] * 1e3:.1f} ms "
+            f"({ct['seconds'] / base:.2f}x); polyprof {cp['seconds'] * 1e3:.1f} ms ({cp['seconds'] / base:.2f}x)",
+            f"- overhead ratio polyprof/torch.profiler: **{ratio:.2f}** (target <= 1.0); "
+            f"polyprof kept {cp['n_kernels']} kernels",
             "",
             "## (d) stop to trace written",
-            f"- torch.profiler {ct['stop_to_written_s'] * 1e3:.1f} ms; polyprof {cp_['stop_to_written_s'] * 1e3:.1f} ms",
-            f"- polyprof CUDA records processed at stop: {cp_['cuda_activities']} in {cp_['stop_s'] * 1e3:.1f} ms = {cp_['records_per_s_at_stop'] / 1e6:.2f} M/s (target >= 1 M/s)",
+            f"- torch.profiler {ct['stop_to_written_s'] * 1e3:.1f} ms; polyprof {cp['stop_to_written_s'] * 1e3:.1f} ms",
+            f"- polyprof CUDA activities at stop: {cp['cuda_activities']} in {cp['stop_s'] * 1e3:.1f} ms = "
+            f"**{cp['records_per_s_at_stop'] / 1e6:.2f} M/s** (target >= 1 M/s)",
+            f"- polyprof cuda backend: {json.dumps(cp['cuda_status'])}",
         ]
-    report = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def _json_default(o):
+    return dict(o) if isinstance(o, Counter) else str(o)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", help="run one part in this process and print its result as JSON")
+    ap.add_argument("--trace", help="where --part writes its trace")
+    ap.add_argument("--parts", help="comma-separated parts to run (default: all)")
+    ap.add_argument("--out", help="also write the report here")
+    args = ap.parse_args()
+    if args.part:
+        result = PARTS[args.part](args.trace)
+        print(json.dumps(result, default=_json_default))
+        return
+    names = args.parts.split(",") if args.parts else list(PARTS)
+    folder = tempfile.mkdtemp(prefix="polyprof-device-check-")
+    res = {}
+    for name in names:
+        res[name] = run_part(name, folder)
+        print(
+            f"[device-check] {name}: {'failed' if 'error' in res[name] else 'ok'}",
+            file=sys.stderr,
+            flush=True,
+        )
+    report = build_report(res)
     print(report)
     target = args.out or (
         os.path.join(os.environ["OUT"], "device-check-report.md") if os.environ.get("OUT") else None
@@ -259,7 +565,7 @@ def main():
             f.write(report)
             f.write(
                 "\n<details><summary>raw</summary>\n\n```json\n"
-                + json.dumps(res, indent=1, default=str)
+                + json.dumps(res, indent=1, default=_json_default)
                 + "\n```\n</details>\n"
             )
 

@@ -415,7 +415,8 @@ class RecordedLayer(CuptiLayer):
             for i in range(self.n_devices)
         ]
 
-    def driver_version(self) -> int:
+    @staticmethod
+    def driver_version() -> int:
         return 13000
 
     @property

@@ -116,7 +116,9 @@ class CuptiLayer:
         if not self.devices():
             raise CuptiUnavailable("the NVIDIA driver reports no CUDA device")
 
-    def driver_version(self) -> int:
+    @staticmethod
+    def driver_version() -> int:
+        """The CUDA version the driver supports, as cuDriverGetVersion gives it (13000 = 13.0), 0 if unknown."""
         try:
             from cuda.bindings import driver
 
