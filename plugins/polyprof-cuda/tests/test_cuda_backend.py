@@ -9,7 +9,21 @@ import threading
 
 import pytest
 from polyprof_cuda import CudaBackend
-from polyprof_cuda.records import EXTRACTORS
+from polyprof_cuda.records import (
+    DRIVER,
+    EXTERNAL,
+    FIELDS,
+    KERNEL,
+    MEMCPY,
+    MEMCPY_P2P,
+    MEMSET,
+    OPTIONAL_FIELDS,
+    OVERHEAD,
+    RUNTIME,
+    SYNC,
+    dtype_name,
+    layout_dtype,
+)
 from recorded_cupti import RecordedLayer, latest_class, make_record, stub_fields
 
 import polyprof
@@ -30,41 +44,37 @@ def profile(layer, workload, activities=("cpu", "cuda"), **kw):
     return prof.trace
 
 
-def test_extractors_read_only_fields_cupti_pyi_declares():
-    fields = stub_fields()
-    import inspect
-
-    from polyprof_cuda import records
-
-    read = {name: set(re_findall(inspect.getsource(fn))) for name, fn in EXTRACTORS.items()}
-    read["memcpy_p2p"] |= read["memcpy"]  # the peer-copy extractor starts from the copy extractor
-    # every layout a cupti-python 13 release delivers for the family (the newest depends on libcupti)
-    families = {
-        "kernel": r"ActivityKernel\d+",
-        "memcpy": r"ActivityMemcpy\d+",
-        "memcpy_p2p": r"ActivityMemcpyPtoP\d+",
-        "memset": r"ActivityMemset\d+",
-        "runtime": "ActivityAPI",
-        "driver": "ActivityAPI",
-        "sync": r"ActivitySynchronization\d*",
-        "overhead": r"ActivityOverhead\d+",
-        "external": "ActivityExternalCorrelation",
-    }
+def test_every_layout_has_the_fields_read_and_a_numpy_dtype_for_them():
+    """Every record layout a cupti-python 13 release may deliver for a family (the newest depends on
+    libcupti) declares the fields decode() reads, in cupti.pyi and in the layout's published dtype."""
     import re
 
+    from cupti import cupti
+
+    fields = stub_fields()
+    families = {
+        KERNEL: r"ActivityKernel\d+",
+        MEMCPY: r"ActivityMemcpy\d+",
+        MEMCPY_P2P: r"ActivityMemcpyPtoP\d+",
+        MEMSET: r"ActivityMemset\d+",
+        RUNTIME: "ActivityAPI",
+        DRIVER: "ActivityAPI",
+        SYNC: r"ActivitySynchronization\d*",
+        OVERHEAD: r"ActivityOverhead\d+",
+        EXTERNAL: "ActivityExternalCorrelation",
+    }
+    assert set(families) == set(FIELDS)
     for family, pattern in families.items():
         layouts = [cls for cls in fields if re.fullmatch(pattern, cls)]
         assert layouts, f"no {pattern} in cupti.pyi"
         for cls in layouts:
-            missing = read[family] - fields[cls]
-            assert not missing, f"{family} reads {sorted(missing)}, absent from {cls} in cupti.pyi"
-    assert records.KIND_FAMILIES
-
-
-def re_findall(source):
-    import re
-
-    return re.findall(r"\br\.(\w+)", source) + re.findall(r'_get\(r, "(\w+)"', source)
+            required = set(FIELDS[family]) - OPTIONAL_FIELDS
+            assert not required - fields[cls], f"{family}: {cls} lacks {sorted(required - fields[cls])}"
+            dtype = layout_dtype(cupti, getattr(cupti, cls))
+            assert dtype is not None, f"cupti-python publishes no {dtype_name(cls)}"
+            assert not required - set(dtype.names), (
+                f"{dtype_name(cls)} lacks {sorted(required - set(dtype.names))}"
+            )
 
 
 def test_kernels_copies_fills_syncs_and_their_launches(tmp_path):

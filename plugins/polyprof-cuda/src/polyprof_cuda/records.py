@@ -1,14 +1,27 @@
-"""CUPTI activity records -> compact tuples (in CUPTI's buffer callback) -> polyprof activities.
+"""CUPTI activity records -> numpy columns, at collect time.
 
-The buffer-completed callback runs on a CUPTI thread while the program keeps running, and the record
-objects may be views into CUPTI's buffer, so it only copies the fields used here into tuples (one
-layout per record family) and returns. Everything else happens at collect time.
+CUPTI's buffer-completed callback runs on a CUPTI thread while the program runs, and Python code there
+holds the GIL the program needs, so the session only keeps the list of record objects cupti-python
+hands it (each record keeps its buffer alive) and returns. After stop, as Kineto parses its buffers,
+:func:`decode` turns them into one column per field: records are grouped by layout (class), and each
+field the mapping needs is read for all records of a layout at once, through the numpy dtype that
+cupti-python publishes for the layout's C struct (``activity_kernel13_dtype``...).
+
+    columns, problems = decode(session_buffers, kind_to_family, cupti_module)
+    columns[KERNEL]["correlation_id"]  # -> np.ndarray
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import ctypes
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from polyprof.model import CodedStrings
+from polyprof.model.args import sorted_unique
 
 # Record families.
 KERNEL, MEMCPY, MEMCPY_P2P, MEMSET, RUNTIME, DRIVER, SYNC, OVERHEAD, EXTERNAL = (
@@ -50,160 +63,193 @@ DEFAULT_KINDS = (
     "EXTERNAL_CORRELATION",
 )
 
-
-class Kernel(NamedTuple):
-    name: str
-    start: int
-    end: int
-    queued: int
-    device: int
-    context: int
-    stream: int
-    correlation: int
-    registers: int
-    shared_memory: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    graph_id: int
-    graph_node_id: int
-    channel: int
-    channel_type: int
-
-
-class Memcpy(NamedTuple):
-    copy_kind: int
-    src_kind: int
-    dst_kind: int
-    bytes: int
-    start: int
-    end: int
-    device: int
-    context: int
-    stream: int
-    correlation: int
-    src_device: int
-    dst_device: int
-
-
-class Memset(NamedTuple):
-    bytes: int
-    memory_kind: int
-    start: int
-    end: int
-    device: int
-    context: int
-    stream: int
-    correlation: int
-
-
-class Api(NamedTuple):
-    cbid: int
-    start: int
-    end: int
-    thread: int
-    correlation: int
-
-
-class Sync(NamedTuple):
-    type: int
-    start: int
-    end: int
-    context: int
-    stream: int
-    correlation: int
-    cuda_event: int
-
-
-class Overhead(NamedTuple):
-    overhead_kind: int
-    start: int
-    end: int
-    object_kind: int
-
-
-class External(NamedTuple):
-    external_kind: int
-    external_id: int
-    correlation: int
-
-
-def _get(r: Any, name: str, default: int = 0) -> Any:
-    return getattr(r, name, default)
-
-
-def _kernel(r: Any) -> Kernel:
-    return Kernel(
-        r.name,
-        r.start,
-        r.end,
-        _get(r, "queued"),
-        r.device_id,
-        r.context_id,
-        r.stream_id,
-        r.correlation_id,
-        r.registers_per_thread,
-        r.static_shared_memory + r.dynamic_shared_memory,
-        (r.grid_x, r.grid_y, r.grid_z),
-        (r.block_x, r.block_y, r.block_z),
-        _get(r, "graph_id"),
-        _get(r, "graph_node_id"),
-        _get(r, "channel_id"),
-        _get(r, "channel_type"),
-    )
-
-
-def _memcpy(r: Any) -> Memcpy:
-    return Memcpy(
-        r.copy_kind,
-        r.src_kind,
-        r.dst_kind,
-        r.bytes,
-        r.start,
-        r.end,
-        r.device_id,
-        r.context_id,
-        r.stream_id,
-        r.correlation_id,
-        r.device_id,
-        r.device_id,
-    )
-
-
-def _memcpy_p2p(r: Any) -> Memcpy:
-    """A peer copy: a copy whose source and destination devices are its own."""
-    return _memcpy(r)._replace(src_device=_get(r, "src_device_id"), dst_device=_get(r, "dst_device_id"))
-
-
-def _memset(r: Any) -> Memset:
-    return Memset(
-        r.bytes, r.memory_kind, r.start, r.end, r.device_id, r.context_id, r.stream_id, r.correlation_id
-    )
-
-
-def _api(r: Any) -> Api:
-    return Api(r.cbid, r.start, r.end, r.thread_id, r.correlation_id)
-
-
-def _sync(r: Any) -> Sync:
-    return Sync(r.type, r.start, r.end, r.context_id, r.stream_id, r.correlation_id, _get(r, "cuda_event_id"))
-
-
-def _overhead(r: Any) -> Overhead:
-    return Overhead(r.overhead_kind, r.start, r.end, _get(r, "object_kind"))
-
-
-def _external(r: Any) -> External:
-    return External(r.external_kind, r.external_id, r.correlation_id)
-
-
-EXTRACTORS: dict[str, Callable[[Any], tuple]] = {
-    KERNEL: _kernel,
-    MEMCPY: _memcpy,
-    MEMCPY_P2P: _memcpy_p2p,
-    MEMSET: _memset,
-    RUNTIME: _api,
-    DRIVER: _api,
-    SYNC: _sync,
-    OVERHEAD: _overhead,
-    EXTERNAL: _external,
+_TRANSFER = ("bytes", "start", "end", "device_id", "context_id", "stream_id", "correlation_id")
+_API = ("cbid", "start", "end", "thread_id", "correlation_id")
+#: The fields read per family (names as in cupti.pyi and the layouts' dtypes).
+FIELDS: dict[str, tuple[str, ...]] = {
+    KERNEL: (
+        "name",
+        "start",
+        "end",
+        "queued",
+        "device_id",
+        "context_id",
+        "stream_id",
+        "correlation_id",
+        "registers_per_thread",
+        "static_shared_memory",
+        "dynamic_shared_memory",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+        "graph_id",
+        "graph_node_id",
+        "channel_id",
+        "channel_type",
+    ),
+    MEMCPY: ("copy_kind", "src_kind", "dst_kind", *_TRANSFER),
+    MEMCPY_P2P: ("copy_kind", "src_kind", "dst_kind", *_TRANSFER, "src_device_id", "dst_device_id"),
+    MEMSET: ("memory_kind", *_TRANSFER),
+    RUNTIME: _API,
+    DRIVER: _API,
+    SYNC: ("type", "start", "end", "context_id", "stream_id", "correlation_id", "cuda_event_id"),
+    OVERHEAD: ("overhead_kind", "start", "end", "object_kind"),
+    EXTERNAL: ("external_kind", "external_id", "correlation_id"),
 }
+#: Fields that older layouts lack: read as 0 there.
+OPTIONAL_FIELDS = frozenset(
+    {"queued", "graph_id", "graph_node_id", "channel_id", "channel_type", "cuda_event_id", "object_kind"}
+)
+
+
+def dtype_name(class_name: str) -> str:
+    """cupti-python's name for a layout's numpy dtype: ActivityMemcpyPtoP4 -> activity_memcpy_pto_p4_dtype."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower() + "_dtype"
+
+
+def layout_dtype(module: Any, cls: type) -> np.dtype | None:
+    dtype = getattr(module, dtype_name(cls.__name__), None)
+    return dtype if isinstance(dtype, np.dtype) and dtype.names else None
+
+
+class _Memory:
+    """The memory of records at `ptrs` (all of one layout), read one field for all of them at once.
+
+    A uint8 view spanning the lowest to the highest record is indexed only at the records' own
+    bytes, so nothing between them is touched (they may sit in different CUPTI buffers)."""
+
+    def __init__(self, ptrs: np.ndarray, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        base = int(ptrs.min()) & ~7
+        span = (int(ptrs.max()) + dtype.itemsize - base + 7) & ~7
+        self.mem = np.frombuffer((ctypes.c_uint8 * span).from_address(base), dtype=np.uint8)
+        self.rel = (ptrs - np.uint64(base)).astype(np.int64)
+        self.aligned = not np.any(self.rel & 7)
+
+    def field(self, name: str) -> np.ndarray:
+        """The field for every record, as int64 (uint64 for ``name``, a pointer)."""
+        ftype, offset = self.dtype.fields[name][:2]
+        if self.aligned and ftype.shape == () and offset % ftype.itemsize == 0:
+            values = self.mem.view(ftype)[(self.rel + offset) // ftype.itemsize]
+        else:  # unaligned records or fields: copy whole records, then take the field
+            rows = self.mem[self.rel[:, None] + np.arange(self.dtype.itemsize)]
+            values = np.ascontiguousarray(rows).view(self.dtype).reshape(-1)[name]
+        return values.astype(np.uint64 if name == "name" else np.int64)
+
+
+def _by_attributes(records: list, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The slow path, for a layout without a published dtype: one attribute read per field and record."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        values = [getattr(r, f, 0) for r in records]
+        out[f] = values if f == "name" else np.array(values, dtype=np.int64)
+    return out
+
+
+def decode(
+    buffers: list[list], kind_family: dict[int, str], module: Any
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Columns per family from the buffers' record objects, and what could not be decoded (in words).
+
+    Kernel names are read here, while the records (and whatever their name pointers point into) are
+    alive: the ``name`` column is a :class:`~polyprof.model.CodedStrings`."""
+    by_type: dict[type, list] = defaultdict(list)
+    for records in buffers:
+        for r in records:
+            by_type[type(r)].append(r)
+    parts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    problems = []
+    for cls, records in by_type.items():
+        kinds = np.fromiter((int(r.kind) for r in records), dtype=np.int64, count=len(records))
+        dtype = layout_dtype(module, cls)
+        memory = None
+        if dtype is not None:
+            ptrs = np.fromiter((r.ptr for r in records), dtype=np.uint64, count=len(records))
+            memory = _Memory(ptrs, dtype)
+        for kind in sorted_unique(kinds).tolist():
+            family = kind_family.get(kind)
+            if family is None:
+                continue
+            rows = np.flatnonzero(kinds == kind)
+            everything = len(rows) == len(records)
+            fields = FIELDS[family]
+            missing = [
+                f for f in fields if f not in OPTIONAL_FIELDS and dtype is not None and f not in dtype.names
+            ]
+            if missing:
+                problems.append(
+                    f"{cls.__name__} has no field(s) {missing}: {len(rows)} {family} records skipped"
+                )
+                continue
+            if memory is None:
+                chosen = records if everything else [records[i] for i in rows.tolist()]
+                cols = _by_attributes(chosen, fields)
+            else:
+                cols = {}
+                for f in fields:
+                    if f in dtype.names:
+                        column = memory.field(f)
+                        cols[f] = column if everything else column[rows]
+                    else:
+                        cols[f] = np.zeros(len(rows), dtype=np.int64)
+            if "name" in cols:
+                cols["name"] = CodedStrings(*coded_names(cols["name"]))
+            parts[family].append(cols)
+    return {family: _concat(chunks) for family, chunks in parts.items()}, problems
+
+
+def _concat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(chunks) == 1:
+        return chunks[0]
+    out: dict[str, Any] = {}
+    for key in chunks[0]:
+        values = [c[key] for c in chunks]
+        out[key] = _merge_coded(values) if isinstance(values[0], CodedStrings) else np.concatenate(values)
+    return out
+
+
+def _merge_coded(parts: list[CodedStrings]) -> CodedStrings:
+    """One coded column from several, each with its own table."""
+    index: dict[str, int] = {}
+    codes = []
+    for part in parts:
+        remap = np.array([index.setdefault(name, len(index)) for name in part.table], dtype=np.int64)
+        codes.append(remap[part.codes] if len(remap) else part.codes)
+    return CodedStrings(np.concatenate(codes), list(index))
+
+
+def read_names(column: Any) -> list[str]:
+    """Kernel names from a ``name`` column of C string pointers (CUPTI shares one string per kernel
+    function, so each distinct pointer is read once), or the column itself if it holds names."""
+    if not isinstance(column, np.ndarray):
+        return list(column)
+    ptrs = column.astype(np.uint64)
+    distinct = sorted_unique(ptrs)
+    table = [
+        ctypes.string_at(int(p)).decode(errors="replace") if p else "<unnamed kernel>"
+        for p in distinct.tolist()
+    ]
+    return [table[i] for i in np.searchsorted(distinct, ptrs).tolist()]
+
+
+def coded_names(column: Any) -> tuple[np.ndarray, list[str]]:
+    """``(codes, table)`` for a ``name`` column: distinct names once, each row a code into them."""
+    if isinstance(column, np.ndarray):
+        ptrs = column.astype(np.uint64)
+        distinct = sorted_unique(ptrs)
+        names = read_names(distinct)
+        codes_by_pointer = np.empty(len(distinct), dtype=np.int64)
+        table: list[str] = []
+        index: dict[str, int] = {}
+        for i, name in enumerate(names):  # two pointers may hold the same name
+            if name not in index:
+                index[name] = len(table)
+                table.append(name)
+            codes_by_pointer[i] = index[name]
+        return codes_by_pointer[np.searchsorted(distinct, ptrs)], table
+    index = {}
+    codes = np.array([index.setdefault(name, len(index)) for name in column], dtype=np.int64)
+    return codes, list(index)

@@ -4,27 +4,28 @@
   (tracing starts at warm-up, as in Kineto; the engine drops what falls outside the window);
 * start/stop: (CUPTI timestamp, host clock) pairs for the clock mapping; stop flushes and disables;
 * push/pop_correlation: CUPTI external correlation (CUSTOM0 for ops, CUSTOM1 for annotations);
-* the buffer-completed callback copies records into tuples and counts what exceeds the cap;
-* collect: names, devices, streams, flows, External ids, Kineto's args.
+* the buffer-completed callback keeps the records cupti-python hands it (O(1) per buffer, so CUPTI's
+  thread holds the GIL for as little as possible while the program runs) and counts what exceeds the cap;
+* collect: records -> columns (records.decode), then names, devices, streams, flows, External ids and
+  Kineto's args, column by column.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 from polyprof.backend import ProfileConfig, SessionContext, Sink
 from polyprof.clock import ClockMapping, host_ns
-from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns
+from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, CodedStrings
+from polyprof.model.args import sorted_unique
 from polyprof_cuda.records import (
     DEFAULT_KINDS,
     DRIVER,
     EXTERNAL,
-    EXTRACTORS,
     KERNEL,
     KIND_FAMILIES,
     MEMCPY,
@@ -33,6 +34,7 @@ from polyprof_cuda.records import (
     OVERHEAD,
     RUNTIME,
     SYNC,
+    decode,
 )
 
 DEFAULT_BUFFER_MB = 8
@@ -59,17 +61,6 @@ MEMORY_KIND_NAMES = {
 }
 
 
-def _name_key(r: Any) -> tuple:
-    """What a copy's or fill's name depends on."""
-    return (
-        type(r).__name__,
-        getattr(r, "copy_kind", None),
-        getattr(r, "src_kind", None),
-        getattr(r, "dst_kind", None),
-        getattr(r, "memory_kind", None),
-    )
-
-
 KERNEL_ARG_KEYS = (
     "queued",
     "device",
@@ -89,31 +80,45 @@ TRANSFER_ARG_KEYS = ("device", "context", "stream", "correlation", "bytes", "mem
 PEER_ARG_KEYS = ("fromDevice", "inDevice", "toDevice")
 
 
-def _ints(values: Any) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """values[i] where keys[i] == query, else 0, for each query (keys sorted and distinct)."""
+    if not len(keys):
+        return np.zeros(len(query), dtype=np.int64)
+    at = np.clip(np.searchsorted(keys, query), 0, len(keys) - 1)
+    return np.where(keys[at] == query, values[at], 0)
 
 
-def _transfer_args(rows: list, peer: bool) -> ArgColumns:
+def _transfer_args(cols: dict, peer: bool) -> ArgColumns:
     """Kineto's args for copies or fills, as columns (peer copies add the three device ids)."""
-    nbytes = np.array([r.bytes for r in rows], dtype=np.int64)
-    duration = np.array([r.end - r.start for r in rows], dtype=np.int64)
-    bandwidth = np.round(np.divide(nbytes, duration, out=np.zeros(len(rows)), where=duration != 0), 6)
+    nbytes = cols["bytes"]
+    duration = cols["end"] - cols["start"]
+    bandwidth = np.round(np.divide(nbytes, duration, out=np.zeros(len(nbytes)), where=duration != 0), 6)
     columns = [
-        np.array([r.device for r in rows], dtype=np.int64),
-        np.array([r.context for r in rows], dtype=np.int64),
-        np.array([r.stream for r in rows], dtype=np.int64),
-        np.array([r.correlation for r in rows], dtype=np.int64),
+        cols["device_id"],
+        cols["context_id"],
+        cols["stream_id"],
+        cols["correlation_id"],
         nbytes,
         bandwidth,
     ]
     if not peer:
         return ArgColumns(TRANSFER_ARG_KEYS, tuple(columns))
-    columns += [
-        np.array([r.src_device for r in rows], dtype=np.int64),
-        np.array([r.device for r in rows], dtype=np.int64),
-        np.array([r.dst_device for r in rows], dtype=np.int64),
-    ]
+    columns += [cols["src_device_id"], cols["device_id"], cols["dst_device_id"]]
     return ArgColumns(TRANSFER_ARG_KEYS + PEER_ARG_KEYS, tuple(columns))
+
+
+def _dim3(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> list[tuple[int, int, int]]:
+    """Grid or block sizes as (x, y, z) tuples, one shared tuple per distinct size."""
+    if not len(x):
+        return []
+    order = np.lexsort((z, y, x))
+    xs, ys, zs = x[order], y[order], z[order]
+    new = np.ones(len(x), dtype=bool)
+    new[1:] = (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1]) | (zs[1:] != zs[:-1])
+    table = list(zip(xs[new].tolist(), ys[new].tolist(), zs[new].tolist(), strict=True))
+    inverse = np.empty(len(x), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return [table[i] for i in inverse.tolist()]
 
 
 class CudaSession:
@@ -132,7 +137,7 @@ class CudaSession:
             int(opts.get("preallocate_semaphore_pools", DEFAULT_PREALLOCATED)),
         )
         self.families = {layer.kind_value(k): KIND_FAMILIES[k] for k in self.kinds}
-        self.raw: dict[str, list[tuple]] = defaultdict(list)
+        self.buffers: list[list] = []  # the record lists cupti-python delivered, decoded at collect
         self.records = 0
         self.dropped_by_cap = 0
         self.callback_errors: list[str] = []
@@ -179,7 +184,7 @@ class CudaSession:
 
     def close(self) -> None:
         self.stop()
-        self.raw = defaultdict(list)
+        self.buffers = []
 
     def _pair(self) -> None:
         best = None
@@ -197,29 +202,24 @@ class CudaSession:
         return self.buffer_bytes, 0
 
     def _completed(self, activities: list) -> None:
-        """Runs on CUPTI's thread: copy what is needed, never raise into CUPTI."""
+        """Runs on CUPTI's thread, holding the GIL: keep the list, count, never raise into CUPTI."""
         try:
-            families, raw = self.families, self.raw
             with self._lock:
                 room = self.max_records - self.records
-                for r in activities:
-                    family = families.get(r.kind)
-                    if family is None:
-                        continue
-                    if room <= 0:
-                        self.dropped_by_cap += 1
-                        continue
-                    raw[family].append(EXTRACTORS[family](r))
-                    room -= 1
-                self.records = self.max_records - room
-        except Exception as exc:  # a record of an unexpected layout: keep going, say so
+                if len(activities) > room:
+                    self.dropped_by_cap += len(activities) - max(room, 0)
+                    activities = activities[: max(room, 0)]
+                if activities:
+                    self.buffers.append(activities)
+                    self.records += len(activities)
+        except Exception as exc:
             if len(self.callback_errors) < 10:
                 self.callback_errors.append(f"{type(exc).__name__}: {exc}")
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
         for message in self.callback_errors:
-            self.ctx.report.error(f"decoding CUPTI records failed: {message}")
+            self.ctx.report.error(f"receiving CUPTI buffers failed: {message}")
         if self.dropped_by_cap:
             self.ctx.report.dropped_records(
                 self.dropped_by_cap, f"records over the cap of {self.max_records}"
@@ -231,232 +231,265 @@ class CudaSession:
         )
         self.ctx.report.clock_mapping(mapping, "cupti")
         sink.add_metadata("cupti_python_version", self.layer.package_version())
-        raw, self.raw = self.raw, defaultdict(list)
-        external = self._external_ids(raw.get(EXTERNAL, []))
-        to_host = mapping.to_host
-        launched = {r.correlation for fam in (KERNEL, MEMCPY, MEMCPY_P2P, MEMSET) for r in raw.get(fam, [])}
-        context_device: dict[int, int] = {}
-        host = sink.host_device()
-        streams: dict[tuple[int, int], int] = {}
+        buffers, self.buffers = self.buffers, []
+        cols, problems = decode(buffers, self.families, self.layer.c)
+        del buffers  # the records' CUPTI buffers can go now
+        for problem in problems:
+            self.ctx.report.error(f"decoding CUPTI records failed: {problem}")
+        _CollectPass(self, sink, cols, mapping.to_host).run()
 
-        def device_handle(index: int) -> int:
-            facts = self.devices.get(index)
-            return sink.device(
-                f"cuda:{index}",
-                type="cuda",
-                index=index,
-                name=facts.name if facts else f"GPU {index}",
-                properties=facts.properties if facts else None,
-                pid=index,
-                label=f"GPU {index}",
-            )
+    def _external_ids(self, externals: dict | None) -> tuple[np.ndarray, np.ndarray]:
+        """(CUPTI correlation ids, sorted; their External ids): the framework op (CUSTOM0) when there is
+        one, else the innermost annotation (CUSTOM1)."""
+        if not externals or not len(externals["correlation_id"]):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        op_kind = self.layer.external_kind_value("op")
+        annotation_kind = self.layer.external_kind_value("annotation")
+        kind, corr, ext = externals["external_kind"], externals["correlation_id"], externals["external_id"]
+        wanted = (kind == op_kind) | (kind == annotation_kind)
+        kind, corr, ext = kind[wanted], corr[wanted], ext[wanted]
+        # ops after annotations, so that for a correlation id with both the op comes last and wins
+        order = np.lexsort(((kind == op_kind).astype(np.int8), corr))
+        corr, ext = corr[order], ext[order]
+        last = np.ones(len(corr), dtype=bool)
+        last[:-1] = corr[1:] != corr[:-1]
+        return corr[last], ext[last]
 
-        def stream_row(index: int, stream: int, sync: bool = False) -> tuple[int, int]:
-            dev = device_handle(index)
-            rid = stream + SYNC_STREAM_OFFSET if sync else stream
-            key = (dev, rid)
-            if key not in streams:
-                streams[key] = sink.resource(dev, rid, f"stream {stream}{' (sync)' if sync else ''}")
-            return dev, streams[key]
+    def _memset_name(self, memory_kind: int) -> str:
+        kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", memory_kind), "Device")
+        return f"Memset ({kind})"
 
-        def device_work(
-            kind: ActivityKind, names: Any, placed: list, starts: Any, ends: Any, corrs: Any, args: ArgColumns
-        ) -> None:
-            """Kernels, copies or fills in bulk: on their stream rows, with the ac2g flow end and the
-            External id of their launch."""
-            start_dev = np.array(starts, dtype=np.int64)
-            start = to_host(start_dev)
-            sink.activities(
-                {
-                    "kind": np.full(len(placed), int(kind)),
-                    "name": names,
-                    "device": [p[0] for p in placed],
-                    "resource": [p[1] for p in placed],
-                    "start": start,
-                    "end": start + (np.array(ends, dtype=np.int64) - start_dev),
-                    "correlation": corrs,
-                    "external_id": [external.get(k, 0) for k in corrs],
-                    "flow_id": corrs,
-                    "flow_type": np.full(len(placed), FLOW_AC2G),
-                },
-                arg_columns=args,
-            )
+    def _memcpy_name(self, copy_kind: int, src_kind: int, dst_kind: int) -> str:
+        copy = self.layer.enum_name("ActivityMemcpyKind", copy_kind)
+        src = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", src_kind), "?")
+        dst = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", dst_kind), "?")
+        return f"Memcpy {copy.replace('TO', 'to')} ({src} -> {dst})"
 
-        kernels = raw.get(KERNEL, [])
-        if kernels:  # column by column: the bulk of a CUDA trace
-            (
-                names,
-                starts,
-                ends,
-                queued,
-                devs,
-                ctxs,
-                strms,
-                corrs,
-                regs,
-                smem,
-                grids,
-                blocks,
-                graph_ids,
-                graph_nodes,
-                channels,
-                channel_types,
-            ) = zip(*kernels, strict=True)
-            for c, d in zip(ctxs, devs, strict=True):
-                context_device[c] = d
-            rows = {key: stream_row(*key) for key in set(zip(devs, strms, strict=True))}
-            placed = [rows[key] for key in zip(devs, strms, strict=True)]
-            start_col, queued_col = np.array(starts, dtype=np.int64), np.array(queued, dtype=np.int64)
-            queued_us = (
-                np.where(queued_col != 0, (start_col - queued_col) / 1000.0, 0.0)
-                if self.latency
-                else np.zeros(len(kernels), dtype=np.int64)
-            )
-            # one column per key (no dict per kernel); grid and block stay tuples, written as JSON arrays
-            args = ArgColumns(
-                KERNEL_ARG_KEYS,
-                (
-                    queued_us,
-                    *map(_ints, (devs, ctxs, strms, corrs, regs, smem)),
-                    grids,
-                    blocks,
-                    *map(_ints, (graph_ids, graph_nodes, channels, channel_types)),
-                ),
-            )
-            device_work(ActivityKind.KERNEL, names, placed, starts, ends, corrs, args)
 
-        def transfers(rows: list, kind: ActivityKind, name_of: Any, peer: bool = False) -> None:
-            """Copies or fills, added in bulk like kernels (names computed once per distinct kind)."""
-            if not rows:
-                return
-            name_by_key: dict[tuple, str] = {}
-            names, placed = [], []
-            for r in rows:
-                context_device[r.context] = r.device
-                placed.append(stream_row(r.device, r.stream))
-                key = _name_key(r)
-                if key not in name_by_key:
-                    name_by_key[key] = name_of(r)
-                names.append(name_by_key[key])
-            device_work(
-                kind,
-                names,
-                placed,
-                [r.start for r in rows],
-                [r.end for r in rows],
-                [r.correlation for r in rows],
-                _transfer_args(rows, peer),
-            )
+def _coded_by_key(keys: np.ndarray, name_of: Any) -> CodedStrings:
+    """A name per distinct row key (a few per trace), computed once each."""
+    distinct = sorted_unique(keys)
+    return CodedStrings(np.searchsorted(distinct, keys), [name_of(int(k)) for k in distinct.tolist()])
 
-        transfers(raw.get(MEMCPY, []), ActivityKind.GPU_MEMCPY, self._memcpy_name)
-        transfers(raw.get(MEMCPY_P2P, []), ActivityKind.GPU_MEMCPY, self._memcpy_name, peer=True)
-        transfers(raw.get(MEMSET, []), ActivityKind.GPU_MEMSET, self._memset_name)
+
+class _CollectPass:
+    """One collect: the decoded columns -> the sink's activities, devices and rows."""
+
+    def __init__(self, session: CudaSession, sink: Sink, cols: dict, to_host: Any) -> None:
+        self.s, self.sink, self.cols, self.to_host = session, sink, cols, to_host
+        self.ext_keys, self.ext_values = session._external_ids(cols.get(EXTERNAL))
+        device_corrs = [cols[f]["correlation_id"] for f in (KERNEL, MEMCPY, MEMCPY_P2P, MEMSET) if f in cols]
+        self.launched = sorted_unique(np.concatenate(device_corrs)) if device_corrs else np.zeros(0, np.int64)
+        self.context_device: dict[int, int] = {}
+        self.streams: dict[tuple[int, int], int] = {}
+
+    def run(self) -> None:
+        cols = self.cols
+        if KERNEL in cols:
+            self.kernels(cols[KERNEL])
+        for family, peer in ((MEMCPY, False), (MEMCPY_P2P, True)):
+            if family in cols:
+                c = cols[family]
+                keys = (c["copy_kind"] << 32) | (c["src_kind"] << 16) | c["dst_kind"]
+                names = _coded_by_key(
+                    keys, lambda k: self.s._memcpy_name(k >> 32, (k >> 16) & 0xFFFF, k & 0xFFFF)
+                )
+                self.device_work(ActivityKind.GPU_MEMCPY, names, c, _transfer_args(c, peer))
+        if MEMSET in cols:
+            c = cols[MEMSET]
+            names = _coded_by_key(c["memory_kind"], self.s._memset_name)
+            self.device_work(ActivityKind.GPU_MEMSET, names, c, _transfer_args(c, False))
         for family, kind, cat, domain in (
             (RUNTIME, ActivityKind.RUNTIME, "cuda_runtime", "runtime"),
             (DRIVER, ActivityKind.DRIVER, "cuda_driver", "driver"),
         ):
-            calls = raw.get(family, [])
-            if not calls:
-                continue
-            cbids, starts, ends, tids, corrs = zip(*calls, strict=True)
-            names = {cbid: self.layer.callback_name(domain, cbid) for cbid in set(cbids)}
-            wanted = {
-                cbid for cbid, name in names.items() if self.all_apis or DEFAULT_API_PATTERN.search(name)
-            }
-            keep = [
-                i
-                for i, (cbid, corr) in enumerate(zip(cbids, corrs, strict=True))
-                if cbid in wanted or corr in launched
-            ]
-            if not keep:
-                continue
-            threads = {tid: sink.host_thread(tid) for tid in {tids[i] for i in keep}}
-            start_dev = np.array([starts[i] for i in keep], dtype=np.int64)
-            start = to_host(start_dev)
-            kept_corr = [corrs[i] for i in keep]
-            flows = [c if c in launched else 0 for c in kept_corr]
-            sink.activities(
-                {
-                    "kind": np.full(len(keep), int(kind)),
-                    "name": [names[cbids[i]] for i in keep],
-                    "cat": [cat] * len(keep),
-                    "device": np.full(len(keep), host),
-                    "resource": [threads[tids[i]] for i in keep],
-                    "start": start,
-                    "end": start + (np.array([ends[i] for i in keep], dtype=np.int64) - start_dev),
-                    "correlation": kept_corr,
-                    "external_id": [external.get(c, 0) for c in kept_corr],
-                    "flow_id": flows,
-                    "flow_type": [FLOW_AC2G if f else 0 for f in flows],
-                    "flow_start": [1 if f else 0 for f in flows],
-                },
-                arg_columns=ArgColumns(
-                    ("cbid", "correlation"),
-                    (np.array([cbids[i] for i in keep], dtype=np.int64), np.array(kept_corr, dtype=np.int64)),
-                ),
-            )
-        for r in raw.get(SYNC, []):
-            index = context_device.get(r.context, 0)
-            dev, row = stream_row(index, max(r.stream, 0), sync=True)
-            start = to_host(r.start)
-            sync_type = self.layer.enum_name("ActivitySynchronizationType", r.type)
-            sink.activity(
+            if family in cols:
+                self.api_calls(cols[family], kind, cat, domain)
+        if SYNC in cols:
+            self.syncs(cols[SYNC])
+        if OVERHEAD in cols:
+            self.overheads(cols[OVERHEAD])
+
+    # -- devices and rows ---------------------------------------------------------------------------
+    def device_handle(self, index: int) -> int:
+        facts = self.s.devices.get(index)
+        return self.sink.device(
+            f"cuda:{index}",
+            type="cuda",
+            index=index,
+            name=facts.name if facts else f"GPU {index}",
+            properties=facts.properties if facts else None,
+            pid=index,
+            label=f"GPU {index}",
+        )
+
+    def stream_row(self, index: int, stream: int, sync: bool = False) -> tuple[int, int]:
+        dev = self.device_handle(index)
+        rid = stream + SYNC_STREAM_OFFSET if sync else stream
+        key = (dev, rid)
+        if key not in self.streams:
+            self.streams[key] = self.sink.resource(dev, rid, f"stream {stream}{' (sync)' if sync else ''}")
+        return dev, self.streams[key]
+
+    def placed(self, c: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(device handle, stream row) per row, creating each distinct device and stream once."""
+        devs, streams, ctxs = c["device_id"], c["stream_id"], c["context_id"]
+        for ctx_id, dev in set(zip(ctxs.tolist(), devs.tolist(), strict=True)):
+            self.context_device[ctx_id] = dev
+        keys = (devs << 32) | streams
+        distinct = sorted_unique(keys)
+        rows = [self.stream_row(int(k >> 32), int(k & 0xFFFFFFFF)) for k in distinct.tolist()]
+        at = np.searchsorted(distinct, keys)
+        return (
+            np.array([r[0] for r in rows], dtype=np.int64)[at],
+            np.array([r[1] for r in rows], dtype=np.int64)[at],
+        )
+
+    def external(self, corrs: np.ndarray) -> np.ndarray:
+        return _lookup(self.ext_keys, self.ext_values, corrs)
+
+    # -- families -----------------------------------------------------------------------------------
+    def device_work(self, kind: ActivityKind, names: Any, c: dict, args: ArgColumns) -> None:
+        """Kernels, copies or fills in bulk: on their stream rows, with the ac2g flow end and the
+        External id of their launch."""
+        device, resource = self.placed(c)
+        start = self.to_host(c["start"])
+        corrs = c["correlation_id"]
+        n = len(corrs)
+        self.sink.activities(
+            {
+                "kind": np.full(n, int(kind)),
+                "name": names,
+                "device": device,
+                "resource": resource,
+                "start": start,
+                "end": start + (c["end"] - c["start"]),
+                "correlation": corrs,
+                "external_id": self.external(corrs),
+                "flow_id": corrs,
+                "flow_type": np.full(n, FLOW_AC2G),
+            },
+            arg_columns=args,
+        )
+
+    def kernels(self, c: dict) -> None:
+        start = c["start"]
+        queued_us = (
+            np.where(c["queued"] != 0, (start - c["queued"]) / 1000.0, 0.0)
+            if self.s.latency
+            else np.zeros(len(start), dtype=np.int64)
+        )
+        args = ArgColumns(
+            KERNEL_ARG_KEYS,
+            (
+                queued_us,
+                c["device_id"],
+                c["context_id"],
+                c["stream_id"],
+                c["correlation_id"],
+                c["registers_per_thread"],
+                c["static_shared_memory"] + c["dynamic_shared_memory"],
+                _dim3(c["grid_x"], c["grid_y"], c["grid_z"]),
+                _dim3(c["block_x"], c["block_y"], c["block_z"]),
+                c["graph_id"],
+                c["graph_node_id"],
+                c["channel_id"],
+                c["channel_type"],
+            ),
+        )
+        self.device_work(ActivityKind.KERNEL, c["name"], c, args)
+
+    def api_calls(self, c: dict, kind: ActivityKind, cat: str, domain: str) -> None:
+        cbids, corrs = c["cbid"], c["correlation_id"]
+        distinct = sorted_unique(cbids)
+        names = [self.s.layer.callback_name(domain, cbid) for cbid in distinct.tolist()]
+        wanted = np.array(
+            [self.s.all_apis or bool(DEFAULT_API_PATTERN.search(name)) for name in names], dtype=bool
+        )
+        code = np.searchsorted(distinct, cbids)
+        is_launch = np.isin(corrs, self.launched)
+        keep = np.flatnonzero(wanted[code] | is_launch)
+        if not len(keep):
+            return
+        tids = c["thread_id"][keep]
+        distinct_tids = sorted_unique(tids)
+        rows = np.array([self.sink.host_thread(int(t)) for t in distinct_tids.tolist()], dtype=np.int64)
+        start_dev = c["start"][keep]
+        start = self.to_host(start_dev)
+        kept_corr = corrs[keep]
+        flows = np.where(is_launch[keep], kept_corr, 0)
+        n = len(keep)
+        self.sink.activities(
+            {
+                "kind": np.full(n, int(kind)),
+                "name": CodedStrings(code[keep], names),
+                "cat": CodedStrings(np.zeros(n, dtype=np.int64), [cat]),
+                "device": np.full(n, self.sink.host_device()),
+                "resource": rows[np.searchsorted(distinct_tids, tids)],
+                "start": start,
+                "end": start + (c["end"][keep] - start_dev),
+                "correlation": kept_corr,
+                "external_id": self.external(kept_corr),
+                "flow_id": flows,
+                "flow_type": np.where(flows != 0, FLOW_AC2G, 0),
+                "flow_start": (flows != 0).astype(np.int64),
+            },
+            arg_columns=ArgColumns(("cbid", "correlation"), (cbids[keep], kept_corr)),
+        )
+
+    def syncs(self, c: dict) -> None:
+        externals = self.external(c["correlation_id"]).tolist()
+        rows = zip(
+            c["type"].tolist(),
+            c["start"].tolist(),
+            c["end"].tolist(),
+            c["context_id"].tolist(),
+            c["stream_id"].tolist(),
+            c["correlation_id"].tolist(),
+            c["cuda_event_id"].tolist(),
+            externals,
+            strict=True,
+        )
+        for sync_type_value, t0, t1, ctx_id, stream, corr, event, ext in rows:
+            index = self.context_device.get(ctx_id, 0)
+            dev, row = self.stream_row(index, max(stream, 0), sync=True)
+            start = int(self.to_host(t0))
+            sync_type = self.s.layer.enum_name("ActivitySynchronizationType", sync_type_value)
+            self.sink.activity(
                 ActivityKind.SYNC,
                 SYNC_NAMES.get(sync_type, "Sync"),
                 device=dev,
                 resource=row,
                 start=start,
-                end=start + (r.end - r.start),
+                end=start + (t1 - t0),
                 cat="cuda_sync",
-                correlation=r.correlation,
-                external_id=external.get(r.correlation, 0),
+                correlation=corr,
+                external_id=ext,
                 args={
                     "cuda_sync_kind": sync_type,
-                    "stream": r.stream,
-                    "correlation": r.correlation,
+                    "stream": stream,
+                    "correlation": corr,
                     "device": index,
-                    "context": r.context,
-                    "wait_on_cuda_event_id": r.cuda_event,
+                    "context": ctx_id,
+                    "wait_on_cuda_event_id": event,
                 },
             )
-        overhead_rows = raw.get(OVERHEAD, [])
-        if overhead_rows:
-            dev = sink.device(
-                "cupti-overhead", type="overhead", index=0, name="CUPTI Overhead", sort_index=0x100000, pid=-1
+
+    def overheads(self, c: dict) -> None:
+        dev = self.sink.device(
+            "cupti-overhead", type="overhead", index=0, name="CUPTI Overhead", sort_index=0x100000, pid=-1
+        )
+        row = self.sink.resource(dev, 0, "overhead")
+        for kind_value, t0, t1 in zip(
+            c["overhead_kind"].tolist(), c["start"].tolist(), c["end"].tolist(), strict=True
+        ):
+            start = int(self.to_host(t0))
+            name = self.s.layer.enum_name("ActivityOverheadKind", kind_value)
+            self.sink.activity(
+                ActivityKind.OVERHEAD,
+                name.replace("_", " ").title(),
+                device=dev,
+                resource=row,
+                start=start,
+                end=start + (t1 - t0),
             )
-            row = sink.resource(dev, 0, "overhead")
-            for r in overhead_rows:
-                start = to_host(r.start)
-                name = self.layer.enum_name("ActivityOverheadKind", r.overhead_kind)
-                sink.activity(
-                    ActivityKind.OVERHEAD,
-                    name.replace("_", " ").title(),
-                    device=dev,
-                    resource=row,
-                    start=start,
-                    end=start + (r.end - r.start),
-                )
-
-    def _external_ids(self, externals: list) -> dict[int, int]:
-        """CUPTI correlation id -> External id: the framework op (CUSTOM0) when there is one, else the
-        innermost annotation (CUSTOM1)."""
-        op_kind = self.layer.external_kind_value("op")
-        annotation_kind = self.layer.external_kind_value("annotation")
-        ops: dict[int, int] = {}
-        annotations: dict[int, int] = {}
-        for r in externals:
-            if r.external_kind == op_kind:
-                ops[r.correlation] = r.external_id
-            elif r.external_kind == annotation_kind:
-                annotations[r.correlation] = r.external_id
-        return {**annotations, **ops}
-
-    def _memset_name(self, r: Any) -> str:
-        kind = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.memory_kind), "Device")
-        return f"Memset ({kind})"
-
-    def _memcpy_name(self, r: Any) -> str:
-        copy = self.layer.enum_name("ActivityMemcpyKind", r.copy_kind)
-        src = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.src_kind), "?")
-        dst = MEMORY_KIND_NAMES.get(self.layer.enum_name("ActivityMemoryKind", r.dst_kind), "?")
-        return f"Memcpy {copy.replace('TO', 'to')} ({src} -> {dst})"
