@@ -24,7 +24,7 @@ find_python312() {
 PY312=$(find_python312)
 [ -n "$PY312" ] || { echo "needs Python 3.12 (set PY312, or pyenv install 3.12) to build polyprof's cp312 wheel" >&2; exit 1; }
 CUPTI_PYTHON_VERSION=${CUPTI_PYTHON_VERSION:-13.0.1}
-rm -rf .whl && mkdir -p .whl
+rm -rf .whl build plugins/polyprof-cuda/build && mkdir -p .whl  # stale build/ trees would go into the wheels
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -268,7 +268,9 @@ class FakeCupti:
                     )
         return corr, t1
 
-    def launch_kernel(self, name="gemm", device=0, stream=7, duration=20_000, driver=False):
+    def launch_kernel(self, name="gemm", device=0, stream=7, duration=20_000, driver=False, queued=None):
+        """queued: the record's queued timestamp (default 1 us after the launch call returned; CUPTI
+        writes CUPTI_TIMESTAMP_UNKNOWN, 2**64 - 1, when latency timestamps are off)."""
         corr, t = self._api_and_externals(307 if driver else 211, "DRIVER" if driver else "RUNTIME")
         if self.tracing("CONCURRENT_KERNEL"):
             self.pending.append(
@@ -293,7 +295,7 @@ class FakeCupti:
                     block_z=1,
                     graph_id=0,
                     graph_node_id=0,
-                    queued=t + 1_000,
+                    queued=t + 1_000 if queued is None else queued,
                 )
             )
         return corr

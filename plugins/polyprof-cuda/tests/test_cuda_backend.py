@@ -148,6 +148,20 @@ def test_kernels_copies_fills_syncs_and_their_launches(tmp_path):
     assert launches[gemm.flow_id].name == "cudaLaunchKernel"
 
 
+def test_queued_is_the_wait_before_the_kernel_ran_and_0_when_cupti_did_not_record_it():
+    layer = RecordedLayer()
+
+    def work():
+        layer.launch_kernel("timed")
+        layer.launch_kernel("unknown", queued=2**64 - 1)  # CUPTI_TIMESTAMP_UNKNOWN
+
+    trace = profile(layer, work, backend_options={"cuda": {"latency_timestamps": True}})
+    queued = {k.name: k.args["queued"] for k in trace.activities_of(ActivityKind.KERNEL)}
+    assert queued == {"timed": 4.0, "unknown": 0.0}, "start is 5 us after the call, queued 1 us after"
+    trace = profile(layer, lambda: layer.launch_kernel("off", queued=2**64 - 1))
+    assert [k.args["queued"] for k in trace.activities_of(ActivityKind.KERNEL)] == [0]
+
+
 def test_all_apis_option_keeps_every_runtime_call():
     layer = RecordedLayer()
     trace = profile(

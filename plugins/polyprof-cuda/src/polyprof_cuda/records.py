@@ -99,6 +99,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     OVERHEAD: ("overhead_kind", "start", "end", "object_kind"),
     EXTERNAL: ("external_kind", "external_id", "correlation_id"),
 }
+#: CUPTI_TIMESTAMP_UNKNOWN (~0 as uint64), as the int64 that decode() gives timestamps.
+TIMESTAMP_UNKNOWN = -1
 #: Fields that older layouts lack: read as 0 there.
 OPTIONAL_FIELDS = frozenset(
     {"queued", "graph_id", "graph_node_id", "channel_id", "channel_type", "cuda_event_id", "object_kind"}
@@ -145,7 +147,13 @@ def _by_attributes(records: list, fields: tuple[str, ...]) -> dict[str, np.ndarr
     out: dict[str, Any] = {}
     for f in fields:
         values = [getattr(r, f, 0) for r in records]
-        out[f] = values if f == "name" else np.array(values, dtype=np.int64)
+        if f == "name":
+            out[f] = values
+            continue
+        try:
+            out[f] = np.array(values, dtype=np.int64)
+        except OverflowError:  # uint64 fields such as CUPTI_TIMESTAMP_UNKNOWN: as int64, like the fast path
+            out[f] = np.array(values, dtype=np.uint64).astype(np.int64)
     return out
 
 

@@ -34,6 +34,7 @@ from polyprof_cuda.records import (
     OVERHEAD,
     RUNTIME,
     SYNC,
+    TIMESTAMP_UNKNOWN,
     decode,
 )
 
@@ -374,8 +375,10 @@ class _CollectPass:
 
     def kernels(self, c: dict) -> None:
         start = c["start"]
+        queued = c["queued"]  # 0 or CUPTI_TIMESTAMP_UNKNOWN unless latency timestamps are on
+        known = (queued != 0) & (queued != TIMESTAMP_UNKNOWN)
         queued_us = (
-            np.where(c["queued"] != 0, (start - c["queued"]) / 1000.0, 0.0)
+            np.where(known, (start - queued) / 1000.0, 0.0)
             if self.s.latency
             else np.zeros(len(start), dtype=np.int64)
         )
