@@ -344,14 +344,14 @@ class FakeCupti:
             )
         return corr
 
-    def synchronize(self, stream=7):
+    def synchronize(self, stream=7, sync_type="STREAM_SYNCHRONIZE"):
         corr, t = self._api_and_externals(131)
         if self.tracing("SYNCHRONIZATION"):
             self.pending.append(
                 make_record(
                     latest_class("ActivitySynchronization"),
                     kind=self.kind_value("SYNCHRONIZATION"),
-                    type=int(self.real.ActivitySynchronizationType.STREAM_SYNCHRONIZE),
+                    type=int(getattr(self.real.ActivitySynchronizationType, sync_type)),
                     start=t - 2_000,
                     end=t,
                     context_id=1,

@@ -162,6 +162,19 @@ def test_queued_is_the_wait_before_the_kernel_ran_and_0_when_cupti_did_not_recor
     assert [k.args["queued"] for k in trace.activities_of(ActivityKind.KERNEL)] == [0]
 
 
+def test_a_context_sync_without_a_stream_lands_on_the_stream_0_sync_row():
+    layer = RecordedLayer()
+
+    def work():
+        layer.launch_kernel()
+        layer.synchronize(stream=0xFFFFFFFF, sync_type="CONTEXT_SYNCHRONIZE")  # no stream, no event
+
+    trace = profile(layer, work)
+    (sync,) = trace.activities_of(ActivityKind.SYNC)
+    assert sync.name == "Context Sync" and trace.resources[sync.resource].name == "stream 0 (sync)"
+    assert sync.args["stream"] == -1 and sync.args["wait_on_cuda_event_id"] == 0
+
+
 def test_all_apis_option_keeps_every_runtime_call():
     layer = RecordedLayer()
     trace = profile(

@@ -44,6 +44,7 @@ DEFAULT_MAX_RECORDS = 20_000_000
 DEFAULT_PREALLOCATED = 2
 #: Runtime/driver calls kept by default: launches, copies, fills, syncs, graph launches.
 DEFAULT_API_PATTERN = re.compile(r"Launch|Memcpy|Memset|Synchronize|EventRecord|StreamWait|Graph")
+INVALID_ID = 0xFFFFFFFF  # CUPTI_SYNCHRONIZATION_INVALID_VALUE in a uint32 field
 SYNC_STREAM_OFFSET = 1_000_000  # Kineto's kSyncStreamTidOffset: "stream N (sync)" rows
 SYNC_NAMES = {
     "EVENT_SYNCHRONIZE": "Event Sync",
@@ -454,6 +455,9 @@ class _CollectPass:
             strict=True,
         )
         for sync_type_value, t0, t1, ctx_id, stream, corr, event, ext in rows:
+            # CUPTI_SYNCHRONIZATION_INVALID_VALUE (-1 as uint32): no stream (a context sync) or no event
+            stream = -1 if stream == INVALID_ID else stream
+            event = -1 if event == INVALID_ID else event
             index = self.context_device.get(ctx_id, 0)
             dev, row = self.stream_row(index, max(stream, 0), sync=True)
             start = int(self.to_host(t0))
