@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     from cupti import cupti
     from polyprof_cuda.session import CudaSession
-    from recorded_cupti import RecordedLayer, latest_class, make_record
+    from recorded_cupti import RecordedLayer, kernel_record, latest_class, make_record
 
     from polyprof.backend import ProfileConfig, SessionContext, Sink
     from polyprof.clock import host_ns
@@ -41,7 +41,7 @@ def main() -> None:
     n = args.kernels
     tid = os.getpid()
     kind = cupti.ActivityKind
-    kernel_layout, memcpy_layout = latest_class("ActivityKernel"), latest_class("ActivityMemcpy")
+    memcpy_layout = latest_class("ActivityMemcpy")
     buffer: list = []
     for i in range(n):
         at = t0 + i * 1000
@@ -66,25 +66,7 @@ def main() -> None:
             )
         )
         buffer.append(
-            make_record(
-                kernel_layout,
-                kind=int(kind.CONCURRENT_KERNEL),
-                name=f"kernel_{i % 50}",
-                start=at + 500,
-                end=at + 900,
-                device_id=i % 2,
-                context_id=1,
-                stream_id=7 + i % 4,
-                correlation_id=i + 1,
-                registers_per_thread=32,
-                static_shared_memory=1024,
-                grid_x=64,
-                grid_y=1,
-                grid_z=1,
-                block_x=128,
-                block_y=1,
-                block_z=1,
-            )
+            kernel_record(f"kernel_{i % 50}", at + 500, at + 900, i + 1, device_id=i % 2, stream_id=7 + i % 4)
         )
     copies = n // 10
     for i in range(copies):

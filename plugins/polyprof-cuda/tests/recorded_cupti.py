@@ -78,6 +78,36 @@ def latest_class(prefix: str) -> str:
     return max(numbered)[1]
 
 
+def kernel_record(name: str, start: int, end: int, correlation_id: int, **fields):
+    """A concurrent-kernel record of the newest layout: a 64x1x1 grid of 128x1x1 blocks on device 0,
+    context 1, stream 7, unless `fields` say otherwise."""
+    from cupti import cupti
+
+    defaults = dict(
+        device_id=0,
+        context_id=1,
+        stream_id=7,
+        registers_per_thread=32,
+        static_shared_memory=1024,
+        dynamic_shared_memory=0,
+        grid_x=64,
+        grid_y=1,
+        grid_z=1,
+        block_x=128,
+        block_y=1,
+        block_z=1,
+    )
+    return make_record(
+        latest_class("ActivityKernel"),
+        kind=int(cupti.ActivityKind.CONCURRENT_KERNEL),
+        name=name,
+        start=start,
+        end=end,
+        correlation_id=correlation_id,
+        **{**defaults, **fields},
+    )
+
+
 def mirrors_real(method):
     """Bind each call to the real ``cupti.cupti`` function's signature: a wrong call fails here."""
 
@@ -274,27 +304,13 @@ class FakeCupti:
         corr, t = self._api_and_externals(307 if driver else 211, "DRIVER" if driver else "RUNTIME")
         if self.tracing("CONCURRENT_KERNEL"):
             self.pending.append(
-                make_record(
-                    latest_class("ActivityKernel"),
-                    kind=self.kind_value("CONCURRENT_KERNEL"),
-                    name=name,
-                    start=t + 5_000,
-                    end=t + 5_000 + duration,
+                kernel_record(
+                    name,
+                    t + 5_000,
+                    t + 5_000 + duration,
+                    corr,
                     device_id=device,
-                    context_id=1,
                     stream_id=stream,
-                    correlation_id=corr,
-                    registers_per_thread=32,
-                    static_shared_memory=1024,
-                    dynamic_shared_memory=0,
-                    grid_x=64,
-                    grid_y=1,
-                    grid_z=1,
-                    block_x=128,
-                    block_y=1,
-                    block_z=1,
-                    graph_id=0,
-                    graph_node_id=0,
                     queued=t + 1_000 if queued is None else queued,
                 )
             )
@@ -367,25 +383,17 @@ class FakeCupti:
         if self.tracing("CONCURRENT_KERNEL"):
             for i in range(nodes):
                 self.pending.append(
-                    make_record(
-                        latest_class("ActivityKernel"),
-                        kind=self.kind_value("CONCURRENT_KERNEL"),
-                        name=f"graph_node_{i}",
-                        start=t + 10_000 * (i + 1),
-                        end=t + 10_000 * (i + 1) + 5_000,
+                    kernel_record(
+                        f"graph_node_{i}",
+                        t + 10_000 * (i + 1),
+                        t + 10_000 * (i + 1) + 5_000,
+                        corr,
                         device_id=device,
-                        context_id=1,
                         stream_id=stream,
-                        correlation_id=corr,
                         registers_per_thread=16,
                         static_shared_memory=0,
-                        dynamic_shared_memory=0,
                         grid_x=1,
-                        grid_y=1,
-                        grid_z=1,
                         block_x=32,
-                        block_y=1,
-                        block_z=1,
                         graph_id=5,
                         graph_node_id=100 + i,
                     )

@@ -8,29 +8,30 @@ from polyprof_cuda.records import DRIVER, KERNEL, RUNTIME, _Memory, decode, dtyp
 from recorded_cupti import make_record, stub_fields
 
 
-def kernel(cls, name, corr, **extra):
+def kernel(cls, name, corr):
+    """A kernel record of layout `cls` whose numbers all derive from `corr`."""
     from cupti import cupti
 
-    fields = dict(
+    return make_record(
+        cls,
         kind=int(cupti.ActivityKind.CONCURRENT_KERNEL),
         name=name,
         start=1000 + corr,
         end=2000 + corr,
         device_id=corr % 2,
-        context_id=1,
-        stream_id=7,
         correlation_id=corr,
         registers_per_thread=32,
-        static_shared_memory=16,
-        dynamic_shared_memory=8,
         grid_x=corr,
         grid_y=2,
         grid_z=3,
-        block_x=128,
-        block_y=1,
-        block_z=1,
     )
-    return make_record(cls, **{**fields, **extra})
+
+
+def api(kind_name, cbid, corr):
+    from cupti import cupti
+
+    kind = int(getattr(cupti.ActivityKind, kind_name))
+    return make_record("ActivityAPI", kind=kind, cbid=cbid, start=5, end=6, thread_id=9, correlation_id=corr)
 
 
 def families():
@@ -61,27 +62,8 @@ def test_fields_of_two_kernel_layouts_and_both_api_kinds_come_back_as_columns():
     layouts = sorted(c for c in stub_fields() if c.startswith("ActivityKernel") and c[14:].isdigit())
     old, new = layouts[0], layouts[-1]
     recs = [kernel(old, "gemm", 1), kernel(new, "relu", 2), kernel(new, "gemm", 3)]
-    api = [
-        make_record(
-            "ActivityAPI",
-            kind=int(cupti.ActivityKind.RUNTIME),
-            cbid=211,
-            start=5,
-            end=6,
-            thread_id=9,
-            correlation_id=1,
-        ),
-        make_record(
-            "ActivityAPI",
-            kind=int(cupti.ActivityKind.DRIVER),
-            cbid=307,
-            start=7,
-            end=8,
-            thread_id=9,
-            correlation_id=2,
-        ),
-    ]
-    cols, problems = decode([recs[:2], api, recs[2:]], families(), cupti)
+    api_calls = [api("RUNTIME", 211, 1), api("DRIVER", 307, 2)]
+    cols, problems = decode([recs[:2], api_calls, recs[2:]], families(), cupti)
     assert problems == []
     k = cols[KERNEL]
     order = np.argsort(k["correlation_id"])
