@@ -57,12 +57,19 @@ def stub_fields() -> dict[str, set[str]]:
 
 
 def make_record(class_name: str, **fields):
+    """A record of `class_name` with `fields` set and every other byte 0 (some cupti-python releases
+    leave a new record's memory uninitialised)."""
     from cupti import cupti
+    from polyprof_cuda.records import layout_dtype
 
     declared = stub_fields()[class_name]
     unknown = set(fields) - declared
     assert not unknown, f"{class_name} has no field(s) {sorted(unknown)} in cupti.pyi"
-    record = getattr(cupti, class_name)()
+    cls = getattr(cupti, class_name)
+    record = cls()
+    dtype = layout_dtype(cupti, cls)
+    if dtype is not None:
+        ctypes.memset(record.ptr, 0, dtype.itemsize)
     for key, value in fields.items():
         setattr(record, key, value)
     return record
