@@ -219,45 +219,34 @@ def _concat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _codes_in(index: dict[str, int], names: Any) -> np.ndarray:
+    """Each name's code in `index`, adding the names it lacks (codes count up from 0)."""
+    return np.array([index.setdefault(name, len(index)) for name in names], dtype=np.int64)
+
+
 def _merge_coded(parts: list[CodedStrings]) -> CodedStrings:
     """One coded column from several, each with its own table."""
     index: dict[str, int] = {}
     codes = []
     for part in parts:
-        remap = np.array([index.setdefault(name, len(index)) for name in part.table], dtype=np.int64)
+        remap = _codes_in(index, part.table)
         codes.append(remap[part.codes] if len(remap) else part.codes)
     return CodedStrings(np.concatenate(codes), list(index))
 
 
-def read_names(column: Any) -> list[str]:
-    """Kernel names from a ``name`` column of C string pointers (CUPTI shares one string per kernel
-    function, so each distinct pointer is read once), or the column itself if it holds names."""
-    if not isinstance(column, np.ndarray):
-        return list(column)
-    ptrs = column.astype(np.uint64)
-    distinct = sorted_unique(ptrs)
-    table = [
-        ctypes.string_at(int(p)).decode(errors="replace") if p else "<unnamed kernel>"
-        for p in distinct.tolist()
-    ]
-    return [table[i] for i in np.searchsorted(distinct, ptrs).tolist()]
+def _name_at(pointer: int) -> str:
+    return ctypes.string_at(pointer).decode(errors="replace") if pointer else "<unnamed kernel>"
 
 
 def coded_names(column: Any) -> tuple[np.ndarray, list[str]]:
-    """``(codes, table)`` for a ``name`` column: distinct names once, each row a code into them."""
-    if isinstance(column, np.ndarray):
-        ptrs = column.astype(np.uint64)
-        distinct = sorted_unique(ptrs)
-        names = read_names(distinct)
-        codes_by_pointer = np.empty(len(distinct), dtype=np.int64)
-        table: list[str] = []
-        index: dict[str, int] = {}
-        for i, name in enumerate(names):  # two pointers may hold the same name
-            if name not in index:
-                index[name] = len(table)
-                table.append(name)
-            codes_by_pointer[i] = index[name]
-        return codes_by_pointer[np.searchsorted(distinct, ptrs)], table
-    index = {}
-    codes = np.array([index.setdefault(name, len(index)) for name in column], dtype=np.int64)
-    return codes, list(index)
+    """``(codes, table)`` for a ``name`` column, of C string pointers (CUPTI shares one string per
+    kernel function, so each distinct pointer is read once) or of names: each distinct name once in
+    the table, each row a code into it."""
+    index: dict[str, int] = {}
+    if not isinstance(column, np.ndarray):
+        return _codes_in(index, column), list(index)
+    ptrs = column.astype(np.uint64)
+    distinct = sorted_unique(ptrs)
+    # two pointers may hold the same name: codes go by name, not by pointer
+    code_of_pointer = _codes_in(index, [_name_at(p) for p in distinct.tolist()])
+    return code_of_pointer[np.searchsorted(distinct, ptrs)], list(index)
