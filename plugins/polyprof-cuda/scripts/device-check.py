@@ -166,44 +166,41 @@ def env(out):
     return info
 
 
-@part
-def a_polyprof(out):
+def _profiler(which: str):
+    """torch.profiler or polyprof.profiler: the same names, so each part runs the same code under both."""
+    import importlib
+
+    return importlib.import_module("torch.profiler" if which == "torch" else "polyprof.profiler")
+
+
+def _traced_torch_workload(which: str, out: str, graph: bool = True, **options) -> dict:
+    """The torch workload, warmed up (cuBLAS handles, graph pools), then traced [CPU, CUDA] into `out`."""
     import torch
 
-    from polyprof.profiler import ProfilerActivity, profile
-
-    torch_workload(torch)  # warm up (cuBLAS handles, graph pools)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        torch_workload(torch)
+    profiler = _profiler(which)
+    torch_workload(torch, graph=graph)
+    activities = [profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.CUDA]
+    with profiler.profile(activities=activities, **options) as prof:
+        torch_workload(torch, graph=graph)
     prof.export_chrome_trace(out)
-    doc = load(out)
+    return load(out)
+
+
+@part
+def a_polyprof(out):
+    doc = _traced_torch_workload("polyprof", out)
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
 @part
 def a_torch(out):
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch_workload(torch)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        torch_workload(torch)
-    prof.export_chrome_trace(out)
-    return trace_summary(load(out))
+    return trace_summary(_traced_torch_workload("torch", out))
 
 
 @part
 def a_polyprof_collector(out):
     """with_stack=True: polyprof records ops through torch's collector (CPU only); CUPTI stays polyprof's."""
-    import torch
-
-    from polyprof.profiler import ProfilerActivity, profile
-
-    torch_workload(torch, graph=False)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-        torch_workload(torch, graph=False)
-    prof.export_chrome_trace(out)
-    doc = load(out)
+    doc = _traced_torch_workload("polyprof", out, graph=False, with_stack=True)
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
@@ -368,34 +365,30 @@ def c_unprofiled(out):
     return {"seconds": min(tiny_loop(torch) for _ in range(3))}
 
 
-@part
-def c_torch(out):
+def _profiled_tiny_loop(which: str) -> tuple:
+    """(the profile, the loop's seconds under it, the clock when its stop began, when it ended)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
+    profiler = _profiler(which)
     tiny_loop(torch, 1000)
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof = profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.CUDA])
     prof.__enter__()
     seconds = tiny_loop(torch)
     t0 = time.perf_counter()
     prof.__exit__(None, None, None)
+    return prof, seconds, t0, time.perf_counter()
+
+
+@part
+def c_torch(out):
+    prof, seconds, t0, _ = _profiled_tiny_loop("torch")
     prof.export_chrome_trace(out)
     return {"seconds": seconds, "stop_to_written_s": time.perf_counter() - t0}
 
 
 @part
 def c_polyprof(out):
-    import torch
-
-    from polyprof.profiler import ProfilerActivity, profile
-
-    tiny_loop(torch, 1000)
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-    prof.__enter__()
-    seconds = tiny_loop(torch)
-    t0 = time.perf_counter()
-    prof.__exit__(None, None, None)
-    t1 = time.perf_counter()
+    prof, seconds, t0, t1 = _profiled_tiny_loop("polyprof")
     prof.export_chrome_trace(out)
     cuda = prof.trace.backends["cuda"]
     kernels = trace_summary(load(out))["n_kernels"]
