@@ -132,10 +132,10 @@ def env(out):
         except PackageNotFoundError:
             info[dist] = None
     try:
-        from polyprof_cuda.cupti_layer import CuptiLayer
+        from polyprof_cuda.cupti_layer import CuptiLayer, cuda_version_text
 
         driver = CuptiLayer.driver_version()
-        info["driver_cuda"] = f"{driver // 1000}.{driver % 1000 // 10}" if driver else None
+        info["driver_cuda"] = cuda_version_text(driver) if driver else None
     except Exception as exc:
         info["driver_cuda"] = f"unknown ({exc})"
     from polyprof.registry import default

@@ -47,6 +47,11 @@ def _ignore_callback(*_args: Any) -> None:
     """The probe subscriber enables no callback domain; CUPTI never calls this."""
 
 
+def cuda_version_text(version: int) -> str:
+    """cuDriverGetVersion's number as a CUDA release: 13000 -> "13.0"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 def _holder_name(params: Any) -> str:
     """The tool CUPTI named in ``oldSubscriberName``, or a plain phrase when it named none."""
     try:
@@ -111,7 +116,7 @@ class CuptiLayer:
         if driver and major.isdigit() and driver // 1000 < int(major):
             raise CuptiUnavailable(
                 f"cupti-python {self.package_version()} needs a CUDA {major} driver, but the driver supports CUDA "
-                f"{driver // 1000}.{driver % 1000 // 10}: install polyprof-cuda[cu{driver // 1000}]"
+                f"{cuda_version_text(driver)}: install polyprof-cuda[cu{driver // 1000}]"
             )
         if not self.devices():
             raise CuptiUnavailable("the NVIDIA driver reports no CUDA device")
@@ -242,9 +247,7 @@ class CuptiLayer:
         status = self.c.Result(exc.status).name
         if status == "ERROR_NOT_INITIALIZED":
             driver = self.driver_version()
-            driver_text = (
-                f"CUDA {driver // 1000}.{driver % 1000 // 10}" if driver else "an unknown CUDA version"
-            )
+            driver_text = f"CUDA {cuda_version_text(driver)}" if driver else "an unknown CUDA version"
             raise CuptiUnavailable(
                 f"CUPTI could not initialise: libcupti {self.libcupti_version()} (cupti-python "
                 f"{self.package_version()}) needs a driver at least as new as its CUDA release, and the driver "
