@@ -25,8 +25,10 @@ Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ from collections import Counter
 PARTS = {}
 PART_TIMEOUT_S = 180
 TINY_KERNELS = 10_000
+KEPT_TRACES = ("a_polyprof", "a_torch", "b_cupy", "b_triton")
 
 
 def part(fn):
@@ -405,7 +408,7 @@ def c_polyprof(out):
 
 
 # -- running and reporting ------------------------------------------------------------------------
-def run_part(name: str, folder: str) -> dict:
+def run_part(name: str, folder: str, timeout_s: float = PART_TIMEOUT_S) -> dict:
     out = os.path.join(folder, f"{name}.json")
     started = time.perf_counter()
     try:
@@ -413,10 +416,10 @@ def run_part(name: str, folder: str) -> dict:
             [sys.executable, os.path.abspath(__file__), "--part", name, "--trace", out],
             capture_output=True,
             text=True,
-            timeout=PART_TIMEOUT_S,
+            timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {PART_TIMEOUT_S} s"}
+        return {"error": f"timed out after {timeout_s:.0f} s"}
     if r.returncode != 0 or not r.stdout.strip():
         return {"error": (r.stderr or r.stdout)[-2500:]}
     result = json.loads(r.stdout.strip().splitlines()[-1])
@@ -534,6 +537,15 @@ def main():
     ap.add_argument("--trace", help="where --part writes its trace")
     ap.add_argument("--parts", help="comma-separated parts to run (default: all)")
     ap.add_argument("--out", help="also write the report here")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop starting parts after this many seconds (the report is rewritten after every part)",
+    )
+    ap.add_argument(
+        "--keep-traces", metavar="DIR", help=f"copy the traces of {', '.join(KEPT_TRACES)} here, gzipped"
+    )
     args = ap.parse_args()
     if args.part:
         result = PARTS[args.part](args.trace)
@@ -541,27 +553,46 @@ def main():
         return
     names = args.parts.split(",") if args.parts else list(PARTS)
     folder = tempfile.mkdtemp(prefix="polyprof-device-check-")
+    target = args.out or (
+        os.path.join(os.environ["OUT"], "device-check-report.md") if os.environ.get("OUT") else None
+    )
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     res = {}
     for name in names:
-        res[name] = run_part(name, folder)
+        left = PART_TIMEOUT_S if deadline is None else min(PART_TIMEOUT_S, deadline - time.monotonic())
+        if left < 10:
+            res[name] = {"error": "not run: the check's time budget (--budget-s) was spent"}
+        else:
+            res[name] = run_part(name, folder, left)
         print(
             f"[device-check] {name}: {'failed' if 'error' in res[name] else 'ok'}",
             file=sys.stderr,
             flush=True,
         )
-    report = build_report(res)
-    print(report)
-    target = args.out or (
-        os.path.join(os.environ["OUT"], "device-check-report.md") if os.environ.get("OUT") else None
-    )
-    if target:
-        with open(target, "w") as f:
-            f.write(report)
-            f.write(
-                "\n<details><summary>raw</summary>\n\n```json\n"
-                + json.dumps(res, indent=1, default=_json_default)
-                + "\n```\n</details>\n"
-            )
+        if target:
+            _write_report(target, res)
+    print(build_report(res))
+    if args.keep_traces:
+        _keep_traces(folder, args.keep_traces)
+
+
+def _keep_traces(folder: str, into: str) -> None:
+    """Gzipped copies of the traces worth reading after the GPU is given back."""
+    for name in KEPT_TRACES:
+        source = os.path.join(folder, f"{name}.json")
+        if os.path.exists(source):
+            with open(source, "rb") as f, gzip.open(os.path.join(into, f"{name}.json.gz"), "wb") as g:
+                shutil.copyfileobj(f, g)
+
+
+def _write_report(target: str, res: dict) -> None:
+    with open(target, "w") as f:
+        f.write(build_report(res))
+        f.write(
+            "\n<details><summary>raw</summary>\n\n```json\n"
+            + json.dumps(res, indent=1, default=_json_default)
+            + "\n```\n</details>\n"
+        )
 
 
 if __name__ == "__main__":

@@ -9,4 +9,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { echo "installing the carried wheels failed" >&2; exit 1; }
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi -L || echo "nvidia-smi: not available"
-python3 plugins/polyprof-cuda/scripts/device-check.py --out "$out/device-check-report.md" 2>&1 | tee "$out/device-check.log"
+# The most telling parts first, so that a spent budget leaves out the least: (a) kernel identity and
+# attribution, (c) overhead and stop-to-trace, then the frameworks without torch.
+parts=${PARTS:-env,a_polyprof,a_torch,c_unprofiled,c_torch,c_polyprof,b_cupy,b_triton,b_cuda_python,b_numba,b_jax,a_polyprof_collector}
+python3 plugins/polyprof-cuda/scripts/device-check.py --parts "$parts" --budget-s "${BUDGET_S:-330}" \
+  --keep-traces "$out" --out "$out/device-check-report.md" 2>&1 | tee "$out/device-check.log"
