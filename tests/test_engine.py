@@ -1,6 +1,7 @@
 import asyncio
 import threading
 
+import fake_backends
 import numpy as np
 import pytest
 from fake_backends import SimDeviceBackend
@@ -369,3 +370,90 @@ def test_spans_open_when_the_profile_stops_are_written_unfinished(registry):
     with polyprof.profile(["cpu"], registry=registry) as again:
         pass
     assert len(again.trace.activities) == 0, "an unfinished span does not leak into the next profile"
+
+
+class _OwnIdsSession(fake_backends.SimDeviceSession):
+    """A device backend numbering its correlations itself from 1, as CUPTI and OpenCL backends do."""
+
+    next_id = 0
+
+    def launch(self, name: str) -> None:
+        super().launch(name)
+        if self.launches:
+            self.next_id += 1
+            self.launches[-1] = (self.launches[-1][0], self.next_id, *self.launches[-1][2:])
+
+
+class _OwnIdsBackend(SimDeviceBackend):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.activities = frozenset({name.upper()})
+
+    def create_session(self, config, ctx):
+        s = _OwnIdsSession(ctx)
+        self.sessions.append(s)
+        return s
+
+
+def test_flow_ids_stay_correlation_ids_unless_backends_collide(registry):
+    """Kineto's convention (ac2g id = correlation id) holds for a device backend whose ids collide with
+    no other's; a second one numbering from 1 too is shifted so that every flow still pairs its own
+    launch and kernel. Backends without flows (host) shift nothing."""
+    first, second = _OwnIdsBackend("simone"), _OwnIdsBackend("simtwo")
+    registry.register(first)
+    registry.register(second)
+    with polyprof.profile(["cpu", "simone", "simtwo"], registry=registry) as prof:
+        for i in range(3):
+            with polyprof.record_function(f"step{i}"):
+                first.launch(f"one{i}")
+                second.launch(f"two{i}")
+    trace = prof.trace
+    kernels = trace.activities_of(ActivityKind.KERNEL)
+    launches = {r.flow_id: r for r in trace.activities_of(ActivityKind.RUNTIME) if r.flow_start}
+    assert len(kernels) == 6 and len(launches) == 6, "no two flows share an id"
+    kept = [
+        all(k.flow_id == k.correlation for k in kernels if k.name.startswith(prefix))
+        for prefix in ("one", "two")
+    ]
+    assert sorted(kept) == [False, True], "exactly one of the colliding backends is shifted"
+    for k in kernels:
+        assert launches[k.flow_id].correlation == k.correlation, f"{k.name}'s flow leads from its own launch"
+
+
+class _FlowlessSession(fake_backends.SimDeviceSession):
+    """A backend whose rows link nothing (a counter sampler, say): it must shift no one's flow ids."""
+
+    def collect(self, sink):
+        dev = sink.device("sampler:0", type="sampler", index=0, name="Sampler")
+        res = sink.resource(dev, 0, "samples")
+        for name, *_ in self.launches:
+            sink.activity(
+                ActivityKind.KERNEL,
+                name,
+                device=dev,
+                resource=res,
+                start=self.ctx.clock(),
+                end=self.ctx.clock(),
+            )
+
+
+class _FlowlessBackend(_OwnIdsBackend):
+    def create_session(self, config, ctx):
+        s = _FlowlessSession(ctx)
+        self.sessions.append(s)
+        return s
+
+
+def test_a_device_backend_after_flowless_ones_keeps_its_correlation_ids_as_flow_ids(registry):
+    sampler, device = _FlowlessBackend("sampler"), _OwnIdsBackend("simone")
+    registry.register(sampler)  # collected before the device backend
+    registry.register(device)
+    with polyprof.profile(["cpu", "sampler", "simone"], registry=registry) as prof:
+        for i in range(3):
+            with polyprof.record_function(f"step{i}"):
+                sampler.launch(f"sample{i}")
+                device.launch(f"k{i}")
+    assert list(prof.trace.metadata["polyprof"]["backends"])[:2] == ["sampler", "simone"]
+    kernels = [k for k in prof.trace.activities_of(ActivityKind.KERNEL) if k.name.startswith("k")]
+    assert [(k.flow_id, k.correlation) for k in kernels] == [(1, 1), (2, 2), (3, 3)]

@@ -51,9 +51,13 @@ def trace_summary(doc: dict) -> dict:
     """What the report compares: kernels, copies, fills, flows and which op each kernel is charged to."""
     events = doc["traceEvents"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
+    # a flow's end binds to the slice it lands on (same pid, tid and ts), whatever its id
     flow_starts = {e["id"] for e in events if e.get("ph") == "s" and e.get("cat") == "ac2g"}
-    flow_ends = {e["id"] for e in events if e.get("ph") == "f" and e.get("cat") == "ac2g"}
-    linked = flow_starts & flow_ends
+    linked_slices = {
+        (e["pid"], e["tid"], e["ts"])
+        for e in events
+        if e.get("ph") == "f" and e.get("cat") == "ac2g" and e["id"] in flow_starts
+    }
     host_by_id = {}
     for e in events:
         if e.get("cat") in ("cpu_op", "user_annotation") and "External id" in e.get("args", {}):
@@ -68,7 +72,7 @@ def trace_summary(doc: dict) -> dict:
         "kernels": Counter(e["name"] for e in kernels),
         "memcpy": sum(1 for e in events if e.get("cat") == "gpu_memcpy"),
         "memset": sum(1 for e in events if e.get("cat") == "gpu_memset"),
-        "kernels_with_flow": sum(1 for e in kernels if e.get("args", {}).get("correlation") in linked),
+        "kernels_with_flow": sum(1 for e in kernels if (e["pid"], e["tid"], e["ts"]) in linked_slices),
         "kernels_charged_to_op": sum(
             1 for e in kernels if host_by_id.get(e.get("args", {}).get("External id"), ("",))[0] == "cpu_op"
         ),

@@ -60,10 +60,29 @@ def test_trace_summary_charges_kernels_to_cpu_ops_as_torch_writes_them(check):
         "traceEvents": [
             {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "args": {"External id": 5}},
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"correlation": 9}},
-            {"ph": "s", "cat": "ac2g", "id": 9},
-            {"ph": "f", "cat": "ac2g", "id": 9},
-            {"ph": "X", "cat": "kernel", "name": "sgemm", "args": {"External id": 5, "correlation": 9}},
-            {"ph": "X", "cat": "kernel", "name": "orphan", "args": {"External id": 0, "correlation": 10}},
+            # the flow's id need not be the correlation id: its end binds to the slice at its pid/tid/ts
+            {"ph": "s", "cat": "ac2g", "id": 11, "pid": 1, "tid": 1, "ts": 10},
+            {"ph": "f", "cat": "ac2g", "id": 11, "pid": 0, "tid": 7, "ts": 20},
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "sgemm",
+                "pid": 0,
+                "tid": 7,
+                "ts": 20,
+                "args": {"External id": 5, "correlation": 9},
+            },
+            # an end without a start links nothing
+            {"ph": "f", "cat": "ac2g", "id": 10, "pid": 0, "tid": 7, "ts": 30},
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "orphan",
+                "pid": 0,
+                "tid": 7,
+                "ts": 30,
+                "args": {"External id": 0, "correlation": 10},
+            },
         ]
     }
     s = check.trace_summary(doc)

@@ -93,13 +93,15 @@ def merge(
     metadata: dict,
 ) -> Trace:
     """Build the trace. Rows whose start lies outside `window` are dropped (and counted per backend);
-    flow ids are shifted per backend so they cannot collide; flows missing one end are cleared."""
+    a backend's flow ids are shifted only where they would collide with an earlier backend's (so a
+    single device backend keeps Kineto's convention: ac2g id = correlation id); flows missing one end
+    are cleared."""
     table = _DeviceTable()
     pieces = []
     counters = Counters()
     device_properties: list[dict] = []
     extra_metadata: dict = {}
-    flow_offset = 0
+    highest_flow_id = 0
     w0, w1 = window
     for part in parts:
         sink = part.sink
@@ -114,9 +116,8 @@ def merge(
                 part.status.dropped["outside capture window"] = outside
                 acts = acts.take(np.flatnonzero(inside))
         part.status.activities = len(acts)
+        flow_offset, highest_flow_id = _flow_offset(acts, highest_flow_id)
         pieces.append((acts, dev_map if len(dev_map) else np.zeros(0, np.int32), res_map, flow_offset))
-        if len(acts):
-            flow_offset += int(acts["flow_id"].max()) + 1
         for s in sink.counters.samples:
             if w0 <= s.ts <= w1:
                 counters.add(
@@ -214,6 +215,15 @@ def innermost_open_span(acts: ActivityTable, spans: np.ndarray, calls: np.ndarra
         elif stack:
             found[i] = stack[-1]
     return found
+
+
+def _flow_offset(acts: ActivityTable, highest_so_far: int) -> tuple[int, int]:
+    """(the shift for this backend's flow ids, the highest id in the trace after it)."""
+    ids = acts["flow_id"][acts["flow_id"] != 0] if len(acts) else np.zeros(0, np.int64)
+    if not len(ids):
+        return 0, highest_so_far
+    offset = 0 if int(ids.min()) > highest_so_far else highest_so_far
+    return offset, int(ids.max()) + offset
 
 
 def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
