@@ -454,6 +454,18 @@ def test_a_device_backend_after_flowless_ones_keeps_its_correlation_ids_as_flow_
             with polyprof.record_function(f"step{i}"):
                 sampler.launch(f"sample{i}")
                 device.launch(f"k{i}")
-    assert list(prof.trace.metadata["polyprof"]["backends"])[:2] == ["sampler", "simone"]
+    order = list(prof.trace.metadata["polyprof"]["backends"])
+    assert order.index("sampler") < order.index("simone"), "the flowless backend is merged first"
     kernels = [k for k in prof.trace.activities_of(ActivityKind.KERNEL) if k.name.startswith("k")]
     assert [(k.flow_id, k.correlation) for k in kernels] == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_postprocessing_time_is_reported_per_backend_and_phase(registry, sim):
+    """Where the time between stop and a trace went, so a slow stop names its culprit."""
+    with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+        sim.launch("k")
+    took = prof.trace.metadata["polyprof"]["postprocess_ms"]
+    assert set(took) == {"host", "torch", "simdev", "merge"}
+    assert set(took["simdev"]) == {"stop", "collect"}
+    assert all(v >= 0 for phases in (took["simdev"], took["host"]) for v in phases.values())
+    assert took["merge"] > 0

@@ -248,6 +248,63 @@ def test_options_the_observer_does_not_cover_use_torchs_collector(options, reaso
     assert "aten::sum" in {a.name for a in prof.trace.activities}
 
 
+class _OlderTorchEvent:
+    """A KinetoEvent as torch < 2.12 has it: no activity_type(), no flow_*()."""
+
+    HIDDEN = ("activity_type", "flow_id", "flow_type", "flow_start", "is_python_function")
+
+    def __init__(self, event) -> None:
+        self._event = event
+
+    def __getattr__(self, name):
+        if name in self.HIDDEN:
+            raise AttributeError(name)
+        return getattr(self._event, name)
+
+
+def _collector_trace(monkeypatch, older: bool):
+    from polyprof.profiler import ProfilerActivity, profile, record_function
+
+    monkeypatch.setenv("POLYPROF_TORCH_OBSERVER", "0")
+    if older:
+        real_disable = torch._C._autograd._disable_profiler
+
+        class Result:
+            def __init__(self, result) -> None:
+                self._result = result
+
+            def events(self):
+                return [_OlderTorchEvent(e) for e in self._result.events()]
+
+            def __getattr__(self, name):
+                return getattr(self._result, name)
+
+        monkeypatch.setattr(torch._C._autograd, "_disable_profiler", lambda: Result(real_disable()))
+    x = torch.ones(8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("step"):
+            ((x * 2).sin().sum()).backward()
+    return prof.trace
+
+
+def _fwdbwd_pairs(trace) -> Counter:
+    acts = [a for a in trace.activities if a.flow_type == FLOW_FWDBWD and a.flow_id]
+    start = {a.flow_id: a.name for a in acts if a.flow_start}
+    return Counter((start[a.flow_id], a.name) for a in acts if not a.flow_start and a.flow_id in start)
+
+
+def test_torch_before_2_12_events_give_the_same_ops_and_fwdbwd_flows(monkeypatch):
+    """torch < 2.12 (checked on 2.11) lacks activity_type() and flow_*(): kinds come from the flags it
+    has and fwdbwd flows are rebuilt from sequence numbers; both as torch's own say."""
+    now = _collector_trace(monkeypatch, older=False)
+    older = _collector_trace(monkeypatch, older=True)
+    kinds = Counter((a.kind, a.name) for a in now.activities if a.kind != ActivityKind.PYTHON_FUNCTION)
+    assert Counter((a.kind, a.name) for a in older.activities) == kinds
+    assert (ActivityKind.USER_ANNOTATION, "step") in kinds
+    pairs = _fwdbwd_pairs(now)
+    assert pairs and _fwdbwd_pairs(older) == pairs
+
+
 def test_the_observer_can_be_turned_off(monkeypatch):
     from polyprof.profiler import ProfilerActivity, profile
 
@@ -297,6 +354,10 @@ def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, 
         builder.build(torch)
 
 
+@pytest.mark.skipif(
+    not hasattr(torch._C._autograd._KinetoEvent, "activity_type"),
+    reason="torch < 2.12 hands no python_function events to a profiler's result (no activity_type())",
+)
 def test_stacks_of_other_parked_python_threads_get_a_valid_thread_row(tmp_path):
     import threading
 

@@ -242,9 +242,10 @@ class Registry:
         Backends that did not declare their groups are imported to find out. Unknown groups raise
         UnknownNameError listing the known ones.
         """
-        wanted = {g.upper() for g in groups}
+        ordered = list(dict.fromkeys(g.upper() for g in groups))  # the caller's order, so runs repeat
+        wanted = set(ordered)
         all_entries = self.entries(load=False)
-        result: dict[str, list[BackendEntry]] = {g: [] for g in wanted}
+        result: dict[str, list[BackendEntry]] = {g: [] for g in ordered}
         for entry in all_entries:
             if entry.conflict:
                 if wanted & entry.declared_activities:

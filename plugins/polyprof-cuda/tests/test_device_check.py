@@ -114,7 +114,10 @@ def passing_results(check, tmp_path):
             "cuda_activities": 30000,
             "records_per_s_at_stop": 1.5e6,
             "cuda_status": status["cuda"],
+            "postprocess_ms": {"cuda": {"stop": 1.0, "collect": 20.0}, "merge": 5.0},
         },
+        "x_stop_profile": {"postprocess_ms": {"merge": 5.0}, "profile": ["ncalls  tottime", "1 0.001 merge"]},
+        "x_cuda_only_torch": {"seconds": 0.1},
     }
 
 
@@ -123,7 +126,8 @@ def test_report_of_a_passing_run(check, tmp_path):
     assert "kernel names identical (multiset): **True** (3 vs 3 kernels)" in report
     assert "attribution identical to torch.profiler's for **3/3** kernels" in report
     assert "overhead ratio polyprof/torch.profiler: **0.70**" in report
-    assert "**1.50 M/s**" in report
+    assert "**1.50 M/s**" in report, "30,000 records collected in 20 ms"
+    assert "## Diagnostics (raw)" in report and '- x_cuda_only_torch: {"seconds": 0.1}' in report
     for label in ("CuPy", "Numba", "cuda-python", "JAX", "Triton"):
         assert f"- {label}" in report
     assert "failed" not in report

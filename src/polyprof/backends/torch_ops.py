@@ -55,6 +55,9 @@ _KIND_BY_TYPE = {
 }
 
 
+BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
+
+
 def _torch_version(torch: Any) -> tuple[int, int]:
     try:
         major, minor = torch.__version__.split(".")[:2]
@@ -273,7 +276,7 @@ class TorchSession:
         host = sink.host_device()
         # Column by column: one comprehension per field keeps the per-event cost to a few C calls.
         events = result.events()
-        types = [ev.activity_type() for ev in events]
+        types = _event_types(events)
         hidden = [ev.is_hidden_event() for ev in events]
         keep = [
             ev for ev, ty, hid in zip(events, types, hidden, strict=True) if ty in _KIND_BY_TYPE and not hid
@@ -291,11 +294,7 @@ class TorchSession:
         torch_ids = [ev.correlation_id() for ev in keep]
         new_ids = {c: self.ctx.new_correlation_id() for c in dict.fromkeys(torch_ids) if c}
         corr = [new_ids.get(c, 0) for c in torch_ids]
-        flow_types = [ev.flow_type() for ev in keep]
-        flow_ids = [
-            ev.flow_id() if ft in (FLOW_FWDBWD, FLOW_AC2G) else 0
-            for ev, ft in zip(keep, flow_types, strict=True)
-        ]
+        flow_ids, flow_types, flow_starts = self._flows(keep, kinds, start)
         memory = [i for i, n in enumerate(names) if n == "[memory]"]
         args = self._all_args(keep, kinds, memory)
         n = len(keep)
@@ -312,13 +311,39 @@ class TorchSession:
                 "correlation": corr,
                 "external_id": corr,
                 "flow_id": flow_ids,
-                "flow_type": [ft if fid else 0 for ft, fid in zip(flow_types, flow_ids, strict=True)],
-                "flow_start": [
-                    int(ev.flow_start()) if fid else 0 for ev, fid in zip(keep, flow_ids, strict=True)
-                ],
+                "flow_type": flow_types,
+                "flow_start": flow_starts,
             },
             args,
         )
+
+    def _flows(self, keep: list, kinds: list[int], start: np.ndarray) -> tuple[Any, Any, Any]:
+        """(flow id, flow type, flow start) columns: torch's own fwdbwd/ac2g links where its events
+        expose them (torch >= 2.12), else fwdbwd flows rebuilt from sequence numbers as torch links
+        them."""
+        if not keep:
+            return [], [], []
+        if hasattr(keep[0], "flow_type"):
+            types = [ev.flow_type() for ev in keep]
+            ids = [
+                ev.flow_id() if ft in (FLOW_FWDBWD, FLOW_AC2G) else 0
+                for ev, ft in zip(keep, types, strict=True)
+            ]
+            return (
+                ids,
+                [ft if fid else 0 for ft, fid in zip(types, ids, strict=True)],
+                [int(ev.flow_start()) if fid else 0 for ev, fid in zip(keep, ids, strict=True)],
+            )
+        cpu_op = int(ActivityKind.CPU_OP)
+        seq = np.array([ev.sequence_nr() if k == cpu_op else -1 for ev, k in zip(keep, kinds, strict=True)])
+        fwd_tid = np.array([ev.fwd_thread_id() for ev in keep], dtype=np.int64)
+        # a backward edge ends on the autograd node (scope BACKWARD_FUNCTION), not on the
+        # evaluate_function range around it, which carries the same numbers
+        scope = np.array([ev.scope() for ev in keep], dtype=np.int64)
+        seq[(fwd_tid > 0) & (scope != BACKWARD_FUNCTION_SCOPE)] = -1
+        rf_tid = np.array([ev.start_thread_id() for ev in keep], dtype=np.uint64).astype(np.int64)
+        ids, starts = _fwdbwd_flows(seq, fwd_tid, rf_tid, start, self.ctx)
+        return ids, np.where(ids != 0, FLOW_FWDBWD, 0), starts
 
     def _collect_observed(self, sink: Sink, n: int) -> None:
         """Rows from polyprof's observer: already host-clock ns and native thread ids."""
@@ -509,6 +534,21 @@ def _fwdbwd_flows(
         flow_id[bwd_rows] = ids
         flow_start[fwd_rows] = 1
     return flow_id, flow_start
+
+
+def _event_types(events: list) -> list[str]:
+    """Each event's torch activity type; torch < 2.12 has no ``activity_type()``, so what a CPU-only
+    profile records is told apart by the flags it has (annotations; ``[memory]`` instants; ops)."""
+    if not events or hasattr(events[0], "activity_type"):
+        return [ev.activity_type() for ev in events]
+    return [
+        "user_annotation"
+        if ev.is_user_annotation()
+        else "cpu_instant_event"
+        if name == "[memory]"
+        else "cpu_op"
+        for ev, name in zip(events, _names(events), strict=True)
+    ]
 
 
 def _names(events: list) -> list[str]:

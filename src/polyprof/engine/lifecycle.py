@@ -23,6 +23,7 @@ import contextlib
 import gc
 import math
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -197,6 +198,7 @@ class Profile:
 
         self.step_num = 0
         self.current_action = ProfilerAction.NONE
+        self._postprocess_ms: dict[str, Any] = {}
         self._handles: list[_SessionHandle] = []
         self._recording = False
         self._window_start = 0
@@ -410,10 +412,14 @@ class Profile:
         window_end = host_ns()
         correlation.set_targets(())
         parts: list[CollectedPart] = []
+        self._postprocess_ms = {}
         for h in self._handles:
             h.ctx.window_end = window_end
-            if h.alive and h.started and self._call(h, "stop", h.session.stop).timed_out:
-                h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
+            if h.alive and h.started:
+                with self._timed(h.entry.name, "stop"):
+                    timed_out = self._call(h, "stop", h.session.stop).timed_out
+                if timed_out:
+                    h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
         with gc_paused():  # collect builds many containers and no cycles: collecting them is wasted work
             self._collect_all(parts)
         for sel in self._unavailable:
@@ -442,6 +448,7 @@ class Profile:
                 },
             },
         }
+        merge_started = time.perf_counter()
         self._trace = merge(
             parts,
             window=(self._window_start, window_end),
@@ -449,6 +456,9 @@ class Profile:
             base_time_ns=base_time_ns(self._window_start + epoch.offset_ns),
             metadata=meta,
         )
+        self._postprocess_ms["merge"] = round((time.perf_counter() - merge_started) * 1e3, 3)
+        # where the time between stop and a trace went: each backend's stop and collect, then merge
+        self._trace.metadata["polyprof"]["postprocess_ms"] = self._postprocess_ms
         # merge() fills in each backend's activity and out-of-window counts, so serialise after it
         self._trace.metadata["polyprof"]["backends"] = {p.status.name: p.status.to_json() for p in parts}
         self._warn_user(parts)
@@ -457,7 +467,8 @@ class Profile:
         for h in self._handles:
             sink = Sink(h.entry.name)
             if h.alive and h.started:
-                outcome = self._call(h, "collect", h.session.collect, sink)
+                with self._timed(h.entry.name, "collect"):
+                    outcome = self._call(h, "collect", h.session.collect, sink)
                 if not outcome.ok:
                     # rows a failed collect emitted before raising are kept; a hung one's are not,
                     # since its thread may still be writing
@@ -475,6 +486,15 @@ class Profile:
         if outcome.timed_out:
             h.alive = False
         return outcome
+
+    @contextlib.contextmanager
+    def _timed(self, backend: str, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = round((time.perf_counter() - started) * 1e3, 3)
+            self._postprocess_ms.setdefault(backend, {})[phase] = took
 
     def _abandon_sessions(self) -> None:
         for h in self._handles:

@@ -22,6 +22,7 @@ from polyprof.backend import ProfileConfig, SessionContext, Sink
 from polyprof.clock import ClockMapping, host_ns
 from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.args import sorted_unique
+from polyprof_cuda.names import demangled, demangler_problem
 from polyprof_cuda.records import (
     DEFAULT_KINDS,
     DRIVER,
@@ -156,6 +157,8 @@ class CudaSession:
             self.ctx.report.warning(
                 f"CUPTI refused to pre-allocate its buffers ({exc}); it will allocate them while tracing"
             )
+        if demangler_problem():
+            self.ctx.report.warning(f"kernel names will stay mangled: {demangler_problem()}")
         self.layer.use_system_thread_ids()
         self.layer.register_callbacks(self._requested, self._completed)
         if self.latency:
@@ -401,7 +404,7 @@ class _CollectPass:
                 c["channel_type"],
             ),
         )
-        self.device_work(ActivityKind.KERNEL, c["name"], c, args)
+        self.device_work(ActivityKind.KERNEL, demangled(c["name"]), c, args)
 
     def api_calls(self, c: dict, kind: ActivityKind, cat: str, domain: str) -> None:
         cbids, corrs = c["cbid"], c["correlation_id"]
