@@ -1,13 +1,14 @@
-"""polyprof-cuda collect throughput: decoded CUPTI records -> activities, without a GPU.
+"""polyprof-cuda collect throughput: raw CUPTI buffers -> activities, without a GPU.
 
     .venv/bin/python benchmarks/cuda_collect.py [--kernels 300000]
 
-Feeds the session's collect with what its buffer callback keeps: lists of cupti-python record objects
-(a launch, an external correlation and a kernel per launch, plus copies), and reports records
-processed per second, decoding included. Needs cupti-python installed (its record classes and
-layouts), not a GPU; the records are built here, so their kernel names are not shared strings as
-CUPTI's are (each distinct name pointer is read once: here one per record, a worst case). Target (issue #5): >= 1 M records/s at collect.
-Also reports how long merging the rows into a trace and writing it as Chrome JSON takes.
+Fills the session's own 8 MB buffers as CUPTI does (the records' C structs back to back: a launch, an
+external correlation and a kernel per launch, plus copies), then times collect: the walk, decoding,
+and the mapping to activities; reports records per second. Also times the buffer-completed callback
+(what runs on CUPTI's thread while the program runs) and merging + writing Chrome JSON. Needs
+cupti-python installed (its record classes and layouts), not a GPU; the records are built here, so
+their kernel names are not shared strings as CUPTI's are (each distinct name pointer is read once:
+here one per record, a worst case). Target (issue #5): >= 1 M records/s at collect.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("--kernels", type=int, default=200_000)
     args = ap.parse_args()
     from cupti import cupti
+    from polyprof_cuda.raw_buffers import BufferPool
     from polyprof_cuda.session import CudaSession
     from recorded_cupti import RecordedLayer, kernel_record, latest_class, make_record
 
@@ -87,15 +89,18 @@ def main() -> None:
                 correlation_id=n + i + 1,
             )
         )
-    # what the buffer callback keeps: cupti-python's record lists, one per 8 MB CUPTI buffer (~40k)
-    delivered = [buffer[i : i + 40_000] for i in range(0, len(buffer), 40_000)]
+    # "CUPTI" fills the session's buffers (not timed: that is CUPTI's work)
+    layer.c.raw.register_buffer_callbacks(session.pool.requested, session.pool.completed)
+    layer.c.raw.deliver(buffer)
+    buffers = layer.c.raw.delivered_buffers
     del buffer
-    # the buffer callback, on CUPTI's thread while the program runs (it holds the GIL meanwhile)
+    # the buffer-completed callback, on CUPTI's thread while the program runs (holding the GIL)
+    spare = BufferPool(session.buffer_bytes, max_bytes=1 << 40)
     start = time.perf_counter()
-    for records_of_one_buffer in delivered:
-        session._completed(records_of_one_buffer)
-    callback_us = (time.perf_counter() - start) / len(delivered) * 1e6
-    del delivered
+    for _ in range(1000):
+        spare.completed(spare.requested()[0], 1 << 20)
+    callback_us = (time.perf_counter() - start) / 1000 * 1e6
+    del spare
     records = 3 * n + copies
     from polyprof.engine.lifecycle import gc_paused
 
@@ -109,7 +114,8 @@ def main() -> None:
         "cuda_collect",
         {
             "records": records,
-            "buffer_callback_us_per_40k_records": round(callback_us, 1),
+            "buffers": buffers,
+            "buffer_request_and_complete_us": round(callback_us, 2),
             "activities": len(sink.builder),
             "seconds": round(seconds, 3),
             "records_per_s": round(records / seconds),

@@ -469,3 +469,32 @@ def test_postprocessing_time_is_reported_per_backend_and_phase(registry, sim):
     assert set(took["simdev"]) == {"stop", "collect"}
     assert all(v >= 0 for phases in (took["simdev"], took["host"]) for v in phases.values())
     assert took["merge"] > 0
+
+
+def test_backends_stop_in_the_reverse_order_they_started(registry):
+    """Last started, first stopped: a backend started inside another's session stops while the outer
+    one still runs (polyprof's CUDA tracing inside torch's collector, which takes CUPTI)."""
+    log = []
+
+    class Logged(fake_backends.SimDeviceSession):
+        def start(self):
+            log.append(("start", self.label))
+            super().start()
+
+        def stop(self):
+            log.append(("stop", self.label))
+            super().stop()
+
+    class LoggedBackend(_OwnIdsBackend):
+        def create_session(self, config, ctx):
+            s = Logged(ctx)
+            s.label = self.name
+            return s
+
+    for name in ("outer", "inner"):
+        registry.register(LoggedBackend(name))
+    with polyprof.profile(["outer", "inner"], registry=registry):
+        pass
+    starts = [name for what, name in log if what == "start"]
+    stops = [name for what, name in log if what == "stop"]
+    assert starts == ["outer", "inner"] and stops == ["inner", "outer"]

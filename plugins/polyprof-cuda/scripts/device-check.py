@@ -224,6 +224,21 @@ def a_polyprof_collector(out):
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
+@part
+def a_after_torch_profiler(out):
+    """torch.profiler first, then polyprof, in one process: Kineto stays subscribed to CUPTI (idle)."""
+    _traced_torch_workload("torch", out)
+    doc = _traced_torch_workload("polyprof", out)
+    return {**trace_summary(doc), "backends": polyprof_status(doc)}
+
+
+@part
+def a_torch_after_polyprof(out):
+    """polyprof first, then torch.profiler, in one process: torch's trace must be whole."""
+    _traced_torch_workload("polyprof", out)
+    return trace_summary(_traced_torch_workload("torch", out))
+
+
 def _without_torch(result: dict) -> dict:
     result["torch_imported"] = "torch" in sys.modules
     return result
@@ -648,6 +663,21 @@ def build_report(res: dict) -> str:
             f"- with_stack=True (torch's collector records ops): {pc['n_kernels']} kernels reached polyprof, "
             f"{pc['kernels_with_flow']} with a flow; backends: {json.dumps(pc['backends'])}"
         )
+
+    for name, label in (
+        ("a_after_torch_profiler", "polyprof after torch.profiler in one process"),
+        ("a_torch_after_polyprof", "torch.profiler after polyprof in one process"),
+    ):
+        r = res.get(name)
+        if r is None:
+            continue
+        if "error" in r:
+            lines += _error_lines(label, r)
+        else:
+            lines.append(
+                f"- {label}: {r['n_kernels']} kernels, {r['kernels_with_flow']} with a flow, "
+                f"{r['kernels_charged_to_op']} charged to an aten op"
+            )
 
     lines += ["", "## (b) other CUDA code"]
     for name, label in (

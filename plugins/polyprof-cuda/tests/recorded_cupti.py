@@ -158,6 +158,11 @@ class FakeCupti:
         self.latency_timestamps = 0
         self.next_corr = 1000
         self.t0 = host_ns()
+        self.raw = FakeLibCupti(self)
+        self.class_of_kind: dict[int, type] = {}
+
+    def __dir__(self):
+        return sorted(set(dir(self.real)) | set(super().__dir__()))
 
     def __getattr__(self, name):
         """Enums, record classes, params structs, errors and constants: the real module's."""
@@ -229,17 +234,12 @@ class FakeCupti:
 
     @mirrors_real
     def activity_flush_all(self, flag) -> None:
-        requested, completed = self.callbacks
-        size, _max_records = requested()
-        assert size > 0
         records, self.pending = self.pending, []
-        if self.deliver_late:  # the last buffer arrives after stop, from CUPTI's own thread
+        if self.deliver_late:  # the first half arrives before the flush, from CUPTI's own thread
             half = len(records) // 2
-            completed(records[:half])
+            self.raw.deliver(records[:half])
             records = records[half:]
-        t = threading.Thread(target=completed, args=(records,))  # CUPTI delivers on its own thread
-        t.start()
-        t.join()
+        self.raw.deliver(records)
 
     @mirrors_real
     def activity_get_num_dropped_records(self, context, stream_id, dropped) -> None:
@@ -411,12 +411,73 @@ class FakeCupti:
         return self._api_and_externals(10)[0]
 
 
+class FakeLibCupti:
+    """libcupti's raw buffer API as :class:`~polyprof_cuda.libcupti.LibCupti` binds it: buffers are
+    requested from the registered callback, filled with the records' real bytes (their C structs, 8-byte
+    aligned, as CUPTI lays them out) and handed back from another thread; the walk follows CUPTI's."""
+
+    def __init__(self, fake: FakeCupti, buffer_limit: int | None = None) -> None:
+        self.fake = fake
+        self.callbacks = None
+        self.buffer_limit = buffer_limit  # fill at most this many bytes of each buffer
+        self.delivered_buffers = 0
+        self.registrations = 0
+        self.kept_alive: list = []  # kernel names live in CUPTI's memory: here, in the record objects
+
+    def register_buffer_callbacks(self, requested, completed) -> None:
+        self.callbacks = (requested, completed)
+        self.registrations += 1
+
+    def unregister(self) -> None:
+        self.callbacks = None
+
+    def _size(self, record_addr: int) -> int:
+        from cupti import cupti
+        from polyprof_cuda.records import layout_dtype
+
+        kind = ctypes.c_uint32.from_address(record_addr).value
+        cls = self.fake.class_of_kind[kind]
+        return (layout_dtype(cupti, cls).itemsize + 7) & ~7
+
+    def next_record(self, buffer: int, valid: int, record: int) -> int | None:
+        following = record + self._size(record)
+        return following if following < buffer + valid else None
+
+    def deliver(self, records: list) -> None:
+        from cupti import cupti
+        from polyprof_cuda.records import layout_dtype
+
+        assert self.callbacks is not None, "CUPTI delivers only to registered buffer callbacks"
+        requested, completed = self.callbacks
+        self.kept_alive.extend(records)
+        finished = []
+        addr, size = requested()
+        limit = min(size, self.buffer_limit or size)
+        used = 0
+        for r in records:
+            self.fake.class_of_kind[int(r.kind)] = type(r)
+            nbytes = layout_dtype(cupti, type(r)).itemsize
+            if used + nbytes > limit:  # full: hand it back, ask for another
+                finished.append((addr, used))
+                addr, size = requested()
+                used = 0
+            ctypes.memmove(addr + used, r.ptr, nbytes)
+            used += (nbytes + 7) & ~7
+        finished.append((addr, used))
+        self.delivered_buffers += len(finished)
+        for addr, valid in finished:  # CUPTI delivers on its own thread
+            t = threading.Thread(target=completed, args=(addr, valid))
+            t.start()
+            t.join()
+
+
 class RecordedLayer(CuptiLayer):
     """The real CuptiLayer over :class:`FakeCupti`; only the device facts, which come from
     cuda-bindings and the driver, are given. `layer.launch_kernel()` and the like drive the fake GPU."""
 
     def __init__(self, devices: int = 2, **fake_options) -> None:
-        super().__init__(module=FakeCupti(**fake_options))
+        fake = FakeCupti(**fake_options)
+        super().__init__(module=fake, libcupti=fake.raw)
         self.n_devices = devices
 
     def __getattr__(self, name):  # the fake GPU's methods and state: layer.launch_kernel(), ...

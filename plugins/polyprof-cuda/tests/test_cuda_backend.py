@@ -363,12 +363,17 @@ def test_cupti_buffers_are_preallocated_before_tracing_is_enabled():
     assert layer.preallocated[:2] == (0, 2)
 
 
-def test_a_refused_preallocation_is_a_warning_and_tracing_goes_on():
+def test_a_refused_preallocation_is_noted_per_attribute_and_tracing_goes_on():
+    """An H200 with CUDA 13.0 refuses semaphore pre-allocation (ERROR_NOT_SUPPORTED): nothing the user
+    can change, so it is a detail of the backend's status, not a warning on every run."""
     layer = RecordedLayer()
     layer.c.refuse_attributes = int(layer.c.Result.ERROR_NOT_SUPPORTED)
-    with pytest.warns(polyprof.PolyprofWarning, match="CUPTI refused to pre-allocate its buffers"):
-        trace = profile(layer, layer.launch_kernel)
-    assert trace.backends["cuda"].state == "ran" and len(trace.activities_of(ActivityKind.KERNEL)) == 1
+    trace = profile(layer, layer.launch_kernel)
+    status = trace.backends["cuda"]
+    assert status.state == "ran" and len(trace.activities_of(ActivityKind.KERNEL)) == 1
+    assert not status.warnings
+    for attribute in ("DEVICE_BUFFER_PRE_ALLOCATE_VALUE", "PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE"):
+        assert "NOT_SUPPORTED" in status.details[f"CUPTI did not pre-allocate ({attribute})"]
 
 
 def test_conformance_kit_with_recorded_cupti():
@@ -401,3 +406,69 @@ def test_records_from_several_threads_land_on_their_threads():
 def test_make_record_rejects_fields_the_stub_does_not_declare():
     with pytest.raises(AssertionError, match="no field"):
         make_record(latest_class("ActivityKernel"), gridx=1)
+
+
+# -- beside torch's own profiler (Kineto) ---------------------------------------------------------
+KINETO_SUBSCRIBER = "CUPTI for <not provided>"  # how CUPTI named torch's Kineto on an H200, torch 2.11
+
+
+def test_an_idle_kineto_subscriber_does_not_stop_tracing():
+    """Once torch's profiler has run, Kineto stays subscribed (unnamed) for the life of the process;
+    while it traces nothing, polyprof traces and notes it."""
+    pytest.importorskip("torch", reason="needs torch to tell Kineto's state")
+    layer = RecordedLayer(subscriber=KINETO_SUBSCRIBER)
+    trace = profile(layer, layer.launch_kernel)
+    status = trace.backends["cuda"]
+    assert status.state == "ran" and len(trace.activities_of(ActivityKind.KERNEL)) == 1
+    assert status.details["CUPTI subscriber"] == "torch's profiler (idle) holds it; polyprof traces"
+
+
+def test_a_running_torch_profiler_or_a_named_tool_still_refuses(monkeypatch):
+    torch = pytest.importorskip("torch", reason="needs torch to tell Kineto's state")
+    named = RecordedLayer(subscriber="Nsight Systems")
+    with pytest.warns(
+        polyprof.PolyprofWarning, match=r"another CUPTI subscriber is attached \(Nsight Systems\)"
+    ):
+        assert profile(named, named.launch_kernel).backends["cuda"].state == "failed"
+    monkeypatch.setattr(torch._C._autograd, "_profiler_enabled", lambda: True)
+    running = RecordedLayer(subscriber=KINETO_SUBSCRIBER)
+    with pytest.warns(polyprof.PolyprofWarning, match="another CUPTI subscriber is attached"):
+        assert profile(running, running.launch_kernel).backends["cuda"].state == "failed"
+
+
+def test_beside_torchs_collector_cupti_is_taken_back_and_kinetos_external_ids_ignored():
+    """with_stack=True records ops through torch's collector, which (on a CUDA machine) registers its own
+    CUPTI buffer callbacks: the CUDA backend, started after it, registers again, and links launches to
+    ops and annotations by time, not by the external ids Kineto pushes (they are Kineto's)."""
+    pytest.importorskip("torch", reason="needs torch's collector")
+    layer = RecordedLayer(subscriber=KINETO_SUBSCRIBER)
+    custom0 = int(layer.c.real.ExternalCorrelationKind.CUSTOM0)
+
+    def work():
+        with polyprof.record_function("step"):
+            layer.c.stacks.setdefault(custom0, []).append(424242)  # Kineto's id for some op
+            layer.launch_kernel("k")
+            layer.c.stacks[custom0].pop()
+
+    trace = profile(layer, work, with_stack=True)
+    status = trace.backends["cuda"]
+    assert trace.backends["torch"].details["recorder"].startswith("torch collector")
+    assert layer.c.raw.registrations == 2, "registered at prepare, and again after torch's collector started"
+    assert "alongside" in status.details
+    (kernel,) = trace.activities_of(ActivityKind.KERNEL)
+    (step,) = [a for a in trace.activities_of(ActivityKind.USER_ANNOTATION) if a.name == "step"]
+    assert kernel.external_id == step.correlation != 424242
+
+
+def test_kinetos_external_ids_would_win_without_its_collector():
+    """The same pushes without torch's collector are polyprof's own: the op kind (CUSTOM0) wins."""
+    layer = RecordedLayer()
+    custom0 = int(layer.c.real.ExternalCorrelationKind.CUSTOM0)
+
+    def work():
+        layer.c.stacks.setdefault(custom0, []).append(4242)
+        layer.launch_kernel("k")
+        layer.c.stacks[custom0].pop()
+
+    (kernel,) = profile(layer, work).activities_of(ActivityKind.KERNEL)
+    assert kernel.external_id == 4242

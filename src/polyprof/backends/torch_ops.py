@@ -57,6 +57,16 @@ _KIND_BY_TYPE = {
 
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 
+_collector_users: set[int] = set()  # sessions recording through torch's collector right now
+
+
+def collector_active() -> bool:
+    """Whether a polyprof profile records ops through torch's own collector right now. On a CUDA
+    machine that collector (Kineto) traces CUDA runtime and driver calls even for CPU-only profiles
+    (torch's ``kCpuTypes``), taking CUPTI's buffer callbacks: device backends that use CUPTI check this
+    to take them back for the profile's duration."""
+    return bool(_collector_users)
+
 
 def _torch_version(torch: Any) -> tuple[int, int]:
     try:
@@ -183,6 +193,7 @@ class TorchSession:
         cfg, acts = self._config(torch)
         _prepare_profiler(cfg, acts)
         _enable_profiler(cfg, acts)
+        _collector_users.add(id(self))
         self.enabled = True
 
     def _announce(self, torch: Any, recording: bool) -> None:
@@ -237,7 +248,10 @@ class TorchSession:
                 return
             from torch._C._autograd import _disable_profiler
 
-            self.result = _disable_profiler()
+            try:
+                self.result = _disable_profiler()
+            finally:
+                _collector_users.discard(id(self))
             self._pair()
 
     def close(self) -> None:

@@ -415,6 +415,9 @@ class Profile:
         self._postprocess_ms = {}
         for h in self._handles:
             h.ctx.window_end = window_end
+        # last started, first stopped: a backend started inside another's session (polyprof's CUDA
+        # tracing inside torch's collector, which takes CUPTI) stops while the outer one still runs
+        for h in reversed(self._handles):
             if h.alive and h.started:
                 with self._timed(h.entry.name, "stop"):
                     timed_out = self._call(h, "stop", h.session.stop).timed_out

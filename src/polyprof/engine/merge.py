@@ -238,7 +238,7 @@ def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
     if not n:
         return acts
     kind = acts["kind"]
-    if not np.any(kind == int(ActivityKind.CPU_OP)) or not np.any(np.isin(kind, _LAUNCHES)):
+    if not np.any(np.isin(kind, _CONTAINERS)) or not np.any(np.isin(kind, _LAUNCHES)):
         return acts
     corr = acts["correlation"]
     containers = np.flatnonzero(np.isin(kind, _CONTAINERS) & (corr != 0))

@@ -39,6 +39,19 @@ class CuptiUnavailable(RuntimeError):
     """CUPTI cannot be used here; the message says why and what to do."""
 
 
+class SubscriberHeld(CuptiUnavailable):
+    """Another tool holds CUPTI's one subscriber slot; `holder` is the name CUPTI gives it."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+#: How CUPTI names a subscriber that gave no name: torch's Kineto subscribes so (seen on an H200 with
+#: torch 2.11), and stays subscribed for the life of the process once torch's profiler has run.
+UNNAMED_SUBSCRIBER = "<not provided>"
+
+
 #: What polyprof calls itself when it subscribes to CUPTI (CUPTI shows it as "CUPTI for polyprof").
 SUBSCRIBER_NAME = "polyprof"
 
@@ -65,10 +78,12 @@ def _holder_name(params: Any) -> str:
 class CuptiLayer:
     """Thin adapter over ``cupti.cupti``: enums by name, errors turned into reasons.
 
-    ``module`` replaces ``cupti.cupti`` (tests pass a double with the real module's signatures).
+    ``module`` replaces ``cupti.cupti`` (tests pass a double with the real module's signatures) and
+    ``libcupti`` the ctypes bindings of :mod:`polyprof_cuda.libcupti` (found when first needed).
     """
 
-    def __init__(self, module: Any = None) -> None:
+    def __init__(self, module: Any = None, libcupti: Any = None) -> None:
+        self._lib = libcupti
         if module is not None:
             self._bind(module)
             return
@@ -193,24 +208,27 @@ class CuptiLayer:
     def enable_latency_timestamps(self, enable: bool) -> None:
         self.c.activity_enable_latency_timestamps(1 if enable else 0)
 
-    def preallocate(self, device_buffers: int, semaphore_pools: int) -> None:
+    def preallocate(self, device_buffers: int, semaphore_pools: int) -> dict[str, str]:
         """Have CUPTI allocate its device buffers and profiling-semaphore pools when it initialises a
         context, not while the program runs (Kineto issue #1020: allocations inside the traced window
-        stall launches). Raises when CUPTI refuses an attribute."""
+        stall launches). Returns the refusals: {attribute: CUPTI's error} (an H200 with CUDA 13.0 refuses
+        the semaphore pools with ERROR_NOT_SUPPORTED)."""
         import ctypes
 
         attrs = self.c.ActivityAttribute
-        for attr, value in (
-            (attrs.ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, device_buffers),
-            (attrs.ATTR_PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE, semaphore_pools),
+        refused = {}
+        for name, value in (
+            ("DEVICE_BUFFER_PRE_ALLOCATE_VALUE", device_buffers),
+            ("PROFILING_SEMAPHORE_PRE_ALLOCATE_VALUE", semaphore_pools),
         ):
             size, number = ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t)), ctypes.c_size_t(value)
-            self.c.activity_set_attribute(int(attr), ctypes.addressof(size), ctypes.addressof(number))
-
-    def register_callbacks(
-        self, requested: Callable[[], tuple[int, int]], completed: Callable[[list], None]
-    ) -> None:
-        self.c.activity_register_callbacks(requested, completed)
+            try:
+                self.c.activity_set_attribute(
+                    int(getattr(attrs, "ATTR_" + name)), ctypes.addressof(size), ctypes.addressof(number)
+                )
+            except Exception as exc:
+                refused[name] = str(exc)
+        return refused
 
     def check_subscriber(self) -> None:
         """Raise when another tool (Nsight, torch.profiler's Kineto) already holds CUPTI.
@@ -236,9 +254,10 @@ class CuptiLayer:
                 self._raise_if_cannot_trace(exc)
                 return
             holder = _holder_name(params) if params is not None else "another tool"
-            raise CuptiUnavailable(
+            raise SubscriberHeld(
                 f"another CUPTI subscriber is attached ({holder}): only one tool can trace "
-                "CUDA per process; stop torch.profiler's CUDA tracing or Nsight, then profile again"
+                "CUDA per process; stop torch.profiler's CUDA tracing or Nsight, then profile again",
+                holder,
             ) from exc
         c.unsubscribe(handle)
 
@@ -268,6 +287,34 @@ class CuptiLayer:
             except PackageNotFoundError:
                 continue
         return "of unknown version"
+
+    # -- raw buffers ------------------------------------------------------------------------------
+    @property
+    def lib(self) -> Any:
+        if self._lib is None:
+            from polyprof_cuda.libcupti import LibCupti
+
+            self.c.get_timestamp()  # cupti-python loads libcupti on its first call
+            self._lib = LibCupti.loaded()
+        return self._lib
+
+    def register_buffer_callbacks(
+        self, requested: Callable[[], tuple[int, int]], completed: Callable[[int, int], None]
+    ) -> None:
+        """CUPTI's buffer requests and completions go to `requested`/`completed` (raw memory)."""
+        self.lib.register_buffer_callbacks(requested, completed)
+
+    def unregister_buffer_callbacks(self) -> None:
+        self.lib.unregister()
+
+    def next_record(self, buffer: int, valid: int, record: int) -> int | None:
+        return self.lib.next_record(buffer, valid, record)
+
+    def layouts(self) -> dict:
+        """Per record family, the newest layout (dtype) cupti-python publishes."""
+        from polyprof_cuda.records import newest_layouts
+
+        return newest_layouts(self.c)
 
     def flush_all(self) -> None:
         self.c.activity_flush_all(1)

@@ -1,14 +1,12 @@
 """CUPTI activity records -> numpy columns, at collect time.
 
-CUPTI's buffer-completed callback runs on a CUPTI thread while the program runs, and Python code there
-holds the GIL the program needs, so the session only keeps the list of record objects cupti-python
-hands it (each record keeps its buffer alive) and returns. After stop, as Kineto parses its buffers,
-:func:`decode` turns them into one column per field: records are grouped by layout (class), and each
-field the mapping needs is read for all records of a layout at once, through the numpy dtype that
-cupti-python publishes for the layout's C struct (``activity_kernel13_dtype``...).
+The session keeps CUPTI's buffers raw while the program runs (:mod:`polyprof_cuda.raw_buffers`). After
+stop, as Kineto parses its buffers, :func:`decode` walks each buffer once and reads each field the
+mapping needs for all records of a kind at once, through the numpy dtype that cupti-python publishes
+for the record's C struct (``activity_kernel10_dtype``...).
 
-    columns, problems = decode(session_buffers, kind_to_family, cupti_module)
-    columns[KERNEL]["correlation_id"]  # -> np.ndarray
+    decoded = decode(pool.take(), kind_to_family, newest_layouts(cupti_module), lib.next_record, 10**7)
+    decoded.columns[KERNEL]["correlation_id"]  # -> np.ndarray
 """
 
 from __future__ import annotations
@@ -16,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from polyprof.model import CodedStrings
 from polyprof.model.args import sorted_unique
+from polyprof_cuda.raw_buffers import walk
 
 # Record families.
 KERNEL, MEMCPY, MEMCPY_P2P, MEMSET, RUNTIME, DRIVER, SYNC, OVERHEAD, EXTERNAL = (
@@ -107,6 +107,20 @@ OPTIONAL_FIELDS = frozenset(
 )
 
 
+#: Each family's record layouts in cupti-python, as dtype attribute names: (prefix, numbered?).
+_LAYOUT_NAMES = {
+    KERNEL: "activity_kernel",
+    MEMCPY: "activity_memcpy",
+    MEMCPY_P2P: "activity_memcpy_pto_p",
+    MEMSET: "activity_memset",
+    RUNTIME: "activity_api",
+    DRIVER: "activity_api",
+    SYNC: "activity_synchronization",
+    OVERHEAD: "activity_overhead",
+    EXTERNAL: "activity_external_correlation",
+}
+
+
 def dtype_name(class_name: str) -> str:
     """cupti-python's name for a layout's numpy dtype: ActivityMemcpyPtoP4 -> activity_memcpy_pto_p4_dtype."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower() + "_dtype"
@@ -117,11 +131,27 @@ def layout_dtype(module: Any, cls: type) -> np.dtype | None:
     return dtype if isinstance(dtype, np.dtype) and dtype.names else None
 
 
+def newest_layouts(module: Any) -> dict[str, tuple[str, np.dtype]]:
+    """Per family, the newest record layout cupti-python publishes a dtype for (the one the libcupti of
+    the same release writes): ``{KERNEL: ("activity_kernel10_dtype", dtype), ...}``. Releases name
+    them ``activity_kernel10_dtype`` or ``c_upti_activity_kernel9_dtype``."""
+    found: dict[str, tuple[int, str, np.dtype]] = {}
+    for attr in dir(module):
+        for family, prefix in _LAYOUT_NAMES.items():
+            m = re.fullmatch(r"(?:c_upti_)?" + prefix + r"(\d*)_dtype", attr)
+            dtype = getattr(module, attr, None) if m else None
+            if m and isinstance(dtype, np.dtype) and dtype.names:
+                number = int(m.group(1) or 0)
+                if family not in found or number > found[family][0]:
+                    found[family] = (number, attr, dtype)
+    return {family: (name, dtype) for family, (_, name, dtype) in found.items()}
+
+
 class _Memory:
     """The memory of records at `ptrs` (all of one layout), read one field for all of them at once.
 
     A uint8 view spanning the lowest to the highest record is indexed only at the records' own
-    bytes, so nothing between them is touched (they may sit in different CUPTI buffers)."""
+    bytes, so nothing between them is touched."""
 
     def __init__(self, ptrs: np.ndarray, dtype: np.dtype) -> None:
         self.dtype = dtype
@@ -142,71 +172,80 @@ class _Memory:
         return values.astype(np.uint64 if name == "name" else np.int64)
 
 
-def _by_attributes(records: list, fields: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The slow path, for a layout without a published dtype: one attribute read per field and record."""
-    out: dict[str, Any] = {}
-    for f in fields:
-        values = [getattr(r, f, 0) for r in records]
-        if f == "name":
-            out[f] = values
-            continue
-        try:
-            out[f] = np.array(values, dtype=np.int64)
-        except OverflowError:  # uint64 fields such as CUPTI_TIMESTAMP_UNKNOWN: as int64, like the fast path
-            out[f] = np.array(values, dtype=np.uint64).astype(np.int64)
-    return out
+class Decoded:
+    """What :func:`decode` found: columns per family, records past the cap, problems in words."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, dict[str, Any]] = {}
+        self.records = 0
+        self.over_cap = 0
+        self.problems: list[str] = []
 
 
 def decode(
-    buffers: list[list], kind_family: dict[int, str], module: Any
-) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Columns per family from the buffers' record objects, and what could not be decoded (in words).
+    buffers: list[tuple[np.ndarray, int]],
+    kind_family: dict[int, str],
+    layouts: dict[str, tuple[str, np.dtype]],
+    next_record: Callable[[int, int, int], int | None],
+    max_records: int,
+) -> Decoded:
+    """Columns per family from raw CUPTI buffers ``(memory, valid bytes)``, oldest first; records past
+    the first `max_records` are counted, not read.
 
-    Kernel names are read here, while the records (and whatever their name pointers point into) are
-    alive: the ``name`` column is a :class:`~polyprof.model.CodedStrings`."""
-    by_type: dict[type, list] = defaultdict(list)
-    for records in buffers:
-        for r in records:
-            by_type[type(r)].append(r)
+    Each buffer is walked once (:func:`~polyprof_cuda.raw_buffers.walk`); then, per kind, each field the
+    mapping needs is read for all of the kind's records at once through its layout's dtype. Kernel names
+    are read here, while CUPTI's name strings are certainly alive: the ``name`` column is a
+    :class:`~polyprof.model.CodedStrings`."""
+    out = Decoded()
+    sizes: dict[int, int] = {}
     parts: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    problems = []
-    for cls, records in by_type.items():
-        kinds = np.fromiter((int(r.kind) for r in records), dtype=np.int64, count=len(records))
-        dtype = layout_dtype(module, cls)
-        memory = None
-        if dtype is not None:
-            ptrs = np.fromiter((r.ptr for r in records), dtype=np.uint64, count=len(records))
-            memory = _Memory(ptrs, dtype)
+    skipped: dict[str, int] = defaultdict(int)
+    for buffer, valid in buffers:
+        kinds, offsets = walk(buffer, valid, sizes, next_record)
+        room = max(max_records - out.records, 0)
+        if len(kinds) > room:
+            out.over_cap += len(kinds) - room
+            kinds, offsets = kinds[:room], offsets[:room]
+        out.records += len(kinds)
+        base = np.uint64(buffer.ctypes.data)
         for kind in sorted_unique(kinds).tolist():
             family = kind_family.get(kind)
             if family is None:
                 continue
-            rows = np.flatnonzero(kinds == kind)
-            everything = len(rows) == len(records)
-            fields = FIELDS[family]
-            missing = [
-                f for f in fields if f not in OPTIONAL_FIELDS and dtype is not None and f not in dtype.names
-            ]
-            if missing:
-                problems.append(
-                    f"{cls.__name__} has no field(s) {missing}: {len(rows)} {family} records skipped"
-                )
+            rows = offsets[kinds == kind]
+            layout = layouts.get(family)
+            problem = _layout_problem(family, layout, sizes.get(kind))
+            if problem:
+                skipped[problem] += len(rows)
                 continue
-            if memory is None:
-                chosen = records if everything else [records[i] for i in rows.tolist()]
-                cols = _by_attributes(chosen, fields)
-            else:
-                cols = {}
-                for f in fields:
-                    if f in dtype.names:
-                        column = memory.field(f)
-                        cols[f] = column if everything else column[rows]
-                    else:
-                        cols[f] = np.zeros(len(rows), dtype=np.int64)
+            assert layout is not None
+            memory = _Memory(rows.astype(np.uint64) + base, layout[1])
+            cols = {
+                f: memory.field(f) if f in layout[1].names else np.zeros(len(rows), dtype=np.int64)
+                for f in FIELDS[family]
+            }
             if "name" in cols:
                 cols["name"] = CodedStrings(*coded_names(cols["name"]))
             parts[family].append(cols)
-    return {family: _concat(chunks) for family, chunks in parts.items()}, problems
+    out.problems = [f"{problem}: {n} records skipped" for problem, n in skipped.items()]
+    out.columns = {family: _concat(chunks) for family, chunks in parts.items()}
+    return out
+
+
+def _layout_problem(family: str, layout: tuple[str, np.dtype] | None, record_size: int | None) -> str:
+    """Why records of `family` cannot be read with `layout` ('' when they can)."""
+    if layout is None:
+        return f"cupti-python publishes no record layout (dtype) for {family} records"
+    name, dtype = layout
+    missing = [f for f in FIELDS[family] if f not in OPTIONAL_FIELDS and f not in dtype.names]
+    if missing:
+        return f"{name} has no field(s) {missing}"
+    if record_size is not None and record_size < dtype.itemsize:
+        return (
+            f"libcupti writes {family} records of {record_size} bytes, smaller than cupti-python's {name} "
+            f"({dtype.itemsize} bytes): install the cupti-python release matching your libcupti"
+        )
+    return ""
 
 
 def _concat(chunks: list[dict[str, Any]]) -> dict[str, Any]:

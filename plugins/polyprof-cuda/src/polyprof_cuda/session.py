@@ -13,16 +13,19 @@
 from __future__ import annotations
 
 import re
-import threading
+import sys
 from typing import Any
 
 import numpy as np
 
 from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.backends.torch_ops import collector_active
 from polyprof.clock import ClockMapping, host_ns
 from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.args import sorted_unique
+from polyprof_cuda.cupti_layer import UNNAMED_SUBSCRIBER, SubscriberHeld
 from polyprof_cuda.names import demangled, demangler_problem
+from polyprof_cuda.raw_buffers import BufferPool
 from polyprof_cuda.records import (
     DEFAULT_KINDS,
     DRIVER,
@@ -36,6 +39,7 @@ from polyprof_cuda.records import (
     RUNTIME,
     SYNC,
     TIMESTAMP_UNKNOWN,
+    Decoded,
     decode,
 )
 
@@ -43,6 +47,25 @@ DEFAULT_BUFFER_MB = 8
 DEFAULT_MAX_RECORDS = 20_000_000
 #: device buffers and profiling-semaphore pools CUPTI allocates per context up front (CUPTI's default: 0)
 DEFAULT_PREALLOCATED = 2
+
+
+def torch_profiler_state() -> str:
+    """ "polyprof's" while a polyprof profile records ops through torch's collector, "running" while
+    torch's profiler runs on its own, "idle" when torch is loaded and its profiler is off, "" without
+    torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    if collector_active():
+        return "polyprof's"
+    try:
+        return "running" if torch._C._autograd._profiler_enabled() else "idle"
+    except Exception:
+        return ""
+
+
+#: Pools whose buffers CUPTI never handed back: kept alive, since CUPTI may still write into them.
+_LENT_FOREVER: list[BufferPool] = []
 #: Runtime/driver calls kept by default: launches, copies, fills, syncs, graph launches.
 DEFAULT_API_PATTERN = re.compile(r"Launch|Memcpy|Memset|Synchronize|EventRecord|StreamWait|Graph")
 INVALID_ID = 0xFFFFFFFF  # CUPTI_SYNCHRONIZATION_INVALID_VALUE in a uint32 field
@@ -140,27 +163,34 @@ class CudaSession:
             int(opts.get("preallocate_semaphore_pools", DEFAULT_PREALLOCATED)),
         )
         self.families = {layer.kind_value(k): KIND_FAMILIES[k] for k in self.kinds}
-        self.buffers: list[list] = []  # the record lists cupti-python delivered, decoded at collect
-        self.records = 0
-        self.dropped_by_cap = 0
-        self.callback_errors: list[str] = []
+        self.layouts = layer.layouts()
+        largest = max((dtype.itemsize for _, dtype in self.layouts.values()), default=256)
+        # raw buffers kept until collect; their memory is bounded by what max_records of them can need
+        self.pool = BufferPool(self.buffer_bytes, max_bytes=self.max_records * largest)
         self.pairs: list[tuple[int, int, int]] = []
         self.tracing = False
-        self._lock = threading.Lock()
+        self.kineto_alongside = False
+        self.decoded = Decoded()
 
     # -- lifecycle --------------------------------------------------------------------------------
     def prepare(self) -> None:
-        self.layer.check_subscriber()
-        try:  # before enabling anything: CUPTI applies it when it sets up a context
-            self.layer.preallocate(*self.preallocated)
-        except Exception as exc:
-            self.ctx.report.warning(
-                f"CUPTI refused to pre-allocate its buffers ({exc}); it will allocate them while tracing"
+        try:
+            self.layer.check_subscriber()
+        except SubscriberHeld as exc:
+            state = torch_profiler_state()
+            if UNNAMED_SUBSCRIBER not in exc.holder or state not in ("idle", "polyprof's"):
+                raise
+            # torch's Kineto stays subscribed once torch's profiler has run; it traces nothing now
+            self.ctx.report.detail(
+                "CUPTI subscriber", f"torch's profiler ({state}) holds it; polyprof traces"
             )
+        # before enabling anything: CUPTI applies these when it sets up a context
+        for attribute, error in self.layer.preallocate(*self.preallocated).items():
+            self.ctx.report.detail(f"CUPTI did not pre-allocate ({attribute})", error)
         if demangler_problem():
             self.ctx.report.warning(f"kernel names will stay mangled: {demangler_problem()}")
         self.layer.use_system_thread_ids()
-        self.layer.register_callbacks(self._requested, self._completed)
+        self.layer.register_buffer_callbacks(self.pool.requested, self.pool.completed)
         if self.latency:
             self.layer.enable_latency_timestamps(True)
         self.layer.enable(self.kinds)
@@ -168,7 +198,22 @@ class CudaSession:
         self._pair()
 
     def start(self) -> None:
+        if torch_profiler_state() == "polyprof's":
+            self._take_cupti_back()
         self._pair()
+
+    def _take_cupti_back(self) -> None:
+        """torch's collector, started by this profile's torch backend just before, took CUPTI's buffer
+        callbacks and enabled runtime/driver tracing (torch's ``kCpuTypes``): take the callbacks back for
+        this profile (it stops first, last started), and ignore the external ids Kineto pushes."""
+        self.kineto_alongside = True
+        try:
+            self.layer.register_buffer_callbacks(self.pool.requested, self.pool.completed)
+            self.layer.enable(self.kinds)
+        except Exception as exc:
+            self.ctx.report.warning(f"could not take CUPTI back from torch's collector: {exc}")
+        self.pairs = []  # Kineto may have given CUPTI its own clock: pair from here on
+        self.ctx.report.detail("alongside", "torch's collector (Kineto), whose CUPTI callbacks polyprof took")
 
     def push_correlation(self, ident: int, kind: str) -> None:
         self.layer.push_external(kind, ident)
@@ -186,10 +231,17 @@ class CudaSession:
         dropped = self.layer.dropped_records()
         if dropped:
             self.ctx.report.dropped_records(dropped, "records (CUPTI buffers full)")
+        # decoded now, while CUPTI (whose memory kernel names point into) is certainly alive: a
+        # profiler stopped after this one (torch's Kineto) may finalize CUPTI
+        buffers = self.pool.take()
+        self.decoded = decode(buffers, self.families, self.layouts, self.layer.next_record, self.max_records)
 
     def close(self) -> None:
         self.stop()
-        self.buffers = []
+        self.layer.unregister_buffer_callbacks()
+        if self.pool.lent:  # CUPTI still holds some (a flush that failed): their memory must outlive us
+            _LENT_FOREVER.append(self.pool)
+        self.pool = BufferPool(self.buffer_bytes, 0)
 
     def _pair(self) -> None:
         best = None
@@ -202,33 +254,8 @@ class CudaSession:
         assert best is not None
         self.pairs.append((best[0], best[1], max(1, best[2] // 2)))
 
-    # -- CUPTI's thread ---------------------------------------------------------------------------
-    def _requested(self) -> tuple[int, int]:
-        return self.buffer_bytes, 0
-
-    def _completed(self, activities: list) -> None:
-        """Runs on CUPTI's thread, holding the GIL: keep the list, count, never raise into CUPTI."""
-        try:
-            with self._lock:
-                room = self.max_records - self.records
-                if len(activities) > room:
-                    self.dropped_by_cap += len(activities) - max(room, 0)
-                    activities = activities[: max(room, 0)]
-                if activities:
-                    self.buffers.append(activities)
-                    self.records += len(activities)
-        except Exception as exc:
-            if len(self.callback_errors) < 10:
-                self.callback_errors.append(f"{type(exc).__name__}: {exc}")
-
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
-        for message in self.callback_errors:
-            self.ctx.report.error(f"receiving CUPTI buffers failed: {message}")
-        if self.dropped_by_cap:
-            self.ctx.report.dropped_records(
-                self.dropped_by_cap, f"records over the cap of {self.max_records}"
-            )
         mapping = ClockMapping.fit(
             [c for c, _, _ in self.pairs],
             [h for _, h, _ in self.pairs],
@@ -236,12 +263,21 @@ class CudaSession:
         )
         self.ctx.report.clock_mapping(mapping, "cupti")
         sink.add_metadata("cupti_python_version", self.layer.package_version())
-        buffers, self.buffers = self.buffers, []
-        cols, problems = decode(buffers, self.families, self.layer.c)
-        del buffers  # the records' CUPTI buffers can go now
-        for problem in problems:
+        pool = self.pool
+        if pool.dropped_buffers:
+            self.ctx.report.dropped_records(
+                pool.dropped_buffers,
+                f"CUPTI buffers ({pool.dropped_bytes >> 20} MiB of records) over the memory that "
+                f"max_records={self.max_records} allows",
+            )
+        decoded, self.decoded = self.decoded, Decoded()
+        if self.kineto_alongside:  # Kineto's pushed ids, not polyprof's: launches are linked by time
+            decoded.columns.pop(EXTERNAL, None)
+        if decoded.over_cap:
+            self.ctx.report.dropped_records(decoded.over_cap, f"records over the cap of {self.max_records}")
+        for problem in decoded.problems:
             self.ctx.report.error(f"decoding CUPTI records failed: {problem}")
-        _CollectPass(self, sink, cols, mapping.to_host).run()
+        _CollectPass(self, sink, decoded.columns, mapping.to_host).run()
 
     def _external_ids(self, externals: dict | None) -> tuple[np.ndarray, np.ndarray]:
         """(CUPTI correlation ids, sorted; their External ids): the framework op (CUSTOM0) when there is
