@@ -118,6 +118,14 @@ def passing_results(check, tmp_path):
         },
         "x_stop_profile": {"postprocess_ms": {"merge": 5.0}, "profile": ["ncalls  tottime", "1 0.001 merge"]},
         "x_cuda_only_torch": {"seconds": 0.1},
+        "c_interleaved": {
+            "seconds": {
+                "unprofiled": [0.1, 0.09, 0.11],
+                "torch": [0.13, 0.12, 0.14],
+                "polyprof": [0.11, 0.12, 0.1],
+            },
+            "stop_to_written_s": {"torch": [0.3, 0.2, 0.4], "polyprof": [0.1, 0.1, 0.2]},
+        },
     }
 
 
@@ -127,6 +135,8 @@ def test_report_of_a_passing_run(check, tmp_path):
     assert "attribution identical to torch.profiler's for **3/3** kernels" in report
     assert "overhead ratio polyprof/torch.profiler: **0.70**" in report
     assert "**1.50 M/s**" in report, "30,000 records collected in 20 ms"
+    assert "overhead ratio polyprof/torch.profiler: **0.33**" in report, "medians: (0.11-0.10)/(0.13-0.10)"
+    assert "stop to trace written: torch.profiler 300.0 ms; polyprof 100.0 ms" in report
     assert "## Diagnostics (raw)" in report and '- x_cuda_only_torch: {"seconds": 0.1}' in report
     for label in ("CuPy", "Numba", "cuda-python", "JAX", "Triton"):
         assert f"- {label}" in report
