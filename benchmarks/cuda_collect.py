@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/cuda_collect.py [--kernels 300000]
 
 Fills the session's own 8 MB buffers as CUPTI does (the records' C structs back to back: a launch, an
-external correlation and a kernel per launch, plus copies), then times collect: the walk, decoding,
-and the mapping to activities; reports records per second. Also times the buffer-completed callback
+external correlation and a kernel per launch, plus copies), then times stop and collect: the walk,
+decoding (done at stop, while CUPTI is certainly alive) and the mapping to activities; reports records
+per second. Also times the buffer-completed callback
 (what runs on CUPTI's thread while the program runs) and merging + writing Chrome JSON. Needs
 cupti-python installed (its record classes and layouts), not a GPU; the records are built here, so
 their kernel names are not shared strings as CUPTI's are (each distinct name pointer is read once:
@@ -105,8 +106,10 @@ def main() -> None:
     from polyprof.engine.lifecycle import gc_paused
 
     sink = Sink("cuda")
+    session.tracing = True  # as after prepare: stop() flushes (nothing left here) and decodes
     start = time.perf_counter()
-    with gc_paused():  # as the engine runs every collect
+    with gc_paused():  # as the engine runs every stop and collect
+        session.stop()
         session.collect(sink)
     seconds = time.perf_counter() - start
     export_seconds, events = _merge_and_export(sink)

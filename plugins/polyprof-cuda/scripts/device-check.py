@@ -758,10 +758,13 @@ def build_report(res: dict) -> str:
             f"- torch.profiler {ct['stop_to_written_s'] * 1e3:.1f} ms; polyprof {cp['stop_to_written_s'] * 1e3:.1f} ms",
             f"- polyprof's stop, by backend and phase (ms): {json.dumps(took)}",
         ]
+        decode_ms = (cp["cuda_status"].get("details", {}).get("stop_ms") or {}).get("decode")
         if collect_ms:
+            processing_ms = collect_ms + (decode_ms or 0.0)
             lines.append(
-                f"- polyprof CUDA records at collect: {cp['cuda_activities']} in {collect_ms:.1f} ms = "
-                f"**{cp['cuda_activities'] / collect_ms / 1e3:.2f} M/s** (target >= 1 M/s)"
+                f"- polyprof CUDA records decoded (at stop) and collected: {cp['cuda_activities']} in "
+                f"{processing_ms:.1f} ms = **{cp['cuda_activities'] / processing_ms / 1e3:.2f} M/s** "
+                f"(target >= 1 M/s); CUPTI's flush and disable took the rest of the cuda stop"
             )
         lines.append(f"- polyprof cuda backend: {json.dumps(cp['cuda_status'])}")
     ci = res.get("c_interleaved")

@@ -472,3 +472,10 @@ def test_kinetos_external_ids_would_win_without_its_collector():
 
     (kernel,) = profile(layer, work).activities_of(ActivityKind.KERNEL)
     assert kernel.external_id == 4242
+
+
+def test_the_stop_reports_cuptis_share_and_polyprofs_decoding_apart():
+    layer = RecordedLayer()
+    status = profile(layer, layer.launch_kernel).backends["cuda"]
+    took = status.details["stop_ms"]
+    assert set(took) == {"cupti_flush", "decode"} and all(v >= 0 for v in took.values())

@@ -113,8 +113,8 @@ def passing_results(check, tmp_path):
             "n_kernels": 10000,
             "cuda_activities": 30000,
             "records_per_s_at_stop": 1.5e6,
-            "cuda_status": status["cuda"],
-            "postprocess_ms": {"cuda": {"stop": 1.0, "collect": 20.0}, "merge": 5.0},
+            "cuda_status": {**status["cuda"], "details": {"stop_ms": {"cupti_flush": 1.0, "decode": 5.0}}},
+            "postprocess_ms": {"cuda": {"stop": 6.0, "collect": 15.0}, "merge": 5.0},
         },
         "x_stop_profile": {"postprocess_ms": {"merge": 5.0}, "profile": ["ncalls  tottime", "1 0.001 merge"]},
         "x_cuda_only_torch": {"seconds": 0.1},
@@ -134,7 +134,7 @@ def test_report_of_a_passing_run(check, tmp_path):
     assert "kernel names identical (multiset): **True** (3 vs 3 kernels)" in report
     assert "attribution identical to torch.profiler's for **3/3** kernels" in report
     assert "overhead ratio polyprof/torch.profiler: **0.70**" in report
-    assert "**1.50 M/s**" in report, "30,000 records collected in 20 ms"
+    assert "**1.50 M/s**" in report, "30,000 records decoded in 5 ms and collected in 15 ms"
     assert "overhead ratio polyprof/torch.profiler: **0.33**" in report, "medians: (0.11-0.10)/(0.13-0.10)"
     assert "stop to trace written: torch.profiler 300.0 ms; polyprof 100.0 ms" in report
     assert "## Diagnostics (raw)" in report and '- x_cuda_only_torch: {"seconds": 0.1}' in report

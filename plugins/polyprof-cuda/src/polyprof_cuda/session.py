@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -225,8 +226,10 @@ class CudaSession:
         if not self.tracing:
             return
         self.tracing = False
+        started = time.perf_counter()
         self.layer.flush_all()
         self.layer.disable(self.kinds)
+        flushed = time.perf_counter()
         self._pair()
         dropped = self.layer.dropped_records()
         if dropped:
@@ -234,7 +237,17 @@ class CudaSession:
         # decoded now, while CUPTI (whose memory kernel names point into) is certainly alive: a
         # profiler stopped after this one (torch's Kineto) may finalize CUPTI
         buffers = self.pool.take()
+        decode_started = time.perf_counter()
         self.decoded = decode(buffers, self.families, self.layouts, self.layer.next_record, self.max_records)
+        done = time.perf_counter()
+        # CUPTI's share of the stop (flush, disable) and polyprof's (walking and decoding the records)
+        self.ctx.report.detail(
+            "stop_ms",
+            {
+                "cupti_flush": round((flushed - started) * 1e3, 3),
+                "decode": round((done - decode_started) * 1e3, 3),
+            },
+        )
 
     def close(self) -> None:
         self.stop()
