@@ -396,19 +396,23 @@ class _OwnIdsBackend(SimDeviceBackend):
         return s
 
 
+def _three_steps_of(registry, first, first_prefix: str, second, second_prefix: str):
+    """Register both backends (in this order) and profile three annotated steps launching on each."""
+    registry.register(first)
+    registry.register(second)
+    with polyprof.profile(["cpu", first.name, second.name], registry=registry) as prof:
+        for i in range(3):
+            with polyprof.record_function(f"step{i}"):
+                first.launch(f"{first_prefix}{i}")
+                second.launch(f"{second_prefix}{i}")
+    return prof.trace
+
+
 def test_flow_ids_stay_correlation_ids_unless_backends_collide(registry):
     """Kineto's convention (ac2g id = correlation id) holds for a device backend whose ids collide with
     no other's; a second one numbering from 1 too is shifted so that every flow still pairs its own
     launch and kernel. Backends without flows (host) shift nothing."""
-    first, second = _OwnIdsBackend("simone"), _OwnIdsBackend("simtwo")
-    registry.register(first)
-    registry.register(second)
-    with polyprof.profile(["cpu", "simone", "simtwo"], registry=registry) as prof:
-        for i in range(3):
-            with polyprof.record_function(f"step{i}"):
-                first.launch(f"one{i}")
-                second.launch(f"two{i}")
-    trace = prof.trace
+    trace = _three_steps_of(registry, _OwnIdsBackend("simone"), "one", _OwnIdsBackend("simtwo"), "two")
     kernels = trace.activities_of(ActivityKind.KERNEL)
     launches = {r.flow_id: r for r in trace.activities_of(ActivityKind.RUNTIME) if r.flow_start}
     assert len(kernels) == 6 and len(launches) == 6, "no two flows share an id"
@@ -446,17 +450,11 @@ class _FlowlessBackend(_OwnIdsBackend):
 
 
 def test_a_device_backend_after_flowless_ones_keeps_its_correlation_ids_as_flow_ids(registry):
-    sampler, device = _FlowlessBackend("sampler"), _OwnIdsBackend("simone")
-    registry.register(sampler)  # collected before the device backend
-    registry.register(device)
-    with polyprof.profile(["cpu", "sampler", "simone"], registry=registry) as prof:
-        for i in range(3):
-            with polyprof.record_function(f"step{i}"):
-                sampler.launch(f"sample{i}")
-                device.launch(f"k{i}")
-    order = list(prof.trace.metadata["polyprof"]["backends"])
+    # the sampler is registered, so collected, before the device backend
+    trace = _three_steps_of(registry, _FlowlessBackend("sampler"), "sample", _OwnIdsBackend("simone"), "k")
+    order = list(trace.metadata["polyprof"]["backends"])
     assert order.index("sampler") < order.index("simone"), "the flowless backend is merged first"
-    kernels = [k for k in prof.trace.activities_of(ActivityKind.KERNEL) if k.name.startswith("k")]
+    kernels = [k for k in trace.activities_of(ActivityKind.KERNEL) if k.name.startswith("k")]
     assert [(k.flow_id, k.correlation) for k in kernels] == [(1, 1), (2, 2), (3, 3)]
 
 
