@@ -19,6 +19,7 @@
 #include <pythread.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -798,6 +799,57 @@ static PyObject *sp_thread_buffer(PyObject *m, PyObject *unused) {
 }
 static PyObject *sp_now_ns(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(now_ns()); }
 
+
+/* walk_tagged_records(buffer, start, valid, sizes, kinds_out, offsets_out) -> (count, stopped_at)
+ *
+ * Device tracing libraries (CUPTI, PTI) fill buffers with records that each begin with a uint32 kind
+ * and whose size depends on the kind alone. From byte `start`, step through the first `valid` bytes of
+ * `buffer`, writing each record's kind and byte offset into the int64 arrays kinds_out/offsets_out
+ * (room for valid / 8 records), while `sizes` (int64, indexed by kind) knows the kind's size. Stops at
+ * `valid` or at a record of an unknown kind (size 0 or kind past the table), whose offset it returns
+ * as `stopped_at` without writing it: the caller learns that size and calls again from there. */
+static PyObject *sp_walk_tagged_records(PyObject *m, PyObject *args) {
+    PyObject *buf_o, *sizes_o, *kinds_o, *offs_o;
+    Py_ssize_t start, valid;
+    if (!PyArg_ParseTuple(args, "OnnOOO", &buf_o, &start, &valid, &sizes_o, &kinds_o, &offs_o)) return NULL;
+    Py_buffer buf, sizes, kinds, offs;
+    if (PyObject_GetBuffer(buf_o, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(sizes_o, &sizes, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&buf); return NULL; }
+    if (PyObject_GetBuffer(kinds_o, &kinds, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&buf); PyBuffer_Release(&sizes); return NULL;
+    }
+    if (PyObject_GetBuffer(offs_o, &offs, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&buf); PyBuffer_Release(&sizes); PyBuffer_Release(&kinds); return NULL;
+    }
+    PyObject *result = NULL;
+    if (valid > buf.len || start < 0 || (start & 3)) {
+        PyErr_SetString(PyExc_ValueError, "valid past the buffer, or a start not 4-byte aligned");
+        goto done;
+    }
+    {
+        const unsigned char *base = (const unsigned char *)buf.buf;
+        const long long *size_of = (const long long *)sizes.buf;
+        Py_ssize_t n_sizes = sizes.len / 8, room = kinds.len / 8;
+        if (offs.len / 8 < room) room = offs.len / 8;
+        long long *k_out = (long long *)kinds.buf, *o_out = (long long *)offs.buf;
+        Py_ssize_t off = start, count = 0;
+        while (off + 4 <= valid && count < room) {
+            uint32_t kind;
+            memcpy(&kind, base + off, 4);
+            long long size = (Py_ssize_t)kind < n_sizes ? size_of[kind] : 0;
+            if (size <= 0) break;
+            k_out[count] = kind;
+            o_out[count] = off;
+            count++;
+            off += size;
+        }
+        result = Py_BuildValue("nn", count, off);
+    }
+done:
+    PyBuffer_Release(&buf); PyBuffer_Release(&sizes); PyBuffer_Release(&kinds); PyBuffer_Release(&offs);
+    return result;
+}
+
 static PyMethodDef sp_methods[] = {
     {"configure", sp_configure, METH_VARARGS, "configure(contextvar, register, push, pop, annotation_kind)"},
     {"set_active", sp_set_active, METH_O, "Turn recording on or off."},
@@ -807,6 +859,7 @@ static PyMethodDef sp_methods[] = {
     {"thread_buffer", sp_thread_buffer, METH_NOARGS, "The calling thread's EventBuffer."},
     {"format_activities", sp_format_activities, METH_VARARGS, "Chrome JSON of activity rows (see the comment above)."},
     {"format_arg_objects", sp_format_arg_objects, METH_VARARGS, "Args JSON objects of rows from columns (see the comment above)."},
+    {"walk_tagged_records", sp_walk_tagged_records, METH_VARARGS, "Offsets of kind-tagged records (see the comment above)."},
     {"now_ns", sp_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns on Linux)."},
     {NULL, NULL, 0, NULL},
 };

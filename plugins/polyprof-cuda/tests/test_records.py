@@ -217,3 +217,36 @@ def test_walk_of_an_empty_or_one_record_buffer(valid):
     buffer[:4] = [7, 0, 0, 0]
     kinds, offsets = walk(buffer, valid, {}, lambda b, v, r: None)
     assert kinds.tolist() == ([7] if valid else []) and offsets.tolist() == ([0] if valid else [])
+
+
+@pytest.mark.parametrize("speedups", ["c", "python"])
+def test_the_c_and_python_walks_agree_and_stop_at_kinds_of_unknown_size(monkeypatch, speedups):
+    from polyprof_cuda import raw_buffers
+
+    if speedups == "python":
+        monkeypatch.setattr(raw_buffers, "speedups", None)
+    elif raw_buffers.speedups is None:
+        pytest.skip("polyprof's C speedups are not built here")
+    # records of kinds 3 (16 bytes), 5 (24 bytes) and 2000 (8 bytes: past the size table)
+    layout = [(3, 16), (5, 24), (3, 16), (2000, 8), (5, 24), (2000, 8), (3, 16)]
+    buffer = np.zeros(256, dtype=np.uint8)
+    offsets, at = [], 0
+    for kind, size in layout:
+        buffer[at : at + 4] = np.frombuffer(np.uint32(kind).tobytes(), dtype=np.uint8)
+        offsets.append(at)
+        at += size
+    valid = at
+    size_of = dict(layout)
+    asked = []
+
+    def next_record(base, valid_bytes, record):
+        kind = int(np.frombuffer(buffer[record - base : record - base + 4].tobytes(), np.uint32)[0])
+        asked.append(kind)
+        following = record + size_of[kind]
+        return following if following < base + valid_bytes else None
+
+    sizes = {}
+    kinds, found = raw_buffers.walk(buffer, valid, sizes, next_record)
+    assert kinds.tolist() == [k for k, _ in layout] and found.tolist() == offsets
+    assert asked == [3, 5, 2000, 2000], "each kind once; a kind past the table each time"
+    assert sizes == {3: 16, 5: 24, 2000: 8}
