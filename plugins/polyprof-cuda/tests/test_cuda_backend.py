@@ -479,3 +479,14 @@ def test_the_stop_reports_cuptis_share_and_polyprofs_decoding_apart():
     status = profile(layer, layer.launch_kernel).backends["cuda"]
     took = status.details["stop_ms"]
     assert set(took) == {"cupti_flush", "decode"} and all(v >= 0 for v in took.values())
+
+
+def test_a_malformed_buffer_is_an_error_of_the_cuda_backend_alone(monkeypatch):
+    layer = RecordedLayer()
+    monkeypatch.setattr(layer.c.raw, "next_record", lambda buffer, valid, record: record - 8)  # backwards
+    with pytest.warns(
+        polyprof.PolyprofWarning, match="decoding CUPTI records failed: ValueError: the record walk"
+    ):
+        trace = profile(layer, layer.launch_kernel)
+    assert trace.backends["cuda"].errors and not trace.activities_of(ActivityKind.KERNEL)
+    assert trace.backends["host"].state == "ran"

@@ -138,7 +138,13 @@ def walk(
 
 
 def _steps(
-    buffer: np.ndarray, start: int, valid: int, table: np.ndarray, kinds: np.ndarray, offsets: np.ndarray, words
+    buffer: np.ndarray,
+    start: int,
+    valid: int,
+    table: np.ndarray,
+    kinds: np.ndarray,
+    offsets: np.ndarray,
+    words,
 ) -> tuple[int, int]:
     """Records of known size from `start`: (how many were written to kinds/offsets, where it stopped)."""
     if speedups is not None:

@@ -238,7 +238,13 @@ class CudaSession:
         # profiler stopped after this one (torch's Kineto) may finalize CUPTI
         buffers = self.pool.take()
         decode_started = time.perf_counter()
-        self.decoded = decode(buffers, self.families, self.layouts, self.layer.next_record, self.max_records)
+        try:
+            self.decoded = decode(
+                buffers, self.families, self.layouts, self.layer.next_record, self.max_records
+            )
+        except Exception as exc:  # a malformed buffer: say so at collect; the other backends go on
+            self.decoded = Decoded()
+            self.decoded.problems.append(f"{type(exc).__name__}: {exc}")
         done = time.perf_counter()
         # CUPTI's share of the stop (flush, disable) and polyprof's (walking and decoding the records)
         self.ctx.report.detail(
