@@ -56,11 +56,23 @@ def stub_fields() -> dict[str, set[str]]:
     return out
 
 
+def dtype_name(class_name: str) -> str:
+    """cupti-python's name for a layout's numpy dtype: ActivityMemcpyPtoP4 -> activity_memcpy_pto_p4_dtype."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower() + "_dtype"
+
+
+def layout_dtype(module, cls: type):
+    """The numpy dtype cupti-python publishes for record class `cls`, or None."""
+    import numpy as np
+
+    dtype = getattr(module, dtype_name(cls.__name__), None)
+    return dtype if isinstance(dtype, np.dtype) and dtype.names else None
+
+
 def make_record(class_name: str, **fields):
     """A record of `class_name` with `fields` set and every other byte 0 (some cupti-python releases
     leave a new record's memory uninitialised)."""
     from cupti import cupti
-    from polyprof_cuda.records import layout_dtype
 
     declared = stub_fields()[class_name]
     unknown = set(fields) - declared
@@ -433,7 +445,6 @@ class FakeLibCupti:
 
     def _size(self, record_addr: int) -> int:
         from cupti import cupti
-        from polyprof_cuda.records import layout_dtype
 
         kind = ctypes.c_uint32.from_address(record_addr).value
         cls = self.fake.class_of_kind[kind]
@@ -445,7 +456,6 @@ class FakeLibCupti:
 
     def deliver(self, records: list) -> None:
         from cupti import cupti
-        from polyprof_cuda.records import layout_dtype
 
         assert self.callbacks is not None, "CUPTI delivers only to registered buffer callbacks"
         requested, completed = self.callbacks

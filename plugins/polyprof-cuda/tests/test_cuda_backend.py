@@ -21,10 +21,8 @@ from polyprof_cuda.records import (
     OVERHEAD,
     RUNTIME,
     SYNC,
-    dtype_name,
-    layout_dtype,
 )
-from recorded_cupti import RecordedLayer, latest_class, make_record, stub_fields
+from recorded_cupti import RecordedLayer, dtype_name, latest_class, layout_dtype, make_record, stub_fields
 
 import polyprof
 from polyprof.model import ActivityKind

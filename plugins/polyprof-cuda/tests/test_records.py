@@ -15,11 +15,9 @@ from polyprof_cuda.records import (
     _layout_problem,
     _Memory,
     decode,
-    dtype_name,
-    layout_dtype,
     newest_layouts,
 )
-from recorded_cupti import FakeLibCupti, latest_class, make_record, stub_fields
+from recorded_cupti import FakeLibCupti, dtype_name, latest_class, layout_dtype, make_record, stub_fields
 
 
 def kernel(name, corr):
@@ -164,13 +162,18 @@ def test_unaligned_reads_give_the_same_columns():
     from cupti import cupti
 
     recs = [kernel(f"k{i % 3}", i) for i in range(50)]
-    fast = Delivered(recs).decode().columns[KERNEL]
-    ptrs = np.array([r.ptr for r in recs], dtype=np.uint64)
-    memory = _Memory(ptrs, layout_dtype(cupti, type(recs[0])))
-    memory.aligned = False  # the copy-whole-records path
+    delivered = Delivered(recs)
+    ((buffer, valid),) = delivered.pool.take()
+    _, offsets = walk(buffer, valid, {}, delivered.next_record)
+    shifted = np.zeros(len(buffer) + 8, dtype=np.uint8)  # the same records, 4 bytes off alignment
+    shifted[4 : 4 + valid] = buffer[:valid]
+    dtype = newest_layouts(cupti)[KERNEL][1]
+    aligned, unaligned = _Memory(buffer, offsets, dtype), _Memory(shifted, offsets + 4, dtype)
+    assert aligned.aligned and not unaligned.aligned  # the copy-whole-records path
     for field in records.FIELDS[KERNEL]:
-        if field != "name" and field in memory.dtype.names:
-            assert memory.field(field).tolist() == fast[field].tolist(), field
+        if field in dtype.names:
+            assert unaligned.field(field).tolist() == aligned.field(field).tolist(), field
+    assert aligned.field("correlation_id").tolist() == list(range(50))
 
 
 def test_kinds_not_enabled_are_left_out():

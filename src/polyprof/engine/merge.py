@@ -238,11 +238,12 @@ def attribute_launches_by_containment(acts: ActivityTable) -> ActivityTable:
     if not n:
         return acts
     kind = acts["kind"]
-    if not np.any(np.isin(kind, _CONTAINERS)) or not np.any(np.isin(kind, _LAUNCHES)):
+    is_container, is_launch = np.isin(kind, _CONTAINERS), np.isin(kind, _LAUNCHES)
+    if not np.any(is_container) or not np.any(is_launch):
         return acts
     corr = acts["correlation"]
-    containers = np.flatnonzero(np.isin(kind, _CONTAINERS) & (corr != 0))
-    launches = np.flatnonzero(np.isin(kind, _LAUNCHES))
+    containers = np.flatnonzero(is_container & (corr != 0))
+    launches = np.flatnonzero(is_launch)
     new_ext = acts["external_id"].copy()
     changed: dict[int, int] = {}  # launch row -> external id
     for launch, span in innermost_open_span(acts, containers, launches).items():

@@ -1,4 +1,4 @@
-"""CUPTI activity records -> numpy columns, at collect time.
+"""CUPTI activity records -> numpy columns, at stop.
 
 The session keeps CUPTI's buffers raw while the program runs (:mod:`polyprof_cuda.raw_buffers`). After
 stop, as Kineto parses its buffers, :func:`decode` walks each buffer once and reads each field the
@@ -107,7 +107,7 @@ OPTIONAL_FIELDS = frozenset(
 )
 
 
-#: Each family's record layouts in cupti-python, as dtype attribute names: (prefix, numbered?).
+#: Each family's record layouts in cupti-python: the dtype attribute names start so, then a version.
 _LAYOUT_NAMES = {
     KERNEL: "activity_kernel",
     MEMCPY: "activity_memcpy",
@@ -119,16 +119,6 @@ _LAYOUT_NAMES = {
     OVERHEAD: "activity_overhead",
     EXTERNAL: "activity_external_correlation",
 }
-
-
-def dtype_name(class_name: str) -> str:
-    """cupti-python's name for a layout's numpy dtype: ActivityMemcpyPtoP4 -> activity_memcpy_pto_p4_dtype."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name).lower() + "_dtype"
-
-
-def layout_dtype(module: Any, cls: type) -> np.dtype | None:
-    dtype = getattr(module, dtype_name(cls.__name__), None)
-    return dtype if isinstance(dtype, np.dtype) and dtype.names else None
 
 
 def newest_layouts(module: Any) -> dict[str, tuple[str, np.dtype]]:
@@ -148,18 +138,13 @@ def newest_layouts(module: Any) -> dict[str, tuple[str, np.dtype]]:
 
 
 class _Memory:
-    """The memory of records at `ptrs` (all of one layout), read one field for all of them at once.
+    """Records of one layout at byte `offsets` in `buffer`, read one field for all of them at once."""
 
-    A uint8 view spanning the lowest to the highest record is indexed only at the records' own
-    bytes, so nothing between them is touched."""
-
-    def __init__(self, ptrs: np.ndarray, dtype: np.dtype) -> None:
+    def __init__(self, buffer: np.ndarray, offsets: np.ndarray, dtype: np.dtype) -> None:
         self.dtype = dtype
-        base = int(ptrs.min()) & ~7
-        span = (int(ptrs.max()) + dtype.itemsize - base + 7) & ~7
-        self.mem = np.frombuffer((ctypes.c_uint8 * span).from_address(base), dtype=np.uint8)
-        self.rel = (ptrs - np.uint64(base)).astype(np.int64)
-        self.aligned = not np.any(self.rel & 7)
+        self.mem = buffer[: len(buffer) - len(buffer) % 8]
+        self.rel = offsets
+        self.aligned = buffer.ctypes.data % 8 == 0 and not np.any(offsets & 7)
 
     def field(self, name: str) -> np.ndarray:
         """The field for every record, as int64 (uint64 for ``name``, a pointer)."""
@@ -207,7 +192,6 @@ def decode(
             out.over_cap += len(kinds) - room
             kinds, offsets = kinds[:room], offsets[:room]
         out.records += len(kinds)
-        base = np.uint64(buffer.ctypes.data)
         for kind in sorted_unique(kinds).tolist():
             family = kind_family.get(kind)
             if family is None:
@@ -219,7 +203,7 @@ def decode(
                 skipped[problem] += len(rows)
                 continue
             assert layout is not None
-            memory = _Memory(rows.astype(np.uint64) + base, layout[1])
+            memory = _Memory(buffer, rows, layout[1])
             cols = {
                 f: memory.field(f) if f in layout[1].names else np.zeros(len(rows), dtype=np.int64)
                 for f in FIELDS[family]

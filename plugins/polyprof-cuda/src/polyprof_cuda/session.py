@@ -188,8 +188,9 @@ class CudaSession:
         # before enabling anything: CUPTI applies these when it sets up a context
         for attribute, error in self.layer.preallocate(*self.preallocated).items():
             self.ctx.report.detail(f"CUPTI did not pre-allocate ({attribute})", error)
-        if demangler_problem():
-            self.ctx.report.warning(f"kernel names will stay mangled: {demangler_problem()}")
+        mangled = demangler_problem()
+        if mangled:
+            self.ctx.report.warning(f"kernel names will stay mangled: {mangled}")
         self.layer.use_system_thread_ids()
         self.layer.register_buffer_callbacks(self.pool.requested, self.pool.completed)
         if self.latency:
