@@ -18,7 +18,7 @@ if [ "${1:-}" = "--test" ]; then
   # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
   pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
-  .venv/bin/python -m polyprof.backends.torch_observer || echo "setup: the torch observer was not built"
+  .venv/bin/python -m polyprof.backends.torch.observer || echo "setup: the torch observer was not built"
 else
   pip_install -e .
 fi

@@ -38,7 +38,7 @@ def test_top_level_keys_in_kineto_order(trace):
 
 def test_complete_events_have_kinetos_fields_and_microsecond_times(trace):
     doc = json.loads(dumps_chrome_trace(trace))
-    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "Trace"]  # not the envelope
     assert all(list(e)[:7] == ["ph", "cat", "name", "pid", "tid", "ts", "dur"] for e in xs)
     step = next(e for e in xs if e["name"] == "step")
     a = next(a for a in trace.activities if a.name == "step")
@@ -46,7 +46,7 @@ def test_complete_events_have_kinetos_fields_and_microsecond_times(trace):
     assert step["ts"] == pytest.approx(expected_ts, abs=0.0005) and step["dur"] == pytest.approx(
         a.duration / 1000, abs=0.0005
     )
-    assert step["args"] == {"External id": a.correlation, "batch": 3}
+    assert step["args"] == {"External id": a.correlation, "Record function id": 0, "batch": 3}
     kernel = next(e for e in xs if e["cat"] == "kernel")
     assert kernel["name"] == 'kern"el\nwith quotes'
     assert kernel["args"]["External id"] == a.correlation and "correlation" in kernel["args"]
@@ -175,7 +175,7 @@ def test_large_trace_with_many_chunks(registry, tmp_path):
             with polyprof.record_function("r", {"i": i} if i % 1000 == 0 else None):
                 pass
     doc = json.loads(dumps_chrome_trace(prof.trace))
-    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "Trace"]  # not the envelope
     assert len(xs) == n
     assert sum(1 for e in xs if "i" in e["args"]) == len(range(0, n, 1000))
     ts = np.array([e["ts"] for e in xs])
@@ -258,7 +258,7 @@ def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch,
     assert doc == json.loads(dumps_chrome_trace(as_dicts))
     # json.loads keeps the last of duplicate keys, so check the text: one correlation per event
     assert all(line.count('"correlation":') <= 1 for line in text.splitlines())
-    xs = [e for e in doc["traceEvents"] if e["ph"] in "Xi"]
+    xs = [e for e in doc["traceEvents"] if e["ph"] in "Xi" and e.get("cat") != "Trace"]
     first = xs[0]["args"]
     assert first["extra"] == [1, 2] and first["device"] == 0 and first["grid"] == [0, 1, 1]
     assert first["ok"] is True and first["label"] == 'k"0' and first["correlation"] == 100

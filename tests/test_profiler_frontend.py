@@ -66,17 +66,11 @@ def test_standard_torch_profiler_usage_runs_with_only_the_import_changed(tmp_pat
                 model(inputs)
             prof.step()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
-    assert "Self CPU %" in table and "# of Calls" in table and "aten::linear" in table
-    assert (
-        len(
-            [
-                line
-                for line in table.splitlines()
-                if line.strip().startswith("aten::") or "model_inference" in line
-            ]
-        )
-        <= 10
-    )
+    assert "Self CPU %" in table and "# of Calls" in table
+    rows = [line for line in table.splitlines() if "%" in line and "Self CPU %" not in line]
+    assert len(rows) == 10
+    # with with_stack, Python frames are rows of torch.profiler's table too: every op is among all rows
+    assert "aten::linear" in prof.key_averages().table(row_limit=-1)
     prof.export_chrome_trace(str(tmp_path / "trace.json"))
     prof.export_chrome_trace(str(tmp_path / "trace.json.gz"))
     (written,) = os.listdir(tmp_path / "tb")
@@ -196,18 +190,6 @@ def test_device_time_columns_and_cuda_sort_key_alias():
     ) and launcher.self_cuda_time_total == pytest.approx(1.0)
 
 
-def test_unsupported_arguments_warn_once_naming_them(monkeypatch):
-    import polyprof.profiler.frontend as front
-    from polyprof.profiler import profile
-
-    monkeypatch.setattr(front, "_warned_unsupported", set())
-    with pytest.warns(UserWarning, match="execution_trace_observer, acc_events"):
-        profile(activities=["cpu"], execution_trace_observer=object(), acc_events=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        profile(activities=["cpu"], execution_trace_observer=object(), acc_events=True)  # not again
-
-
 def test_torch_only_options_without_torch_are_a_clear_error(monkeypatch):
     import polyprof.profiler.frontend as front
 
@@ -222,11 +204,11 @@ def test_torch_only_options_without_torch_are_a_clear_error(monkeypatch):
 def test_torch_backend_says_why_when_torch_is_missing(monkeypatch):
     import importlib.util
 
-    from polyprof.backends import torch_ops
+    from polyprof.backends.torch.backend import backend as torch_backend
 
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    avail = torch_ops.backend.probe()
+    avail = torch_backend.probe()
     assert not avail.available and "torch is not installed" in avail.reason
 
 

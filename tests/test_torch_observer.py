@@ -14,7 +14,7 @@ from polyprof.model import FLOW_FWDBWD, ActivityKind
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare with torch.profiler")
 nn = torch.nn
 
-from polyprof.backends import torch_observer  # noqa: E402
+from polyprof.backends.torch import observer as torch_observer  # noqa: E402
 
 try:
     torch_observer.get(torch)
@@ -234,17 +234,23 @@ def test_consecutive_profiles_each_get_only_their_own_ops():
     assert "aten::div" in names(second) and "aten::mul" not in names(second)
 
 
-@pytest.mark.parametrize(
-    "options, reason",
-    [({"with_stack": True}, "with_stack need it"), ({"profile_memory": True}, "profile_memory need it")],
-)
-def test_options_the_observer_does_not_cover_use_torchs_collector(options, reason):
+def test_with_stack_uses_torchs_collector():
     from polyprof.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         torch.ones(4, 4).sum()
     status = prof.trace.backends["torch"]
-    assert status.details["recorder"] == f"torch collector ({reason})"
+    assert status.details["recorder"] == "torch collector (with_stack needs it)"
+    assert "aten::sum" in {a.name for a in prof.trace.activities}
+
+
+@pytest.mark.parametrize("option", ["profile_memory", "with_flops", "with_modules", "record_shapes"])
+def test_the_observer_serves_the_other_options(option):
+    from polyprof.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], **{option: True}) as prof:
+        torch.ones(4, 4).sum()
+    assert prof.trace.backends["torch"].details["recorder"] == "polyprof observer"
     assert "aten::sum" in {a.name for a in prof.trace.activities}
 
 
@@ -334,7 +340,7 @@ def test_without_a_compiler_the_ops_still_come_from_torchs_collector_with_a_warn
 def test_building_from_scratch_into_a_fresh_cache(tmp_path):
     env = {**os.environ, "POLYPROF_CACHE_DIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "polyprof.backends.torch_observer"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "polyprof.backends.torch.observer"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     (library,) = tmp_path.glob("torch-observer/*/polyprof_torch_observer.so")
@@ -344,7 +350,7 @@ def test_building_from_scratch_into_a_fresh_cache(tmp_path):
 
 @needs_observer  # a compiler to run
 def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, tmp_path):
-    from polyprof.backends.torch_observer import builder
+    from polyprof.backends.torch.observer import builder
 
     monkeypatch.setenv("POLYPROF_CACHE_DIR", str(tmp_path))
     broken = tmp_path / "broken.cpp"

@@ -16,6 +16,10 @@ adds a backend from inside a program; ``polyprof backends`` (CLI) lists what is 
 from polyprof._version import __version__
 from polyprof.annotations import counter, instant, record_function
 from polyprof.backend import API_VERSION, Availability
+
+# polyprof's record_function is also a torch range whenever a torch-side consumer listens (see
+# polyprof.backends.torch.bridge); arming it costs nothing until torch is imported
+from polyprof.backends.torch.bridge import arm as _arm_torch_bridge
 from polyprof.engine import PolyprofWarning, Profile, ProfilerAction, profile, schedule
 from polyprof.errors import (
     BackendConflictError,
@@ -26,6 +30,8 @@ from polyprof.errors import (
     UnknownNameError,
 )
 from polyprof.registry import register_backend
+
+_arm_torch_bridge()
 
 __all__ = [
     "API_VERSION",

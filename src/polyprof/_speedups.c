@@ -33,6 +33,19 @@ static PyObject *g_pop = NULL;          /* (kind) -> None */
 static PyObject *g_kind_annotation = NULL;
 static PyObject *g_tls_key = NULL;      /* key of the event list in the thread-state dict */
 
+/* The framework bridge (set by polyprof.annotations.set_framework_bridge): when `consumers()` says a
+   framework-side consumer listens (torch's profiler, an ExecutionTraceObserver), a record_function also
+   opens the framework's own range through `enter`/`exit` (C functions of the torch observer library),
+   and its span's args are recorded as routed(args, handle). */
+typedef int (*bridge_consumers_fn)(void);
+typedef void *(*bridge_enter_fn)(const char *name, const char *args, uint64_t *handle);
+typedef void (*bridge_exit_fn)(void *range);
+static bridge_consumers_fn g_bridge_consumers = NULL;
+static bridge_enter_fn g_bridge_enter = NULL;
+static bridge_exit_fn g_bridge_exit = NULL;
+static PyObject *g_routed = NULL;       /* (args, handle) -> the buffer's args entry of a routed span */
+static PyObject *g_args_text = NULL;    /* (args) -> str or None: the range's string input */
+
 static inline long long now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -169,6 +182,8 @@ typedef struct {
     long long parent;
     long long id;
     long long start;
+    void *range;       /* the framework's range opened through the bridge, while open */
+    uint64_t handle;   /* its handle (torch's "Record function id") */
 } RecordFunctionObject;
 
 static int rf_init(RecordFunctionObject *self, PyObject *a, PyObject *kw) {
@@ -184,8 +199,11 @@ static int rf_init(RecordFunctionObject *self, PyObject *a, PyObject *kw) {
     return 0;
 }
 
+static void bridge_exit(RecordFunctionObject *self);
+
 static void rf_dealloc(RecordFunctionObject *self) {
     PyObject_GC_UnTrack(self);
+    bridge_exit(self);  /* entered and never exited: end the framework's range with it */
     Py_CLEAR(self->name);
     Py_CLEAR(self->args);
     Py_CLEAR(self->token);
@@ -203,7 +221,40 @@ static int rf_traverse(RecordFunctionObject *self, visitproc visit, void *arg) {
 
 static EventBufferObject *thread_buffer(void);
 
+/* Open the framework's range for this span when a framework-side consumer listens. A name or args
+   the framework cannot take leave the span polyprof's only. */
+static int bridge_enter(RecordFunctionObject *self) {
+    self->range = NULL;
+    self->handle = 0;
+    if (g_bridge_consumers == NULL || !g_bridge_consumers()) return 0;
+    PyObject *name = PyObject_Str(self->name);
+    PyObject *text = NULL;
+    const char *name_c = name != NULL ? PyUnicode_AsUTF8(name) : NULL;
+    const char *args_c = NULL;
+    int ok = name_c != NULL;
+    if (ok && self->args != Py_None && g_args_text != NULL) {
+        text = PyObject_CallOneArg(g_args_text, self->args);
+        ok = text != NULL && (text == Py_None || (args_c = PyUnicode_AsUTF8(text)) != NULL);
+    }
+    if (ok)
+        self->range = g_bridge_enter(name_c, args_c, &self->handle);
+    else
+        PyErr_Clear();
+    Py_XDECREF(text);
+    Py_XDECREF(name);
+    return 0;
+}
+
+static void bridge_exit(RecordFunctionObject *self) {
+    if (self->range != NULL && g_bridge_exit != NULL) {
+        void *range = self->range;
+        self->range = NULL;
+        g_bridge_exit(range);
+    }
+}
+
 static PyObject *rf_enter(RecordFunctionObject *self, PyObject *unused) {
+    if (g_bridge_consumers != NULL && bridge_enter(self) < 0) return NULL;
     if (g_active) {
         long long id = (long long)(g_next_id++);
         PyObject *parent = NULL, *idobj;
@@ -269,8 +320,14 @@ static EventBufferObject *thread_buffer(void) {
 
 static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long start = self->start;
-    if (start < 0) Py_RETURN_NONE;
+    uint64_t handle = self->handle;
+    self->handle = 0;
+    if (start < 0) {
+        bridge_exit(self);
+        Py_RETURN_NONE;
+    }
     long long end = now_ns();
+    bridge_exit(self);
     self->start = -1;
     if (self->token != NULL) {
         if (PyContextVar_Reset(g_contextvar, self->token) < 0) PyErr_Clear();
@@ -289,7 +346,15 @@ static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_s
         Py_INCREF(buf);
     }
     forget_open(buf, (PyObject *)self);
-    int rc = eb_add(buf, 0, start, end, self->id, self->parent, self->name, self->args);
+    int rc;
+    if (handle != 0 && g_routed != NULL) {
+        PyObject *routed = PyObject_CallFunction(g_routed, "OK", self->args, (unsigned long long)handle);
+        if (routed == NULL) { Py_DECREF(buf); return NULL; }
+        rc = eb_add(buf, 0, start, end, self->id, self->parent, self->name, routed);
+        Py_DECREF(routed);
+    } else {
+        rc = eb_add(buf, 0, start, end, self->id, self->parent, self->name, self->args);
+    }
     Py_DECREF(buf);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
@@ -778,6 +843,27 @@ static PyObject *sp_configure(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *sp_set_bridge(PyObject *m, PyObject *args) {
+    /* set_bridge(consumers_addr, enter_addr, exit_addr, routed, args_text): 0 addresses clear it */
+    unsigned long long consumers, enter, exit_;
+    PyObject *routed, *args_text;
+    if (!PyArg_ParseTuple(args, "KKKOO", &consumers, &enter, &exit_, &routed, &args_text)) return NULL;
+    if (!consumers || !enter || !exit_) {
+        g_bridge_consumers = NULL;
+        g_bridge_enter = NULL;
+        g_bridge_exit = NULL;
+    } else {
+        g_bridge_enter = (bridge_enter_fn)(uintptr_t)enter;
+        g_bridge_exit = (bridge_exit_fn)(uintptr_t)exit_;
+        g_bridge_consumers = (bridge_consumers_fn)(uintptr_t)consumers;
+    }
+    Py_INCREF(routed);
+    Py_XSETREF(g_routed, routed);
+    Py_INCREF(args_text);
+    Py_XSETREF(g_args_text, args_text);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sp_set_active(PyObject *m, PyObject *v) { g_active = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_set_has_targets(PyObject *m, PyObject *v) { g_has_targets = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_next_id(PyObject *m, PyObject *unused) { return PyLong_FromUnsignedLongLong(g_next_id++); }
@@ -853,6 +939,7 @@ done:
 static PyMethodDef sp_methods[] = {
     {"configure", sp_configure, METH_VARARGS, "configure(contextvar, register, push, pop, annotation_kind)"},
     {"set_active", sp_set_active, METH_O, "Turn recording on or off."},
+    {"set_bridge", sp_set_bridge, METH_VARARGS, "set_bridge(consumers, enter, exit, routed, args_text): the framework bridge (C addresses; 0 clears)."},
     {"set_has_targets", sp_set_has_targets, METH_O, "Whether correlation push/pop must be called."},
     {"next_id", sp_next_id, METH_NOARGS, "A new process-wide correlation id."},
     {"reserve_ids", sp_reserve_ids, METH_O, "reserve_ids(n): the first of n consecutive new ids."},

@@ -20,15 +20,21 @@ buffer (no locks on the hot path)::
 
 The hot path is implemented in C (``polyprof._speedups``) when that extension is built, and in
 Python otherwise; both record exactly the same events.
+
+When a framework-side consumer listens (torch's profiler, an ExecutionTraceObserver), each
+``record_function`` is also that framework's own range, so the consumer sees polyprof's annotations;
+the torch backend installs that bridge (:func:`set_framework_bridge`). Otherwise it stays on the fast
+path.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import threading
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,7 +46,56 @@ from polyprof.clock import host_ns
 SPAN = 0
 INSTANT = 1
 COUNTER = 2
+GC = 3  # a garbage collection (recorded by the host backend with record_python_gc_info)
 FIELDS = 5  # type, start, end, id, parent
+
+
+class Routed(NamedTuple):
+    """The buffered args of a span that was also a framework range: the user's args and the range's
+    handle (torch's "Record function id")."""
+
+    args: Any
+    handle: int
+
+
+def args_text(args: Any) -> str | None:
+    """A span's args as the one string input a framework range takes (torch's record_function args)."""
+    if args is None or isinstance(args, str):
+        return args
+    try:
+        return json.dumps(args, default=repr)
+    except (TypeError, ValueError):
+        return repr(args)
+
+
+class FrameworkBridge:
+    """What :func:`set_framework_bridge` takes: ``consumers()`` (is a framework-side consumer
+    listening on this thread?), ``enter(name, args_text) -> (range, handle)`` and ``exit(range)`` for the
+    pure-Python path, and the C addresses of the same three functions (0 if there are none) for the C
+    one."""
+
+    c_addresses: tuple[int, int, int] = (0, 0, 0)
+
+    def consumers(self) -> bool:
+        return False
+
+    def enter(self, name: str, text: str | None) -> tuple[Any, int]:
+        return None, 0
+
+    def exit(self, rng: Any) -> None:
+        pass
+
+
+_bridge: FrameworkBridge | None = None
+
+
+def set_framework_bridge(bridge: FrameworkBridge | None) -> None:
+    """Install (or, with None, remove) the bridge to a framework's own ranges."""
+    global _bridge
+    _bridge = bridge
+    if speedups is not None:
+        consumers, enter, exit_ = bridge.c_addresses if bridge is not None else (0, 0, 0)
+        speedups.set_bridge(consumers, enter, exit_, Routed, args_text)
 
 
 class PyEventBuffer:
@@ -177,14 +232,19 @@ class _PyRecordFunction:  # noqa: N801
     `args` is a string (as in torch) or a dict of JSON-serialisable values.
     """
 
-    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent")
+    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent", "_range", "_handle")
 
     def __init__(self, name: str, args: str | dict[str, Any] | None = None) -> None:
         self.name = name
         self.args = args
         self._start = -1
+        self._range = None
+        self._handle = 0
 
     def __enter__(self) -> _PyRecordFunction:
+        bridge = _bridge
+        if bridge is not None and bridge.consumers():
+            self._range, self._handle = bridge.enter(str(self.name), args_text(self.args))
         if recorder.active:
             self._id = i = _new_id()
             self._parent = _current.get()
@@ -196,10 +256,15 @@ class _PyRecordFunction:  # noqa: N801
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        start = self._start
+        start, handle, rng = self._start, self._handle, self._range
+        self._handle, self._range = 0, None
         if start < 0:
+            if rng is not None and _bridge is not None:
+                _bridge.exit(rng)
             return
         end = host_ns()
+        if rng is not None and _bridge is not None:
+            _bridge.exit(rng)
         self._start = -1
         _current.reset(self._token)
         self._token = None
@@ -207,7 +272,8 @@ class _PyRecordFunction:  # noqa: N801
             correlation.pop(correlation.KIND_ANNOTATION)
         buf = recorder.buffer()
         _forget(buf.open, self)
-        buf.add(SPAN, start, end, self.name, self._id, self._parent, self.args)
+        args = Routed(self.args, handle) if handle else self.args
+        buf.add(SPAN, start, end, self.name, self._id, self._parent, args)
 
     @property
     def open_state(self) -> tuple[int, int, int] | None:

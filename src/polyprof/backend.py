@@ -76,6 +76,9 @@ class ProfileConfig:
     profile_memory: bool = False
     with_stack: bool = False
     with_flops: bool = False
+    with_modules: bool = False
+    #: front-end specific settings, e.g. torch's ``torch_experimental_config`` object and the
+    #: ``capture_overload_names`` / ``profile_all_threads`` / ``record_python_gc_info`` flags
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -88,6 +91,12 @@ class Reporter:
         self.dropped: dict[str, int] = {}
         self.clock: dict[str, Any] = {}
         self.details: dict[str, Any] = {}
+        self.attachments: dict[str, Any] = {}
+
+    def attach(self, key: str, value: Any) -> None:
+        """An in-memory object for the front ends (e.g. torch's own profiler result), kept on the trace
+        (``trace.attachments``) but never written to a file."""
+        self.attachments[key] = value
 
     def detail(self, key: str, value: Any) -> None:
         """A fact about how the backend recorded (JSON-serialisable), e.g. which recorder it used."""

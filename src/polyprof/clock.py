@@ -21,8 +21,13 @@ import numpy as np
 
 host_ns = time.perf_counter_ns
 
-#: Kineto floors `baseTimeNanoseconds` to a 3-month grid so that ranks share one base (output_json.h).
-BASE_TIME_GRID_NS = 7_889_238 * 1_000_000_000
+#: `baseTimeNanoseconds` is the trace's start floored to whole UTC days. Kineto floors to a 3-month
+#: grid (output_json.h), which puts relative times near 5e12 us: a double then cannot hold every
+#: nanosecond (its spacing there is ~1 ns), and readers that add `ts + dur` (Perfetto) see spans
+#: overlap their last child by 1 ns. A day keeps `ts` below ~1.2e11 us, where a double's spacing is
+#: 0.02 ns; HTA, Perfetto and torch-tb-profiler all take any base. Ranks whose profiles start on
+#: the same UTC day share one base, as with Kineto's grid.
+BASE_TIME_GRID_NS = 86_400 * 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ def epoch_offset(samples: int = 7) -> EpochOffset:
 
 
 def base_time_ns(epoch_ns: int) -> int:
-    """Kineto's `baseTimeNanoseconds` for a trace starting at `epoch_ns`."""
+    """The `baseTimeNanoseconds` of a trace starting at `epoch_ns` (see BASE_TIME_GRID_NS)."""
     return epoch_ns - epoch_ns % BASE_TIME_GRID_NS
 
 

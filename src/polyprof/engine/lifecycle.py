@@ -126,6 +126,11 @@ class Profile:
         backend_options: ``{"opencl": {...}}``: options handed to each backend's sessions.
         call_timeout_s: a backend's stop/collect/close running longer is abandoned.
         metadata: top-level keys added to the trace.
+        activity_filters: ``{"CPU": {ActivityKind.CPU_OP}}``: of the groups named, only rows of these
+            kinds are kept (an empty set keeps none); what is dropped is counted per backend.
+        window_observers: objects whose ``start()`` and ``stop()`` are called as each recording window
+            opens and closes (before the backends start and stop), e.g. torch's ExecutionTraceObserver.
+        extra: front-end settings handed to every backend as ``ProfileConfig.extra``.
     """
 
     def __init__(
@@ -140,9 +145,13 @@ class Profile:
         profile_memory: bool = False,
         with_stack: bool = False,
         with_flops: bool = False,
+        with_modules: bool = False,
         metadata: Mapping[str, Any] | None = None,
         registry: Registry | None = None,
         record_steps: bool | None = None,
+        activity_filters: Mapping[str, Iterable[int]] | None = None,
+        window_observers: Iterable[Any] = (),
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         if schedule is not None and not callable(schedule):
             raise ConfigError(
@@ -173,7 +182,11 @@ class Profile:
             profile_memory=profile_memory,
             with_stack=with_stack,
             with_flops=with_flops,
+            with_modules=with_modules,
+            extra=dict(extra or {}),
         )
+        self._kind_filters = self._kind_filters_of(activity_filters)
+        self.window_observers = list(window_observers)
         self._backend_options = {k: dict(v) for k, v in (backend_options or {}).items()}
         selected_names = {s.entry.name for s in self._selected}
         for name in self._backend_options:
@@ -241,6 +254,18 @@ class Profile:
         for sel in chosen.values():
             (selected if sel.availability.available else unavailable).append(sel)
         return selected, unavailable, groups_list
+
+    def _kind_filters_of(self, activity_filters: Mapping[str, Iterable[int]] | None) -> dict[str, set[int]]:
+        """Backend name -> the kinds kept of its rows, from group -> kinds filters."""
+        if not activity_filters:
+            return {}
+        by_group = {activity_group_name(g): {int(k) for k in kinds} for g, kinds in activity_filters.items()}
+        out: dict[str, set[int]] = {}
+        for sel in self._selected:
+            groups = [g for g in (a.upper() for a in sel.entry.activities) if g in by_group]
+            if groups:
+                out[sel.entry.name] = set().union(*(by_group[g] for g in groups))
+        return out
 
     @property
     def backends(self) -> list[str]:
@@ -320,6 +345,11 @@ class Profile:
     def _transition(self, prev: ProfilerAction, cur: Any) -> None:
         if not isinstance(cur, ProfilerAction):
             cur = ProfilerAction(getattr(cur, "value", cur))
+        if cur is ProfilerAction.DEVICE_STOPPED:
+            raise ConfigError(
+                "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
+                "a user-provided schedule"
+            )
         self._apply(TRANSITIONS[(prev, cur)])
         self.current_action = cur
 
@@ -385,6 +415,7 @@ class Profile:
                 )
             _active_profile = self
         self._epoch = epoch_offset()
+        self._window_observers("start")
         self._window_start = host_ns()
         targets = []
         for h in self._live():
@@ -407,8 +438,18 @@ class Profile:
 
         return on_error
 
+    def _window_observers(self, call: str) -> None:
+        for obs in self.window_observers:
+            try:
+                getattr(obs, call)()
+            except Exception as exc:  # an observer's failure is the user's to see, never a lost trace
+                warnings.warn(
+                    f"polyprof: {type(obs).__name__}.{call}() raised {describe(exc)}", PolyprofWarning, stacklevel=5
+                )
+
     def _stop_recording(self) -> None:
         global _active_profile
+        self._window_observers("stop")
         window_end = host_ns()
         correlation.set_targets(())
         parts: list[CollectedPart] = []
@@ -458,6 +499,7 @@ class Profile:
             epoch_offset_ns=epoch.offset_ns,
             base_time_ns=base_time_ns(self._window_start + epoch.offset_ns),
             metadata=meta,
+            kind_filters=self._kind_filters,
         )
         self._postprocess_ms["merge"] = round((time.perf_counter() - merge_started) * 1e3, 3)
         # where the time between stop and a trace went: each backend's stop and collect, then merge
@@ -524,6 +566,7 @@ class Profile:
             st.dropped[what] = st.dropped.get(what, 0) + n
         st.clock.update(rep.clock)
         st.details.update(rep.details)
+        st.attachments.update(rep.attachments)
         if h.session is None or not h.started:
             st.state = BACKEND_FAILED
 
@@ -537,7 +580,7 @@ class Profile:
                     f"{st.rejected} malformed rows rejected ({', '.join(f'{k}: {v}' for k, v in st.rejected_reasons.items())})"
                 )
             for what, n in st.dropped.items():
-                if what != "outside capture window":
+                if what not in ("outside capture window", "activity filter"):  # asked for
                     problems.append(f"dropped {n} {what}")
             for msg in problems:
                 warnings.warn(f"polyprof backend {st.name!r}: {msg}", PolyprofWarning, stacklevel=5)

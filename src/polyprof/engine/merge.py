@@ -91,11 +91,13 @@ def merge(
     epoch_offset_ns: int,
     base_time_ns: int,
     metadata: dict,
+    kind_filters: dict[str, set[int]] | None = None,
 ) -> Trace:
     """Build the trace. Rows whose start lies outside `window` are dropped (and counted per backend);
     a backend's flow ids are shifted only where they would collide with an earlier backend's (so a
     single device backend keeps Kineto's convention: ac2g id = correlation id); flows missing one end
-    are cleared."""
+    are cleared. `kind_filters` (backend name -> kinds kept) drops the other kinds of those backends'
+    rows (counted as "activity filter")."""
     table = _DeviceTable()
     pieces = []
     counters = Counters()
@@ -114,7 +116,16 @@ def merge(
             outside = int(len(acts) - inside.sum())
             if outside:
                 part.status.dropped["outside capture window"] = outside
-                acts = acts.take(np.flatnonzero(inside))
+            kept = inside
+            allowed = (kind_filters or {}).get(part.status.name)
+            if allowed is not None:
+                kept = inside & np.isin(acts["kind"], sorted(allowed))
+                filtered = int(inside.sum() - kept.sum())
+                if filtered:
+                    part.status.dropped["activity filter"] = filtered
+            if not kept.all():
+                acts = acts.take(np.flatnonzero(kept))
+            acts = _clip_host_ends(acts, dev_map, w1)
         part.status.activities = len(acts)
         flow_offset, highest_flow_id = _flow_offset(acts, highest_flow_id)
         pieces.append((acts, dev_map if len(dev_map) else np.zeros(0, np.int32), res_map, flow_offset))
@@ -149,6 +160,20 @@ def merge(
         base_time_ns=base_time_ns,
         window=window,
     )
+
+
+def _clip_host_ends(acts: ActivityTable, dev_map: np.ndarray, window_end: int) -> ActivityTable:
+    """Host rows still running when the window closed (the Python frames of the stop itself, as torch's
+    collector reports them) end with the window, as Kineto writes unfinished CPU work. Device work
+    keeps its own end: kernels in flight at stop finish after it."""
+    if not len(acts) or not len(dev_map):
+        return acts
+    late = (dev_map[acts["device"]] == 0) & (acts["end"] > window_end)
+    if not late.any():
+        return acts
+    cols = dict(acts.columns)
+    cols["end"] = np.where(late, window_end, acts["end"])
+    return ActivityTable(acts.strings, cols, acts.args)
 
 
 def _clear_unpaired_flows(acts: ActivityTable) -> ActivityTable:

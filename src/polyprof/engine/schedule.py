@@ -10,12 +10,27 @@ from polyprof.errors import ConfigError
 
 
 class ProfilerAction(Enum):
-    """What the profiler does at a step (same members and values as torch.profiler.ProfilerAction)."""
+    """What the profiler does at a step (same members and values as torch.profiler.ProfilerAction).
+
+    A member equals torch's member of the same value (``ProfilerAction.RECORD ==
+    torch.profiler.ProfilerAction.RECORD``), so schedules and tests written for either mix freely.
+    DEVICE_STOPPED is torch's internal state for device collection that stopped early; polyprof never
+    enters it, and a schedule that returns it is an error, as in torch.
+    """
 
     NONE = 0
     WARMUP = 1
     RECORD = 2
     RECORD_AND_SAVE = 3
+    DEVICE_STOPPED = 4
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Enum) and type(other).__name__ == "ProfilerAction":
+            return self.value == other.value
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 def schedule(

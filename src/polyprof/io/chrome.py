@@ -33,6 +33,7 @@ from polyprof.model import (
 )
 
 _FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
+ENVELOPE_PIDS = ("Spans", "Traces")
 
 
 def _read_bytes(path: str) -> bytes:
@@ -128,6 +129,8 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         if not isinstance(ev, dict):
             raise TraceFormatError(f"{path}: traceEvents[{n}] is not an object")
         ph = ev.get("ph")
+        if ev.get("cat") == "Trace" or ev.get("pid") in ENVELOPE_PIDS:
+            continue  # Kineto's envelope ("PyTorch Profiler (0)" on "Spans"): the profile, not an activity
         if ph == "M":
             _metadata_row(ev, devices, resources, device, resource)
             continue
@@ -152,8 +155,8 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         if ph in ("s", "f", "t"):
             pending_flows.append((ev, ts, last_row))
             continue
-        res = resource(dev, tid)
         cat = str(ev.get("cat", ""))
+        res = resource(dev, tid)
         args = dict(ev.get("args") or {})
         ext = args.pop("External id", 0)
         corr = args.get("correlation", 0)

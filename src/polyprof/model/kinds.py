@@ -77,7 +77,6 @@ CATEGORY_TO_KIND: dict[str, ActivityKind] = {
     "cpu_instant_event": ActivityKind.INSTANT,
     "overhead": ActivityKind.OVERHEAD,
     "collective_comm": ActivityKind.COLLECTIVE_COMM,
-    "trace": ActivityKind.USER_ANNOTATION,
 }
 
 

@@ -36,6 +36,7 @@ class BackendStatus:
     activities: int = 0
     version: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    attachments: dict[str, Any] = field(default_factory=dict, repr=False)  # in memory only
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state}
@@ -69,6 +70,14 @@ class Trace:
     epoch_offset_ns: int = 0
     base_time_ns: int = 0
     window: tuple[int, int] = (0, 0)
+
+    @property
+    def attachments(self) -> dict[str, Any]:
+        """Every backend's in-memory attachments (see ``Reporter.attach``), by key."""
+        out: dict[str, Any] = {}
+        for st in self.backends.values():
+            out.update(st.attachments)
+        return out
 
     def device_by_key(self, key: str) -> Device | None:
         return next((d for d in self.devices if d.key == key), None)

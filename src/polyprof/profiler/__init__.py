@@ -12,9 +12,19 @@
 ``ProfilerActivity`` has the members torch has (CPU, CUDA, XPU, ...) and gains one for every activity
 group an installed backend serves (OPENCL once polyprof-opencl is installed). Unlike torch, several
 devices can be profiled in one session.
+
+torch.profiler's other names are here too, so that ``from torch.profiler import X`` becomes
+``from polyprof.profiler import X`` for every X: ``kineto_available`` (polyprof always is),
+``supported_activities``, ``tensorboard_trace_handler``, ``ProfilerAction``, and, loaded from torch
+when first used (they need torch installed), ``DeviceType``, ``ExecutionTraceObserver``,
+``_ExperimentalConfig``, ``RecordScope``, ``KinetoStepTracker``, ``itt``, ``_utils``,
+``_memory_profiler``, ``_pattern_matcher``.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from polyprof.annotations import record_function
 from polyprof.engine import ProfilerAction, schedule
@@ -23,11 +33,50 @@ from polyprof.profiler.frontend import profile
 from polyprof.profiler.handlers import tensorboard_trace_handler
 
 __all__ = [
+    "DeviceType",
+    "ExecutionTraceObserver",
     "ProfilerAction",
     "ProfilerActivity",
+    "kineto_available",
     "profile",
     "record_function",
     "schedule",
     "supported_activities",
     "tensorboard_trace_handler",
 ]
+
+#: names taken from torch when first asked for: name -> (module, attribute or None for the module)
+_FROM_TORCH = {
+    "DeviceType": ("torch.autograd", "DeviceType"),
+    "ExecutionTraceObserver": ("torch.profiler", "ExecutionTraceObserver"),
+    "_ExperimentalConfig": ("torch._C._profiler", "_ExperimentalConfig"),
+    "RecordScope": ("torch.autograd.profiler", "RecordScope"),
+    "KinetoStepTracker": ("torch.autograd.profiler", "KinetoStepTracker"),
+    "_KinetoProfile": ("torch.profiler.profiler", "_KinetoProfile"),
+    "itt": ("torch.profiler.itt", None),
+    "_utils": ("torch.profiler._utils", None),
+    "_memory_profiler": ("torch.profiler._memory_profiler", None),
+    "_pattern_matcher": ("torch.profiler._pattern_matcher", None),
+    "python_tracer": ("torch.profiler.python_tracer", None),
+}
+
+
+def kineto_available() -> bool:
+    """torch.profiler.kineto_available's twin: polyprof's Kineto-dialect profiler is always available."""
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    where = _FROM_TORCH.get(name)
+    if where is None:
+        raise AttributeError(f"module 'polyprof.profiler' has no attribute {name!r}")
+    module, attribute = where
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise AttributeError(
+            f"polyprof.profiler.{name} is torch.profiler's and needs torch (pip install torch): {exc}"
+        ) from exc
+    value = mod if attribute is None else getattr(mod, attribute)
+    globals()[name] = value
+    return value

@@ -1,17 +1,32 @@
-"""``polyprof.profiler.profile``: torch.profiler.profile's signature over polyprof's engine."""
+"""``polyprof.profiler.profile``: torch.profiler.profile's signature and behaviour over polyprof's engine.
+
+Every argument of torch.profiler.profile is accepted and does what torch's does: the dict form of
+``activities`` filters activity types; ``experimental_config`` fields change what is recorded
+(``capture_overload_names``, ``profile_all_threads``, ``record_python_gc_info``,
+``expose_kineto_event_metadata``, ``trace_only``, ``verbose``); ``execution_trace_observer`` (or
+``ENABLE_PYTORCH_EXECUTION_TRACE=1``) runs in the recording windows; ``acc_events`` keeps events across
+cycles; ``post_processing_timeout_s`` bounds building ``events()``. With torch imported, ``prof.profiler``
+is a ``torch.autograd.profiler.profile`` over polyprof's trace (see :mod:`.torch_view`), so
+``events()``, ``key_averages()``, ``table()``, ``export_stacks()``, ``_stats()`` are torch's own.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import math
+import os
+import sys
+import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from polyprof.engine import Profile
 from polyprof.errors import ConfigError
+from polyprof.profiler.options import experimental_settings, parse_activities
 
 TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
-_warned_unsupported: set[str] = set()  # each unsupported argument is warned about once per process
+PROFILER_STEP_NAME = "ProfilerStep"
 
 
 def _torch_installed() -> bool:
@@ -21,9 +36,52 @@ def _torch_installed() -> bool:
         return False
 
 
+def _check_timeout(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"post_processing_timeout_s must be a number of seconds or None, got {value!r}")
+    if value < 0:
+        raise ConfigError(f"post_processing_timeout_s must be non-negative, got {value!r}")
+    return float(value)
+
+
+def _execution_trace_from_env() -> Any:
+    """torch's ExecutionTraceObserver when ENABLE_PYTORCH_EXECUTION_TRACE=1 asks for one, as torch does."""
+    if os.environ.get("ENABLE_PYTORCH_EXECUTION_TRACE", "0") in ("", "0") or not _torch_installed():
+        return None
+    from torch.profiler import ExecutionTraceObserver
+
+    return ExecutionTraceObserver.build_execution_trace_obs_from_env()
+
+
+def _step_tracker() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        from torch.autograd.profiler import KinetoStepTracker
+    except ImportError:
+        return None
+    return KinetoStepTracker
+
+
+def add_event_indices(trace: Any) -> None:
+    """Kineto's "Ev Idx" arg (an event's index among the host events), which torch.profiler exposes
+    with expose_kineto_event_metadata."""
+    import numpy as np
+
+    from polyprof.model import ActivityKind, ArgColumns
+
+    kinds = [int(k) for k in (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.INSTANT,
+                              ActivityKind.PYTHON_FUNCTION)]  # fmt: skip
+    rows = np.flatnonzero(np.isin(trace.activities["kind"], kinds))
+    trace.activities.args.add_block(rows, ArgColumns(("Ev Idx",), (np.arange(len(rows), dtype=np.int64),)))
+
+
 class profile(Profile):  # noqa: N801 - torch's name
-    """Same keyword arguments as ``torch.profiler.profile``. Arguments polyprof does not implement yet
-    are accepted with one warning naming them (never silently ignored)."""
+    """Same keyword arguments as ``torch.profiler.profile`` (see the module docstring), plus polyprof's
+    own (``backend_options``, ``call_timeout_s``, ``metadata``...)."""
 
     def __init__(
         self,
@@ -39,54 +97,137 @@ class profile(Profile):  # noqa: N801 - torch's name
         experimental_config: Any = None,
         execution_trace_observer: Any = None,
         acc_events: bool = False,
+        use_cuda: bool | None = None,
         custom_trace_id_callback: Callable[[], str] | None = None,
         post_processing_timeout_s: float | None = None,
         **polyprof_options: Any,
     ) -> None:
-        unsupported = [
-            name
-            for name, value, default in (
-                ("with_modules", with_modules, False),
-                ("experimental_config", experimental_config, None),
-                ("execution_trace_observer", execution_trace_observer, None),
-                ("acc_events", acc_events, False),
-                ("custom_trace_id_callback", custom_trace_id_callback, None),
-                ("post_processing_timeout_s", post_processing_timeout_s, None),
-            )
-            if value != default
-        ]
+        self.post_processing_timeout_s = _check_timeout(post_processing_timeout_s)
+        groups, filters = parse_activities(activities)
+        if use_cuda is not None:
+            warnings.warn("`use_cuda` is deprecated, use `activities` argument instead", FutureWarning, stacklevel=2)
+            if use_cuda:
+                groups = [*(groups or ["CPU"]), "CUDA"]
         asked = [
             n
             for n, v in zip(
                 TORCH_ONLY_OPTIONS, (record_shapes, profile_memory, with_flops, with_stack), strict=True
             )
             if v
-        ]
+        ] + (["with_modules"] if with_modules else [])
         if asked and not _torch_installed():
             raise ConfigError(
                 f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
                 "pip install torch, or leave these options off to profile annotations and devices"
             )
-        unsupported = [name for name in unsupported if name not in _warned_unsupported]
-        if unsupported:
-            _warned_unsupported.update(unsupported)
-            warnings.warn(
-                f"polyprof.profiler.profile does not implement {', '.join(unsupported)} yet; "
-                "they are ignored (this warning is given once)",
-                stacklevel=2,
+        experimental_config, extra = experimental_settings(experimental_config, with_stack)
+        self.experimental_config = experimental_config
+        self.record_shapes = record_shapes or with_flops
+        self.profile_memory, self.with_stack, self.with_flops = profile_memory, with_stack, with_flops
+        self.with_modules = with_modules
+        self.acc_events = acc_events
+        self.custom_trace_id_callback = custom_trace_id_callback
+        self.execution_trace_observer = execution_trace_observer or _execution_trace_from_env()
+        self.preset_metadata: dict[str, Any] = {}
+        self._trace_id = ""
+        self._view: Any = None
+        flags = {
+            name: 1
+            for name, on in (
+                ("profile_memory", profile_memory),
+                ("with_stack", with_stack),
+                ("record_shapes", self.record_shapes),
+                ("with_modules", with_modules),
+                ("with_flops", with_flops),
             )
+            if on
+        }
+        metadata = {**flags, **dict(polyprof_options.pop("metadata", None) or {})}
         super().__init__(
-            activities,
+            groups,
             schedule=schedule,
             on_trace_ready=on_trace_ready,
-            record_shapes=record_shapes,
+            record_shapes=self.record_shapes,
             profile_memory=profile_memory,
             with_stack=with_stack,
             with_flops=with_flops,
+            with_modules=with_modules,
+            activity_filters=filters,
+            window_observers=[self.execution_trace_observer] if self.execution_trace_observer else (),
+            extra=extra,
+            metadata=metadata,
             **polyprof_options,
         )
+        tracker = _step_tracker()
+        if tracker is not None:
+            tracker.init_step_count(PROFILER_STEP_NAME)
+
+    # -- the cycle -------------------------------------------------------------------------------------
+    def _start_recording(self) -> None:
+        self._trace_id = (
+            self.custom_trace_id_callback() if self.custom_trace_id_callback else f"{uuid.uuid4().int:032X}"
+        )
+        self._metadata["trace_id"] = self._trace_id
+        self._metadata.update(self.preset_metadata)
+        super()._start_recording()
+
+    def _stop_recording(self) -> None:
+        super()._stop_recording()
+        if self.config.extra.get("expose_kineto_event_metadata") and self._trace is not None:
+            add_event_indices(self._trace)
+        self._view = self._torch_view(self._view if self.acc_events else None)
+
+    def step(self) -> None:
+        super().step()
+        tracker = _step_tracker()
+        if tracker is not None and os.environ.get("KINETO_USE_DAEMON", ""):
+            tracker.increment_step(PROFILER_STEP_NAME)
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            tracker = _step_tracker()
+            if tracker is not None:
+                tracker.erase_step_count(PROFILER_STEP_NAME)
+            cleanup = getattr(self.execution_trace_observer, "cleanup", None)
+            if callable(cleanup):
+                cleanup()
+
+    def _torch_view(self, previous: Any) -> Any:
+        if "torch" not in sys.modules or self._trace is None:
+            return None
+        from polyprof.profiler.torch_view import autograd_view
+
+        return autograd_view(
+            self._trace,
+            use_device=self._device_type(),
+            previous=previous,
+            record_shapes=self.record_shapes,
+            with_flops=self.with_flops,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_modules=self.with_modules,
+            experimental_config=self.experimental_config,
+            acc_events=self.acc_events,
+            post_processing_timeout_s=self.post_processing_timeout_s,
+        )
+
+    def _device_type(self) -> str | None:
+        """The device whose time the tables show (torch's use_device): the first device that ran work."""
+        assert self._trace is not None
+        types = [d.type for d in self._trace.devices if d.type not in ("cpu", "unknown")]
+        return types[0] if types else None
 
     # -- torch.profiler's analysis API ------------------------------------------------------------
+    @property
+    def profiler(self) -> Any:
+        """The last cycle as a ``torch.autograd.profiler.profile`` (None before a trace exists or
+        without torch): ``function_events``, ``kineto_results``, ``key_averages()``, ``table()``..."""
+        if self._view is None and self._trace is not None:
+            self._view = self._torch_view(None)
+        return self._view
+
     def key_averages(
         self,
         group_by_input_shape: bool = False,
@@ -98,17 +239,83 @@ class profile(Profile):  # noqa: N801 - torch's name
         With torch imported this is torch's own EventList (so the table is torch's); sort keys such as
         ``self_cuda_time_total`` mean device time, whichever device ran the work.
         """
-        from polyprof.profiler.averages import key_averages
+        view = self.profiler
+        if view is not None:
+            return view.key_averages(group_by_input_shape, group_by_stack_n, group_by_overload_name)
+        from polyprof.profiler.averages import native_key_averages
 
-        return key_averages(self.trace, group_by_input_shape, group_by_stack_n, group_by_overload_name)
+        return native_key_averages(self.trace, group_by_input_shape, group_by_stack_n)
 
     def events(self) -> Any:
-        """The host ops and annotations of the last trace, unaggregated (torch's EventList when torch
-        is imported, else a list of :class:`polyprof.profiler.averages.HostEvent`)."""
-        import sys
+        """The unaggregated events of the last trace: torch's FunctionEvents when torch is imported,
+        else :class:`polyprof.profiler.averages.HostEvent` objects."""
+        if self.config.extra.get("trace_only"):
+            raise RuntimeError(
+                "events() is not available when trace_only=True in ExperimentalConfig. "
+                "Use export_chrome_trace() instead."
+            )
+        view = self.profiler
+        if view is not None:
+            return view.function_events
+        from polyprof.profiler.averages import host_events
 
-        from polyprof.profiler.averages import host_events, torch_function_events
-
-        if "torch" in sys.modules:
-            return torch_function_events(self.trace)
         return host_events(self.trace)[0]
+
+    def _stats(self) -> Any:
+        """torch's profiler stats of the last cycle (prepare/enable/disable/parse/tree-build times)."""
+        view = self.profiler
+        return None if view is None else view._stats
+
+    def export_chrome_trace(self, path: str, use_python_export: bool = False) -> str:
+        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz).
+        `use_python_export` is accepted for torch compatibility: polyprof always streams its writer."""
+        return super().export_chrome_trace(path)
+
+    def export_stacks(self, path: str, metric: str = "self_cpu_time_total") -> Any:
+        """Collapsed stacks for flamegraph.pl or speedscope (needs with_stack=True), as torch writes them."""
+        view = self.profiler
+        if view is None:
+            raise ConfigError("export_stacks needs torch imported and a trace recorded with with_stack=True")
+        return view.export_stacks(path, metric)
+
+    def export_memory_timeline(self, path: str, device: str | None = None) -> None:
+        """torch's memory timeline (.html, .json, .json.gz, .raw.json.gz); needs record_shapes,
+        profile_memory and with_stack, as torch's does."""
+        missing = [f"{n}=True" for n in ("record_shapes", "profile_memory", "with_stack") if not getattr(self, n)]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required for memory profiling.")
+        import gzip
+        import tempfile
+
+        from torch.profiler._memory_profiler import MemoryProfile, MemoryProfileTimeline
+
+        device = device or "cpu"
+        timeline = MemoryProfileTimeline(MemoryProfile(self.profiler.kineto_results))
+        if path.endswith(".html"):
+            timeline.export_memory_timeline_html(path, device)
+        elif path.endswith(".gz"):
+            with tempfile.NamedTemporaryFile("w+t", suffix=".json") as fp:
+                if path.endswith("raw.json.gz"):
+                    timeline.export_memory_timeline_raw(fp.name, device)
+                else:
+                    timeline.export_memory_timeline(fp.name, device)
+                with open(fp.name) as fin, gzip.open(path, "wt") as fout:
+                    fout.writelines(fin)
+        else:
+            timeline.export_memory_timeline(path, device)
+
+    def get_trace_id(self) -> str | None:
+        """The id of the current (or last) cycle's trace (``custom_trace_id_callback``'s or a UUID)."""
+        return self._trace_id or None
+
+    def set_custom_trace_id_callback(self, callback: Callable[[], str]) -> None:
+        self.custom_trace_id_callback = callback
+
+    def preset_metadata_json(self, key: str, value: str) -> None:
+        """Metadata (JSON text) added to every trace this profile records from its next start."""
+        import orjson
+
+        try:
+            self.preset_metadata[str(key)] = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"preset_metadata_json({key!r}): value is not valid JSON: {exc}") from exc

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from polyprof.backend import ProfileConfig, SessionContext, Sink
-from polyprof.backends.torch_ops import collector_active
+from polyprof.backends.torch.collector import active as collector_active
 from polyprof.clock import ClockMapping, host_ns
 from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.args import sorted_unique

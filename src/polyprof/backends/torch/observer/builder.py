@@ -1,7 +1,7 @@
 """Builds polyprof's PyTorch operator observer (``observer.cpp``) against the installed torch, once per
 torch build, and caches the shared library::
 
-    python -m polyprof.backends.torch_observer          # build now; scripts/setup.sh does this
+    python -m polyprof.backends.torch.observer          # build now; scripts/setup.sh does this
 
 Compiling against the torch that will load it is what keeps one source working across torch versions
 (2.4+) and C++ ABIs, the way ``torch.utils.cpp_extension`` and Triton build their native parts.
@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,36 @@ def library_path(torch: Any) -> Path:
     return cache_root() / "torch-observer" / digest.hexdigest()[:20] / LIBRARY_NAME
 
 
+def _trusted(path: Path) -> bool:
+    """Whether a cached library may be loaded: a regular file owned by this user (or root) that nobody
+    else can write. Loading a library runs its code: one planted in a shared cache must not be."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0):
+        return False
+    return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def cached_library(torch: Any) -> Path | None:
+    """The library for `torch` if it is already built and trusted, else None (nothing is compiled)."""
+    target = library_path(torch)
+    return target if _trusted(target) else None
+
+
 def build(torch: Any, *, force: bool = False) -> Path:
-    """The cached library for `torch`, compiled first if missing (or when `force`). Raises BuildError."""
+    """The cached library for `torch`, compiled first if missing, untrusted (see _trusted: then rebuilt,
+    with a warning) or when `force`. Raises BuildError."""
     target = library_path(torch)
     if target.exists() and not force:
-        return target
+        if _trusted(target):
+            return target
+        warnings.warn(
+            f"polyprof: {target} is not owned by you or is writable by others; rebuilding it instead of "
+            "loading it",
+            stacklevel=3,
+        )
     cxx = compiler()
     if shutil.which(cxx) is None:
         raise BuildError(
@@ -103,7 +130,7 @@ def build(torch: Any, *, force: bool = False) -> Path:
     if not (include / "ATen" / "record_function.h").exists():
         raise BuildError(f"this torch has no C++ headers ({include}/ATen/record_function.h is missing)")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise BuildError(
             f"cannot create the cache folder {target.parent}: {exc}; set POLYPROF_CACHE_DIR"
@@ -124,6 +151,7 @@ def build(torch: Any, *, force: bool = False) -> Path:
         if done.returncode != 0:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
             raise BuildError(f"{cxx} failed (exit {done.returncode}) compiling {SOURCE.name}:\n{tail}")
+        os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,67 @@
+"""Forward->backward links and the sequence args torch writes, rebuilt from what either recorder saw."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polyprof.backend import SessionContext
+
+EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
+
+
+def sequence_args(
+    rows: np.ndarray, seq: np.ndarray, fwd_tid: np.ndarray, source: np.ndarray | None = None
+) -> dict[int, dict]:
+    """``Sequence number``/``Fwd thread id`` as torch writes them, for `rows`, taken from the rows
+    `source` (default: the rows themselves)."""
+    source = rows if source is None else source
+    return {
+        i: {"Sequence number": s, "Fwd thread id": f}
+        for i, s, f in zip(rows.tolist(), seq[source].tolist(), fwd_tid[source].tolist(), strict=True)
+    }
+
+
+def evaluate_function_args(
+    name_codes: np.ndarray, names: list[str], seq: np.ndarray, fwd_tid: np.ndarray, tid: np.ndarray
+) -> dict[int, dict]:
+    """torch gives autograd's ``evaluate_function`` ranges the ``Sequence number``/``Fwd thread id`` of
+    the backward node they run: their first child on the same thread."""
+    evaluate = [code for code, name in enumerate(names) if name.startswith(EVALUATE_FUNCTION)]
+    if not evaluate:
+        return {}
+    rows = np.flatnonzero(np.isin(name_codes[:-1], evaluate) & (seq[:-1] < 0))
+    children = rows + 1
+    linked = (seq[children] >= 0) & (fwd_tid[children] > 0) & (tid[children] == tid[rows])
+    return sequence_args(rows[linked], seq, fwd_tid, children[linked])
+
+
+def fwdbwd_flows(
+    seq: np.ndarray, fwd_tid: np.ndarray, rf_tid: np.ndarray, start: np.ndarray, ctx: SessionContext
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward->backward flows, as torch links them: a backward node (forward thread id > 0) to the
+    latest-starting forward op with the same sequence number on that forward thread. Returns (flow id,
+    flow start) columns."""
+    n = len(seq)
+    flow_id = np.zeros(n, dtype=np.int64)
+    flow_start = np.zeros(n, dtype=np.int8)
+    has_seq = np.flatnonzero(seq >= 0)
+    if len(has_seq) == 0:
+        return flow_id, flow_start
+    order = has_seq[np.argsort(start[has_seq], kind="stable")].tolist()
+    forward: dict[tuple[int, int], int] = {}
+    backward: dict[tuple[int, int], int] = {}
+    seq_l, fwd_l, rf_l = seq.tolist(), fwd_tid.tolist(), rf_tid.tolist()
+    for i in order:
+        if fwd_l[i] == 0:
+            forward[(rf_l[i], seq_l[i])] = i  # the latest start wins
+        else:
+            backward.setdefault((fwd_l[i], seq_l[i]), i)  # the earliest backward node
+    pairs = [(forward[k], b) for k, b in backward.items() if k in forward]
+    if pairs:
+        ids = ctx.new_correlation_ids(len(pairs))
+        fwd_rows = np.array([f for f, _ in pairs], dtype=np.int64)
+        bwd_rows = np.array([b for _, b in pairs], dtype=np.int64)
+        flow_id[fwd_rows] = ids
+        flow_id[bwd_rows] = ids
+        flow_start[fwd_rows] = 1
+    return flow_id, flow_start

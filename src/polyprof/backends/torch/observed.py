@@ -1,0 +1,132 @@
+"""Rows from polyprof's observer: operators (already host-clock ns, native thread ids) and, with
+profile_memory, the allocator's reports as ``[memory]`` instants, with the args torch.profiler writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.backends.torch import flows, observer
+from polyprof.model import FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
+from polyprof.model.args import sorted_unique
+
+#: the arg carrying an op's overload name with capture_overload_names (its trace name is "name.overload")
+OVERLOAD_ARG = "Overload Name"
+
+
+def collect_observed(
+    obs: observer.Observer, n: int, sink: Sink, config: ProfileConfig, ctx: SessionContext, stop_ns: int
+) -> None:
+    """Put what `obs` recorded (`n` operators) into `sink`."""
+    if n:
+        _operators(obs, n, sink, config, ctx, stop_ns)
+    if config.profile_memory:
+        memory = obs.memory()
+        if len(memory["ts"]):
+            _memory(memory, sink)
+
+
+def _operators(
+    obs: observer.Observer, n: int, sink: Sink, config: ProfileConfig, ctx: SessionContext, stop_ns: int
+) -> None:
+    cols, names = obs.columns(n)
+    seq, fwd_tid = cols["seq"], cols["fwd_tid"]
+    user = cols["scope"] == observer.USER_SCOPE
+    kinds = np.where(user, int(ActivityKind.USER_ANNOTATION), int(ActivityKind.CPU_OP))
+    start, end = cols["start"], cols["end"].copy()
+    unfinished = np.flatnonzero(end == 0)
+    end[unfinished] = np.maximum(stop_ns, start[unfinished])
+    tid = cols["tid"]
+    threads = sorted_unique(tid)
+    thread_rows = np.array([sink.host_thread(t) for t in threads.tolist()], dtype=np.int64)
+    ids = ctx.new_correlation_ids(n)
+    name_codes = cols["name"]
+    args = flows.evaluate_function_args(name_codes, names, seq, fwd_tid, tid)
+    fragments, extra = obs.arg_fragments(n)
+    keys: tuple[str, ...] = ("Record function id",)
+    columns: list = [cols["handle"].astype(np.int64)]
+    if config.record_shapes:
+        # formatted by the observer: Sequence number, Fwd thread id and the four shape args
+        keys += observer.ARG_KEYS
+        columns += [JSONColumn(f) for f in fragments]
+    else:
+        args.update(flows.sequence_args(np.flatnonzero(seq >= 0), seq, fwd_tid))
+    for i, body in enumerate(extra):
+        if body:  # kwargs, flops, Module Hierarchy: few ops have any
+            args[i] = {**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}
+    if config.extra.get("capture_overload_names"):
+        name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
+    for i in unfinished.tolist():
+        args[i] = {**args.get(i, {}), "finished": False}
+    flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx)
+    sink.activities(
+        {
+            "kind": kinds,
+            "name": CodedStrings(name_codes, names),
+            "device": np.full(n, sink.host_device()),
+            "resource": thread_rows[np.searchsorted(threads, tid)],
+            "start": start,
+            "end": end,
+            "correlation": ids,
+            "external_id": ids,
+            "flow_id": flow_id,
+            "flow_type": np.where(flow_id != 0, FLOW_FWDBWD, 0),
+            "flow_start": flow_start,
+        },
+        args,
+        ArgColumns(keys, tuple(columns)),
+    )
+
+
+def _overload_names(
+    codes: np.ndarray, overloads: np.ndarray, names: list[str], args: dict[int, dict]
+) -> tuple[np.ndarray, list[str]]:
+    """Ops with an overload are named "name.overload", as torch.profiler writes them with
+    capture_overload_names, and carry the overload in OVERLOAD_ARG."""
+    table = list(names)
+    combined: dict[tuple[int, int], int] = {}
+    codes = codes.copy()
+    for i in np.flatnonzero(overloads >= 0).tolist():
+        overload = names[int(overloads[i])]
+        if not overload:
+            continue
+        key = (int(codes[i]), int(overloads[i]))
+        code = combined.get(key)
+        if code is None:
+            code = combined[key] = len(table)
+            table.append(f"{names[key[0]]}.{overload}")
+        codes[i] = code
+        args[i] = {**args.get(i, {}), OVERLOAD_ARG: overload}
+    return codes, table
+
+
+def _memory(memory: dict[str, np.ndarray], sink: Sink) -> None:
+    """The allocator's reports as torch.profiler writes them: ``[memory]`` instants (``[OutOfMemory]``
+    for a failed allocation) with Total Reserved, Total Allocated, Bytes, Device Id, Device Type, Addr."""
+    n = len(memory["ts"])
+    tid = memory["tid"]
+    threads = sorted_unique(tid)
+    thread_rows = np.array([sink.host_thread(t) for t in threads.tolist()], dtype=np.int64)
+    oom = memory["ptr"] == 0
+    sink.activities(
+        {
+            "kind": np.full(n, int(ActivityKind.INSTANT)),
+            "name": CodedStrings(oom.astype(np.int64), ["[memory]", "[OutOfMemory]"]),
+            "device": np.full(n, sink.host_device()),
+            "resource": thread_rows[np.searchsorted(threads, tid)],
+            "start": memory["ts"],
+            "end": memory["ts"],
+        },
+        arg_columns=ArgColumns(
+            ("Total Reserved", "Total Allocated", "Bytes", "Device Id", "Device Type", "Addr"),
+            (
+                memory["total_reserved"],
+                memory["total_allocated"],
+                memory["bytes"],
+                memory["device_index"],
+                memory["device_type"],
+                memory["ptr"],
+            ),
+        ),
+    )

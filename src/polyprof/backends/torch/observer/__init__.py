@@ -1,0 +1,183 @@
+"""polyprof's own PyTorch operator observer: RecordFunction callbacks in C++ writing per-thread columnar
+buffers, read out in bulk after stop. It replaces torch's collector (``_enable_profiler`` /
+``_disable_profiler``) for every option but ``with_stack``, because stopping that collector alone takes
+longer than polyprof's whole stop-to-trace budget.
+
+::
+
+    from polyprof.backends.torch import observer
+    obs = observer.get(torch)                 # builds once per torch (see builder.py), then loads
+    obs.start(observer.RECORD_SHAPES)         # options: a sum of the flags below
+    ...                                       # run operators on this thread
+    n = obs.stop()                            # same thread as start
+    columns, names = obs.columns(n)
+    obs.reset()
+
+While it records, torch-side code sees a profiler (``torch._C._autograd._profiler_type()`` is KINETO),
+so ``_RecordFunctionFast`` and kwargs-carrying ranges are recorded and the allocator reports memory
+(``PROFILE_MEMORY``). ``POLYPROF_TORCH_OBSERVER=0`` turns it off (the torch backend then uses torch's
+collector).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import numpy as np
+
+from polyprof.backends.torch.observer.builder import BuildError, build, cached_library, library_path
+
+__all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
+
+ABI_VERSION = 4
+# options of start() (the k* flags of observer.cpp)
+RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
+
+#: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments); the
+#: last fragment is an object body of the extra args (kwargs, flops, Module Hierarchy), not one key
+ARG_KEYS = (
+    "Sequence number",
+    "Fwd thread id",
+    "Concrete Inputs",
+    "Input type",
+    "Input Strides",
+    "Input Dims",
+)
+USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: torch's record_function ranges, written as user_annotation
+FIELDS = (
+    ("start", np.int64),
+    ("end", np.int64),
+    ("tid", np.int64),
+    ("seq", np.int64),
+    ("fwd_tid", np.int64),
+    ("rf_tid", np.int64),
+    ("name", np.int32),
+    ("scope", np.uint8),
+    ("handle", np.uint64),
+    ("overload", np.int32),
+)
+MEMORY_FIELDS = ("ts", "ptr", "bytes", "total_allocated", "total_reserved", "device_type", "device_index", "tid")
+
+_loaded: dict[str, Observer] = {}
+_failed: dict[str, str] = {}
+
+
+class Observer:
+    """The loaded library. One recording at a time per process."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)
+        lib.polyprof_observer_abi.restype = ctypes.c_int
+        if lib.polyprof_observer_abi() != ABI_VERSION:
+            raise BuildError(f"{path} speaks observer ABI {lib.polyprof_observer_abi()}, not {ABI_VERSION}")
+        lib.polyprof_observer_error.restype = ctypes.c_char_p
+        lib.polyprof_observer_start.argtypes = [ctypes.c_int]
+        lib.polyprof_observer_start.restype = ctypes.c_int
+        lib.polyprof_observer_stop.restype = ctypes.c_int64
+        lib.polyprof_observer_names_size.restype = ctypes.c_int64
+        lib.polyprof_observer_names.argtypes = [ctypes.c_void_p]
+        lib.polyprof_observer_fill.argtypes = [ctypes.c_void_p] * len(FIELDS)
+        lib.polyprof_observer_arg_fragments.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.polyprof_observer_arg_fragments.restype = ctypes.c_void_p
+        lib.polyprof_observer_memory_count.restype = ctypes.c_int64
+        lib.polyprof_observer_memory_fill.argtypes = [ctypes.c_void_p]
+        lib.polyprof_torch_consumers.restype = ctypes.c_int
+        lib.polyprof_note_collector_state.argtypes = [ctypes.c_int]
+        lib.polyprof_rf_enter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.polyprof_rf_enter.restype = ctypes.c_void_p
+        lib.polyprof_rf_exit.argtypes = [ctypes.c_void_p]
+        self.lib = lib
+        self.path = path
+
+    def start(self, options: int = 0) -> None:
+        """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
+        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES."""
+        if self.lib.polyprof_observer_start(int(options)) != 0:
+            raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
+
+    def stop(self) -> int:
+        """Stops recording; returns how many operators were recorded."""
+        return int(self.lib.polyprof_observer_stop())
+
+    def columns(self, n: int) -> tuple[dict[str, np.ndarray], list[str]]:
+        """One array per field (start/end in host ns, end 0 for ops open at stop) and the name table."""
+        cols = {name: np.empty(n, dtype=dtype) for name, dtype in FIELDS}
+        if n:
+            self.lib.polyprof_observer_fill(*(cols[name].ctypes.data for name, _ in FIELDS))
+        size = int(self.lib.polyprof_observer_names_size())
+        buf = ctypes.create_string_buffer(max(size, 1))
+        self.lib.polyprof_observer_names(buf)
+        names = buf.raw[: max(size - 1, 0)].decode(errors="replace").split("\0") if size else []
+        return cols, names
+
+    def arg_fragments(self, n: int) -> tuple[list[list[bytes]], list[bytes]]:
+        """For each of ARG_KEYS, one JSON-encoded value per operator (in `columns` order), ``b""`` where
+        torch writes no such key (no sequence number; no inputs, or record_shapes off); and per operator
+        the body of a JSON object of its extra args (``b""``: none)."""
+        size = ctypes.c_int64(0)
+        ptr = self.lib.polyprof_observer_arg_fragments(ctypes.byref(size))
+        fragments = ctypes.string_at(ptr, size.value).split(b"\0")  # one split in C, not 7n slices
+        k = len(ARG_KEYS) + 1
+        if len(fragments) != k * n + 1:  # each fragment ends in NUL: the last piece is empty
+            raise RuntimeError(
+                f"the observer wrote {len(fragments) - 1} arg fragments for {n} ops, not {k * n}"
+            )
+        return [fragments[i : k * n : k] for i in range(k - 1)], fragments[k - 1 : k * n : k]
+
+    def memory(self) -> dict[str, np.ndarray]:
+        """The allocator reports recorded with PROFILE_MEMORY: one column per MEMORY_FIELDS."""
+        n = int(self.lib.polyprof_observer_memory_count())
+        raw = np.zeros((n, len(MEMORY_FIELDS)), dtype=np.int64)
+        if n:
+            self.lib.polyprof_observer_memory_fill(raw.ctypes.data)
+        return {name: raw[:, i].copy() for i, name in enumerate(MEMORY_FIELDS)}
+
+    def reset(self) -> None:
+        self.lib.polyprof_observer_reset()
+
+    def note_collector_state(self, on: bool) -> None:
+        """Mark torch's profiler state on this thread as polyprof's own (its collector path)."""
+        self.lib.polyprof_note_collector_state(1 if on else 0)
+
+    def bridge_addresses(self) -> tuple[int, int, int]:
+        """C addresses of polyprof_torch_consumers, polyprof_rf_enter and polyprof_rf_exit."""
+        addr = ctypes.cast
+        return (
+            int(addr(self.lib.polyprof_torch_consumers, ctypes.c_void_p).value or 0),
+            int(addr(self.lib.polyprof_rf_enter, ctypes.c_void_p).value or 0),
+            int(addr(self.lib.polyprof_rf_exit, ctypes.c_void_p).value or 0),
+        )
+
+
+def disabled() -> bool:
+    return os.environ.get("POLYPROF_TORCH_OBSERVER", "1").strip().lower() in ("0", "off", "false", "no")
+
+
+def get(torch: Any) -> Observer:
+    """The observer for the imported `torch`, built on first use. Raises BuildError (remembered per
+    process, so a failed build is tried once)."""
+    key = str(library_path(torch))
+    if key in _failed:
+        raise BuildError(_failed[key])
+    if key not in _loaded:
+        try:
+            _loaded[key] = Observer(str(build(torch)))
+        except (BuildError, OSError) as exc:
+            _failed[key] = str(exc)
+            raise BuildError(str(exc)) from exc
+    return _loaded[key]
+
+
+def cached(torch: Any) -> Observer | None:
+    """The observer for `torch` if it is loaded or already built, without building it (None otherwise)."""
+    key = str(library_path(torch))
+    if key in _loaded:
+        return _loaded[key]
+    if key in _failed or cached_library(torch) is None:
+        return None
+    try:
+        return get(torch)
+    except BuildError:
+        return None

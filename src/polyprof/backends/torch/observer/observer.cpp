@@ -1,0 +1,805 @@
+// polyprof's PyTorch operator observer: a RecordFunction callback pair that appends each operator to a
+// per-thread columnar buffer, read out in bulk after stop through a small C ABI (loaded with ctypes).
+//
+// Built on first use against the installed torch by polyprof/backends/torch/observer/builder.py, so it
+// always matches that torch's headers and C++ ABI. No pybind11, no Python objects on the hot path.
+//
+// Besides the operators it serves what torch-side code expects of "a profiler is on":
+//   * while recording it pushes a profiler state of type KINETO on the starting thread, so that
+//     torch._C._autograd._profiler_type() reports KINETO, _RecordFunctionFast and kwargs-carrying
+//     ranges are recorded, and (with profile_memory) the allocator reports to it ([memory] rows);
+//   * polyprof_rf_enter/exit open a torch RecordFunction for a polyprof record_function when another
+//     torch-side consumer (torch's profiler, an ExecutionTraceObserver) is listening
+//     (polyprof_torch_consumers); the observer itself does not record those, polyprof's host backend
+//     does, with the RecordFunction's handle.
+//
+// Threading: callbacks run on the threads that run operators. Each thread appends to its own buffer; the
+// only shared state touched per operator is the `recording` flag. Stop clears the flag, then waits until
+// no callback is inside a buffer (each buffer's `busy` count), so reading afterwards is race-free.
+
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <torch/csrc/profiler/util.h>
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int kAbiVersion = 4;
+
+// Options of polyprof_observer_start (bit flags).
+constexpr int kRecordShapes = 1;
+constexpr int kProfileMemory = 2;
+constexpr int kWithFlops = 4;
+constexpr int kWithModules = 8;
+constexpr int kAllThreads = 16;
+constexpr int kOverloadNames = 32;
+
+// Input encodings in ThreadBuffer::shapes (record_shapes).
+enum InputTag : int64_t {
+  kNone = 0,         // None: type ""
+  kOther = 1,        // device, string, generator...: type ""
+  kTensor = 2,       // dtype, ndim, sizes..., strides...
+  kTensorNoShape = 3,  // nested/sparse/symbolic tensors: dtype only
+  kUndefinedTensor = 4,
+  kScalar = 5,       // index into ThreadBuffer::values
+  kScalarList = 6,   // index into ThreadBuffer::values
+  kTensorList = 7,   // count, then one tensor encoding per element
+};
+
+struct Op {
+  int64_t start = 0;
+  int64_t end = 0;  // 0: not ended while recording
+  int64_t seq = -1;
+  int64_t fwd_tid = 0;
+  int64_t rf_tid = 0;
+  int64_t shapes = -1;  // offset into ThreadBuffer::shapes, -1 without record_shapes
+  int64_t extra = -1;   // offset into ThreadBuffer::extra (kwargs, flops, module hierarchy), -1 if none
+  uint64_t handle = 0;  // the RecordFunction's handle (torch's "Record function id"; 0 unless ids are on)
+  const void* key = nullptr;  // the RecordFunction, to pair start and end
+  int32_t name = 0;
+  int32_t overload = -1;  // name id of the overload name, -1 if none or not asked for
+  uint8_t scope = 0;
+};
+
+// One allocator report: positive bytes allocate, negative free.
+struct Mem {
+  int64_t ts;
+  int64_t ptr;
+  int64_t bytes;
+  int64_t total_allocated;
+  int64_t total_reserved;
+  int64_t device_type;
+  int64_t device_index;
+};
+
+struct ThreadBuffer {
+  int64_t tid = 0;
+  std::deque<Op> ops;
+  std::vector<int64_t> open;  // indices into ops, innermost last
+  std::vector<std::string> names;
+  std::unordered_map<std::string, int32_t> name_ids;
+  std::unordered_map<const char*, int32_t> name_by_ptr;  // cache, verified by content
+  std::vector<int64_t> shapes;
+  std::vector<c10::IValue> values;
+  std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
+  std::vector<Mem> mem;
+  std::atomic<int> busy{0};
+};
+
+struct AsyncContext : at::ObserverContext {
+  std::shared_ptr<ThreadBuffer> buffer;
+  int64_t index = 0;
+};
+
+std::mutex g_mutex;
+std::vector<std::shared_ptr<ThreadBuffer>> g_buffers;
+std::atomic<bool> g_recording{false};
+std::atomic<uint64_t> g_generation{0};
+int g_options = 0;
+at::CallbackHandle g_handle = 0;
+std::string g_error;
+
+thread_local std::shared_ptr<ThreadBuffer> t_buffer;
+thread_local uint64_t t_generation = 0;
+// set by polyprof_rf_enter around the RecordFunction it opens: the observer leaves that one to polyprof
+thread_local bool t_skip_next = false;
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // the clock of Python's time.perf_counter_ns on Linux
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+ThreadBuffer* thread_buffer() {
+  uint64_t gen = g_generation.load(std::memory_order_relaxed);
+  if (t_generation != gen || !t_buffer) {
+    auto b = std::make_shared<ThreadBuffer>();
+    b->tid = int64_t(syscall(SYS_gettid));
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      g_buffers.push_back(b);
+    }
+    t_buffer = std::move(b);
+    t_generation = gen;
+  }
+  return t_buffer.get();
+}
+
+int32_t intern(ThreadBuffer* b, const char* name) {
+  if (name == nullptr) name = "";
+  auto hit = b->name_by_ptr.find(name);
+  if (hit != b->name_by_ptr.end() && std::strcmp(b->names[hit->second].c_str(), name) == 0) {
+    return hit->second;
+  }
+  std::string s(name);
+  auto found = b->name_ids.find(s);
+  int32_t id;
+  if (found != b->name_ids.end()) {
+    id = found->second;
+  } else {
+    id = int32_t(b->names.size());
+    b->names.push_back(s);
+    b->name_ids.emplace(std::move(s), id);
+  }
+  b->name_by_ptr[name] = id;
+  return id;
+}
+
+struct Busy {
+  ThreadBuffer* b;
+  explicit Busy(ThreadBuffer* buffer) : b(buffer) { b->busy.fetch_add(1, std::memory_order_seq_cst); }
+  ~Busy() { b->busy.fetch_sub(1, std::memory_order_release); }
+};
+
+// -- the profiler state torch-side code sees while polyprof records ---------------------------------
+
+using torch::profiler::impl::ActiveProfilerType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerStateBase;
+
+struct PolyprofState : public ProfilerStateBase {
+  explicit PolyprofState(ProfilerConfig config) : ProfilerStateBase(std::move(config)) {}
+
+  ActiveProfilerType profilerType() override { return ActiveProfilerType::KINETO; }
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    if (!g_recording.load(std::memory_order_relaxed)) return;
+    ThreadBuffer* b = thread_buffer();
+    Busy busy(b);
+    if (!g_recording.load(std::memory_order_seq_cst)) return;
+    b->mem.push_back(Mem{now_ns(), int64_t(reinterpret_cast<intptr_t>(ptr)), alloc_size,
+                         int64_t(total_allocated), int64_t(total_reserved), int64_t(device.type()),
+                         int64_t(device.index())});
+  }
+
+  void reportOutOfMemory(int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    // an [OutOfMemory] row: ptr 0 marks it
+    reportMemoryUsage(nullptr, alloc_size, total_allocated, total_reserved, device);
+  }
+};
+
+ProfilerStateBase* g_state = nullptr;            // the state polyprof pushed (nullptr when none)
+std::atomic<ProfilerStateBase*> g_collector_state{nullptr};  // torch's own, when polyprof started it
+
+// -- operator inputs (record_shapes) ------------------------------------------------------------------
+
+void encode_tensor(ThreadBuffer* b, const at::Tensor& t) {
+  if (!t.defined()) {
+    b->shapes.push_back(kUndefinedTensor);
+    return;
+  }
+  auto* impl = t.unsafeGetTensorImpl();
+  bool plain = t.layout() == c10::kStrided && !t.is_nested() && !impl->has_symbolic_sizes_strides();
+  b->shapes.push_back(plain ? kTensor : kTensorNoShape);
+  b->shapes.push_back(int64_t(t.scalar_type()));
+  if (!plain) return;
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  b->shapes.push_back(int64_t(sizes.size()));
+  b->shapes.insert(b->shapes.end(), sizes.begin(), sizes.end());
+  b->shapes.insert(b->shapes.end(), strides.begin(), strides.end());
+}
+
+void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
+  auto inputs = fn.inputs();
+  if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
+  op.shapes = int64_t(b->shapes.size());
+  b->shapes.push_back(int64_t(inputs.size()));
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      encode_tensor(b, v.toTensor());
+    } else if (v.isNone()) {
+      b->shapes.push_back(kNone);
+    } else if (v.isScalar()) {
+      b->shapes.push_back(kScalar);
+      b->shapes.push_back(int64_t(b->values.size()));
+      b->values.push_back(v);
+    } else if (v.isIntList() || v.isDoubleList() || v.isBoolList()) {
+      b->shapes.push_back(kScalarList);
+      b->shapes.push_back(int64_t(b->values.size()));
+      b->values.push_back(v);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      b->shapes.push_back(kTensorList);
+      b->shapes.push_back(int64_t(list.size()));
+      for (const at::Tensor& t : list) encode_tensor(b, t);
+    } else {
+      b->shapes.push_back(kOther);
+    }
+  }
+}
+
+void append_json_string(std::string& out, const std::string& s) {
+  out.push_back('"');
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(char(c));
+    } else if (c < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out.push_back(char(c));
+    }
+  }
+  out.push_back('"');
+}
+
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  int len = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+  out.append(buf, size_t(len));
+}
+
+// A keyword argument's value as Kineto writes it into the trace: strings lose newlines, backslashes
+// become '/', and a string holding a double quote is written as "None"; returns false for the types
+// Kineto skips (None, non-string lists, tensors...).
+bool append_kwarg_value(std::string& out, const std::string& key, const c10::IValue& v) {
+  auto sanitized = [](const std::string& s, std::string& into) {
+    if (s.find('"') != std::string::npos) {
+      into += "\"None\"";
+      return;
+    }
+    std::string clean;
+    for (char c : s) {
+      if (c == '\n') continue;
+      clean.push_back(c == '\\' ? '/' : c);
+    }
+    append_json_string(into, clean);
+  };
+  if (key == "stream" && !v.isInt()) return false;
+  if (v.isInt()) {
+    append_int(out, v.toInt());
+  } else if (v.isDouble()) {
+    char buf[32];
+    int len = std::snprintf(buf, sizeof buf, "%g", v.toDouble());
+    out.append(buf, size_t(len));
+  } else if (v.isBool()) {
+    out += v.toBool() ? "true" : "false";
+  } else if (v.isString()) {
+    sanitized(v.toStringRef(), out);
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    for (const c10::IValue& item : list) {
+      if (!item.isString()) return false;
+    }
+    out.push_back('[');
+    bool first = true;
+    for (const c10::IValue& item : list) {
+      if (!first) out += ", ";
+      first = false;
+      sanitized(item.toStringRef(), out);
+    }
+    out.push_back(']');
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
+// the TorchScript module hierarchy (with_modules). Written as one NUL-terminated JSON object body.
+void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
+  std::string body;
+  if ((g_options & kRecordShapes) && fn.needsInputs()) {
+    for (const auto& kv : fn.kwinputs()) {
+      std::string value;
+      if (!append_kwarg_value(value, kv.first, kv.second)) continue;
+      if (!body.empty()) body += ", ";
+      append_json_string(body, kv.first);
+      body += ": ";
+      body += value;
+    }
+  }
+  if ((g_options & kWithFlops) && fn.needsInputs()) {
+    auto extra_args = torch::profiler::impl::saveExtraArgs(fn);
+    if (!extra_args.empty()) {
+      uint64_t flops = torch::profiler::impl::computeFlops(std::string(fn.name()), extra_args);
+      if (flops > 0) {
+        if (!body.empty()) body += ", ";
+        body += "\"flops\": ";
+        append_int(body, int64_t(flops));
+      }
+    }
+  }
+  if (g_options & kWithModules) {
+    auto hierarchy = torch::jit::currentModuleHierarchy();
+    if (!hierarchy.empty()) {
+      std::string joined;
+      for (const auto& level : hierarchy) {
+        joined += level;
+        joined += ".";
+      }
+      if (!body.empty()) body += ", ";
+      body += "\"Module Hierarchy\": ";
+      append_json_string(body, joined);
+    }
+  }
+  if (body.empty()) return;
+  op.extra = int64_t(b->extra.size());
+  b->extra += body;
+  b->extra.push_back('\0');
+}
+
+// -- the callbacks -----------------------------------------------------------------------------------
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (t_skip_next) {  // polyprof's own record_function: its host backend records it
+    t_skip_next = false;
+    return nullptr;
+  }
+  if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
+  ThreadBuffer* b = thread_buffer();
+  Busy busy(b);
+  if (!g_recording.load(std::memory_order_seq_cst)) return nullptr;
+  Op op;
+  op.key = &fn;
+  op.name = intern(b, fn.name());
+  op.seq = fn.seqNr();
+  op.fwd_tid = int64_t(fn.forwardThreadId());
+  op.rf_tid = int64_t(fn.threadId());
+  op.scope = uint8_t(fn.scope());
+  op.handle = fn.handle();
+  if (g_options & kOverloadNames) {
+    auto op_name = fn.operator_name();
+    if (op_name.has_value()) op.overload = intern(b, op_name->overload_name.c_str());
+  }
+  if ((g_options & kRecordShapes) && fn.needsInputs()) {
+    try {
+      encode_inputs(b, fn, op);
+    } catch (...) {
+      op.shapes = -1;  // an input this torch cannot describe: the op is kept without shapes
+    }
+  }
+  if (g_options & (kRecordShapes | kWithFlops | kWithModules)) {
+    try {
+      encode_extra(b, fn, op);
+    } catch (...) {
+      op.extra = -1;
+    }
+  }
+  int64_t index = int64_t(b->ops.size());
+  op.start = now_ns();
+  b->ops.push_back(op);
+  if (fn.isAsync()) {  // may end on another thread
+    auto ctx = std::make_unique<AsyncContext>();
+    ctx->buffer = t_buffer;
+    ctx->index = index;
+    return ctx;
+  }
+  b->open.push_back(index);
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  int64_t t = now_ns();
+  if (!g_recording.load(std::memory_order_relaxed)) return;
+  ThreadBuffer* b = thread_buffer();
+  Busy busy(b);
+  if (!g_recording.load(std::memory_order_seq_cst)) return;
+  if (ctx != nullptr) {
+    auto* async = static_cast<AsyncContext*>(ctx);
+    async->buffer->ops[async->index].end = t;
+    return;
+  }
+  auto& open = b->open;
+  for (size_t i = open.size(); i-- > 0;) {  // innermost first: nearly always the last one
+    Op& op = b->ops[open[i]];
+    if (op.key == &fn) {
+      op.end = t;
+      open.erase(open.begin() + long(i));
+      return;
+    }
+  }
+}
+
+void wait_until_idle() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& b : g_buffers) {
+    while (b->busy.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+// One input of an op as encoded in ThreadBuffer::shapes.
+struct Input {
+  int64_t tag = kNone;
+  int64_t st = -1;  // scalar type of a tensor, -1 otherwise
+  int64_t ndim = 0;
+  const int64_t* sizes = nullptr;
+  const int64_t* strides = nullptr;
+  int64_t value = -1;  // index into ThreadBuffer::values for scalars
+  std::vector<Input> elements;  // a tensor list's tensors
+};
+
+const int64_t* decode_tensor(const int64_t* p, int64_t tag, Input& in) {
+  in.tag = tag;
+  if (tag == kTensor || tag == kTensorNoShape) {
+    in.st = *p++;
+    if (tag == kTensor) {
+      in.ndim = *p++;
+      in.sizes = p;
+      in.strides = p + in.ndim;
+      p += 2 * in.ndim;
+    }
+  }
+  return p;
+}
+
+std::vector<Input> decode_inputs(const ThreadBuffer& b, int64_t offset) {
+  const int64_t* p = b.shapes.data() + offset;
+  int64_t n = *p++;
+  std::vector<Input> inputs(static_cast<size_t>(n));
+  for (auto& in : inputs) {
+    int64_t tag = *p++;
+    if (tag == kScalar || tag == kScalarList) {
+      in.tag = tag;
+      in.value = *p++;
+    } else if (tag == kTensorList) {
+      in.tag = tag;
+      in.elements.resize(size_t(*p++));
+      for (auto& e : in.elements) {
+        int64_t etag = *p++;
+        p = decode_tensor(p, etag, e);
+      }
+    } else {
+      p = decode_tensor(p, tag, in);
+    }
+  }
+  return inputs;
+}
+
+// torch's name of a scalar type ("float", "c10::BFloat16"...), computed once per type
+const std::string& type_name(int64_t st) {
+  static std::unordered_map<int64_t, std::string> names;
+  auto hit = names.find(st);
+  if (hit != names.end()) return hit->second;
+  std::string name(c10::scalarTypeToTypeMeta(c10::ScalarType(st)).name());
+  return names.emplace(st, std::move(name)).first->second;
+}
+
+void append_ints(std::string& out, const int64_t* v, int64_t n) {
+  out.push_back('[');
+  for (int64_t k = 0; k < n; ++k) {
+    if (k) out += ", ";
+    append_int(out, v[k]);
+  }
+  out.push_back(']');
+}
+
+// torch.profiler's record_shapes args for one op, as four JSON values appended to `out`, each
+// followed by a NUL byte: Concrete Inputs, Input type, Input Strides, Input Dims. A tensor list is one
+// input: "TensorList" in Input type, the list of its tensors' sizes (strides) in Input Dims (Strides).
+void append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t offset) {
+  static std::ostringstream os;  // reused: constructing one per value costs more than formatting it
+  std::vector<Input> inputs = decode_inputs(b, offset);
+  auto list = [&out, &inputs](auto&& item) {
+    out.push_back('[');
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (i) out += ", ";
+      item(inputs[i]);
+    }
+    out.push_back(']');
+    out.push_back('\0');
+  };
+  list([&](const Input& in) {
+    if (in.value >= 0) {
+      os.str(std::string());
+      os.clear();
+      os << b.values[size_t(in.value)];
+      append_json_string(out, os.str());
+    } else {
+      out += "\"\"";
+    }
+  });
+  list([&](const Input& in) {
+    if (in.st >= 0) {
+      append_json_string(out, type_name(in.st));
+    } else if (in.tag == kScalar) {
+      out += "\"Scalar\"";
+    } else if (in.tag == kScalarList) {
+      out += "\"ScalarList\"";
+    } else if (in.tag == kTensorList) {
+      out += "\"TensorList\"";
+    } else {
+      out += "\"\"";
+    }
+  });
+  for (int which = 0; which < 2; ++which) {  // strides, then dims
+    list([&](const Input& in) {
+      if (in.tag == kTensorList) {
+        out.push_back('[');
+        for (size_t k = 0; k < in.elements.size(); ++k) {
+          if (k) out += ", ";
+          const Input& e = in.elements[k];
+          append_ints(out, which == 0 ? e.strides : e.sizes, e.ndim);
+        }
+        out.push_back(']');
+      } else {
+        append_ints(out, which == 0 ? in.strides : in.sizes, in.ndim);
+      }
+    });
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int polyprof_observer_abi() { return kAbiVersion; }
+
+const char* polyprof_observer_error() { return g_error.c_str(); }
+
+// Starts recording the calling thread's operators (and those of threads that inherit its
+// RecordFunction state, such as autograd's; with kAllThreads, every thread's). `options` is a sum of
+// the k* flags above. Returns 0, or -1 with polyprof_observer_error().
+int polyprof_observer_start(int options) {
+  try {
+    if (g_handle != 0) {
+      g_error = "the observer is already recording (one polyprof torch session at a time)";
+      return -1;
+    }
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      g_buffers.clear();
+    }
+    g_options = options;
+    bool needs_inputs = (options & (kRecordShapes | kWithFlops)) != 0;
+    g_generation.fetch_add(1);
+    g_recording.store(true, std::memory_order_seq_cst);
+    auto callback = at::RecordFunctionCallback(on_start, on_end).needsInputs(needs_inputs);
+    g_handle = (options & kAllThreads) ? at::addGlobalCallback(callback) : at::addThreadLocalCallback(callback);
+    if (ProfilerStateBase::get(/*global=*/false) == nullptr) {
+      ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO, (options & kRecordShapes) != 0,
+                            (options & kProfileMemory) != 0, false, (options & kWithFlops) != 0,
+                            (options & kWithModules) != 0);
+      auto state = std::make_shared<PolyprofState>(config);
+      g_state = state.get();
+      ProfilerStateBase::push(std::move(state));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    g_recording.store(false);
+    g_error = e.what();
+    return -1;
+  }
+}
+
+// Stops recording; must run on the thread that started. Returns the number of operators recorded.
+int64_t polyprof_observer_stop() {
+  g_recording.store(false, std::memory_order_seq_cst);
+  if (g_handle != 0) {
+    try {
+      at::removeCallback(g_handle);
+    } catch (...) {
+    }
+    g_handle = 0;
+  }
+  if (g_state != nullptr) {
+    try {
+      if (ProfilerStateBase::get(/*global=*/false) == g_state) ProfilerStateBase::pop(/*global=*/false);
+    } catch (...) {
+    }
+    g_state = nullptr;
+  }
+  wait_until_idle();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int64_t n = 0;
+  for (auto& b : g_buffers) n += int64_t(b->ops.size());
+  return n;
+}
+
+// Bytes needed by polyprof_observer_names.
+int64_t polyprof_observer_names_size() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int64_t size = 0;
+  for (auto& b : g_buffers)
+    for (auto& s : b->names) size += int64_t(s.size()) + 1;
+  return size;
+}
+
+// Every thread's names, NUL-terminated, thread after thread; name ids in polyprof_observer_fill are
+// indices into this list.
+void polyprof_observer_names(char* out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& b : g_buffers) {
+    for (auto& s : b->names) {
+      std::memcpy(out, s.c_str(), s.size() + 1);
+      out += s.size() + 1;
+    }
+  }
+}
+
+// Fills one array per field, operators thread after thread, each thread's in start order.
+// end is 0 for an operator still open at stop; overload is -1 where none was recorded.
+void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t* seq, int64_t* fwd_tid,
+                            int64_t* rf_tid, int32_t* name, uint8_t* scope, uint64_t* handle,
+                            int32_t* overload) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int64_t i = 0;
+  int32_t name_base = 0;
+  for (auto& b : g_buffers) {
+    for (const Op& op : b->ops) {
+      start[i] = op.start;
+      end[i] = op.end;
+      tid[i] = b->tid;
+      seq[i] = op.seq;
+      fwd_tid[i] = op.fwd_tid;
+      rf_tid[i] = op.rf_tid;
+      name[i] = name_base + op.name;
+      scope[i] = op.scope;
+      handle[i] = op.handle;
+      overload[i] = op.overload >= 0 ? name_base + op.overload : -1;
+      ++i;
+    }
+    name_base += int32_t(b->names.size());
+  }
+}
+
+// Args of every operator as JSON fragments, seven per op in fill order, each followed by a NUL byte
+// (JSON text never holds a raw one): Sequence number, Fwd thread id, Concrete Inputs, Input type,
+// Input Strides, Input Dims, and the extra args (an object body: kwargs, flops, Module Hierarchy). An
+// empty fragment means torch writes no such key. The text stays valid until the next call or
+// polyprof_observer_reset.
+const char* polyprof_observer_arg_fragments(int64_t* size) {
+  static std::string out;
+  out.clear();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& b : g_buffers) {
+    for (const Op& op : b->ops) {
+      if (op.seq >= 0) append_int(out, op.seq);
+      out.push_back('\0');
+      if (op.seq >= 0) append_int(out, op.fwd_tid);
+      out.push_back('\0');
+      if (op.shapes >= 0) {
+        append_shape_fragments(out, *b, op.shapes);
+      } else {
+        out.append(4, '\0');
+      }
+      if (op.extra >= 0) out += b->extra.c_str() + op.extra;
+      out.push_back('\0');
+    }
+  }
+  *size = int64_t(out.size());
+  return out.data();
+}
+
+// How many allocator reports were recorded (profile_memory), over every thread.
+int64_t polyprof_observer_memory_count() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int64_t n = 0;
+  for (auto& b : g_buffers) n += int64_t(b->mem.size());
+  return n;
+}
+
+// The allocator reports: 8 int64 per report (ts, ptr, bytes, total allocated, total reserved, device
+// type, device index, thread id), thread after thread. ptr 0 marks an out-of-memory report.
+void polyprof_observer_memory_fill(int64_t* out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& b : g_buffers) {
+    for (const Mem& m : b->mem) {
+      out[0] = m.ts;
+      out[1] = m.ptr;
+      out[2] = m.bytes;
+      out[3] = m.total_allocated;
+      out[4] = m.total_reserved;
+      out[5] = m.device_type;
+      out[6] = m.device_index;
+      out[7] = b->tid;
+      out += 8;
+    }
+  }
+}
+
+// Frees what was recorded.
+void polyprof_observer_reset() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& b : g_buffers) {  // threads keep a reference to their buffer until they next record
+    std::deque<Op>().swap(b->ops);
+    std::vector<int64_t>().swap(b->shapes);
+    std::vector<c10::IValue>().swap(b->values);
+    std::string().swap(b->extra);
+    std::vector<Mem>().swap(b->mem);
+  }
+  g_buffers.clear();
+  g_generation.fetch_add(1);
+}
+
+// -- the bridge for polyprof's record_function ---------------------------------------------------------
+
+// Whether a torch-side consumer other than polyprof's observer listens to RecordFunctions on this
+// thread: global callbacks (an ExecutionTraceObserver, torch's all-threads profiling) or a profiler
+// state that is not polyprof's (torch.profiler, torch.autograd.profiler, emit_nvtx...).
+int polyprof_torch_consumers() {
+  if (at::hasGlobalCallbacks() && !(g_handle != 0 && (g_options & kAllThreads))) return 1;
+  ProfilerStateBase* state = ProfilerStateBase::get(/*global=*/false);
+  return state != nullptr && state != g_state && state != g_collector_state.load() ? 1 : 0;
+}
+
+// Tells the bridge that torch's profiler state on this thread is polyprof's own (its collector path),
+// so that polyprof's record_function does not route through it; nullptr-safe (0 clears).
+void polyprof_note_collector_state(int on) {
+  g_collector_state.store(on ? ProfilerStateBase::get(/*global=*/false) : nullptr);
+}
+
+// Opens a torch RecordFunction (user scope) named `name`, with `args` as its one string input when
+// given (as torch.profiler.record_function does). Returns it (nullptr when nobody listens) and its
+// handle in *handle (torch's "Record function id": 0 unless a consumer asked for ids).
+void* polyprof_rf_enter(const char* name, const char* args, uint64_t* handle) {
+  *handle = 0;
+  try {
+    auto* rf = new at::RecordFunction(at::RecordScope::USER_SCOPE);
+    if (!rf->isActive()) {
+      delete rf;
+      return nullptr;
+    }
+    t_skip_next = true;
+    if (rf->needsInputs() && args != nullptr) {
+      c10::IValue input{std::string(args)};
+      rf->before(name, c10::ArrayRef<const c10::IValue>(&input, 1));
+    } else {
+      rf->before(name);
+    }
+    t_skip_next = false;
+    *handle = rf->handle();
+    return rf;
+  } catch (...) {
+    t_skip_next = false;
+    return nullptr;
+  }
+}
+
+// Ends and frees a RecordFunction from polyprof_rf_enter.
+void polyprof_rf_exit(void* rf) {
+  try {
+    delete static_cast<at::RecordFunction*>(rf);  // ends it
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,183 @@
+"""One profile's torch session: picks the recorder, enables it when the program has imported torch (or
+the moment it does), and hands its rows over at collect."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.backends.torch import bridge, observer
+from polyprof.backends.torch.collector import Collector
+from polyprof.backends.torch.import_hook import PostImportHook
+from polyprof.backends.torch.observed import collect_observed
+from polyprof.backends.torch.versions import MIN_TORCH, torch_version
+from polyprof.clock import ClockMapping, epoch_offset, host_ns
+
+
+def observer_options(config: ProfileConfig) -> int:
+    """The observer's start() flags for `config`."""
+    flags = (
+        (config.record_shapes, observer.RECORD_SHAPES),
+        (config.profile_memory, observer.PROFILE_MEMORY),
+        (config.with_flops, observer.WITH_FLOPS),
+        (config.with_modules, observer.WITH_MODULES),
+        (bool(config.extra.get("profile_all_threads")), observer.ALL_THREADS),
+        (bool(config.extra.get("capture_overload_names")), observer.OVERLOAD_NAMES),
+    )
+    return sum(flag for on, flag in flags if on)
+
+
+class TorchSession:
+    thread_affine = True  # torch's profiler must be stopped on the thread that started it
+
+    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.torch: Any = None
+        self.enabled = False
+        self.recording = False
+        self.hook: PostImportHook | None = None
+        self.pairs: list[tuple[int, int]] = []
+        self.uncertainty_ns = 0
+        self.enabled_tid = 0
+        self.observer: observer.Observer | None = None
+        self.collector: Collector | None = None
+        self.observed = -1  # ops recorded by the observer, once stopped
+        self.stop_ns = 0
+        self.torch_flag_before = False  # torch.autograd.profiler._is_profiler_enabled at start
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        self.recording = True
+        self._pair()
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "_C"):
+            self._enable(torch)
+        else:
+            self.hook = PostImportHook("torch", self._on_torch_imported)
+            self.hook.install()
+
+    def _on_torch_imported(self, torch: Any) -> None:
+        if self.recording and not self.enabled:
+            try:
+                self._enable(torch)
+            except Exception as exc:  # never break the program's `import torch`
+                self.ctx.report.error(f"enabling torch's profiler after `import torch` failed: {exc}")
+
+    def _enable(self, torch: Any) -> None:
+        if torch_version(torch) < MIN_TORCH:
+            self.ctx.report.error(
+                f"torch {torch.__version__} is older than the supported 2.4; no aten ops recorded"
+            )
+            return
+        self.torch = torch
+        self.enabled_tid = threading.get_native_id()
+        self._announce(torch, True)
+        obs, why_not = self._observer(torch)
+        if obs is not None:
+            bridge.install(obs)
+        if obs is not None and not why_not:
+            obs.start(observer_options(self.config))
+            self.observer = obs
+            self.enabled = True
+            self.ctx.report.detail("recorder", "polyprof observer")
+            return
+        self.ctx.report.detail("recorder", f"torch collector ({why_not})")
+        self.collector = Collector(self.config, self.ctx)
+        self.collector.start()
+        if obs is not None:
+            obs.note_collector_state(True)  # polyprof's own annotations do not route through it
+        self.enabled = True
+
+    def _announce(self, torch: Any, recording: bool) -> None:
+        """Set torch's Python-side "a profiler is on" flag as torch.profiler does: torch.compile'd code
+        checks it to emit its own ranges (compiled graphs, Triton kernel launches). The value found at
+        start is restored at stop, in case torch.profiler itself runs around this profile."""
+        profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
+        if profiler is None or not isinstance(getattr(profiler, "_is_profiler_enabled", None), bool):
+            return
+        if recording:
+            self.torch_flag_before = profiler._is_profiler_enabled
+            profiler._is_profiler_enabled = True
+        else:
+            profiler._is_profiler_enabled = self.torch_flag_before
+
+    def _observer(self, torch: Any) -> tuple[observer.Observer | None, str]:
+        """(polyprof's observer, "") when it serves the options and loads; (it or None, why not) when
+        torch's collector records the ops. The library is returned whenever it loads, for the bridge."""
+        if observer.disabled():
+            return None, "POLYPROF_TORCH_OBSERVER=0"
+        try:
+            obs = observer.get(torch)
+        except observer.BuildError as exc:
+            self.ctx.report.warning(
+                f"polyprof's torch operator observer is unavailable, so torch's own collector records "
+                f"the ops (same ops, slower stop): {exc}. POLYPROF_TORCH_OBSERVER=0 silences this."
+            )
+            return None, "the observer could not be built"
+        if self.config.with_stack:
+            return obs, "with_stack needs it"
+        return obs, ""
+
+    def stop(self) -> None:
+        self.recording = False
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        if not self.enabled:
+            return
+        self.enabled = False
+        self._announce(self.torch, False)
+        if threading.get_native_id() != self.enabled_tid:
+            self.ctx.report.error(
+                "torch's profiler was stopped from another thread than the one that started it; "
+                "stop the profile on the thread that started it to get aten ops"
+            )
+        if self.observer is not None:
+            self.observed = self.observer.stop()
+            self.stop_ns = self.ctx.window_end or host_ns()
+            return
+        if self.collector is not None:
+            try:
+                self.collector.stop()
+            finally:
+                obs = observer.cached(self.torch)
+                if obs is not None:
+                    obs.note_collector_state(False)
+            self._pair()
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            self.collector = None
+            if self.observer is not None:
+                self.observer.reset()
+                self.observer = None
+
+    def _pair(self) -> None:
+        off = epoch_offset()
+        now = host_ns()
+        self.pairs.append((now + off.offset_ns, now))
+        self.uncertainty_ns = max(self.uncertainty_ns, off.uncertainty_ns)
+
+    # -- collect ----------------------------------------------------------------------------------
+    def collect(self, sink: Sink) -> None:
+        if self.observer is not None and self.observed >= 0:
+            n, self.observed = self.observed, -1
+            try:
+                collect_observed(self.observer, n, sink, self.config, self.ctx, self.stop_ns)
+            finally:
+                self.observer.reset()
+            return
+        if self.collector is not None:
+            mapping = ClockMapping.fit(
+                [e for e, _ in self.pairs], [h for _, h in self.pairs], uncertainty_ns=self.uncertainty_ns
+            )
+            self.ctx.report.clock_mapping(mapping, "torch (epoch ns)")
+            self.collector.collect(sink, mapping)
