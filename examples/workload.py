@@ -1,8 +1,13 @@
-"""The bundled example workload: a small numerical pipeline annotated with polyprof.
+"""The bundled example workload: a small training-like pipeline with real device work.
 
-Run it under the profiler (`polyprof run examples/workload.py`) or on its own. It uses only numpy
-and threads, so it runs anywhere; device plugins that are installed add their own rows.
+Each step loads a batch (numpy), runs it through an OpenCL kernel chain on the default OpenCL device
+(PoCL's CPU device from ``pip install 'polyprof-opencl[pocl]'``, which ``scripts/demo.sh`` installs, or
+any GPU driver), and, where torch is installed, a small torch model. A background thread polls and
+counts. Run it under the profiler (``polyprof run examples/workload.py``) or on its own; without
+pyopencl or torch those stages are skipped and say so.
 """
+
+from __future__ import annotations
 
 import sys
 import threading
@@ -10,6 +15,76 @@ import threading
 import numpy as np
 
 import polyprof
+
+KERNELS = """
+__kernel void scale_add(__global const float *a, __global const float *b, __global float *out, float k) {
+    int i = get_global_id(0);
+    out[i] = k * a[i] + b[i];
+}
+__kernel void relu(__global float *x) {
+    int i = get_global_id(0);
+    x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+"""
+
+
+class OpenCLStage:
+    """Copies a batch to the device, runs two kernels and a fill, copies the result back."""
+
+    def __init__(self) -> None:
+        import pyopencl as cl
+
+        self.cl = cl
+        self.ctx = cl.create_some_context(interactive=False)
+        self.queue = cl.CommandQueue(self.ctx)
+        self.program = cl.Program(self.ctx, KERNELS).build()
+        self.device = self.ctx.devices[0].name.strip()
+
+    @polyprof.record_function("opencl stage")
+    def __call__(self, batch: np.ndarray) -> float:
+        cl, queue = self.cl, self.queue
+        a = batch.astype(np.float32).ravel()
+        mf = cl.mem_flags
+        d_a = cl.Buffer(self.ctx, mf.READ_ONLY, a.nbytes)
+        d_b = cl.Buffer(self.ctx, mf.READ_WRITE, a.nbytes)
+        d_out = cl.Buffer(self.ctx, mf.READ_WRITE, a.nbytes)
+        cl.enqueue_copy(queue, d_a, a)
+        cl.enqueue_fill_buffer(queue, d_b, np.float32(0.5), 0, a.nbytes)
+        self.program.scale_add(queue, a.shape, None, d_a, d_b, d_out, np.float32(2.0))
+        self.program.relu(queue, a.shape, None, d_out)
+        out = np.empty_like(a)
+        cl.enqueue_copy(queue, out, d_out)
+        queue.finish()
+        return float(out.mean())
+
+
+class TorchStage:
+    """A two-layer model's forward and backward pass on the CPU."""
+
+    def __init__(self, size: int) -> None:
+        import torch
+
+        self.torch = torch
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(size, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    @polyprof.record_function("torch stage")
+    def __call__(self, batch: np.ndarray) -> float:
+        x = self.torch.from_numpy(batch.astype(np.float32))
+        self.opt.zero_grad()
+        loss = self.model(x).pow(2).mean()
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+
+def optional_stage(name: str, make: object) -> object | None:
+    try:
+        return make()  # type: ignore[operator]
+    except Exception as exc:  # not installed, or no OpenCL device: the rest of the workload still runs
+        print(f"workload: {name} stage skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
 
 
 @polyprof.record_function("load batch")
@@ -35,8 +110,10 @@ def background_io(stop: threading.Event) -> None:
         polyprof.counter("background polls", n)
 
 
-def main(steps: int = 8, size: int = 192) -> float:
+def main(steps: int = 8, size: int = 128) -> float:
     rng = np.random.default_rng(0)
+    opencl = optional_stage("OpenCL", OpenCLStage)
+    torch_stage = optional_stage("torch", lambda: TorchStage(size))
     stop = threading.Event()
     worker = threading.Thread(target=background_io, args=(stop,), name="io-worker")
     worker.start()
@@ -45,7 +122,11 @@ def main(steps: int = 8, size: int = 192) -> float:
         for step in range(steps):
             with polyprof.record_function(f"step {step}"):
                 batch = load_batch(rng, size)
-                result = matmul_chain(batch, depth=4)
+                result = matmul_chain(batch, depth=3)
+                if opencl is not None:
+                    total += opencl(result)
+                if torch_stage is not None:
+                    total += torch_stage(result)
                 with polyprof.record_function("reduce"):
                     total += float(np.abs(result).mean())
             polyprof.instant("step done", {"step": step})

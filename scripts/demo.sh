@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Quickstart, main job: set up, profile the bundled example workload, write the trace, print the summary.
+# Quickstart, main job: set up (polyprof, its plugins, PoCL's OpenCL CPU device), profile the bundled
+# workload (numpy, OpenCL kernels and copies on that device, a torch model where torch is installed),
+# write the trace, print the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

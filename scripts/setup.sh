@@ -19,15 +19,26 @@ if [ "${1:-}" = "--test" ]; then
   pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
   .venv/bin/python -m polyprof.backends.torch.observer || echo "setup: the torch observer was not built"
+  # the tools users read traces with, in their own environment (HTA needs pandas < 3):
+  # tests/test_trace_consumers.py runs them on polyprof's traces
+  if [ ! -x .venv-consumers/bin/python ]; then
+    "$PYTHON" -m venv .venv-consumers
+  fi
+  .venv-consumers/bin/python -m pip install -q --disable-pip-version-check \
+    "HolisticTraceAnalysis==0.5.0" "pandas<3" "torch-tb-profiler==0.4.3" 2> >(grep -v "^WARNING: Location" >&2) \
+    || echo "setup: HTA / torch-tb-profiler not installed; their tests will be skipped"
 else
   pip_install -e .
 fi
 # Each plugin is its own distribution; install every one that is in the tree. For the tests, with the
-# plugin's "test" extra where it has one (polyprof-opencl's brings PoCL: a real OpenCL device on the CPU).
+# plugin's "test" extra where it has one (polyprof-opencl's brings PoCL: a real OpenCL device on the CPU);
+# for the demo, with its "pocl" extra where it has one (the same device, for the bundled workload).
 for plugin in plugins/*/; do
   [ -f "$plugin/pyproject.toml" ] || continue
   if [ "${1:-}" = "--test" ] && grep -q '^test = ' "$plugin/pyproject.toml"; then
     pip_install -e "${plugin%/}[test]"
+  elif [ "${1:-}" != "--test" ] && grep -q '^pocl = ' "$plugin/pyproject.toml"; then
+    pip_install -e "${plugin%/}[pocl]"
   else
     pip_install -e "${plugin%/}"
   fi

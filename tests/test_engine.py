@@ -496,3 +496,35 @@ def test_backends_stop_in_the_reverse_order_they_started(registry):
     starts = [name for what, name in log if what == "start"]
     stops = [name for what, name in log if what == "stop"]
     assert starts == ["outer", "inner"] and stops == ["inner", "outer"]
+
+
+def test_device_rows_never_on_thread_id_zero(registry):
+    """A backend's device row 0 is renumbered: Perfetto takes tid 0 for the process's own track."""
+
+    class Backend:
+        name, api_version, activities = "rowzero", 1, frozenset({"RZ"})
+
+        def probe(self):
+            return polyprof.Availability.yes()
+
+        def create_session(self, config, ctx):
+            class S:
+                def prepare(self): ...
+                def start(self): ...
+                def stop(self): ...
+                def close(self): ...
+
+                def collect(self, sink):
+                    dev = sink.device("rz:0", type="rz", index=0)
+                    for rid in (0, 1):
+                        res = sink.resource(dev, rid, f"queue {rid}")
+                        t = ctx.window_start + 10 + rid
+                        sink.activity(ActivityKind.KERNEL, f"k{rid}", device=dev, resource=res, start=t, end=t + 5)
+
+            return S()
+
+    registry.register(Backend())
+    with polyprof.profile(["rz"], registry=registry) as prof:
+        pass
+    rows = {a.name: prof.trace.resources[a.resource] for a in prof.trace.activities}
+    assert rows["k1"].id == 1 and rows["k0"].id not in (0, 1) and rows["k0"].name == "queue 0"

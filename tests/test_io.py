@@ -76,3 +76,38 @@ def test_reads_a_trace_written_by_torch_profiler(tmp_path):
     assert trace.devices[ops[0].device].pid == os.getpid()
     r = subprocess.run([*POLYPROF, "summary", path], capture_output=True, text=True)
     assert r.returncode == 0 and "aten::matmul" in r.stdout
+
+
+def test_kineto_traces_older_categories_labels_and_envelope(tmp_path):
+    """A torch.profiler GPU trace as older Kineto and MTIA write it: categories Memcpy/Memset/Runtime and
+    mtia_ccp_events, every GPU process named after the host, its label "GPU n"; the envelope span."""
+    from polyprof.analysis import summarize
+
+    doc = {
+        "schemaVersion": 1,
+        "host_name": "node7",
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 11, "tid": 0, "args": {"name": "node7"}},
+            {"ph": "M", "name": "process_labels", "pid": 11, "tid": 0, "args": {"labels": "CPU"}},
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "node7"}},
+            {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+            {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 11, "tid": 11, "ts": 1, "dur": 9},
+            {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 11, "tid": 11, "ts": 2, "dur": 1},
+            {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 3, "dur": 2},
+            {"ph": "X", "cat": "Memset", "name": "Memset", "pid": 0, "tid": 7, "ts": 5, "dur": 1},
+            {"ph": "X", "cat": "mtia_ccp_events", "name": "mtia_kernel", "pid": 0, "tid": 7, "ts": 6, "dur": 1},
+            {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+             "ts": 0, "dur": 20},
+            {"ph": "M", "name": "process_sort_index", "pid": "Spans", "tid": 0, "args": {"sort_index": 536870912}},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    trace = load_trace(path)
+    kinds = {a.name: a.kind for a in trace.activities}
+    assert kinds["cudaLaunchKernel"] == ActivityKind.RUNTIME
+    assert kinds["Memcpy HtoD"] == ActivityKind.GPU_MEMCPY and kinds["Memset"] == ActivityKind.GPU_MEMSET
+    assert kinds["mtia_kernel"] == ActivityKind.KERNEL
+    assert "PyTorch Profiler (0)" not in kinds and len(trace.devices) == 2  # the envelope is no activity
+    headings = {r.device for r in summarize(trace)}
+    assert headings == {"node7", "GPU 0"}  # the GPU by its label, not the host name it shares

@@ -148,4 +148,4 @@ def test_trace_loads_back_and_summary_shows_kernels_per_device(profiled, tmp_pat
     props = doc["deviceProperties"][0]
     assert {"name", "vendor", "version", "computeUnits", "totalGlobalMem"} <= set(props)
     threads = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
-    assert "queue 0" in threads
+    assert "queue 1" in threads

@@ -97,7 +97,7 @@ def test_commands_from_several_queues_and_threads_land_on_their_rows(cl, context
     kernels = trace.activities_of(ActivityKind.KERNEL)
     assert len(kernels) == 6
     rows = {trace.resources[k.resource].name for k in kernels}
-    assert rows == {"queue 0", "queue 1"}
+    assert rows == {"queue 1", "queue 2"}  # numbered from 1: tid 0 is a process row to Perfetto
     launch_threads = {a.resource for a in trace.activities_of(ActivityKind.RUNTIME)}
     assert len(launch_threads) == 2
 
@@ -216,3 +216,44 @@ def test_profiling_does_not_keep_host_arrays_alive_or_change_blocking(cl, contex
         queue.finish()
     (copy,) = prof.trace.activities_of(ActivityKind.GPU_MEMCPY)
     assert copy.args["bytes"] == 4096 * 4 and copy.duration > 0
+
+
+@pytest.mark.parametrize("created_at", ["wait", "warm-up", "active"])
+def test_queues_created_at_any_step_of_a_scheduled_profile_are_timed(cl, context, program, created_at):
+    from polyprof.profiler import ProfilerActivity, profile, schedule
+
+    buf = cl.Buffer(context, cl.mem_flags.READ_WRITE, 64 * 4)
+    create_at_step = {"wait": 0, "warm-up": 1, "active": 2}[created_at]
+    queue = None
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.OPENCL], schedule=schedule(wait=1, warmup=1, active=3)
+    ) as prof:
+        for step in range(5):
+            if step == create_at_step:
+                queue = cl.CommandQueue(context)  # no properties: the profile makes it timed
+            if queue is not None:
+                program.add_one(queue, (64,), None, buf)
+                queue.finish()
+            prof.step()
+    kernels = prof.trace.activities_of(ActivityKind.KERNEL)
+    assert len(kernels) == 3  # the kernel of each active step, timed
+    assert "device records (queue without PROFILING_ENABLE)" not in prof.trace.backends["opencl"].dropped
+    after = cl.CommandQueue(context)  # after the profile: pyopencl's own class again
+    assert not after.properties & cl.command_queue_properties.PROFILING_ENABLE
+
+
+def test_device_rows_are_numbered_from_one_and_copies_named_for_hta(cl, context):
+    a = np.arange(64, dtype=np.float32)
+    with polyprof.profile(["cpu", "opencl"]) as prof:
+        queue = cl.CommandQueue(context)
+        buf = cl.Buffer(context, cl.mem_flags.READ_WRITE, a.nbytes)
+        cl.enqueue_copy(queue, buf, a)
+        cl.enqueue_fill_buffer(queue, buf, np.float32(1), 0, a.nbytes)
+        mapped, _ = cl.enqueue_map_buffer(queue, buf, cl.map_flags.READ, 0, a.shape, a.dtype)
+        mapped.base.release(queue)
+        queue.finish()
+    trace = prof.trace
+    rows = [a for a in trace.activities if a.kind in (ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET)]
+    assert {a.name for a in rows} >= {"Memcpy HtoD (Host -> Device)", "Memset (Fill)", "Memcpy Map", "Memcpy Unmap"}
+    assert all(a.name.startswith(("Memcpy", "Memset")) for a in rows)  # HTA types these as memory
+    assert {trace.resources[a.resource].id for a in rows} == {1} and {a.args["stream"] for a in rows} == {1}

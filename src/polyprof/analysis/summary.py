@@ -29,6 +29,19 @@ class SummaryRow:
     share: float  # of the total time of this (device, kind) group
 
 
+def device_heading(trace: Trace, index: int) -> str:
+    """How a device is named in summaries: its process name, with its label ("GPU 0") where that says
+    more; just the label where several devices share a name (Kineto names every GPU process after the
+    host)."""
+    dev = trace.devices[index]
+    name = dev.name or dev.key
+    label = dev.label
+    if not label or label == "CPU" or label in name:
+        return name
+    shared = sum(1 for d in trace.devices if (d.name or d.key) == name) > 1
+    return label if shared or name == trace.metadata.get("host_name") else f"{label} ({name})"
+
+
 def summarize(trace: Trace, top: int = 10) -> list[SummaryRow]:
     """The `top` names by total duration within each (device, kind) group, groups ordered by device
     then by total time. Instant events are not counted."""
@@ -62,11 +75,11 @@ def summarize(trace: Trace, top: int = 10) -> list[SummaryRow]:
         idx = np.flatnonzero(group == g)
         group_total = int(totals[idx].sum()) or 1
         idx = idx[np.argsort(-totals[idx], kind="stable")][:top]
-        dev = trace.devices[g // 64]
+        heading = device_heading(trace, g // 64)
         for i in idx.tolist():
             rows.append(
                 SummaryRow(
-                    device=dev.name if dev.name else dev.key,
+                    device=heading,
                     kind=ActivityKind(g % 64).name.lower(),
                     name=acts.strings[int(uniq[i] % n_names)],
                     count=int(counts[i]),

@@ -186,6 +186,8 @@ class Profile:
             extra=dict(extra or {}),
         )
         self._kind_filters = self._kind_filters_of(activity_filters)
+        self._paused: dict[str, list[tuple[int, int]]] = {}  # backend -> [start, end) collection off
+        self._paused_since: dict[str, int] = {}
         self.window_observers = list(window_observers)
         self._backend_options = {k: dict(v) for k, v in (backend_options or {}).items()}
         selected_names = {s.entry.name for s in self._selected}
@@ -267,6 +269,28 @@ class Profile:
                 out[sel.entry.name] = set().union(*(by_group[g] for g in groups))
         return out
 
+    def toggle_collection_dynamic(self, enable: bool, activities: Iterable[Any]) -> None:
+        """Stop (``enable=False``) or resume collecting the given activity groups inside a recording
+        window, as torch.profiler's method does: what those groups' backends record in between is left
+        out of the trace (counted under ``dropped``)."""
+        groups = {activity_group_name(a) for a in activities}
+        now = host_ns()
+        for sel in self._selected:
+            name = sel.entry.name
+            if not groups & {a.upper() for a in sel.entry.activities}:
+                continue
+            if not enable and name not in self._paused_since:
+                self._paused_since[name] = now
+            elif enable and name in self._paused_since:
+                self._paused.setdefault(name, []).append((self._paused_since.pop(name), now))
+
+    def _take_paused(self, window_end: int) -> dict[str, list[tuple[int, int]]]:
+        for name, since in self._paused_since.items():
+            self._paused.setdefault(name, []).append((since, window_end))
+        self._paused_since = {name: window_end for name in self._paused_since}  # still off next window
+        paused, self._paused = self._paused, {}
+        return paused
+
     @property
     def backends(self) -> list[str]:
         """Names of the backends this profile runs."""
@@ -285,10 +309,12 @@ class Profile:
         if self._started:
             raise PolyprofError("this profile is already started; call stop() before starting it again")
         self._started = True
+        self._profile_hooks("profile_started", self.config)
         try:
             self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
         except BaseException:
             self._abandon_sessions()  # e.g. another profile is recording: release what prepare set up
+            self._profile_hooks("profile_stopped")
             self._started = False
             raise
         self._enter_step_span()
@@ -308,9 +334,29 @@ class Profile:
         if not self._started:
             return
         self._exit_step_span()
-        self._apply(TRANSITIONS[(self.current_action, None)])
-        self.current_action = ProfilerAction.NONE
-        self._started = False
+        try:
+            self._apply(TRANSITIONS[(self.current_action, None)])
+        finally:
+            self.current_action = ProfilerAction.NONE
+            self._started = False
+            self._profile_hooks("profile_stopped")
+
+    def _profile_hooks(self, hook: str, *args: Any) -> None:
+        """A backend's optional ``profile_started(config)`` / ``profile_stopped()``: the whole profile,
+        every step of a schedule (OpenCL makes queues created at any step profiling-enabled). A failure
+        is a warning naming the backend, never the user's exception."""
+        for sel in self._selected:
+            fn = getattr(sel.entry.backend, hook, None)
+            if not callable(fn):
+                continue
+            try:
+                fn(*args)
+            except Exception as exc:
+                warnings.warn(
+                    f"polyprof backend {sel.entry.name!r}: {hook}() raised {describe(exc)}",
+                    PolyprofWarning,
+                    stacklevel=4,
+                )
 
     @property
     def trace(self) -> Trace:
@@ -500,6 +546,7 @@ class Profile:
             base_time_ns=base_time_ns(self._window_start + epoch.offset_ns),
             metadata=meta,
             kind_filters=self._kind_filters,
+            paused=self._take_paused(window_end),
         )
         self._postprocess_ms["merge"] = round((time.perf_counter() - merge_started) * 1e3, 3)
         # where the time between stop and a trace went: each backend's stop and collect, then merge
@@ -580,7 +627,7 @@ class Profile:
                     f"{st.rejected} malformed rows rejected ({', '.join(f'{k}: {v}' for k, v in st.rejected_reasons.items())})"
                 )
             for what, n in st.dropped.items():
-                if what not in ("outside capture window", "activity filter"):  # asked for
+                if what not in ("outside capture window", "activity filter", "collection toggled off"):
                     problems.append(f"dropped {n} {what}")
             for msg in problems:
                 warnings.warn(f"polyprof backend {st.name!r}: {msg}", PolyprofWarning, stacklevel=5)

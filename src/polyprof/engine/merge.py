@@ -73,15 +73,28 @@ class _DeviceTable:
 
     def resource_map(self, local: list[Resource], device_map: np.ndarray) -> np.ndarray:
         mapping = []
+        zero_ids = self._zero_row_ids(local, device_map)
         for r in local:
             dev = int(device_map[r.device])
             key = (dev, r.id)
             idx = self._res.get(key)
             if idx is None:
                 idx = self._res[key] = len(self.resources)
-                self.resources.append(Resource(dev, r.id, r.name, r.sort_index))
+                rid = zero_ids.get(dev, r.id) if r.id == 0 else r.id
+                self.resources.append(Resource(dev, rid, r.name, r.sort_index))
             mapping.append(idx)
         return np.array(mapping, dtype=np.int32)
+
+    def _zero_row_ids(self, local: list[Resource], device_map: np.ndarray) -> dict[int, int]:
+        """For each device (not the host) with a row 0, the trace thread id that row gets instead: one
+        above every id of that device. Perfetto takes a thread id 0 for the process's own track (a
+        device's row 0 would merge with it), HTA for a stream without iterations."""
+        ids: dict[int, set[int]] = {}
+        for r in local:
+            ids.setdefault(int(device_map[r.device]), set()).add(r.id)
+        for r in self.resources:
+            ids.setdefault(r.device, set()).add(r.id)
+        return {dev: max(taken) + 1 for dev, taken in ids.items() if dev != 0 and 0 in taken and (dev, 0) not in self._res}
 
 
 def merge(
@@ -92,12 +105,14 @@ def merge(
     base_time_ns: int,
     metadata: dict,
     kind_filters: dict[str, set[int]] | None = None,
+    paused: dict[str, list[tuple[int, int]]] | None = None,
 ) -> Trace:
     """Build the trace. Rows whose start lies outside `window` are dropped (and counted per backend);
     a backend's flow ids are shifted only where they would collide with an earlier backend's (so a
     single device backend keeps Kineto's convention: ac2g id = correlation id); flows missing one end
     are cleared. `kind_filters` (backend name -> kinds kept) drops the other kinds of those backends'
-    rows (counted as "activity filter")."""
+    rows (counted as "activity filter"); `paused` (backend name -> [start, end) intervals) drops the
+    rows that start in them (counted as "collection toggled off")."""
     table = _DeviceTable()
     pieces = []
     counters = Counters()
@@ -123,6 +138,13 @@ def merge(
                 filtered = int(inside.sum() - kept.sum())
                 if filtered:
                     part.status.dropped["activity filter"] = filtered
+            for p0, p1 in (paused or {}).get(part.status.name, ()):
+                off = kept & (start >= p0) & (start < p1)
+                if off.any():
+                    part.status.dropped["collection toggled off"] = (
+                        part.status.dropped.get("collection toggled off", 0) + int(off.sum())
+                    )
+                    kept = kept & ~off
             if not kept.all():
                 acts = acts.take(np.flatnonzero(kept))
             acts = _clip_host_ends(acts, dev_map, w1)

@@ -257,6 +257,8 @@ def _metadata_row(
         devices[dev].label = str(args.get("labels", ""))
         if devices[dev].label == "CPU":
             devices[dev].type = "cpu"
+        elif devices[dev].label.startswith("GPU"):  # Kineto's label of every GPU process
+            devices[dev].type = "gpu"
     elif name == "process_sort_index":
         devices[dev].sort_index = int(args.get("sort_index", 0) or 0)
     elif name == "thread_name":

@@ -77,6 +77,15 @@ CATEGORY_TO_KIND: dict[str, ActivityKind] = {
     "cpu_instant_event": ActivityKind.INSTANT,
     "overhead": ActivityKind.OVERHEAD,
     "collective_comm": ActivityKind.COLLECTIVE_COMM,
+    # Kineto's older names (torch < 1.10 traces) and its MTIA / range-profiler categories
+    "memcpy": ActivityKind.GPU_MEMCPY,
+    "memset": ActivityKind.GPU_MEMSET,
+    "runtime": ActivityKind.RUNTIME,
+    "driver": ActivityKind.DRIVER,
+    "mtia_ccp_events": ActivityKind.KERNEL,
+    "mtia_runtime": ActivityKind.RUNTIME,
+    "cuda_profiler_range": ActivityKind.KERNEL,
+    "concurrent_kernel": ActivityKind.KERNEL,
 }
 
 

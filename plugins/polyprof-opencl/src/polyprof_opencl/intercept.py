@@ -397,6 +397,29 @@ def profiling_queue_class(cl: Any) -> Any:
     return cls
 
 
+_profiles_holding = {"count": 0, "saved": None}
+
+
+def hold_queue_profiling(cl: Any) -> None:
+    """While a profile runs (all of it: wait, warm-up and active steps), make new queues
+    profiling-enabled, so that queues created at any step of a scheduled profile are timed."""
+    if _profiles_holding["count"] == 0 and not _always_enabled["on"]:
+        _profiles_holding["saved"] = cl.CommandQueue
+        cl.CommandQueue = profiling_queue_class(cl)
+    _profiles_holding["count"] += 1
+
+
+def release_queue_profiling(cl: Any) -> None:
+    """Undo one :func:`hold_queue_profiling` (the last one restores pyopencl's class)."""
+    if _profiles_holding["count"] == 0:
+        return
+    _profiles_holding["count"] -= 1
+    if _profiles_holding["count"] == 0 and _profiles_holding["saved"] is not None:
+        if cl.CommandQueue is profiling_queue_class(cl):
+            cl.CommandQueue = _profiles_holding["saved"]
+        _profiles_holding["saved"] = None
+
+
 def enable_queue_profiling() -> None:
     """From now on, every ``pyopencl.CommandQueue(...)`` is profiling-enabled, profile or not.
 

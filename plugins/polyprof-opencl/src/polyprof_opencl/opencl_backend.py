@@ -77,6 +77,17 @@ class OpenCLBackend:
             listing = "; ".join(d.describe() for d in devices) or "none"
             raise ConfigError(f"opencl: device index {missing[0]} does not exist. Devices: {listing}")
 
+    def profile_started(self, config: ProfileConfig) -> None:
+        """For the whole profile (every step of a schedule), queues created are profiling-enabled."""
+        from polyprof_opencl.intercept import hold_queue_profiling
+
+        hold_queue_profiling(_import_pyopencl())
+
+    def profile_stopped(self) -> None:
+        from polyprof_opencl.intercept import release_queue_profiling
+
+        release_queue_profiling(_import_pyopencl())
+
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:
         from polyprof_opencl.session import OpenCLSession
 

@@ -191,7 +191,8 @@ class OpenCLSession:
 
     def _queue_row(self, sink: Sink, queue: Any, by_device_ptr: dict, rows: dict, numbers: dict) -> Any:
         """(device handle, resource, device info) of a profiling-enabled queue on a profiled device,
-        else None. Queues are numbered per device in order of first use: "queue 0", "queue 1"..."""
+        else None. Queues are numbered per device in order of first use from 1 ("queue 1", "queue 2"...):
+        a trace thread id 0 is the process's own row to Perfetto, and HTA gives stream 0 no iteration."""
         qptr = _ptr(queue)
         if qptr in rows:
             return rows[qptr]
@@ -200,7 +201,7 @@ class OpenCLSession:
             profiling = bool(queue.properties & self.cl.command_queue_properties.PROFILING_ENABLE)
         except Exception:
             info, profiling = None, False
-        number = self._next_queue_number.get(info.index if info else -1, 0)
+        number = self._next_queue_number.get(info.index if info else -1, 1)
         self._next_queue_number[info.index if info else -1] = number + 1
         numbers[qptr] = number
         row = None
@@ -246,7 +247,8 @@ class OpenCLSession:
             return COPY_NAMES.get(rec.spec.direction, "Memcpy")
         if category == MEMSET:
             return "Memset (Fill)"
-        return "Map" if category == MAP else "Unmap"
+        # named "Memcpy ..." so that HTA, which types device rows by name, counts them as memory
+        return "Memcpy Map" if category == MAP else "Memcpy Unmap"
 
     @staticmethod
     def _command_args(rec: Record, duration_ns: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from polyprof.backend import ProfileConfig, SessionContext, Sink
 from polyprof.backends.torch import bridge, observer
 from polyprof.backends.torch.collector import Collector
+from polyprof.backends.torch.distributed import distributed_info
 from polyprof.backends.torch.import_hook import PostImportHook
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
@@ -168,6 +169,9 @@ class TorchSession:
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
+        info = distributed_info()
+        if info is not None:
+            sink.add_metadata("distributedInfo", info)
         if self.observer is not None and self.observed >= 0:
             n, self.observed = self.observed, -1
             try:
