@@ -54,6 +54,14 @@ def main() -> None:
                 with record_function("x"):
                     pass
 
+        # with torch imported, polyprof's record_function also asks whether a torch-side consumer
+        # listens (the bridge to torch's RecordFunction): the cost torch users pay
+        from polyprof.backends.torch import bridge
+
+        results["bridge_armed"] = bridge._armed is not None
+        results["polyprof_not_profiling_torch_imported_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+        with polyprof.profile(["cpu"]):
+            results["polyprof_profiling_torch_imported_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
         torch_n = max(n // 10, 1000)  # torch's events are much more expensive to keep
         results["torch_version"] = torch.__version__
         results["torch_not_profiling_ns"] = round(per_call_ns(loop_torch, torch_n, reps), 1)

@@ -46,7 +46,7 @@ def test_complete_events_have_kinetos_fields_and_microsecond_times(trace):
     assert step["ts"] == pytest.approx(expected_ts, abs=0.0005) and step["dur"] == pytest.approx(
         a.duration / 1000, abs=0.0005
     )
-    assert step["args"] == {"External id": a.correlation, "Record function id": 0, "batch": 3}
+    assert step["args"] == {"External id": a.correlation, "batch": 3}
     kernel = next(e for e in xs if e["cat"] == "kernel")
     assert kernel["name"] == 'kern"el\nwith quotes'
     assert kernel["args"]["External id"] == a.correlation and "correlation" in kernel["args"]

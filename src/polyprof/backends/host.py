@@ -87,8 +87,8 @@ class HostSession:
         args: list,
     ) -> None:
         """One kind's rows of a thread buffer: a span's own id is its correlation and External id; an
-        instant points at its parent. Spans carry torch's "Record function id" (0 unless the span was
-        also a torch range while a consumer asked for ids), as torch.profiler writes it."""
+        instant points at its parent. Spans that were also torch ranges while a consumer asked for ids (an
+        ExecutionTraceObserver) carry torch's "Record function id"."""
         is_span = kind == ActivityKind.USER_ANNOTATION
         ident = rows[keep, 3]
         row_args = {}
@@ -115,7 +115,7 @@ class HostSession:
                 "external_id": ident if is_span else rows[keep, 4],
             },
             row_args,
-            ArgColumns(("Record function id",), (handles,)) if is_span else None,
+            ArgColumns(("Record function id",), (handles,)) if is_span and handles.any() else None,
         )
 
     def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer) -> None:

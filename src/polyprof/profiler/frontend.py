@@ -175,7 +175,9 @@ class profile(Profile):  # noqa: N801 - torch's name
         super()._stop_recording()
         if self.config.extra.get("expose_kineto_event_metadata") and self._trace is not None:
             add_event_indices(self._trace)
-        self._view = self._torch_view(self._view if self.acc_events else None)
+        # the torch view is built when asked for (prof.profiler), except that acc_events needs each
+        # cycle's events processed before the next cycle replaces the trace, as torch does
+        self._view = self._torch_view(self._view) if self.acc_events else None
 
     def step(self) -> None:
         super().step()

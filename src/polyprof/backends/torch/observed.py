@@ -43,18 +43,21 @@ def _operators(
     ids = ctx.new_correlation_ids(n)
     name_codes = cols["name"]
     args = flows.evaluate_function_args(name_codes, names, seq, fwd_tid, tid)
-    fragments, extra = obs.arg_fragments(n)
-    keys: tuple[str, ...] = ("Record function id",)
-    columns: list = [cols["handle"].astype(np.int64)]
-    if config.record_shapes:
-        # formatted by the observer: Sequence number, Fwd thread id and the four shape args
+    keys: tuple[str, ...] = ()
+    columns: list = []
+    handles = cols["handle"].astype(np.int64)
+    if handles.any():  # ids are on (an ExecutionTraceObserver asked for them): torch's "Record function id"
+        keys, columns = ("Record function id",), [handles]
+    if config.record_shapes or config.with_flops or config.with_modules:
+        # formatted by the observer: Sequence number, Fwd thread id, the four shape args, and the
+        # extra args (kwargs, flops, Module Hierarchy) of the few ops that have any
+        fragments, extra = obs.arg_fragments(n)
         keys += observer.ARG_KEYS
         columns += [JSONColumn(f) for f in fragments]
+        for i in [i for i, body in enumerate(extra) if body]:
+            args[i] = {**args.get(i, {}), **orjson.loads(b"{" + extra[i] + b"}")}
     else:
         args.update(flows.sequence_args(np.flatnonzero(seq >= 0), seq, fwd_tid))
-    for i, body in enumerate(extra):
-        if body:  # kwargs, flops, Module Hierarchy: few ops have any
-            args[i] = {**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}
     if config.extra.get("capture_overload_names"):
         name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
     for i in unfinished.tolist():
@@ -75,7 +78,7 @@ def _operators(
             "flow_start": flow_start,
         },
         args,
-        ArgColumns(keys, tuple(columns)),
+        ArgColumns(keys, tuple(columns)) if keys else None,
     )
 
 

@@ -200,8 +200,9 @@ struct PolyprofState : public ProfilerStateBase {
   }
 };
 
-ProfilerStateBase* g_state = nullptr;            // the state polyprof pushed (nullptr when none)
-std::atomic<ProfilerStateBase*> g_collector_state{nullptr};  // torch's own, when polyprof started it
+ProfilerStateBase* g_state = nullptr;  // the state polyprof pushed (nullptr when none)
+// the start callbacks of torch's collector while polyprof itself runs it (see polyprof_note_collector_state)
+std::vector<at::RecordFunctionCallback::StartCallback> g_collector_callbacks;
 
 // -- operator inputs (record_shapes) ------------------------------------------------------------------
 
@@ -753,18 +754,31 @@ void polyprof_observer_reset() {
 // -- the bridge for polyprof's record_function ---------------------------------------------------------
 
 // Whether a torch-side consumer other than polyprof's observer listens to RecordFunctions on this
-// thread: global callbacks (an ExecutionTraceObserver, torch's all-threads profiling) or a profiler
-// state that is not polyprof's (torch.profiler, torch.autograd.profiler, emit_nvtx...).
+// thread: the callbacks a user-scope RecordFunction would run now (torch's own lookup, thread-local
+// and global: torch.profiler, an ExecutionTraceObserver, emit_nvtx...), less polyprof's observer and
+// torch's collector when polyprof itself started it. ~6 ns when nobody listens.
 int polyprof_torch_consumers() {
-  if (at::hasGlobalCallbacks() && !(g_handle != 0 && (g_options & kAllThreads))) return 1;
-  ProfilerStateBase* state = ProfilerStateBase::get(/*global=*/false);
-  return state != nullptr && state != g_state && state != g_collector_state.load() ? 1 : 0;
+  auto step = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+  if (!step.has_value()) return 0;
+  for (const auto& cb : step->callbacks_) {
+    if (cb.start_ == on_start) continue;
+    bool own = false;
+    for (auto fn : g_collector_callbacks) own = own || fn == cb.start_;
+    if (!own) return 1;
+  }
+  return 0;
 }
 
-// Tells the bridge that torch's profiler state on this thread is polyprof's own (its collector path),
-// so that polyprof's record_function does not route through it; nullptr-safe (0 clears).
+// Tells the bridge that the callbacks torch's collector registered on this thread are polyprof's own
+// (its collector path), so that polyprof's record_function does not route through them; 0 forgets them.
 void polyprof_note_collector_state(int on) {
-  g_collector_state.store(on ? ProfilerStateBase::get(/*global=*/false) : nullptr);
+  g_collector_callbacks.clear();
+  if (!on) return;
+  auto step = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+  if (!step.has_value()) return;
+  for (const auto& cb : step->callbacks_) {
+    if (cb.start_ != on_start) g_collector_callbacks.push_back(cb.start_);
+  }
 }
 
 // Opens a torch RecordFunction (user scope) named `name`, with `args` as its one string input when
