@@ -1,8 +1,9 @@
-"""``key_averages()``: per-operator statistics of a trace, and the table torch.profiler prints.
+"""``key_averages()`` without torch: per-operator statistics of a trace, and the table torch.profiler
+prints.
 
-When torch is imported, the trace is turned into torch's own ``FunctionEvent`` objects and torch's
-``EventList.key_averages().table()`` does the rest: the table is torch's, column for column. Without
-torch, :class:`KeyAverages` computes the same statistics and prints the same headers.
+When torch is imported, ``polyprof.profiler.profile`` hands the trace to torch's own post-processing
+(:mod:`polyprof.profiler.torch_view`), so the table is torch's, column for column. Without torch,
+:class:`KeyAverages` computes the same statistics and prints the same headers.
 
 Self time is an event's time minus its direct children's on the same thread; device time is the time
 of the device work whose ``External id`` is the event's id (kernels, copies, fills), summed up the tree.
@@ -10,7 +11,6 @@ of the device work whose ``External id`` is the event's id (kernels, copies, fil
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,46 +314,3 @@ def native_key_averages(
         avg.self_device_time_total += ev.self_device_time_total
         avg.flops += ev.flops
     return KeyAverages(groups.values(), device_type)
-
-
-def torch_function_events(trace: Trace) -> Any:
-    """The trace as torch's EventList of FunctionEvents (torch must be imported)."""
-    from torch.autograd.profiler_util import EventList, FunctionEvent
-
-    events, device_type = host_events(trace)
-    use_device = "cuda" if device_type in (None, "gpu", "cuda") else device_type
-    out = []
-    for ev in events:
-        fe = FunctionEvent(
-            id=ev.id,
-            name=ev.name,
-            thread=ev.thread,
-            start_us=ev.start_us,
-            end_us=ev.end_us,
-            input_shapes=ev.input_shapes,
-            stack=ev.stack,
-            flops=ev.flops,
-            use_device=use_device,
-        )
-        for name, device, duration in ev.kernels:
-            fe.append_kernel(name, device, duration)
-        out.append(fe)
-    events_list = EventList(out, use_device=use_device)
-    events_list._build_tree()
-    return events_list
-
-
-def key_averages(
-    trace: Trace,
-    group_by_input_shape: bool = False,
-    group_by_stack_n: int = 0,
-    group_by_overload_name: bool = False,
-) -> Any:
-    """torch's EventList.key_averages() when torch is imported, else :class:`KeyAverages`."""
-    if "torch" in sys.modules:
-        try:
-            kwargs = {"group_by_overload_name": True} if group_by_overload_name else {}
-            return torch_function_events(trace).key_averages(group_by_input_shape, group_by_stack_n, **kwargs)
-        except (ImportError, TypeError):
-            pass
-    return native_key_averages(trace, group_by_input_shape, group_by_stack_n)

@@ -23,21 +23,17 @@ import numpy as np
 
 from polyprof.backends.torch.collector import ATTACHMENT as TORCH_RESULT
 from polyprof.backends.torch.observed import OVERLOAD_ARG
+from polyprof.backends.torch.observer import ARG_KEYS
 from polyprof.model import DEVICE_KINDS, ActivityKind, Trace
 
 USER_SCOPE = 7
 #: args that are not an op's keyword arguments (Kineto's own fields)
 STANDARD_ARGS = frozenset(
     {
+        *ARG_KEYS,
         "External id",
         "Record function id",
         "Ev Idx",
-        "Sequence number",
-        "Fwd thread id",
-        "Concrete Inputs",
-        "Input type",
-        "Input Strides",
-        "Input Dims",
         "Call stack",
         "Module Hierarchy",
         "flops",
