@@ -166,7 +166,9 @@ def test_experimental_config_event_metadata_gc_and_trace_only(tmp_path):
     with profile(experimental_config=ExperimentalConfig(expose_kineto_event_metadata=True)) as prof:
         torch.add(torch.ones(1), 5)
     assert "Ev Idx" in events_named(trace_json(prof, tmp_path), "aten::add")[0]["args"]
-    assert "Ev Idx" in next(e for e in prof.events() if e.name == "aten::add").metadata_json
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates metadata_json for event_metadata
+        assert "Ev Idx" in next(e for e in prof.events() if e.name == "aten::add").metadata_json
 
     with profile(experimental_config=ExperimentalConfig(record_python_gc_info=True)) as prof:
         gc.collect()

@@ -223,6 +223,7 @@ def test_queues_created_at_any_step_of_a_scheduled_profile_are_timed(cl, context
     from polyprof.profiler import ProfilerActivity, profile, schedule
 
     buf = cl.Buffer(context, cl.mem_flags.READ_WRITE, 64 * 4)
+    add_one = program.add_one
     create_at_step = {"wait": 0, "warm-up": 1, "active": 2}[created_at]
     queue = None
     with profile(
@@ -232,7 +233,7 @@ def test_queues_created_at_any_step_of_a_scheduled_profile_are_timed(cl, context
             if step == create_at_step:
                 queue = cl.CommandQueue(context)  # no properties: the profile makes it timed
             if queue is not None:
-                program.add_one(queue, (64,), None, buf)
+                add_one(queue, (64,), None, buf)
                 queue.finish()
             prof.step()
     kernels = prof.trace.activities_of(ActivityKind.KERNEL)
