@@ -1,6 +1,7 @@
 """Only the optional C extension is declared here; everything else is in pyproject.toml.
 
-The extension speeds up record_function; when it cannot be built (no C compiler, non-Linux clock),
+The extension (src/polyprof/csrc, one file per job) speeds up record_function, the Chrome writer and
+the host backend's conversion; when it cannot be built (no C compiler, non-Linux clock),
 installation still succeeds and polyprof uses its pure-Python implementation.
 """
 
@@ -10,6 +11,9 @@ from setuptools import Extension, setup
 
 ext_modules = []
 if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
-    ext_modules.append(Extension("polyprof._speedups", ["src/polyprof/_speedups.c"], optional=True))
+    sources = [f"src/polyprof/csrc/{name}.c" for name in ("module", "recorder", "chrome_format", "columns")]
+    ext_modules.append(
+        Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h"], optional=True)
+    )
 
 setup(ext_modules=ext_modules)

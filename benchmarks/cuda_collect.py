@@ -33,8 +33,9 @@ def main() -> None:
     from polyprof_cuda.session import CudaSession
     from recorded_cupti import RecordedLayer, kernel_record, latest_class, make_record
 
-    from polyprof.backend import ProfileConfig, SessionContext, Sink
+    from polyprof.backend import ProfileConfig, SessionContext
     from polyprof.clock import host_ns
+    from polyprof.sink import Sink
 
     layer = RecordedLayer()
     ctx = SessionContext("cuda")

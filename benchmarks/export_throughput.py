@@ -21,11 +21,11 @@ import time
 import numpy as np
 from _common import report
 
-from polyprof.backend import Sink
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.merge import CollectedPart, merge
 from polyprof.export import write_chrome_trace
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus, Trace
+from polyprof.sink import Sink
 
 
 def synthetic_trace(n: int, seed: int = 0) -> Trace:

@@ -1,4 +1,5 @@
 import asyncio
+import json
 import threading
 
 import fake_backends
@@ -8,6 +9,7 @@ from fake_backends import SimDeviceBackend
 
 import polyprof
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
+from polyprof.export import dumps_chrome_trace
 from polyprof.model import ActivityKind
 from polyprof.registry import Registry
 
@@ -55,9 +57,12 @@ def test_devices_resources_and_metadata_in_trace(registry, sim):
     dev = trace.device_by_key("sim:0")
     assert dev.name == "Sim GPU" and dev.properties == {"memory": 1 << 30} and dev.pid == 0
     assert trace.metadata["run"] == "A"
-    status = trace.metadata["polyprof"]["backends"]
-    assert status["simdev"] == {"state": "ran", "activities": 2}
-    assert status["host"]["state"] == "ran"
+    status = trace.backends
+    assert status["simdev"].to_json() == {"state": "ran", "activities": 2}
+    assert status["host"].state == "ran"
+    written = json.loads(dumps_chrome_trace(trace))["polyprof"]["backends"]
+    assert written["simdev"] == {"state": "ran", "activities": 2}, "the writer serialises the statuses"
+    assert "backends" not in trace.metadata["polyprof"], "one owner: the status objects"
 
 
 def test_activities_outside_the_window_are_dropped_and_counted(registry):
@@ -104,7 +109,7 @@ def test_requested_but_unavailable_activity_fails_with_the_reason_before_startin
     with polyprof.profile(registry=registry) as prof:  # by default it is just left out, and said so
         pass
     assert prof.trace.backends["absent"].state == "unavailable"
-    assert "no Absent driver" in prof.trace.metadata["polyprof"]["backends"]["absent"]["reason"]
+    assert "no Absent driver" in prof.trace.backends["absent"].reason
 
 
 @pytest.mark.parametrize(
@@ -151,7 +156,7 @@ def test_only_one_profile_records_at_a_time(registry, sim):
         with pytest.raises(PolyprofError, match="already recording"):
             other.start()
         assert sim.sessions and sim.sessions[-1].closed, "the refused profile closed the sessions it prepared"
-        assert other._handles == []
+        assert other._sessions is None
     with polyprof.profile(["cpu"], registry=registry):
         pass  # free again
 
@@ -452,7 +457,7 @@ class _FlowlessBackend(_OwnIdsBackend):
 def test_a_device_backend_after_flowless_ones_keeps_its_correlation_ids_as_flow_ids(registry):
     # the sampler is registered, so collected, before the device backend
     trace = _three_steps_of(registry, _FlowlessBackend("sampler"), "sample", _OwnIdsBackend("simone"), "k")
-    order = list(trace.metadata["polyprof"]["backends"])
+    order = list(trace.backends)
     assert order.index("sampler") < order.index("simone"), "the flowless backend is merged first"
     kernels = [k for k in trace.activities_of(ActivityKind.KERNEL) if k.name.startswith("k")]
     assert [(k.flow_id, k.correlation) for k in kernels] == [(1, 1), (2, 2), (3, 3)]
@@ -462,9 +467,10 @@ def test_postprocessing_time_is_reported_per_backend_and_phase(registry, sim):
     """Where the time between stop and a trace went, so a slow stop names its culprit."""
     with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
         sim.launch("k")
-    took = prof.trace.metadata["polyprof"]["postprocess_ms"]
-    assert set(took) == {"host", "torch", "simdev", "merge"}
-    assert set(took["simdev"]) == {"stop", "collect"}
+    took = json.loads(dumps_chrome_trace(prof.trace))["polyprof"]["postprocess_ms"]
+    assert {"host", "torch", "simdev", "merge", "window_end_call"} <= set(took)
+    assert {"stop", "collect"} <= set(took["simdev"])
+    assert prof.trace.backends["simdev"].timings_ms["collect"] == took["simdev"]["collect"], "one owner"
     assert all(v >= 0 for phases in (took["simdev"], took["host"]) for v in phases.values())
     assert took["merge"] > 0
 

@@ -196,8 +196,8 @@ def test_c_and_python_formatters_write_identical_bytes():
         rng.integers(0, 4, n),  # name
         rng.integers(-2, 70000, n),  # pid (negative: an overhead row)
         rng.integers(0, 2**40, n),  # tid
-        rng.integers(0, 10**16, n),  # ts
-        rng.integers(0, 10**7, n),  # dur
+        rng.integers(0, 10**16, n),  # start
+        rng.integers(0, 10**7, n),  # end - start (made the end below; some rows end before they start)
         rng.integers(0, 3, n) * rng.integers(1, 10**9, n),  # external id, often 0
         rng.integers(0, 3, n) * rng.integers(1, 10**12, n),  # correlation
         rng.integers(0, 2, n) * rng.integers(1, 10**6, n),  # flow id
@@ -206,10 +206,15 @@ def test_c_and_python_formatters_write_identical_bytes():
             [0, FLAG_CORRELATION, FLAG_INSTANT, FLAG_FLOW_START, FLAG_CORRELATION | FLAG_FLOW_START], n
         ),
     )
-    cols = tuple(np.ascontiguousarray(c, dtype=np.int64) for c in cols)
+    # the columns in the widths the trace stores them in (int32 strings, int8 flow type and flags)
+    widths = (np.int32, np.int32, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, np.int64, np.int8, np.int8)
+    cols = [np.ascontiguousarray(c, dtype=w) for c, w in zip(cols, widths, strict=True)]
+    cols[5] = cols[4] + cols[5] - (rng.random(n) < 0.01) * 10**8  # end
+    cols = tuple(cols)
+    offset = -(10**15)  # rows before the base time are written at 0
     extra = [('{"External id":1,"grid":[1,2,3]}' if i % 7 == 0 else None) for i in range(n)]
-    c_text = speedups.format_activities(cols, names, extra).decode()
-    py_text = format_activities_py(cols, names, extra)
+    c_text = speedups.format_activities(cols, offset, names, extra).decode()
+    py_text = format_activities_py(cols, offset, names, extra)
     assert c_text == py_text
     json.loads("[" + c_text + "]")  # and it is valid JSON
 

@@ -116,7 +116,7 @@ def test_rows_and_column_batches_keep_their_order_and_arg_rows():
 
 
 def test_sink_takes_names_as_codes_into_a_table_and_rejects_codes_outside_it():
-    from polyprof.backend import Sink
+    from polyprof.sink import Sink
 
     sink = Sink("b")
     host = sink.host_device()
@@ -180,8 +180,8 @@ def test_column_args_read_like_dicts_and_follow_their_rows():
 
 
 def test_sink_keeps_column_args_of_the_rows_it_keeps():
-    from polyprof.backend import Sink
     from polyprof.model import ArgColumns
+    from polyprof.sink import Sink
 
     sink = Sink("b")
     host, thread = sink.host_device(), sink.host_thread(1)
@@ -199,7 +199,9 @@ def test_sink_keeps_column_args_of_the_rows_it_keeps():
     )
     t = sink.builder.freeze()
     assert kept == 2 and [r.args for r in t] == [{"n": 10}, {"n": 30, "d": 1}]
-    with pytest.raises(ValueError, match="one value per row"):
+    from polyprof.errors import BackendContractError
+
+    with pytest.raises(BackendContractError, match="one value per row"):
         sink.activities(
             {"kind": [0], "name": ["a"], "device": [host], "resource": [thread], "start": [1], "end": [2]},
             arg_columns=ArgColumns(("n",), (np.array([1, 2]),)),

@@ -10,46 +10,64 @@
     prof.export_chrome_trace("trace.json")
 
 ``polyprof.profiler`` is the torch.profiler-compatible front end; ``polyprof.register_backend``
-adds a backend from inside a program; ``polyprof backends`` (CLI) lists what is installed.
+adds a backend from inside a program; ``polyprof.plugin`` is what backend authors import;
+``polyprof backends`` (CLI) lists what is installed.
+
+The names below load when first used (PEP 562): a library that only annotates (``record_function``,
+``instant``, ``counter``) imports neither numpy nor the engine.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from polyprof._version import __version__
 from polyprof.annotations import counter, instant, record_function
-from polyprof.backend import API_VERSION, Availability
 
 # polyprof's record_function is also a torch range whenever a torch-side consumer listens (see
 # polyprof.backends.torch.bridge); arming it costs nothing until torch is imported
 from polyprof.backends.torch.bridge import arm as _arm_torch_bridge
-from polyprof.engine import PolyprofWarning, Profile, ProfilerAction, profile, schedule
-from polyprof.errors import (
-    BackendConflictError,
-    BackendUnavailableError,
-    ConfigError,
-    PolyprofError,
-    TraceFormatError,
-    UnknownNameError,
-)
-from polyprof.registry import register_backend
 
 _arm_torch_bridge()
 
-__all__ = [
-    "API_VERSION",
-    "Availability",
-    "BackendConflictError",
-    "BackendUnavailableError",
-    "ConfigError",
-    "PolyprofError",
-    "PolyprofWarning",
-    "Profile",
-    "ProfilerAction",
-    "TraceFormatError",
-    "UnknownNameError",
-    "__version__",
-    "counter",
-    "instant",
-    "profile",
-    "record_function",
-    "register_backend",
-    "schedule",
-]
+#: public name -> the module that owns it
+_LAZY = {
+    "API_VERSION": "polyprof.backend",
+    "Availability": "polyprof.backend",
+    "BackendConflictError": "polyprof.errors",
+    "BackendContractError": "polyprof.errors",
+    "BackendUnavailableError": "polyprof.errors",
+    "ConfigError": "polyprof.errors",
+    "OutputPathError": "polyprof.errors",
+    "PolyprofError": "polyprof.errors",
+    "PolyprofWarning": "polyprof.errors",
+    "SinkClosedError": "polyprof.errors",
+    "TraceFormatError": "polyprof.errors",
+    "UnknownNameError": "polyprof.errors",
+    "Profile": "polyprof.engine.scheduled",
+    "ProfilerAction": "polyprof.engine.schedule",
+    "profile": "polyprof.engine.scheduled",
+    "schedule": "polyprof.engine.schedule",
+    "register_backend": "polyprof.registry",
+    "ActivityKind": "polyprof.model",
+    "Trace": "polyprof.model",
+    "load_trace": "polyprof.io",
+    "write_chrome_trace": "polyprof.export",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'polyprof' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = ["__version__", "counter", "instant", "record_function", *_LAZY]

@@ -36,8 +36,6 @@ import threading
 import weakref
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from polyprof import correlation
 from polyprof._accel import speedups
 from polyprof.clock import host_ns
@@ -99,41 +97,48 @@ def set_framework_bridge(bridge: FrameworkBridge | None) -> None:
 
 
 class PyEventBuffer:
-    """Pure-Python twin of ``polyprof._speedups.EventBuffer``."""
+    """Pure-Python twin of ``polyprof._speedups.EventBuffer``. One list of whole events, so that another
+    thread taking them (:meth:`take`) never splits an event."""
 
-    __slots__ = ("rows", "names", "args", "open")
+    __slots__ = ("events", "open")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int, int, int, int]] = []
-        self.names: list[Any] = []
-        self.args: list[Any] = []
+        self.events: list[tuple] = []  # (type, start, end, id, parent, name, args)
         self.open: list[Any] = []  # spans entered while recording and not exited yet
 
     def add(self, type_: int, start: int, end: int, name: Any, ident: int, parent: int, args: Any) -> None:
-        self.rows.append((type_, start, end, ident, parent))
-        self.names.append(name)
-        self.args.append(args)
+        self.events.append((type_, start, end, ident, parent, name, args))
 
     def clear(self) -> None:
-        self.rows.clear()
-        self.names.clear()
-        self.args.clear()
+        self.events = []
         self.open.clear()
 
     def open_spans(self) -> list[Any]:
         return list(self.open)
 
-    def snapshot(self) -> tuple[np.ndarray, list, list]:
-        n = len(self.rows)
-        rows = np.array(self.rows[:n], dtype=np.int64).reshape(n, FIELDS)
-        return rows, self.names[:n], self.args[:n]
+    def take(self) -> PyEventBuffer:
+        """A new buffer with every event (and a copy of the open spans); this one is left empty."""
+        out = PyEventBuffer()
+        out.events, self.events = self.events, []
+        out.open = list(self.open)
+        return out
+
+    def snapshot(self) -> tuple[Any, list, list]:
+        import numpy as np
+
+        events = self.events[:]
+        n = len(events)
+        rows = np.array([e[:FIELDS] for e in events], dtype=np.int64).reshape(n, FIELDS)
+        return rows, [e[5] for e in events], [e[6] for e in events]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.events)
 
 
-def snapshot(buffer: Any) -> tuple[np.ndarray, list, list]:
+def snapshot(buffer: Any) -> tuple[Any, list, list]:
     """``(rows [n x 5] int64: type, start, end, id, parent; names; args)`` of either buffer kind."""
+    import numpy as np
+
     rows, names, args = buffer.snapshot()
     if isinstance(rows, bytes):
         rows = np.frombuffer(rows, dtype=np.int64).reshape(-1, FIELDS)
@@ -145,11 +150,16 @@ class ThreadBuffer:
 
     __slots__ = ("tid", "name", "events", "thread")
 
-    def __init__(self, thread: threading.Thread, events: Any) -> None:
+    def __init__(self, thread: threading.Thread | None, events: Any) -> None:
         self.tid = threading.get_native_id()
-        self.name = thread.name
+        self.name = thread.name if thread is not None else ""
         self.events = events
-        self.thread = weakref.ref(thread)
+        self.thread = weakref.ref(thread) if thread is not None else lambda: None
+
+    def taken(self) -> ThreadBuffer:
+        out = ThreadBuffer(None, self.events.take())
+        out.tid, out.name = self.tid, self.name
+        return out
 
 
 class Recorder:
@@ -198,6 +208,12 @@ class Recorder:
     def buffers(self) -> list[ThreadBuffer]:
         with self._lock:
             return list(self._buffers)
+
+    def take(self) -> list[ThreadBuffer]:
+        """Every thread's events so far, moved out of the threads' buffers (which are left empty and
+        keep no memory), as ThreadBuffers of their own: what a recording hands over at its end."""
+        with self._lock:
+            return [b.taken() for b in self._buffers]
 
 
 recorder = Recorder()

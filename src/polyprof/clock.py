@@ -9,15 +9,22 @@
       mapping = ClockMapping.fit([d for d, _ in pairs], [h for _, h in pairs])
       mapping.to_host(device_timestamps)         # int or numpy int64 array
       mapping.residual_ns                        # worst disagreement among the pairs
+
+* :class:`ClockPairs` is what every device backend repeats: sample (device, host) pairs around a device
+  clock read, keep the tightest, fit them::
+
+      pairs = ClockPairs()
+      pairs.sample(read_device_clock)            # at start; again at stop
+      mapping = pairs.fit()                      # ClockMapping, uncertainty = the widest half-bracket
+      host_start, host_end = mapping.span_to_host(dev_start, dev_end)
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 host_ns = time.perf_counter_ns
 
@@ -91,6 +98,8 @@ class ClockMapping:
         uncertainty_ns: float = 0.0,
     ) -> ClockMapping:
         """Fit from paired samples. One pair (or ``fit_drift=False``) fits an offset only."""
+        import numpy as np
+
         dev = np.asarray(device_ts, dtype=np.int64)
         host = np.asarray(host_ts, dtype=np.int64)
         if dev.shape != host.shape or dev.ndim != 1 or len(dev) == 0:
@@ -118,12 +127,23 @@ class ClockMapping:
 
     def to_host(self, device_ts: Any) -> Any:
         """Map one device timestamp (int) or an array of them (int64 array) onto the host clock."""
+        import numpy as np
+
         if isinstance(device_ts, (int, np.integer)):
             return self.host_ref + int(
                 round(self.slope * (int(device_ts) - self.device_ref) + self.intercept)
             )
         x = (np.asarray(device_ts, dtype=np.int64) - self.device_ref).astype(np.float64)
         return self.host_ref + np.rint(self.slope * x + self.intercept).astype(np.int64)
+
+    def span_to_host(self, start: Any, end: Any) -> tuple[Any, Any]:
+        """Device spans (ints or int64 arrays) on the host clock; an end never precedes its start."""
+        import numpy as np
+
+        host_start, host_end = self.to_host(start), self.to_host(end)
+        if isinstance(host_start, int):
+            return host_start, max(host_start, host_end)
+        return host_start, np.maximum(host_start, host_end)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,3 +153,58 @@ class ClockMapping:
             "residual_ns": round(self.residual_ns, 1),
             "uncertainty_ns": round(self.uncertainty_ns, 1),
         }
+
+
+@dataclass(frozen=True)
+class ClockPair:
+    """A device timestamp and the host time it was read at, with half the host bracket around it."""
+
+    device_ns: int
+    host_ns: int
+    uncertainty_ns: int
+    method: str = ""
+
+
+def sample_clock_pair(read_device: Callable[[], int], samples: int = 5, method: str = "") -> ClockPair:
+    """The tightest of `samples` host brackets around ``read_device()`` (a device clock read)."""
+    best: ClockPair | None = None
+    for _ in range(max(1, samples)):
+        before = host_ns()
+        device = int(read_device())
+        after = host_ns()
+        pair = ClockPair(device, (before + after) // 2, max(1, (after - before) // 2), method)
+        if best is None or pair.uncertainty_ns < best.uncertainty_ns:
+            best = pair
+    assert best is not None
+    return best
+
+
+@dataclass
+class ClockPairs:
+    """The (device, host) pairs of one device clock over a recording, and their fit."""
+
+    pairs: list[ClockPair] = field(default_factory=list)
+
+    def add(self, pair: ClockPair) -> ClockPair:
+        self.pairs.append(pair)
+        return pair
+
+    def sample(self, read_device: Callable[[], int], samples: int = 5, method: str = "") -> ClockPair:
+        return self.add(sample_clock_pair(read_device, samples, method))
+
+    def clear(self) -> None:
+        self.pairs.clear()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def fit(self, *, fit_drift: bool = True) -> ClockMapping:
+        """The mapping through the pairs (identity when there are none)."""
+        if not self.pairs:
+            return ClockMapping.identity()
+        return ClockMapping.fit(
+            [p.device_ns for p in self.pairs],
+            [p.host_ns for p in self.pairs],
+            fit_drift=fit_drift,
+            uncertainty_ns=max(p.uncertainty_ns for p in self.pairs),
+        )

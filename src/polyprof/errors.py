@@ -44,3 +44,22 @@ class TraceFormatError(PolyprofError, ValueError):
 
 class OutputPathError(ConfigError):
     """An output path that cannot be written."""
+
+
+class BackendContractError(PolyprofError, RuntimeError):
+    """A backend used polyprof's contract wrongly (a Sink call it cannot understand, a misspelt column,
+    a call after its sink was closed). `backend` names the backend at fault. Inside the engine this
+    becomes that backend's error status; it never costs the user the trace."""
+
+    def __init__(self, backend: str, message: str) -> None:
+        super().__init__(f"backend {backend!r}: {message}")
+        self.backend = backend
+
+
+class SinkClosedError(BackendContractError):
+    """The engine stopped listening to this sink (its collect ran past the time limit, or the rows were
+    already handed over)."""
+
+
+class PolyprofWarning(UserWarning):
+    """A backend problem that did not stop the profile (it is also recorded in the trace)."""

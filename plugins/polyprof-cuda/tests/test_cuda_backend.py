@@ -341,7 +341,7 @@ def test_options_are_checked_before_anything_starts():
     layer = RecordedLayer()
     reg = registry_with(layer)
     for options, match in (
-        ({"kinds": ["KERNAL"]}, "unsupported activity kind"),
+        ({"kinds": ["KERNAL"]}, "unsupported item.*KERNAL.*supported: .*KERNEL"),
         ({"apis": "some"}, "'apis' must be"),
         ({"max_records": 0}, "positive integer"),
         ({"preallocate_device_buffers": -1}, "integer >= 0"),

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 from polyprof_cuda import records
-from polyprof_cuda.raw_buffers import BufferPool, walk
+from polyprof_cuda.raw_buffers import BufferPool
 from polyprof_cuda.records import (
     DRIVER,
     KERNEL,
@@ -18,6 +18,8 @@ from polyprof_cuda.records import (
     newest_layouts,
 )
 from recorded_cupti import FakeLibCupti, dtype_name, latest_class, layout_dtype, make_record, stub_fields
+
+from polyprof.plugin import walk_tagged_records as walk
 
 
 def kernel(name, corr):
@@ -224,7 +226,7 @@ def test_walk_of_an_empty_or_one_record_buffer(valid):
 
 @pytest.mark.parametrize("speedups", ["c", "python"])
 def test_the_c_and_python_walks_agree_and_stop_at_kinds_of_unknown_size(monkeypatch, speedups):
-    from polyprof_cuda import raw_buffers
+    from polyprof import records as raw_buffers
 
     if speedups == "python":
         monkeypatch.setattr(raw_buffers, "speedups", None)
@@ -249,7 +251,7 @@ def test_the_c_and_python_walks_agree_and_stop_at_kinds_of_unknown_size(monkeypa
         return following if following < base + valid_bytes else None
 
     sizes = {}
-    kinds, found = raw_buffers.walk(buffer, valid, sizes, next_record)
+    kinds, found = walk(buffer, valid, sizes, next_record)
     assert kinds.tolist() == [k for k, _ in layout] and found.tolist() == offsets
     assert asked == [3, 5, 2000, 2000], "each kind once; a kind past the table each time"
     assert sizes == {3: 16, 5: 24, 2000: 8}

@@ -177,13 +177,13 @@ def test_conformance_kit_through_the_double(pti):
 
 def test_options_are_checked():
     for options, match in (
-        ({"views": ["kernels"]}, "unknown view"),
+        ({"views": ["kernels"]}, "unsupported item.*kernels"),
         ({"buffer_kb": 0}, "positive"),
         ({"runtime_apis": "few"}, "runtime_apis"),
         ({"x": 1}, "unknown option"),
     ):
         with pytest.raises(polyprof.ConfigError, match=match):
-            XpuBackend().check_options(options)
+            XpuBackend().options.check("xpu", options)
 
 
 def _real_wheel():

@@ -10,21 +10,31 @@ from typing import Any
 import numpy as np
 
 from polyprof import annotations
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext, Sink
+from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.clock import host_ns
-from polyprof.model import ActivityKind, ArgColumns
+from polyprof.model import ActivityKind, ArgColumns, CodedStrings
+from polyprof.model.strings import code_strings, present_rows
+from polyprof.sink import Sink
+
+#: a buffer's event type -> the activity kind it becomes (counters become counter samples)
+_KIND_OF_TYPE = np.zeros(4, dtype=np.int64)
+_KIND_OF_TYPE[annotations.SPAN] = int(ActivityKind.USER_ANNOTATION)
+_KIND_OF_TYPE[annotations.INSTANT] = int(ActivityKind.INSTANT)
+_KIND_OF_TYPE[annotations.GC] = int(ActivityKind.PYTHON_FUNCTION)
 
 
 class HostSession:
-    # polyprof's own in-process bookkeeping cannot hang, so the engine calls it on the profile's
-    # thread instead of a guard thread (whose start can wait milliseconds for a CPU under load)
-    thread_affine = True
+    # polyprof's own in-process bookkeeping cannot hang, so the engine calls it directly instead of
+    # on a guard thread (whose start can wait milliseconds for a CPU under load)
+    in_process = True
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
         self.gc_events = bool(config.extra.get("record_python_gc_info"))
         self._running = False
         self._gc_start: dict[int, int] = {}
+        self._taken: list[annotations.ThreadBuffer] = []
+        self._open: list[list[tuple]] = []
 
     def prepare(self) -> None:
         pass
@@ -36,9 +46,14 @@ class HostSession:
             gc.callbacks.append(self._on_gc)
 
     def stop(self) -> None:
+        """Recording ends and every thread's events change hands (a pointer swap per thread): the
+        conversion happens in collect, on the background writer."""
         if self._running:
             annotations.recorder.end()
             self._running = False
+            self._taken = annotations.recorder.take()
+            # spans still open: their state now (they may close before collect runs)
+            self._open = [[(sp.name, sp.args, sp.open_state) for sp in b.events.open_spans()] for b in self._taken]
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
@@ -56,87 +71,86 @@ class HostSession:
                 annotations.GC, start, host_ns(), "Python GC", 0, 0, {"generation": info.get("generation")}
             )
 
+    def flush(self, sink: Sink) -> None:
+        """While recording: hand over every event completed so far (spans still open stay with their
+        threads and come in a later flush or at collect)."""
+        if self._running:
+            self._convert(sink, annotations.recorder.take(), None)
+
     def collect(self, sink: Sink) -> None:
+        taken, self._taken = self._taken, []
+        still_open, self._open = self._open, []
+        self._convert(sink, taken, still_open)
+
+    def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], still_open: list | None) -> None:
         host = sink.host_device()
-        for buf in annotations.recorder.buffers():
-            self._unfinished(sink, host, buf)
+        for i, buf in enumerate(taken):
+            if still_open is not None:
+                self._unfinished(sink, host, buf, still_open[i])
             rows, names, args = annotations.snapshot(buf.events)
-            if not len(rows):
-                continue
-            thread_row = sink.host_thread(buf.tid, buf.name)
-            kinds = rows[:, 0]
-            for i in np.flatnonzero(kinds == annotations.COUNTER).tolist():
-                sink.counter(names[i], args[i], ts=int(rows[i, 1]))
-            for kind, rows_of_kind in (
-                (ActivityKind.USER_ANNOTATION, np.flatnonzero(kinds == annotations.SPAN)),
-                (ActivityKind.INSTANT, np.flatnonzero(kinds == annotations.INSTANT)),
-                (ActivityKind.PYTHON_FUNCTION, np.flatnonzero(kinds == annotations.GC)),
-            ):
-                if len(rows_of_kind):
-                    self._rows(sink, host, thread_row, kind, rows_of_kind, rows, names, args)
+            buf.events = None  # the columns below are all that is kept
+            if len(rows):
+                self._rows(sink, host, sink.host_thread(buf.tid, buf.name), rows, names, args)
 
     @staticmethod
-    def _rows(
-        sink: Sink,
-        host: int,
-        thread_row: int,
-        kind: ActivityKind,
-        keep: np.ndarray,
-        rows: np.ndarray,
-        names: list,
-        args: list,
-    ) -> None:
-        """One kind's rows of a thread buffer: a span's own id is its correlation and External id; an
-        instant points at its parent. Spans that were also torch ranges while a consumer asked for ids (an
+    def _rows(sink: Sink, host: int, thread_row: int, rows: np.ndarray, names: list, args: list) -> None:
+        """A thread's events as columns: a span's own id is its correlation and External id; an instant
+        points at its parent. Spans that were also torch ranges while a consumer asked for ids (an
         ExecutionTraceObserver) carry torch's "Record function id"."""
-        is_span = kind == ActivityKind.USER_ANNOTATION
-        ident = rows[keep, 3]
-        row_args = {}
-        handles = np.zeros(len(keep), dtype=np.int64) if is_span else None
-        for out_i, i in enumerate(keep.tolist()):
+        types = rows[:, 0]
+        for i in np.flatnonzero(types == annotations.COUNTER).tolist():
+            sink.counter(str(names[i]), args[i], ts=int(rows[i, 1]))
+        keep = np.flatnonzero(types != annotations.COUNTER)
+        if not len(keep):
+            return
+        everything = len(keep) == len(rows)
+        is_span = types[keep] == annotations.SPAN
+        codes, table = code_strings(names)
+        present = present_rows(args)
+        position = present if everything else np.searchsorted(keep, present)
+        if not everything:
+            kept = np.isin(present, keep)
+            present, position = present[kept], position[kept]
+        row_args: dict[int, dict] = {}
+        handles = np.zeros(len(keep), dtype=np.int64)
+        for out_i, i in zip(position.tolist(), present.tolist(), strict=True):
             a = args[i]
-            if a is None:
-                continue
             if type(a) is annotations.Routed:  # also a torch range: its handle is torch's id
                 handles[out_i] = a.handle
                 a = a.args
                 if a is None:
                     continue
             row_args[out_i] = a if isinstance(a, dict) else {"args": a}
+        ident = rows[keep, 3]
         sink.activities(
             {
-                "kind": np.full(len(keep), int(kind)),
-                "name": [str(names[i]) for i in keep.tolist()],
+                "kind": _KIND_OF_TYPE[types[keep]],
+                "name": CodedStrings(codes[keep], [n if type(n) is str else str(n) for n in table]),
                 "device": np.full(len(keep), host),
                 "resource": np.full(len(keep), thread_row),
                 "start": rows[keep, 1],
                 "end": rows[keep, 2],
-                "correlation": ident if is_span else np.zeros(len(keep), dtype=np.int64),
-                "external_id": ident if is_span else rows[keep, 4],
+                "correlation": np.where(is_span, ident, 0),
+                "external_id": np.where(is_span, ident, rows[keep, 4]),
             },
             row_args,
-            ArgColumns(("Record function id",), (handles,)) if is_span and handles.any() else None,
+            ArgColumns(("Record function id",), (handles,)) if handles.any() else None,
         )
 
-    def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer) -> None:
+    def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer, open_spans: list[tuple]) -> None:
         """Spans still open when the profile stopped: written up to the end of the window with
         ``"finished": false``, as Kineto writes unfinished CPU ops."""
         end = self.ctx.window_end
         if end is None:
             return
-        for span in buf.events.open_spans():
-            state = span.open_state
+        for name, span_args, state in open_spans:
             if state is None or state[0] > end:
                 continue
             start, ident, _parent = state
-            args = (
-                span.args
-                if isinstance(span.args, dict)
-                else ({"args": span.args} if span.args is not None else {})
-            )
+            args = span_args if isinstance(span_args, dict) else ({"args": span_args} if span_args is not None else {})
             sink.activity(
                 ActivityKind.USER_ANNOTATION,
-                str(span.name),
+                str(name),
                 device=host,
                 resource=sink.host_thread(buf.tid, buf.name),
                 start=start,
@@ -156,6 +170,8 @@ class HostBackend:
     name = "host"
     api_version = API_VERSION
     activities = frozenset({"CPU"})
+    #: record_function spans follow the context: asyncio tasks may interleave them on one thread
+    context_scoped_spans = True
 
     def probe(self) -> Availability:
         return Availability.yes(devices=["host process"], python=platform.python_version())

@@ -116,7 +116,7 @@ def run(
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
-    from polyprof.engine import Profile
+    from polyprof.engine.scheduled import Profile
     from polyprof.export import check_output_path
 
     if not os.path.isfile(script):

@@ -89,9 +89,25 @@ def dumps_chrome_trace(trace: Trace, trace_name: str = "") -> bytes:
     return buf.getvalue()
 
 
+def trace_metadata(trace: Trace) -> dict[str, Any]:
+    """The trace's top-level keys as written: its metadata, with the backends' statuses and the phase
+    timings serialised into ``polyprof`` (their one owner is the status objects on the trace)."""
+    meta = dict(trace.metadata)
+    own = dict(meta.get("polyprof") or {})
+    if trace.backends:
+        own["backends"] = {name: st.to_json() for name, st in trace.backends.items()}
+        timings: dict[str, Any] = {name: dict(st.timings_ms) for name, st in trace.backends.items() if st.timings_ms}
+        timings.update({k: v for k, v in trace.timings_ms.items() if k != "write"})
+        if timings:
+            own["postprocess_ms"] = timings
+    if own:
+        meta["polyprof"] = own
+    return meta
+
+
 def _write(trace: Trace, out: IO[bytes], trace_name: str) -> None:
     head = ['{\n  "schemaVersion": 1,\n  "deviceProperties": ', _metadata_json(device_properties(trace))]
-    for key, value in trace.metadata.items():
+    for key, value in trace_metadata(trace).items():
         if key not in RESERVED_KEYS:
             head.append(f",\n  {_json(str(key))}: {_metadata_json(value)}")
     head.append(
@@ -166,21 +182,20 @@ def _activity_chunk(
     flags = np.where((c["correlation"] != 0) & ~np.isin(kind, _NO_CORRELATION_LIST), FLAG_CORRELATION, 0)
     flags |= np.where(kind == int(ActivityKind.INSTANT), FLAG_INSTANT, 0)
     flags |= np.where(c["flow_start"] != 0, FLAG_FLOW_START, 0)
-    cols = tuple(
-        np.ascontiguousarray(a, dtype=np.int64)
-        for a in (
-            c["cat"],
-            c["name"],
-            pids[c["device"]],
-            tids[c["resource"]],
-            np.maximum(c["start"] + offset, 0),
-            c["end"] - c["start"],
-            c["external_id"],
-            c["correlation"],
-            c["flow_id"],
-            c["flow_type"],
-            flags,
-        )
+    flags = flags.astype(np.int8)
+    # the columns as stored (no widening); ts = start + offset and dur = end - start are the formatter's
+    cols = (
+        c["cat"],
+        c["name"],
+        pids[c["device"]],
+        tids[c["resource"]],
+        c["start"],
+        c["end"],
+        c["external_id"],
+        c["correlation"],
+        c["flow_id"],
+        c["flow_type"],
+        flags,
     )
     extra: list[Any] = [None] * (hi - lo)
     if len(arg_rows):
@@ -203,8 +218,8 @@ def _activity_chunk(
                 head["correlation"] = corr
             extra[i] = orjson.dumps({**head, **a} if head else a, option=_JSON_OPTIONS)
     if speedups is not None:
-        return speedups.format_activities(cols, names, extra)
-    return format_activities_py(cols, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
+        return speedups.format_activities(cols, offset, names, extra)
+    return format_activities_py(cols, offset, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
 
 
 def _format_block_args(
@@ -271,10 +286,12 @@ def _c_column(values: np.ndarray) -> Any:
         return [orjson.dumps(v, option=_JSON_OPTIONS) for v in items]
 
 
-def format_activities_py(cols: tuple[np.ndarray, ...], names: list[str], extra: list[Any]) -> str:
+def format_activities_py(cols: tuple[np.ndarray, ...], offset: int, names: list[str], extra: list[Any]) -> str:
     """Pure-Python twin of ``polyprof._speedups.format_activities`` (same bytes): rows are grouped by
     shape and each group formatted by one comprehension."""
-    cat, name, pid, tid, ts, dur, ext, corr, flow, ftype, flags = cols
+    cat, name, pid, tid, start, end, ext, corr, flow, ftype, flags = cols
+    ts = np.maximum(start + offset, 0)
+    dur = np.maximum(end - start, 0)
     n = len(cat)
     pid_s, tid_s = pid.tolist(), tid.tolist()
     ts_s = list(map(str.__add__, map(str, (ts // 1000).tolist()), _FRACTION[ts % 1000].tolist()))

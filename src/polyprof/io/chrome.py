@@ -210,21 +210,7 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
             "traceName",
         )
     }
-    statuses = {}
-    for name, st in ((metadata.get("polyprof") or {}).get("backends") or {}).items():
-        if isinstance(st, dict):
-            statuses[name] = BackendStatus(
-                name,
-                st.get("state", "ran"),
-                reason=st.get("reason", ""),
-                errors=list(st.get("errors", [])),
-                warnings=list(st.get("warnings", [])),
-                dropped=dict(st.get("dropped", {})),
-                rejected=int(st.get("rejected", 0)),
-                activities=int(st.get("activities", 0)),
-                version=st.get("version", ""),
-                details=dict(st.get("details", {})),
-            )
+    statuses, timings = _statuses(metadata)
     start = int(acts["start"].min()) if len(acts) else 0
     end = int(acts["end"].max()) if len(acts) else 0
     props = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
@@ -239,7 +225,31 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         epoch_offset_ns=base,  # times read back are relative to baseTimeNanoseconds
         base_time_ns=base,
         window=(start, end),
+        timings_ms=timings,
     )
+
+
+def _statuses(metadata: dict) -> tuple[dict[str, BackendStatus], dict[str, float]]:
+    """The backends' statuses and the trace's phase timings out of polyprof's metadata (which keeps
+    neither: the trace's statuses are their one owner, serialised again when it is written)."""
+    own = metadata.get("polyprof")
+    if not isinstance(own, dict):
+        return {}, {}
+    own = dict(own)
+    metadata["polyprof"] = own
+    backends, timings = own.pop("backends", None), own.pop("postprocess_ms", None)
+    statuses = {
+        name: BackendStatus.from_json(name, doc)
+        for name, doc in (backends.items() if isinstance(backends, dict) else ())
+        if isinstance(doc, dict)
+    }
+    trace_timings: dict[str, float] = {}
+    for key, value in (timings.items() if isinstance(timings, dict) else ()):
+        if isinstance(value, dict) and key in statuses:
+            statuses[key].timings_ms = dict(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            trace_timings[key] = float(value)
+    return statuses, trace_timings
 
 
 def _same_pid(row: int, ev: dict, devices: list[Device], positions: tuple) -> bool:

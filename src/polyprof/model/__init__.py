@@ -5,6 +5,7 @@ Nothing in this package knows any backend or device type.
 
 from polyprof.model.activities import (
     COLUMN_NAMES,
+    COLUMNS,
     FLOW_AC2G,
     FLOW_FWDBWD,
     FLOW_NAMES,
@@ -15,17 +16,13 @@ from polyprof.model.activities import (
     CodedStrings,
 )
 from polyprof.model.args import ArgColumns, Args, JSONColumn
-from polyprof.model.counters import Counters, CounterSample
+from polyprof.model.collected import CollectedPart
+from polyprof.model.counters import COUNTER_COLUMNS, Counters, CounterSample
 from polyprof.model.devices import HOST_DEVICE_KEY, Device, Resource
 from polyprof.model.kinds import DEFAULT_CATEGORY, DEVICE_KINDS, ActivityKind, kind_from_category
+from polyprof.model.status import BACKEND_FAILED, BACKEND_RAN, BACKEND_UNAVAILABLE, BackendStatus
 from polyprof.model.strings import StringTable
-from polyprof.model.trace import (
-    BACKEND_FAILED,
-    BACKEND_RAN,
-    BACKEND_UNAVAILABLE,
-    BackendStatus,
-    Trace,
-)
+from polyprof.model.trace import Trace
 
 __all__ = [
     "ArgColumns",
@@ -39,7 +36,10 @@ __all__ = [
     "BACKEND_RAN",
     "BACKEND_UNAVAILABLE",
     "BackendStatus",
+    "COLUMNS",
     "COLUMN_NAMES",
+    "COUNTER_COLUMNS",
+    "CollectedPart",
     "CodedStrings",
     "CounterSample",
     "Counters",

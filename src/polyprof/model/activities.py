@@ -20,7 +20,7 @@ import numpy as np
 
 from polyprof.model.args import ArgColumns, Args
 from polyprof.model.kinds import ActivityKind
-from polyprof.model.strings import StringTable
+from polyprof.model.strings import StringTable, code_strings
 
 FLOW_NONE = 0
 FLOW_FWDBWD = 1  # forward op -> backward op, Kineto's "fwdbwd"
@@ -265,8 +265,9 @@ class ActivityBuilder:
         if isinstance(values, CodedStrings):
             ids = np.array([intern(s) for s in values.table] or [0], dtype=np.int32)
             return ids[np.asarray(values.codes, dtype=np.int64)]
-        ids_by_string = {s: intern(s) for s in set(values)}  # each distinct string once, then lookups
-        return np.array([ids_by_string[s] for s in values], dtype=np.int32)
+        codes, table = code_strings(values)  # each distinct string once
+        ids = np.array([intern(s if type(s) is str else str(s)) for s in table] or [0], dtype=np.int32)
+        return ids[codes]
 
     def _flush(self) -> None:
         if self._cols["start"]:
@@ -282,8 +283,8 @@ class ActivityBuilder:
             args.add_block(np.arange(base, base + n, dtype=np.int64), block)
         if not self._chunks:
             return ActivityTable(self.strings, {n: np.zeros(0, dtype=t) for n, t in COLUMNS}, args)
-        if len(self._chunks) == 1:
-            columns = {n: self._chunks[0][n].astype(t, copy=True) for n, t in COLUMNS}
+        if len(self._chunks) == 1:  # the columns as handed over: no copy (the builder is done with them)
+            columns = {n: self._chunks[0][n].astype(t, copy=False) for n, t in COLUMNS}
         else:
             columns = {
                 n: np.concatenate([c[n] for c in self._chunks]).astype(t, copy=False) for n, t in COLUMNS

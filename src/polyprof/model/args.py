@@ -167,20 +167,42 @@ class Args(Mapping):
     def take(self, indices: np.ndarray) -> Args:
         """Args of the table ``table.take(indices)``: new row p has old row ``indices[p]``'s args."""
         indices = np.asarray(indices, dtype=np.int64)
+        if not self:
+            return Args()
+        order = np.argsort(indices, kind="stable")
+        wanted = indices[order]  # sorted: where each old row went is found by binary search
+
+        def new_positions(old_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(mask of old_rows that were taken, the new position of each of those)."""
+            pos = np.searchsorted(wanted, old_rows)
+            hit = (pos < len(wanted)) & (wanted[np.minimum(pos, len(wanted) - 1)] == old_rows)
+            return hit, order[pos[hit]]
+
         dicts: dict[int, dict] = {}
         if self.dicts:
-            for new, old in enumerate(indices.tolist()):
-                a = self.dicts.get(old)
-                if a is not None:
-                    dicts[new] = a
+            old = np.fromiter(self.dicts, dtype=np.int64, count=len(self.dicts))
+            hit, new = new_positions(old)
+            values = self.dicts
+            dicts = {n: values[o] for n, o in zip(new.tolist(), old[hit].tolist(), strict=True)}
         blocks = []
         for b in self.blocks:
-            pos = np.searchsorted(b.rows, indices)
-            hit = (pos < len(b.rows)) & (b.rows[np.minimum(pos, len(b.rows) - 1)] == indices)
+            hit, new = new_positions(b.rows)
             if hit.any():
-                at = pos[hit]
-                blocks.append(_Block(np.flatnonzero(hit), b.keys, [c[at] for c in b.columns]))
+                at = np.flatnonzero(hit)
+                if len(new) > 1 and not (np.diff(new) > 0).all():
+                    resort = np.argsort(new, kind="stable")
+                    new, at = new[resort], at[resort]
+                blocks.append(_Block(new, b.keys, [c[at] for c in b.columns]))
         return Args(dicts, blocks)
+
+    def renumbered(self, new_row: np.ndarray) -> Args:
+        """The same args with row r moved to ``new_row[r]`` (an increasing map, e.g. when rows are
+        inserted between others)."""
+        new_row = np.asarray(new_row, dtype=np.int64)
+        return Args(
+            {int(new_row[i]): a for i, a in self.dicts.items()},
+            [_Block(new_row[b.rows], b.keys, b.columns) for b in self.blocks],
+        )
 
     def shifted(self, offset: int) -> Args:
         """The same args for rows numbered `offset` higher (for concatenating tables)."""

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from polyprof._accel import speedups
+
 
 class StringTable:
     """Maps strings to small ints and back.
@@ -35,3 +42,21 @@ class StringTable:
     @property
     def strings(self) -> list[str]:
         return self._strings
+
+
+def code_strings(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
+    """``(codes, table)`` with ``table[codes[i]] == values[i]``: each distinct value once in `table`
+    (first-seen order). One C pass where the extension is built."""
+    if speedups is not None and isinstance(values, list):
+        raw, table = speedups.code_strings(values)
+        return np.frombuffer(raw, dtype=np.int64), table
+    ids: dict[Any, int] = {}
+    codes = np.fromiter((ids.setdefault(v, len(ids)) for v in values), dtype=np.int64, count=len(values))
+    return codes, list(ids)
+
+
+def present_rows(values: Sequence[Any]) -> np.ndarray:
+    """The positions (int64) of the entries of `values` that are not None. One C pass where built."""
+    if speedups is not None and isinstance(values, list):
+        return np.frombuffer(speedups.present_rows(values), dtype=np.int64)
+    return np.fromiter((i for i, v in enumerate(values) if v is not None), dtype=np.int64)

@@ -10,46 +10,9 @@ import numpy as np
 from polyprof.model.activities import ActivityTable
 from polyprof.model.counters import Counters
 from polyprof.model.devices import Device, Resource
+from polyprof.model.status import BACKEND_FAILED, BACKEND_RAN, BACKEND_UNAVAILABLE, BackendStatus
 
-BACKEND_RAN = "ran"
-BACKEND_UNAVAILABLE = "unavailable"
-BACKEND_FAILED = "failed"
-
-
-@dataclass
-class BackendStatus:
-    """What one backend did in one profile, written into the trace's `polyprof` metadata.
-
-    `state` is ``ran`` (it ran; it may still have warnings or errors), ``unavailable`` (its probe said
-    no) or ``failed`` (an error stopped it from contributing).
-    """
-
-    name: str
-    state: str = BACKEND_RAN
-    reason: str = ""
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    dropped: dict[str, int] = field(default_factory=dict)
-    rejected: int = 0
-    rejected_reasons: dict[str, int] = field(default_factory=dict)
-    clock: dict[str, Any] = field(default_factory=dict)
-    activities: int = 0
-    version: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-    attachments: dict[str, Any] = field(default_factory=dict, repr=False)  # in memory only
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": self.state}
-        for key in ("reason", "version"):
-            if getattr(self, key):
-                out[key] = getattr(self, key)
-        out["activities"] = self.activities
-        for key in ("errors", "warnings", "dropped", "rejected_reasons", "clock", "details"):
-            if getattr(self, key):
-                out[key] = getattr(self, key)
-        if self.rejected:
-            out["rejected"] = self.rejected
-        return out
+__all__ = ["BACKEND_FAILED", "BACKEND_RAN", "BACKEND_UNAVAILABLE", "BackendStatus", "Trace"]
 
 
 @dataclass
@@ -70,6 +33,8 @@ class Trace:
     epoch_offset_ns: int = 0
     base_time_ns: int = 0
     window: tuple[int, int] = (0, 0)
+    #: the engine's phases for the whole trace (``merge``, ``write``); each backend's are on its status
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def attachments(self) -> dict[str, Any]:

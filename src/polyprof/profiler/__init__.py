@@ -27,7 +27,7 @@ import importlib
 from typing import Any
 
 from polyprof.annotations import record_function
-from polyprof.engine import ProfilerAction, schedule
+from polyprof.engine.schedule import ProfilerAction, schedule
 from polyprof.profiler.activity import ProfilerActivity, supported_activities
 from polyprof.profiler.frontend import profile
 from polyprof.profiler.handlers import tensorboard_trace_handler

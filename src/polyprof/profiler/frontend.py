@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from polyprof.engine import Profile
+from polyprof.engine.scheduled import Profile
 from polyprof.errors import ConfigError
 from polyprof.profiler.options import experimental_settings, parse_activities
 
@@ -171,13 +171,13 @@ class profile(Profile):  # noqa: N801 - torch's name
         self._metadata.update(self.preset_metadata)
         super()._start_recording()
 
-    def _stop_recording(self) -> None:
-        super()._stop_recording()
-        if self.config.extra.get("expose_kineto_event_metadata") and self._trace is not None:
-            add_event_indices(self._trace)
+    def _trace_ready(self, trace: Any) -> None:
+        """Each cycle's trace, on the writer before on_trace_ready."""
+        if self.config.extra.get("expose_kineto_event_metadata"):
+            add_event_indices(trace)
         # the torch view is built when asked for (prof.profiler), except that acc_events needs each
         # cycle's events processed before the next cycle replaces the trace, as torch does
-        self._view = self._torch_view(self._view) if self.acc_events else None
+        self._view = self._torch_view(self._view, trace) if self.acc_events else None
 
     def step(self) -> None:
         super().step()
@@ -196,14 +196,14 @@ class profile(Profile):  # noqa: N801 - torch's name
             if callable(cleanup):
                 cleanup()
 
-    def _torch_view(self, previous: Any) -> Any:
-        if "torch" not in sys.modules or self._trace is None:
+    def _torch_view(self, previous: Any, trace: Any) -> Any:
+        if "torch" not in sys.modules or trace is None:
             return None
         from polyprof.profiler.torch_view import autograd_view
 
         return autograd_view(
-            self._trace,
-            use_device=self._device_type(),
+            trace,
+            use_device=self._device_type(trace),
             previous=previous,
             record_shapes=self.record_shapes,
             with_flops=self.with_flops,
@@ -215,10 +215,10 @@ class profile(Profile):  # noqa: N801 - torch's name
             post_processing_timeout_s=self.post_processing_timeout_s,
         )
 
-    def _device_type(self) -> str | None:
+    @staticmethod
+    def _device_type(trace: Any) -> str | None:
         """The device whose time the tables show (torch's use_device): the first device that ran work."""
-        assert self._trace is not None
-        types = [d.type for d in self._trace.devices if d.type not in ("cpu", "unknown")]
+        types = [d.type for d in trace.devices if d.type not in ("cpu", "unknown")]
         return types[0] if types else None
 
     # -- torch.profiler's analysis API ------------------------------------------------------------
@@ -226,8 +226,9 @@ class profile(Profile):  # noqa: N801 - torch's name
     def profiler(self) -> Any:
         """The last cycle as a ``torch.autograd.profiler.profile`` (None before a trace exists or
         without torch): ``function_events``, ``kineto_results``, ``key_averages()``, ``table()``..."""
+        self._wait_for_trace()
         if self._view is None and self._trace is not None:
-            self._view = self._torch_view(None)
+            self._view = self._torch_view(None, self._trace)
         return self._view
 
     def key_averages(

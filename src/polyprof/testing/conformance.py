@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 
 from polyprof import correlation
-from polyprof.backend import (
+from polyprof.engine.guard import GUARD_THREAD_NAME, describe, run_with_timeout
+from polyprof.model import BACKEND_RAN, DEVICE_KINDS, ActivityTable
+from polyprof.plugin import (
     REQUIRED_SESSION_METHODS,
+    ActivityKind,
     Availability,
     ProfileConfig,
     SessionContext,
     Sink,
     contract_problems,
+    host_ns,
 )
-from polyprof.clock import host_ns
-from polyprof.engine.guard import GUARD_THREAD_NAME, describe, run_with_timeout
-from polyprof.model import BACKEND_RAN, DEVICE_KINDS, ActivityKind
 
 
 @dataclass
@@ -133,6 +134,13 @@ def _check_session(
     require_activities: bool,
 ) -> None:
     config = ProfileConfig(activities=frozenset(a.upper() for a in backend.activities))
+    schema = getattr(backend, "options", None)
+    if schema is not None and callable(getattr(schema, "check", None)):
+        try:
+            options = schema.check(backend.name, dict(options or {}))
+        except Exception as exc:
+            report.check(False, "its options schema accepts the options given", describe(exc))
+            return
     ctx = SessionContext(backend.name, options)
     ok, session = _call(report, "create_session", backend.create_session, config, ctx, timeout_s=timeout_s)
     if not ok:
@@ -179,6 +187,7 @@ def _check_session(
         report.check(False, "workload and correlation push/pop run cleanly", describe(exc))
     if balanced:
         report.passed.append("correlation push/pop balanced around the workload")
+    flushed = _check_flush(report, session, backend.name, timeout_s)
     ctx.window_end = w1 = host_ns()
     _call(report, "stop", session.stop, timeout_s=timeout_s)
     _call(report, "stop (again)", session.stop, timeout_s=timeout_s)
@@ -190,12 +199,21 @@ def _check_session(
     if not ok:
         return
     report.check(not ctx.report.errors, "reports no errors", "; ".join(ctx.report.errors))
+    rejected = sink.rejected
     report.check(
-        not sink.rejected,
+        not rejected,
         "emits only valid rows (declared device/resource, end >= start, integer timestamps)",
-        ", ".join(f"{k}: {v}" for k, v in sink.rejected.items()),
+        ", ".join(f"{k}: {v}" for k, v in rejected.items()),
     )
-    acts = sink.builder.freeze()
+    collected = sink.seal(ctx.status).activities
+    if flushed is not None:
+        seen = {(int(k), int(a), int(b), int(c)) for k, a, b, c in zip(flushed["kind"], flushed["start"], flushed["end"], flushed["correlation"], strict=True)}
+        again = sum(
+            (int(k), int(a), int(b), int(c)) in seen
+            for k, a, b, c in zip(collected["kind"], collected["start"], collected["end"], collected["correlation"], strict=True)
+        )
+        report.check(again == 0, "collect does not hand over again what flush handed over", f"{again} rows twice")
+    acts = _joined(flushed, collected)
     report.activities = len(acts)
     if require_activities:
         report.check(len(acts) > 0, "records activities for the workload", "no rows collected")
@@ -236,13 +254,34 @@ def _check_session(
     report.check(all(k in {int(x) for x in ActivityKind} for k in kinds), "uses only known activity kinds")
 
 
+def _check_flush(report: ConformanceReport, session: Any, name: str, timeout_s: float) -> Any:
+    """A session with flush(sink): called once while recording, its rows must be valid; returns them."""
+    flush = getattr(session, "flush", None)
+    if not callable(flush):
+        report.skipped.append("flush (the session does not implement it)")
+        return None
+    sink = Sink(name)
+    ok, _ = _call(report, "flush while recording", flush, sink, timeout_s=timeout_s)
+    rejected = sink.rejected
+    report.check(not rejected, "flush emits only valid rows", ", ".join(f"{k}: {v}" for k, v in rejected.items()))
+    return sink.seal(SessionContext(name).status).activities if ok else None
+
+
+def _joined(first: ActivityTable | None, second: ActivityTable) -> ActivityTable:
+    """The rows of a flush and of the collect after it, as one table (for the row checks)."""
+    if first is None or not len(first):
+        return second
+    ident = np.arange(1 << 16, dtype=np.int32)
+    return ActivityTable.concat([(first, ident, ident, 0), (second, ident, ident, 0)])
+
+
 def _check_through_engine(
     report: ConformanceReport,
     backend: Any,
     workload: Callable[[], Any] | None,
     options: Mapping[str, Any] | None,
 ) -> None:
-    from polyprof.engine import Profile
+    from polyprof.engine.scheduled import Profile
     from polyprof.registry import Registry
 
     registry = Registry(use_entry_points=False, use_env=False)

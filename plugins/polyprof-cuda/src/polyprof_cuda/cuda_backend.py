@@ -4,25 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import (
+from polyprof.plugin import (
     API_VERSION,
+    CUPTI,
     Availability,
+    Option,
+    OptionSchema,
     ProfileConfig,
     SessionContext,
-    reject_unknown_options,
-    require_int_options,
 )
-from polyprof.errors import ConfigError
-
-KNOWN_OPTIONS = {
-    "kinds",
-    "buffer_size_mb",
-    "max_records",
-    "apis",
-    "latency_timestamps",
-    "preallocate_device_buffers",
-    "preallocate_semaphore_pools",
-}
 
 
 def make_layer() -> Any:
@@ -45,6 +35,7 @@ class CudaBackend:
     name = "cuda"
     api_version = API_VERSION
     activities = frozenset({"CUDA"})
+    facilities = frozenset({CUPTI})  # one subscriber per process; shared with torch's collector
 
     def __init__(self, layer_factory: Any = make_layer) -> None:
         self.layer_factory = layer_factory
@@ -64,20 +55,19 @@ class CudaBackend:
             devices=[f"[{d.index}] {d.name}" for d in devices], cupti_python=layer.package_version()
         )
 
-    def check_options(self, options: dict) -> None:
-        reject_unknown_options("cuda", options, KNOWN_OPTIONS)
+    @property
+    def options(self) -> OptionSchema:
+        """What ``backend_options={"cuda": {...}}`` may hold (checked by the engine before it starts)."""
         from polyprof_cuda.records import KIND_FAMILIES
 
-        bad = [k for k in options.get("kinds", ()) if k not in KIND_FAMILIES]
-        if bad:
-            raise ConfigError(
-                f"cuda: unsupported activity kind(s) {bad}; supported: {', '.join(KIND_FAMILIES)}"
-            )
-        if options.get("apis", "default") not in ("default", "all"):
-            raise ConfigError("cuda: 'apis' must be 'default' or 'all'")
-        require_int_options("cuda", options, ("buffer_size_mb", "max_records"), minimum=1)
-        require_int_options(
-            "cuda", options, ("preallocate_device_buffers", "preallocate_semaphore_pools"), minimum=0
+        return OptionSchema(
+            Option("kinds", list, items=str, choices=tuple(KIND_FAMILIES), help="CUPTI activity kinds"),
+            Option("apis", str, choices=("default", "all"), help="runtime/driver calls kept"),
+            Option("buffer_size_mb", int, minimum=1, help="size of each CUPTI buffer (default 8)"),
+            Option("max_records", int, minimum=1, help="records kept; more are counted as dropped"),
+            Option("latency_timestamps", bool, help="kernels' queued time"),
+            Option("preallocate_device_buffers", int, minimum=0),
+            Option("preallocate_semaphore_pools", int, minimum=0),
         )
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from polyprof.model import CodedStrings
+from polyprof.plugin import CodedStrings
 
 try:
     import cxxfilt

@@ -4,7 +4,7 @@ cupti-python's buffer callbacks turn every record into a Python object before us
 an H200, ~85 us per record: 1.7 s to flush 20,000 records). So polyprof hands CUPTI its own buffers
 through libcupti's ``cuptiActivityRegisterCallbacks`` (ctypes, :mod:`polyprof_cuda.libcupti`) and, as
 Kineto does, keeps each filled buffer as it is: the completed callback, on CUPTI's thread, only
-appends (address, valid size) to a list. After stop, :func:`walk` finds the records in each buffer and
+appends (address, valid size) to a list. After stop, :func:`polyprof.plugin.walk_tagged_records` finds the records in each buffer and
 :mod:`polyprof_cuda.records` reads their fields through the numpy dtypes cupti-python publishes.
 
     pool = BufferPool(buffer_bytes=8 << 20, max_bytes=4 << 30)
@@ -16,11 +16,8 @@ appends (address, valid size) to a list. After stop, :func:`walk` finds the reco
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import numpy as np
-
-from polyprof._accel import speedups
 
 #: CUPTI wants buffers aligned to 8 bytes (ACTIVITY_RECORD_ALIGNMENT).
 ALIGNMENT = 8
@@ -90,72 +87,3 @@ def _aligned(nbytes: int) -> np.ndarray:
     skip = (-raw.ctypes.data) % ALIGNMENT
     return raw[skip : skip + nbytes]
 
-
-#: Record kinds the size table covers (CUPTI's and PTI's kinds are well below); larger kinds are still
-#: walked, each asking the library for its size.
-KIND_TABLE = 1024
-
-
-def walk(
-    buffer: np.ndarray, valid: int, sizes: dict[int, int], next_record: Callable[[int, int, int], int | None]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(kinds, byte offsets) of the records in `buffer`'s first `valid` bytes, in order.
-
-    Every record starts with its kind (uint32) and records of one kind have one size: the size of each
-    kind is learned once, from the library's walk (`next_record`: buffer address, valid bytes, record
-    address -> the next record's address, None after the last; libcupti's ``cuptiActivityGetNextRecord``)
-    and kept in `sizes` for the next buffers; the rest of the walk is arithmetic, in C when polyprof's
-    speedups are built.
-    """
-    base = buffer.ctypes.data
-    table = np.zeros(KIND_TABLE, dtype=np.int64)
-    for kind, size in sizes.items():
-        if kind < KIND_TABLE:
-            table[kind] = size
-    kinds = np.empty(valid // 8 + 1, dtype=np.int64)
-    offsets = np.empty(valid // 8 + 1, dtype=np.int64)
-    words = memoryview(buffer[: valid - valid % 4]).cast("I")
-    n = offset = 0
-    while offset < valid:
-        count, offset = _steps(buffer, offset, valid, table, kinds[n:], offsets[n:], words)
-        n += count
-        if offset >= valid:
-            break
-        kind = words[offset >> 2]  # of unknown size: ask the library where the next record starts
-        kinds[n], offsets[n] = kind, offset
-        n += 1
-        following = next_record(base, valid, base + offset)
-        if following is None:  # the buffer's last record
-            break
-        size = following - (base + offset)
-        if size <= 0:
-            raise ValueError(f"the record walk went backwards at byte {offset} (kind {kind})")
-        sizes[kind] = size
-        if kind < KIND_TABLE:
-            table[kind] = size
-        offset += size
-    return kinds[:n].copy(), offsets[:n].copy()
-
-
-def _steps(
-    buffer: np.ndarray,
-    start: int,
-    valid: int,
-    table: np.ndarray,
-    kinds: np.ndarray,
-    offsets: np.ndarray,
-    words,
-) -> tuple[int, int]:
-    """Records of known size from `start`: (how many were written to kinds/offsets, where it stopped)."""
-    if speedups is not None:
-        return speedups.walk_tagged_records(buffer, start, valid, table, kinds, offsets)
-    count, offset, known = 0, start, len(table)
-    while offset + 4 <= valid:
-        kind = words[offset >> 2]
-        size = int(table[kind]) if kind < known else 0
-        if size <= 0:
-            break
-        kinds[count], offsets[count] = kind, offset
-        count += 1
-        offset += size
-    return count, offset

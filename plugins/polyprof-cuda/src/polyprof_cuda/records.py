@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.model import CodedStrings
-from polyprof.model.args import sorted_unique
-from polyprof_cuda.raw_buffers import walk
+from polyprof.plugin import CodedStrings, sorted_unique
+from polyprof.plugin import walk_tagged_records as walk
 
 # Record families.
 KERNEL, MEMCPY, MEMCPY_P2P, MEMSET, RUNTIME, DRIVER, SYNC, OVERHEAD, EXTERNAL = (

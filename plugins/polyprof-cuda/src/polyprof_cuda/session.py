@@ -19,11 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
-from polyprof.backends.torch.collector import active as collector_active
-from polyprof.clock import ClockMapping, host_ns
-from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, CodedStrings
-from polyprof.model.args import sorted_unique
+from polyprof.plugin import (
+    CUPTI,
+    FLOW_AC2G,
+    ActivityKind,
+    ArgColumns,
+    ClockMapping,
+    CodedStrings,
+    ProfileConfig,
+    SessionContext,
+    Sink,
+    host_ns,
+    sorted_unique,
+)
 from polyprof_cuda.cupti_layer import UNNAMED_SUBSCRIBER, SubscriberHeld
 from polyprof_cuda.names import demangled, demangler_problem
 from polyprof_cuda.raw_buffers import BufferPool
@@ -57,7 +65,7 @@ def torch_profiler_state() -> str:
     torch = sys.modules.get("torch")
     if torch is None:
         return ""
-    if collector_active():
+    if SessionContext.facility_holder(CUPTI) == "torch":
         return "polyprof's"
     try:
         return "running" if torch._C._autograd._profiler_enabled() else "idle"

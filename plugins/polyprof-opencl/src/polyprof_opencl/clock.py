@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from polyprof.clock import host_ns
+from polyprof.plugin import host_ns
 
 SAMPLES = 5
 _sampling_queues: dict[int, Any] = {}  # device pointer -> the private queue markers are sampled on

@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from polyprof import correlation
-from polyprof.clock import host_ns
-from polyprof.interception import MODE_ARGS_1_2_3, MODE_FALLBACK, MODE_NBYTES_OF_ARG, CallColumns, interceptor
+from polyprof.plugin import current_external_id_var, host_ns
+from polyprof_opencl.calls import MODE_ARGS_1_2_3, MODE_FALLBACK, MODE_NBYTES_OF_ARG, CallColumns, interceptor
 
 KERNEL, MEMCPY, MEMSET, MAP, UNMAP = "kernel", "memcpy", "memset", "map", "unmap"
 
@@ -160,7 +159,7 @@ class Record:
 class Recorder(CallColumns):
     """Where wrappers record calls: the recording session's columns, or nothing when not recording.
 
-    Records are stored column-wise (one list per field, see ``polyprof.interception.FIELDS``) so that
+    Records are stored column-wise (one list per field, see ``polyprof_opencl.calls.FIELDS``) so that
     recording keeps no new container alive per call (the only one is the command's Event, which
     collect needs): every object the profiler keeps makes the garbage collector's passes longer.
     Kernels keep their kernel object and work sizes (a, b, c); other commands their byte count (a), so
@@ -169,7 +168,7 @@ class Recorder(CallColumns):
 
 
 recorder = Recorder()
-_current_external_id = correlation.current.get
+_current_external_id = current_external_id_var().get
 
 _nanny_event_type: type | None = None  # set when patches install
 _retain_address = 0  # clRetainEvent of the OpenCL loader pyopencl uses, when it can be found

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import (
+from polyprof.plugin import (
     API_VERSION,
     Availability,
+    ConfigError,
+    Option,
+    OptionSchema,
     ProfileConfig,
     SessionContext,
-    reject_unknown_options,
 )
-from polyprof.errors import ConfigError
 
 INSTALL_HINT = (
     "pip install 'polyprof-opencl[pocl]' for a CPU device, or install your GPU vendor's OpenCL driver"
@@ -64,13 +65,14 @@ class OpenCLBackend:
             )
         return Availability.yes(devices=[d.describe() for d in devices], pyopencl=cl.VERSION_TEXT)
 
+    #: what ``backend_options={"opencl": {...}}`` may hold (checked by the engine)
+    options = OptionSchema(Option("devices", list, items=int, help="indices of the devices to trace"))
+
     def check_options(self, options: dict) -> None:
-        reject_unknown_options("opencl", options, {"devices"})
+        """The device indices exist (the schema checked the types)."""
         wanted = options.get("devices")
         if wanted is None:
             return
-        if isinstance(wanted, int) or not all(isinstance(i, int) and not isinstance(i, bool) for i in wanted):
-            raise ConfigError(f"opencl: 'devices' must be a list of device indices, got {wanted!r}")
         _, devices = self._devices()
         missing = [i for i in wanted if not 0 <= i < len(devices)]
         if missing:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
-from polyprof.clock import ClockMapping
-from polyprof.model import ActivityKind
+from polyprof.plugin import ActivityKind, ClockMapping, ProfileConfig, SessionContext, Sink
 from polyprof_opencl.clock import ClockPair, DeviceClock
 from polyprof_opencl.devices import DeviceInfo
 from polyprof_opencl.intercept import (

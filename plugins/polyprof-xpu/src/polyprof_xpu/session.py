@@ -14,9 +14,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
-from polyprof.clock import ClockMapping, host_ns
-from polyprof.model import ActivityKind
+from polyprof.plugin import ActivityKind, ClockMapping, ProfileConfig, SessionContext, Sink, host_ns
 from polyprof_xpu import abi
 
 DEFAULT_VIEWS = {

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import (
-    API_VERSION,
-    Availability,
-    ProfileConfig,
-    SessionContext,
-    reject_unknown_options,
-    require_int_options,
-)
-from polyprof.errors import ConfigError
-
-KNOWN_OPTIONS = {"views", "buffer_kb", "max_buffers", "runtime_apis"}
+from polyprof.plugin import API_VERSION, Availability, Option, OptionSchema, ProfileConfig, SessionContext
 
 
 class XpuBackend:
@@ -55,16 +45,17 @@ class XpuBackend:
             return Availability.no(f"PTI probe failed: {type(exc).__name__}: {exc}")
         return Availability.yes(devices=["Intel GPU(s) through Level Zero"], pti=lib.version_string)
 
-    def check_options(self, options: dict) -> None:
+    @property
+    def options(self) -> OptionSchema:
+        """What ``backend_options={"xpu": {...}}`` may hold (checked by the engine before it starts)."""
         from polyprof_xpu.session import ALL_VIEWS
 
-        reject_unknown_options("xpu", options, KNOWN_OPTIONS)
-        bad = [v for v in options.get("views", ()) if v not in ALL_VIEWS]
-        if bad:
-            raise ConfigError(f"xpu: unknown view(s) {bad}; views: {', '.join(ALL_VIEWS)}")
-        if options.get("runtime_apis", "gpu_operations") not in ("gpu_operations", "all"):
-            raise ConfigError("xpu: 'runtime_apis' must be 'gpu_operations' or 'all'")
-        require_int_options("xpu", options, ("buffer_kb", "max_buffers"), minimum=1)
+        return OptionSchema(
+            Option("views", list, items=str, choices=tuple(ALL_VIEWS), help="PTI views enabled"),
+            Option("runtime_apis", str, choices=("gpu_operations", "all"), help="runtime calls kept"),
+            Option("buffer_kb", int, minimum=1, help="size of each PTI buffer (default 4096)"),
+            Option("max_buffers", int, minimum=1, help="buffers per session; more are refused"),
+        )
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Any:
         from polyprof_xpu.session import XpuSession

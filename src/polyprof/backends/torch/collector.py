@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof import facilities
+from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import flows
 from polyprof.clock import ClockMapping
 from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind
+from polyprof.sink import Sink
 
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 #: torch's activity types -> kinds; "[memory]" instant events are cpu_instant_event
@@ -26,15 +28,11 @@ KIND_BY_TYPE = {
 }
 ATTACHMENT = "torch.profiler_result"
 
-_users: set[int] = set()  # collectors recording right now
-
-
-def active() -> bool:
-    """Whether a polyprof profile records ops through torch's own collector right now. On a CUDA
-    machine that collector (Kineto) traces CUDA runtime and driver calls even for CPU-only profiles
-    (torch's ``kCpuTypes``), taking CUPTI's buffer callbacks: device backends that use CUPTI check this
-    to take them back for the profile's duration."""
-    return bool(_users)
+#: Who holds CUPTI while polyprof records through torch's collector: on a CUDA machine that collector
+#: (Kineto) traces CUDA runtime and driver calls even for CPU-only profiles (torch's ``kCpuTypes``),
+#: taking CUPTI's buffer callbacks; device backends that use CUPTI see this holder
+#: (``ctx.facility_holder(facilities.CUPTI)``) and take them back for the profile's duration.
+CUPTI_HOLDER = "torch"
 
 
 def torch_config(config: ProfileConfig) -> tuple[Any, set]:
@@ -69,7 +67,7 @@ class Collector:
         cfg, acts = torch_config(self.config)
         _prepare_profiler(cfg, acts)
         _enable_profiler(cfg, acts)
-        _users.add(id(self))
+        facilities.hold(facilities.CUPTI, CUPTI_HOLDER)
 
     def stop(self) -> None:
         from torch._C._autograd import _disable_profiler
@@ -77,7 +75,7 @@ class Collector:
         try:
             self.result = _disable_profiler()
         finally:
-            _users.discard(id(self))
+            facilities.release(facilities.CUPTI, CUPTI_HOLDER)
 
     def collect(self, sink: Sink, mapping: ClockMapping) -> None:
         if self.result is None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import flows, observer
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
 from polyprof.model.args import sorted_unique
+from polyprof.sink import Sink
 
 #: the arg carrying an op's overload name with capture_overload_names (its trace name is "name.overload")
 OVERLOAD_ARG = "Overload Name"

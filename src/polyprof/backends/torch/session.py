@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import Any
 
-from polyprof.backend import ProfileConfig, SessionContext, Sink
+from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import bridge, observer
 from polyprof.backends.torch.collector import Collector
 from polyprof.backends.torch.distributed import distributed_info
@@ -15,6 +15,7 @@ from polyprof.backends.torch.import_hook import PostImportHook
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
+from polyprof.sink import Sink
 
 
 def observer_options(config: ProfileConfig) -> int:

@@ -1,100 +1,21 @@
-"""Merging what every session collected into one trace: devices, rows, flows, window filtering."""
+"""The merge as it was before issue #13 (per-row Python loops), kept as the oracle the vectorised
+merge is checked against (tests/test_merge.py). Only the device table is shared with the new code."""
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
-from dataclasses import dataclass
-
 import numpy as np
 
-from polyprof.backend import Sink
+from polyprof.engine.merge.devices import DeviceTable
 from polyprof.model import (
     FLOW_AC2G,
     FLOW_NONE,
-    HOST_DEVICE_KEY,
     ActivityBuilder,
     ActivityKind,
     ActivityTable,
-    BackendStatus,
+    CollectedPart,
     Counters,
-    Device,
-    Resource,
     Trace,
 )
-
-
-@dataclass
-class CollectedPart:
-    status: BackendStatus
-    sink: Sink
-
-
-def host_process_name() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return f"python {argv0}".strip()
-
-
-class _DeviceTable:
-    """Global devices and resources, with pids that do not collide across backends."""
-
-    def __init__(self) -> None:
-        self.devices: list[Device] = []
-        self.resources: list[Resource] = []
-        self._by_key: dict[str, int] = {}
-        self._res: dict[tuple[int, int], int] = {}
-        self._pids: set[int] = set()
-        host = Device(HOST_DEVICE_KEY, "cpu", 0, host_process_name(), {}, 0, os.getpid(), "CPU")
-        self._add(host)
-
-    def _add(self, device: Device) -> int:
-        pid = device.pid
-        if pid < 0 or pid in self._pids:
-            pid = max(self._pids | {1_000_000}) + 1
-        device.pid = pid
-        self._pids.add(pid)
-        self._by_key[device.key] = len(self.devices)
-        self.devices.append(device)
-        return len(self.devices) - 1
-
-    def device_map(self, local: list[Device]) -> np.ndarray:
-        mapping = []
-        for d in local:
-            idx = self._by_key.get(d.key)
-            if idx is None:
-                idx = self._add(
-                    Device(d.key, d.type, d.index, d.name, dict(d.properties), d.sort_index, d.pid, d.label)
-                )
-            elif d.key != HOST_DEVICE_KEY and d.properties and not self.devices[idx].properties:
-                self.devices[idx].properties = dict(d.properties)
-            mapping.append(idx)
-        return np.array(mapping, dtype=np.int32)
-
-    def resource_map(self, local: list[Resource], device_map: np.ndarray) -> np.ndarray:
-        mapping = []
-        zero_ids = self._zero_row_ids(local, device_map)
-        for r in local:
-            dev = int(device_map[r.device])
-            key = (dev, r.id)
-            idx = self._res.get(key)
-            if idx is None:
-                idx = self._res[key] = len(self.resources)
-                rid = zero_ids.get(dev, r.id) if r.id == 0 else r.id
-                self.resources.append(Resource(dev, rid, r.name, r.sort_index))
-            mapping.append(idx)
-        return np.array(mapping, dtype=np.int32)
-
-    def _zero_row_ids(self, local: list[Resource], device_map: np.ndarray) -> dict[int, int]:
-        """For each device (not the host) with a row 0, the trace thread id that row gets instead: one
-        above every id of that device. Perfetto takes a thread id 0 for the process's own track (a
-        device's row 0 would merge with it), HTA for a stream without iterations."""
-        ids: dict[int, set[int]] = {}
-        for r in local:
-            ids.setdefault(int(device_map[r.device]), set()).add(r.id)
-        for r in self.resources:
-            ids.setdefault(r.device, set()).add(r.id)
-        return {dev: max(taken) + 1 for dev, taken in ids.items() if dev != 0 and 0 in taken and (dev, 0) not in self._res}
 
 
 def merge(
@@ -113,7 +34,7 @@ def merge(
     are cleared. `kind_filters` (backend name -> kinds kept) drops the other kinds of those backends'
     rows (counted as "activity filter"); `paused` (backend name -> [start, end) intervals) drops the
     rows that start in them (counted as "collection toggled off")."""
-    table = _DeviceTable()
+    table = DeviceTable()
     pieces = []
     counters = Counters()
     device_properties: list[dict] = []
@@ -121,10 +42,10 @@ def merge(
     highest_flow_id = 0
     w0, w1 = window
     for part in parts:
-        sink = part.sink
+        sink = part
         dev_map = table.device_map(sink.devices)
         res_map = table.resource_map(sink.resources, dev_map)
-        acts = sink.builder.freeze()
+        acts = part.activities
         if len(acts):
             start = acts["start"]
             inside = (start >= w0) & (start <= w1)
@@ -169,7 +90,7 @@ def merge(
     activities = attribute_launches_by_containment(activities)
     activities = add_gpu_user_annotations(activities)
     statuses = {p.status.name: p.status for p in parts}
-    meta = {"host_name": socket.gethostname(), **extra_metadata, **metadata}
+    meta = {"host_name": "oracle", **extra_metadata, **metadata}
     return Trace(
         activities=activities,
         devices=table.devices,

@@ -1,10 +1,7 @@
-"""polyprof.interception: the C call-through recorder used by Python-level interception backends."""
+"""polyprof_opencl.calls: the C call-through recorder the plugin wraps pyopencl's enqueue functions with."""
 
 import pytest
-
-import polyprof
-from polyprof import correlation
-from polyprof.interception import (
+from polyprof_opencl.calls import (
     FIELDS,
     MODE_ARGS_1_2_3,
     MODE_FALLBACK,
@@ -13,9 +10,11 @@ from polyprof.interception import (
     interceptor,
 )
 
+from polyprof import correlation
+
 pytestmark = pytest.mark.skipif(
     interceptor(print, None, CallColumns(), mode=0, fallback=lambda a, k: (0, 0, 0)) is None,
-    reason="polyprof's C extension is not built here",
+    reason="polyprof-opencl's C interceptor is not built here",
 )
 
 
@@ -111,6 +110,3 @@ def test_a_broken_fallback_never_reaches_the_caller():
     assert fn("q") == ("mapped", "event")
     assert rows(cols, columns)[0]["a"] is None
 
-
-def test_it_is_public_api():
-    assert polyprof.interception.CallColumns is CallColumns

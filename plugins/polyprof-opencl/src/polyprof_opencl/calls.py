@@ -1,7 +1,7 @@
-"""Recording calls that a backend intercepts at the Python level (what polyprof-opencl does to pyopencl).
+"""Recording the pyopencl calls this plugin intercepts.
 
-A backend keeps a :class:`CallColumns` and replaces a function by :func:`interceptor` (or by a Python
-wrapper of its own when polyprof's C extension is not built). While the columns are recording, each
+The plugin keeps a :class:`CallColumns` and replaces a function by :func:`interceptor` (or by a Python
+wrapper of its own when the plugin's C extension, ``polyprof_opencl._intercept``, is not built). While the columns are recording, each
 call appends one record: ``spec, queue, event, start, end, tid, external_id, error, a, b, c``, where
 `a`, `b`, `c` are chosen by `mode`::
 
@@ -18,10 +18,18 @@ few hundred nanoseconds per call while recording and close to nothing otherwise.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
-from polyprof._accel import speedups
+from polyprof.plugin import current_external_id_var
+
+try:
+    from polyprof_opencl import _intercept
+except ImportError:  # not built (no compiler): intercept.py wraps in Python
+    _intercept = None
+else:
+    _intercept.configure(current_external_id_var())
 
 FIELDS = ("spec", "queue", "event", "start", "end", "tid", "external_id", "error", "a", "b", "c")
 MODE_FALLBACK = 0  # a, b, c = fallback(args, kwargs)
@@ -66,16 +74,16 @@ def interceptor(
     plain_event: Callable[[int, bool], Any] | None = None,
     retain_address: int = 0,
 ) -> Callable | None:
-    """The C interceptor of `original`, or None when polyprof's C extension is not built.
+    """The C interceptor of `original`, or None when the plugin's C extension is not built.
 
     `handle_type`: results of that type (pyopencl's NannyEvent, which must not be kept alive by the
     profiler) are recorded as their raw ``int_ptr`` after calling the C function at `retain_address`
     on it (``clRetainEvent``; the backend then owns that reference), or as ``plain_event(int_ptr,
     True)`` when no address is given.
     """
-    if speedups is None or not hasattr(speedups, "Interceptor"):
+    if _intercept is None or os.environ.get("POLYPROF_PURE_PYTHON", "") not in ("", "0"):
         return None
-    return speedups.Interceptor(
+    return _intercept.Interceptor(
         original,
         spec,
         columns.holder,

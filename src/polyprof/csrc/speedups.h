@@ -1,0 +1,36 @@
+/*
+ * polyprof._speedups: C parts of polyprof, one file per job, one extension module.
+ *
+ *   module.c         the module: process-wide ids, the clock, the method table
+ *   recorder.c       record_function's enter/exit and the per-thread EventBuffer (polyprof.annotations)
+ *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
+ *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
+ *
+ * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
+ * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
+ */
+#ifndef POLYPROF_SPEEDUPS_H
+#define POLYPROF_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <time.h>
+
+/* CLOCK_MONOTONIC in ns: the clock of time.perf_counter_ns on Linux. */
+static inline long long pp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The next process-wide correlation id (module.c); only touched with the GIL held. */
+extern unsigned long long pp_next_id;
+
+/* Each file's functions, and the types it adds to the module. */
+extern PyMethodDef pp_recorder_methods[];
+extern PyMethodDef pp_format_methods[];
+extern PyMethodDef pp_columns_methods[];
+int pp_recorder_add_types(PyObject *module);
+
+#endif

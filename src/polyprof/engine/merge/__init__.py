@@ -1,0 +1,243 @@
+"""Merging what every backend handed over into one trace: a short pipeline of named, vectorised passes
+over the sealed parts' columns, with one concatenation and one ordering::
+
+    trace = merge(parts, window=(w0, w1), epoch_offset_ns=..., base_time_ns=..., metadata={...})
+
+1. **select** (per part): rows outside the capture window, of filtered-out kinds, or recorded while
+   collection was toggled off are dropped and counted on the part's status;
+2. **concatenate** every part's kept rows into the trace's columns (device, resource and string
+   handles mapped onto the trace's, flow ids shifted where two backends' would collide); host rows
+   still running at the window's end end with it;
+3. **order** once: by start, longer first (parents before children);
+4. **flows**: a flow missing one end is cleared;
+5. **launch attribution** (:mod:`.attribution`): the backend's External id stands; containment fills
+   launches without one and refines to the synchronous op open at the launch;
+6. **device-side annotations** (:mod:`.gpu_annotations`): rows added, placed into the order without
+   sorting again.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+import numpy as np
+
+from polyprof.engine.merge.attribution import attribute_launches
+from polyprof.engine.merge.devices import DeviceTable, host_process_name
+from polyprof.engine.merge.flows import clear_unpaired_flows, flow_offset
+from polyprof.engine.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
+from polyprof.engine.merge.gpu_annotations import gpu_user_annotations
+from polyprof.engine.merge.order import insertion_points, interleave, start_order
+from polyprof.model import COLUMNS, ActivityTable, Args, CollectedPart, Counters, StringTable, Trace
+
+__all__ = ["DeviceTable", "host_process_name", "merge"]
+
+OUTSIDE_WINDOW = "outside capture window"
+FILTERED = "activity filter"
+TOGGLED_OFF = "collection toggled off"
+#: dropped-row reasons that are the user's choice, not a backend's problem
+CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF)
+
+
+def _select(
+    part: CollectedPart,
+    window: tuple[int, int],
+    kinds: set[int] | None,
+    paused: Sequence[tuple[int, int]],
+) -> np.ndarray | None:
+    """The rows of `part` to keep (None: all), counting the others on its status."""
+    acts = part.activities
+    if not len(acts):
+        return None
+    start = acts["start"]
+    w0, w1 = window
+    kept = (start >= w0) & (start <= w1)
+    part.status.add_dropped(OUTSIDE_WINDOW, int(len(acts) - kept.sum()))
+    if kinds is not None:
+        allowed = kept & np.isin(acts["kind"], sorted(kinds))
+        part.status.add_dropped(FILTERED, int(kept.sum() - allowed.sum()))
+        kept = allowed
+    for p0, p1 in paused:
+        off = kept & (start >= p0) & (start < p1)
+        if off.any():
+            part.status.add_dropped(TOGGLED_OFF, int(off.sum()))
+            kept &= ~off
+    return None if kept.all() else np.flatnonzero(kept)
+
+
+def _flow_offsets(parts: Sequence[CollectedPart], keeps: Sequence[np.ndarray | None]) -> list[int]:
+    """Each part's flow-id shift: one per backend (a launch handed over by one flush and its kernel by
+    the next must stay paired), taken in the order the backends come."""
+    by_backend: dict[str, list[np.ndarray]] = {}
+    for part, keep in zip(parts, keeps, strict=True):
+        fid = part.activities["flow_id"] if len(part.activities) else np.zeros(0, np.int64)
+        by_backend.setdefault(part.backend, []).append(fid if keep is None else fid[keep])
+    offsets, highest = {}, 0
+    for backend, ids in by_backend.items():
+        offsets[backend], highest = flow_offset(np.concatenate(ids), highest)
+    return [offsets[p.backend] for p in parts]
+
+
+def _concatenate(
+    parts: Sequence[CollectedPart],
+    keeps: Sequence[np.ndarray | None],
+    maps: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[ActivityTable, np.ndarray]:
+    """One table of every part's kept rows (handles mapped, flow ids de-collided), and a per-row mask
+    of the rows whose backends' spans follow the context."""
+    sizes = [len(p.activities) if k is None else len(k) for p, k in zip(parts, keeps, strict=True)]
+    total = sum(sizes)
+    strings = StringTable()
+    columns = {name: np.empty(total, dtype=dtype) for name, dtype in COLUMNS}
+    context_scoped = np.zeros(total, dtype=bool)
+    args: list[Args] = []
+    base = 0
+    offsets = _flow_offsets(parts, keeps)
+    for part, keep, (dev_map, res_map), n, offset in zip(parts, keeps, maps, sizes, offsets, strict=True):
+        part.status.activities += n
+        if not n:
+            continue
+        acts = part.activities
+        string_map = np.array([strings.intern(s) for s in acts.strings.strings] or [0], dtype=np.int32)
+        out = slice(base, base + n)
+        for name, _ in COLUMNS:
+            col = acts.columns[name] if keep is None else acts.columns[name][keep]
+            if name in ("cat", "name"):
+                col = string_map[col]
+            elif name == "device":
+                col = dev_map[col]
+            elif name == "resource":
+                col = res_map[col]
+            columns[name][out] = col
+        if offset:
+            fid = columns["flow_id"][out]
+            fid[fid != 0] += offset
+        if part.context_scoped:
+            context_scoped[out] = True
+        if acts.args:
+            args.append((acts.args if keep is None else acts.args.take(keep)).shifted(base))
+        base += n
+    return ActivityTable(strings, columns, Args.combine(args)), context_scoped
+
+
+def _clip_host_ends(columns: dict[str, np.ndarray], window_end: int) -> None:
+    """Host rows still running when the window closed (the Python frames of the stop itself, as torch's
+    collector reports them) end with the window, as Kineto writes unfinished CPU work. Device work
+    keeps its own end: kernels in flight at stop finish after it."""
+    late = (columns["device"] == 0) & (columns["end"] > window_end)
+    if late.any():
+        columns["end"][late] = window_end
+
+
+def _place(table: ActivityTable, order: np.ndarray | None, added: dict[str, np.ndarray] | None) -> ActivityTable:
+    """The final table: `table`'s rows in `order`, with the `added` rows (in order themselves) placed
+    among them. Each column is written once."""
+    cols, args = table.columns, table.args
+    if added is None:
+        if order is None:
+            return table
+        return ActivityTable(table.strings, {k: v[order] for k, v in cols.items()}, args.take(order) if args else args)
+    start = cols["start"] if order is None else cols["start"][order]
+    end = cols["end"] if order is None else cols["end"][order]
+    existing_at, added_at = interleave(len(start), insertion_points(start, end, added["start"], added["end"]))
+    n_added = len(added["start"])
+    # one gather per column from [existing rows, added rows]: where each final row comes from
+    source = np.empty(len(start) + n_added, dtype=np.int64)
+    source[existing_at] = np.arange(len(start)) if order is None else order
+    source[added_at] = len(start) + np.arange(n_added)
+    out = {name: np.concatenate((cols[name], added[name].astype(dtype, copy=False))).take(source) for name, dtype in COLUMNS}
+    if args:
+        args = (args if order is None else args.take(order)).renumbered(existing_at)
+    return ActivityTable(table.strings, out, args)
+
+
+def _counters(
+    parts: Sequence[CollectedPart], maps: Sequence[tuple[np.ndarray, np.ndarray]], window: tuple[int, int]
+) -> Counters:
+    strings = StringTable()
+    chunks: list[dict[str, np.ndarray]] = []
+    for part, (dev_map, res_map) in zip(parts, maps, strict=True):
+        c = part.counters.columns
+        if not len(c["ts"]):
+            continue
+        inside = (c["ts"] >= window[0]) & (c["ts"] <= window[1])
+        if not inside.any():
+            continue
+        names = np.array([strings.intern(s) for s in part.counters.strings.strings], dtype=np.int32)
+        resource = c["resource"][inside]
+        chunks.append(
+            {
+                "name": names[c["name"][inside]],
+                "device": dev_map[c["device"][inside]],
+                "resource": np.where(resource >= 0, res_map[np.maximum(resource, 0)] if len(res_map) else -1, -1),
+                "ts": c["ts"][inside],
+                "value": c["value"][inside],
+            }
+        )
+    if not chunks:
+        return Counters(strings)
+    return Counters.from_columns(strings, {k: np.concatenate([ch[k] for ch in chunks]) for k in chunks[0]})
+
+
+def merge(
+    parts: Sequence[CollectedPart],
+    *,
+    window: tuple[int, int],
+    epoch_offset_ns: int,
+    base_time_ns: int,
+    metadata: dict,
+    kind_filters: dict[str, set[int]] | None = None,
+    paused: dict[str, list[tuple[int, int]]] | None = None,
+) -> Trace:
+    """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
+    `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
+    Several parts of one backend (its flushes and its collect) share one status."""
+    devices = DeviceTable()
+    maps = []
+    for part in parts:
+        dev_map = devices.device_map(part.devices)
+        maps.append((dev_map, devices.resource_map(part.resources, dev_map)))
+    keeps = [
+        _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()))
+        for part in parts
+    ]
+    for part in parts:  # a backend's count is over all its parts
+        part.status.activities = 0
+    table, context_scoped = _concatenate(parts, keeps, maps)
+    cols = table.columns
+    added = None
+    order = None
+    if len(table):
+        _clip_host_ends(cols, window[1])
+        order = start_order(cols["start"], cols["end"])
+        in_order = np.arange(len(table), dtype=np.int64) if order is None else order
+        clear_unpaired_flows(cols)
+        backend_ext = cols["external_id"].copy()
+        thread = cols["resource"]  # a trace resource is one (device, row) pair: its index is a thread code
+        launches = attribute_launches(cols, in_order, thread, context_scoped)
+        added = gpu_user_annotations(cols, in_order, thread, backend_ext, launches)
+        if added is not None:
+            added["cat"] = np.full(len(added["start"]), table.strings.intern(GPU_ANNOTATION_CATEGORY), dtype=np.int32)
+    activities = _place(table, order, added)
+    device_properties: list[dict] = []
+    extra_metadata: dict = {}
+    statuses = {}
+    for part in parts:
+        for props in part.device_properties:
+            if props not in device_properties:
+                device_properties.append(props)
+        extra_metadata.update(part.metadata)
+        statuses[part.backend] = part.status
+    return Trace(
+        activities=activities,
+        devices=devices.devices,
+        resources=devices.resources,
+        counters=_counters(parts, maps, window),
+        metadata={"host_name": socket.gethostname(), **extra_metadata, **metadata},
+        device_properties=device_properties,
+        backends=statuses,
+        epoch_offset_ns=epoch_offset_ns,
+        base_time_ns=base_time_ns,
+        window=window,
+    )

@@ -1,0 +1,110 @@
+"""Launch attribution: which host operation each runtime/driver call (and the device work its ac2g flow
+leads to) belongs to, written as its External id.
+
+The backend's id is authoritative: it comes from the context of the launching thread or asyncio task
+(``ctx.current_external_id()``, or the vendor's external correlation fed by push/pop), which is right
+even when tasks interleave on one thread. Containment only
+
+- **fills** a launch that has no id: the innermost host op or annotation open on its thread when it
+  started (how torch's aten ops, which cannot push ids, become the External id of their kernels);
+- **refines** a launch to the innermost *synchronous* span open on its thread when that span started
+  after the one the backend named: a framework op (``CPU_OP``, e.g. torch's aten ops) runs on the
+  thread's stack, so if it is open at the launch, it launched. Annotations of backends whose spans follow
+  the context (``context_scoped_spans``: polyprof's ``record_function``, which asyncio tasks may
+  interleave on one thread) are never used to refine; other backends' annotations (torch's own
+  ``record_function`` ranges) are.
+
+Device rows follow their launch: the ac2g end of a changed launch gets the same id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyprof.engine.merge.containment import innermost_open_span
+from polyprof.model import FLOW_AC2G, ActivityKind
+
+CPU_OP, ANNOTATION = int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION)
+LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
+
+
+def in_order(order: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The rows where `mask` holds, in trace order."""
+    return order[mask[order]]
+
+
+@dataclass
+class Launches:
+    """Every launch (in trace order) and the innermost container open at it (-1: none), for the
+    device-side annotation pass to reuse."""
+
+    rows: np.ndarray
+    innermost: np.ndarray
+
+
+def attribute_launches(
+    columns: dict[str, np.ndarray], order: np.ndarray, thread: np.ndarray, context_scoped: np.ndarray
+) -> Launches:
+    """Update ``columns["external_id"]`` in place (see the module docstring). `order` is the trace
+    order, `thread` a per-row thread code, `context_scoped` a per-row mask of rows whose spans follow
+    the context (never used to refine)."""
+    kind, corr, ext = columns["kind"], columns["correlation"], columns["external_id"]
+    launches = in_order(order, (kind == LAUNCHES[0]) | (kind == LAUNCHES[1]))
+    none = Launches(launches, np.full(len(launches), -1, dtype=np.int64))
+    if not len(launches):
+        return none
+    is_container = ((kind == CPU_OP) | (kind == ANNOTATION)) & (corr != 0)
+    if not is_container.any():
+        return none
+    start, end = columns["start"], columns["end"]
+    containers = in_order(order, is_container)
+    inner = innermost_open_span(start, end, thread, containers, launches)
+    given = ext[launches]
+    new_ext = given.copy()
+    fill = (given == 0) & (inner >= 0)
+    new_ext[fill] = corr[inner[fill]]
+    named = np.flatnonzero(given != 0)
+    if len(named):
+        refines = is_container & ((kind == CPU_OP) | ~context_scoped)
+        if refines[containers].all():
+            refiner = inner[named]  # every container may refine: the innermost one is the answer
+        else:
+            refiner = innermost_open_span(start, end, thread, in_order(order, refines), launches[named])
+        has = refiner >= 0
+        if has.any():
+            at, span = named[has], refiner[has]
+            later = start[span] >= _start_of_id(corr, start, containers, given[at])  # -1: not in the trace
+            new_ext[at[later]] = corr[span[later]]
+    changed = new_ext != given
+    if changed.any():
+        rows, ids = launches[changed], new_ext[changed]
+        ext[rows] = ids
+        _follow_flows(columns, rows, ids)
+    return Launches(launches, inner)
+
+
+def _start_of_id(corr: np.ndarray, start: np.ndarray, containers: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The start of the container whose correlation is each id (-1 where no container has it)."""
+    by_id = np.argsort(corr[containers], kind="stable")
+    sorted_ids = corr[containers][by_id]
+    pos = np.minimum(np.searchsorted(sorted_ids, ids), max(len(sorted_ids) - 1, 0))
+    hit = sorted_ids[pos] == ids
+    return np.where(hit, start[containers[by_id[pos]]], -1)
+
+
+def _follow_flows(columns: dict[str, np.ndarray], launches: np.ndarray, ids: np.ndarray) -> None:
+    """Give the device end of each launch's ac2g flow the launch's new id."""
+    flow = columns["flow_id"]
+    launch_flow = flow[launches]
+    with_flow = launch_flow != 0
+    if not with_flow.any():
+        return
+    keys, values = launch_flow[with_flow], ids[with_flow]
+    by_key = np.argsort(keys, kind="stable")
+    keys, values = keys[by_key], values[by_key]
+    targets = np.flatnonzero((flow != 0) & (columns["flow_start"] == 0) & (columns["flow_type"] == FLOW_AC2G))
+    pos = np.minimum(np.searchsorted(keys, flow[targets]), len(keys) - 1)
+    hit = keys[pos] == flow[targets]
+    columns["external_id"][targets[hit]] = values[pos[hit]]

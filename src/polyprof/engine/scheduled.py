@@ -1,0 +1,501 @@
+"""The schedule-driven profile: the object users hold.
+
+::
+
+    import polyprof
+
+    with polyprof.profile(activities=["cpu", "opencl"]) as prof:
+        run_my_program()
+    prof.export_chrome_trace("trace.json.gz")
+
+With a schedule (``torch.profiler.schedule`` semantics) the profile records only some steps::
+
+    sched = polyprof.schedule(wait=1, warmup=1, active=2, repeat=1)
+    with polyprof.profile(schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace("t.json")) as p:
+        for batch in data:
+            train(batch)
+            p.step()
+
+A ``step()`` that ends a window only stops the recorders: collecting, merging, the ``on_trace_ready``
+handler and its file run on polyprof's background writer (:mod:`polyprof.engine.background`), so the
+training loop goes on at once. ``stop()`` waits for the last window's trace and handler by default, as
+torch.profiler's does (the trace is there, the handler has written its file and backend warnings have
+been raised when the ``with`` block ends); ``stop(wait=False)`` returns once the recorders are stopped.
+``prof.trace`` and ``prof.export_chrome_trace`` wait for the trace. Warnings about backends and an
+exception from a handler reach the training thread at the next ``step()``, ``stop()`` or ``prof.trace``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from polyprof import annotations
+from polyprof._version import __version__
+from polyprof.backend import ProfileConfig
+from polyprof.clock import base_time_ns, epoch_offset, host_ns
+from polyprof.engine.background import Job, writer
+from polyprof.engine.guard import describe
+from polyprof.engine.merge import CHOSEN_DROPS, merge
+from polyprof.engine.schedule import (
+    PREPARE,
+    READY,
+    START,
+    STOP,
+    TRANSITIONS,
+    WARN,
+    ProfilerAction,
+    always_record,
+)
+from polyprof.engine.selection import (
+    activity_group_name,
+    check_backend_options,
+    kind_filters,
+    select_backends,
+)
+from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S, Flusher, SessionSet
+from polyprof.errors import ConfigError, PolyprofError, PolyprofWarning
+from polyprof.model import CollectedPart, Trace
+from polyprof.registry import Registry
+from polyprof.registry import default as default_registry
+
+_active_lock = threading.Lock()
+_active_profile: Profile | None = None
+
+
+def _positive_seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class Profile:
+    """Runs one profile; see the module docstring. Arguments are checked here, before anything starts.
+
+    Args:
+        activities: activity groups ("cpu", "opencl", ...) or ProfilerActivity members. None: every
+            group whose backend is available here. A group asked for explicitly whose backends are all
+            unavailable raises BackendUnavailableError with their reasons.
+        schedule: step -> ProfilerAction (see :func:`polyprof.schedule`); None records start to stop.
+        on_trace_ready: called with this profile when a cycle's trace is ready (on the background writer;
+            ``prof.trace`` and ``prof.step_num`` inside it are the cycle's).
+        backend_options: ``{"opencl": {...}}``: options handed to each backend's sessions.
+        call_timeout_s: a backend's stop/collect/close running longer is abandoned.
+        flush_interval_s: how often sessions that implement ``flush(sink)`` hand over completed rows
+            while recording (None: only at the window's end).
+        metadata: top-level keys added to the trace.
+        activity_filters: ``{"CPU": {ActivityKind.CPU_OP}}``: of the groups named, only rows of these
+            kinds are kept (an empty set keeps none); what is dropped is counted per backend.
+        window_observers: objects whose ``start()`` and ``stop()`` are called as each recording window
+            opens and closes (before the backends start and stop), e.g. torch's ExecutionTraceObserver.
+        extra: front-end settings handed to every backend as ``ProfileConfig.extra``.
+    """
+
+    def __init__(
+        self,
+        activities: Iterable[Any] | None = None,
+        *,
+        schedule: Callable[[int], Any] | None = None,
+        on_trace_ready: Callable[[Profile], Any] | None = None,
+        backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
+        with_modules: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+        registry: Registry | None = None,
+        record_steps: bool | None = None,
+        activity_filters: Mapping[str, Iterable[int]] | None = None,
+        window_observers: Iterable[Any] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        if schedule is not None and not callable(schedule):
+            raise ConfigError(
+                f"schedule must be a callable step -> ProfilerAction (see polyprof.schedule), got {schedule!r}"
+            )
+        if on_trace_ready is not None and not callable(on_trace_ready):
+            raise ConfigError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
+        self.call_timeout_s = _positive_seconds("call_timeout_s", call_timeout_s)
+        self.flush_interval_s = _positive_seconds("flush_interval_s", flush_interval_s, allow_none=True)
+        self.registry = registry or default_registry
+        self.schedule = schedule or always_record
+        self.record_steps = schedule is not None if record_steps is None else record_steps
+        self.on_trace_ready = on_trace_ready
+        self._metadata: dict[str, Any] = dict(metadata or {})
+        self._selection = select_backends(self.registry, activities)
+        self.config = ProfileConfig(
+            activities=frozenset(self._selection.groups),
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+            with_flops=with_flops,
+            with_modules=with_modules,
+            extra=dict(extra or {}),
+        )
+        self._kind_filters = kind_filters(self._selection, activity_filters)
+        self._backend_options = check_backend_options(self._selection, backend_options)
+        self._paused: dict[str, list[tuple[int, int]]] = {}  # backend -> [start, end) collection off
+        self._paused_since: dict[str, int] = {}
+        self.window_observers = list(window_observers)
+        self.step_num = 0
+        self.current_action = ProfilerAction.NONE
+        self._sessions: SessionSet | None = None
+        self._flusher: Flusher | None = None
+        self._recording = False
+        self._window_start = 0
+        self._trace: Trace | None = None
+        self._jobs: list[Job] = []  # this profile's windows still in the background, oldest first
+        self._warnings: list[str] = []  # backend problems found in the background, for the user
+        self._step_span: annotations.record_function | None = None
+        self._started = False
+
+    @property
+    def backends(self) -> list[str]:
+        """Names of the backends this profile runs."""
+        return self._selection.names
+
+    def toggle_collection_dynamic(self, enable: bool, activities: Iterable[Any]) -> None:
+        """Stop (``enable=False``) or resume collecting the given activity groups inside a recording
+        window, as torch.profiler's method does: what those groups' backends record in between is left
+        out of the trace (counted under ``dropped``)."""
+        groups = {activity_group_name(a) for a in activities}
+        now = host_ns()
+        for chosen in self._selection.serving(groups):
+            name = chosen.name
+            if not enable and name not in self._paused_since:
+                self._paused_since[name] = now
+            elif enable and name in self._paused_since:
+                self._paused.setdefault(name, []).append((self._paused_since.pop(name), now))
+
+    def _take_paused(self, window_end: int) -> dict[str, list[tuple[int, int]]]:
+        for name, since in self._paused_since.items():
+            self._paused.setdefault(name, []).append((since, window_end))
+        self._paused_since = {name: window_end for name in self._paused_since}  # still off next window
+        paused, self._paused = self._paused, {}
+        return paused
+
+    # -- the user API --------------------------------------------------------------------------------
+    def __enter__(self) -> Profile:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Begin: apply the schedule's action for step 0."""
+        if self._started:
+            raise PolyprofError("this profile is already started; call stop() before starting it again")
+        self._started = True
+        self._profile_hooks("profile_started", self.config)
+        try:
+            self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
+        except BaseException:
+            self._abandon_sessions()  # e.g. another profile is recording: release what prepare set up
+            self._profile_hooks("profile_stopped")
+            self._started = False
+            raise
+        self._enter_step_span()
+
+    def step(self) -> None:
+        """Mark the end of a step: advance `step_num` and apply the schedule's transition."""
+        if not self._started:
+            raise PolyprofError("step() called before start()")
+        self._emit_warnings()
+        self._raise_handler_error()
+        self._exit_step_span()
+        prev = self.current_action
+        self.step_num += 1
+        self._transition(prev, self.schedule(self.step_num))
+        self._enter_step_span()
+
+    def stop(self, wait: bool = True) -> None:
+        """End: finish the current cycle. With `wait` (the default) returns once every window's trace is
+        merged and its on_trace_ready handler has run; with ``wait=False`` once the recorders are stopped
+        (``prof.trace`` then waits)."""
+        if not self._started:
+            return
+        self._exit_step_span()
+        try:
+            self._apply(TRANSITIONS[(self.current_action, None)])
+        finally:
+            self.current_action = ProfilerAction.NONE
+            self._started = False
+            self._profile_hooks("profile_stopped")
+        if wait and not writer.on_writer_thread:
+            for job in list(self._jobs):
+                job.done.wait()
+        self._emit_warnings()
+        self._raise_handler_error()
+
+    @property
+    def trace(self) -> Trace:
+        """The last trace collected (waiting for it when its window's merge is still running). Raises if
+        nothing has been recorded yet."""
+        self._wait_for_trace()
+        if self._trace is None:
+            raise PolyprofError(
+                "no trace has been recorded yet: profile something first (start/stop or a with block)"
+            )
+        return self._trace
+
+    def _wait_for_trace(self) -> None:
+        if self._jobs and not writer.on_writer_thread:
+            self._jobs[-1].merged.wait()
+        self._emit_warnings()
+        self._raise_handler_error(merge_only=True)
+
+    def export_chrome_trace(self, path: str) -> str:
+        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz)."""
+        from polyprof.export.chrome import write_chrome_trace
+
+        trace = self.trace
+        started = time.perf_counter()
+        written = write_chrome_trace(trace, path)
+        trace.timings_ms["write"] = round((time.perf_counter() - started) * 1e3, 3)
+        return written
+
+    def add_metadata(self, key: str, value: Any) -> None:
+        """A top-level key/value of the trace (value must be JSON-serialisable)."""
+        self._metadata[str(key)] = value
+        if self._jobs or self._trace is not None:
+            self.trace.metadata[str(key)] = value
+
+    def add_metadata_json(self, key: str, value: str) -> None:
+        """Like add_metadata, with `value` already JSON text."""
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"add_metadata_json({key!r}): value is not valid JSON: {exc}") from exc
+        self.add_metadata(key, parsed)
+
+    # -- hooks for front ends --------------------------------------------------------------------------
+    def _trace_ready(self, trace: Trace) -> None:
+        """Called on the writer with each cycle's trace, before on_trace_ready (front ends add to it)."""
+
+    def _window_metadata(self) -> dict[str, Any]:
+        """The metadata of the window now ending (taken on the training thread, as it was then)."""
+        return dict(self._metadata)
+
+    # -- schedule machinery --------------------------------------------------------------------------
+    def _profile_hooks(self, hook: str, *args: Any) -> None:
+        """A backend's optional ``profile_started(config)`` / ``profile_stopped()``: the whole profile,
+        every step of a schedule (OpenCL makes queues created at any step profiling-enabled). A failure
+        is a warning naming the backend, never the user's exception."""
+        for chosen in self._selection.selected:
+            fn = getattr(chosen.entry.backend, hook, None)
+            if not callable(fn):
+                continue
+            try:
+                fn(*args)
+            except Exception as exc:
+                warnings.warn(
+                    f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}", PolyprofWarning, stacklevel=4
+                )
+
+    def _transition(self, prev: ProfilerAction, cur: Any) -> None:
+        if not isinstance(cur, ProfilerAction):
+            cur = ProfilerAction(getattr(cur, "value", cur))
+        if cur is ProfilerAction.DEVICE_STOPPED:
+            raise ConfigError(
+                "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
+                "a user-provided schedule"
+            )
+        self._apply(TRANSITIONS[(prev, cur)])
+        self.current_action = cur
+
+    def _apply(self, phases: tuple[str, ...]) -> None:
+        for phase in phases:
+            if phase == PREPARE:
+                self._prepare()
+            elif phase == START:
+                self._start_recording()
+            elif phase == STOP:
+                self._stop_recording(save=READY in phases)
+            elif phase == WARN:
+                warnings.warn(
+                    "Incorrect schedule: WARMUP followed by NONE or RECORD followed by NONE/WARMUP; "
+                    "the trace of this cycle is not saved",
+                    stacklevel=4,
+                )
+
+    def _enter_step_span(self) -> None:
+        if self.record_steps and self._recording:
+            self._step_span = annotations.record_function(f"ProfilerStep#{self.step_num}")
+            self._step_span.__enter__()
+
+    def _exit_step_span(self) -> None:
+        if self._step_span is not None:
+            self._step_span.__exit__(None, None, None)
+            self._step_span = None
+
+    # -- lifecycle phases ----------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        if self._sessions is not None:
+            return
+        if self._jobs and not writer.on_writer_thread:
+            self._jobs[-1].collected.wait()  # a backend's next session waits for its last collect
+        self._sessions = SessionSet.create(self._selection, self.config, self._backend_options, self.call_timeout_s)
+        self._sessions.prepare()
+
+    def _start_recording(self) -> None:
+        global _active_profile
+        with _active_lock:
+            if _active_profile is not None and _active_profile is not self:
+                raise PolyprofError(
+                    "another polyprof profile is already recording in this process; stop it first"
+                )
+            _active_profile = self
+        assert self._sessions is not None
+        self._epoch = epoch_offset()
+        self._window_observers("start")
+        self._window_start = host_ns()
+        self._sessions.start(self._window_start)
+        self._recording = True
+        if self.flush_interval_s is not None and self._sessions.flushing:
+            self._flusher = Flusher(self._sessions, self.flush_interval_s)
+
+    def _window_observers(self, call: str) -> None:
+        for obs in self.window_observers:
+            try:
+                getattr(obs, call)()
+            except Exception as exc:  # an observer's failure is the user's to see, never a lost trace
+                warnings.warn(
+                    f"polyprof: {type(obs).__name__}.{call}() raised {describe(exc)}", PolyprofWarning, stacklevel=5
+                )
+
+    def _stop_recording(self, save: bool = True) -> None:
+        """The training thread's part of a window's end: stop the recorders, hand the rest over."""
+        global _active_profile
+        called = time.perf_counter()
+        self._window_observers("stop")
+        window_end = host_ns()
+        sessions, self._sessions = self._sessions, None
+        assert sessions is not None
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.stop()
+        sessions.stop(window_end)
+        self._recording = False
+        with _active_lock:
+            _active_profile = None
+        window = (self._window_start, window_end)
+        epoch = self._epoch
+        meta = {
+            **self._window_metadata(),
+            "polyprof": {
+                "version": __version__,
+                "activities": sorted(self.config.activities),
+                "clock": {
+                    "host": "perf_counter_ns",
+                    "epoch_offset_ns": epoch.offset_ns,
+                    "epoch_uncertainty_ns": epoch.uncertainty_ns,
+                },
+            },
+        }
+        paused = self._take_paused(window_end)
+        step_num = self.step_num
+        handler = self.on_trace_ready if save else None
+
+        def run(job: Job) -> Trace:
+            if flusher is not None:
+                flusher.join(self.call_timeout_s)
+            parts = sessions.collect()
+            job.collected.set()
+            started = time.perf_counter()
+            trace = merge(
+                parts,
+                window=window,
+                epoch_offset_ns=epoch.offset_ns,
+                base_time_ns=base_time_ns(window[0] + epoch.offset_ns),
+                metadata=meta,
+                kind_filters=self._kind_filters,
+                paused=paused,
+            )
+            trace.timings_ms["merge"] = round((time.perf_counter() - started) * 1e3, 3)
+            trace.timings_ms["window_end_call"] = blocked_ms
+            self._warnings.extend(self._problems(parts))
+            self._trace_ready(trace)
+            self._trace = trace
+            job.merged.set()
+            if handler is not None:
+                self._call_handler(handler, step_num)
+            return trace
+
+        blocked_ms = 0.0
+        job = writer.submit(run) if not writer.on_writer_thread else None
+        blocked_ms = round((time.perf_counter() - called) * 1e3, 3)
+        if job is None:  # a window ended from inside a handler: run it here
+            job = Job(run)
+            job.result = run(job)
+            job.finish()
+        self._jobs = [j for j in self._jobs if not j.done.is_set()] + [job]
+
+    def _call_handler(self, handler: Callable[[Profile], Any], step_num: int) -> None:
+        """on_trace_ready on the writer, seeing the step number its window ended at."""
+        live = self.step_num
+        self.step_num = step_num
+        try:
+            handler(self)
+        finally:
+            if self.step_num == step_num:
+                self.step_num = live
+
+    def _raise_handler_error(self, merge_only: bool = False) -> None:
+        """Raise (once) what a finished background job raised: an on_trace_ready handler's exception, or
+        a polyprof bug that cost the window its trace."""
+        for job in self._jobs:
+            if job.error is not None and (job.done.is_set() or (merge_only and job.merged.is_set())):
+                error, job.error = job.error, None
+                self._jobs = [j for j in self._jobs if j is not job]
+                raise error
+
+    def _abandon_sessions(self) -> None:
+        if self._flusher is not None:
+            self._flusher.stop()
+            self._flusher = None
+        if self._sessions is not None:
+            self._sessions.abandon()
+            self._sessions = None
+        self.current_action = ProfilerAction.NONE
+
+    @staticmethod
+    def _problems(parts: list[CollectedPart]) -> list[str]:
+        """One line per backend problem of a window: errors, warnings, rejected and dropped rows."""
+        out, seen = [], set()
+        for p in parts:
+            st = p.status
+            if id(st) in seen:
+                continue
+            seen.add(id(st))
+            problems = list(st.errors) + list(st.warnings)
+            if st.rejected:
+                problems.append(
+                    f"{st.rejected} malformed rows rejected ({', '.join(f'{k}: {v}' for k, v in st.rejected_reasons.items())})"
+                )
+            problems += [f"dropped {n} {what}" for what, n in st.dropped.items() if what not in CHOSEN_DROPS]
+            out += [f"polyprof backend {st.name!r}: {msg}" for msg in problems]
+        return out
+
+    def _emit_warnings(self) -> None:
+        """Raise the background's findings as PolyprofWarnings on the calling (the user's) thread."""
+        if writer.on_writer_thread:
+            return
+        while self._warnings:
+            warnings.warn(self._warnings.pop(0), PolyprofWarning, stacklevel=4)
+
+
+def profile(activities: Iterable[Any] | None = None, **kwargs: Any) -> Profile:
+    """Create a :class:`Profile` (use it as a context manager, or call start/stop)."""
+    return Profile(activities, **kwargs)

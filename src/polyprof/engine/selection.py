@@ -1,0 +1,149 @@
+"""Which backends a profile runs: the activity groups asked for, what probing said, and the options
+each backend was given, all checked before anything starts::
+
+    chosen = select_backends(registry, ["cpu", "opencl"])
+    options = check_backend_options(chosen, {"opencl": {"devices": [0]}})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyprof.backend import Availability
+from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError
+from polyprof.registry import BackendEntry, Registry
+
+
+def activity_group_name(activity: Any) -> str:
+    """'cpu', 'CPU', ProfilerActivity.CPU (polyprof's or torch's) -> 'CPU'."""
+    if isinstance(activity, str):
+        name = activity
+    else:
+        name = getattr(activity, "name", None)
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"activities must be names like 'cpu' or ProfilerActivity members, got {activity!r}"
+            )
+    name = name.strip()
+    if not name:
+        raise ConfigError("an empty activity name was given")
+    return name.upper()
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A backend chosen for a profile, with what probing said."""
+
+    entry: BackendEntry
+    availability: Availability
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def groups(self) -> set[str]:
+        return {a.upper() for a in self.entry.activities}
+
+
+@dataclass
+class Selection:
+    """The backends that run (`selected`), those asked for that cannot (`unavailable`, written to the
+    trace with their reasons), and the activity groups of the profile."""
+
+    selected: list[Chosen] = field(default_factory=list)
+    unavailable: list[Chosen] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.selected]
+
+    def serving(self, groups: set[str]) -> list[Chosen]:
+        """The selected backends that serve any of `groups`."""
+        return [c for c in self.selected if c.groups & groups]
+
+
+def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Selection:
+    """None: every group whose backend is available here. Groups asked for explicitly whose backends are
+    all unavailable raise BackendUnavailableError with their reasons."""
+    out = Selection()
+    if activities is None:
+        seen: set[str] = set()
+        groups: set[str] = set()
+        for entry in registry.entries():
+            if entry.broken or entry.name in seen:
+                continue
+            seen.add(entry.name)
+            chosen = Chosen(entry, registry.probe(entry))
+            (out.selected if chosen.availability.available else out.unavailable).append(chosen)
+            if chosen.availability.available:
+                groups |= chosen.groups
+        out.groups = sorted(groups)
+        return out
+    if isinstance(activities, (str, bytes)):
+        activities = [activities]
+    groups_list = [activity_group_name(a) for a in activities]
+    if len(set(groups_list)) != len(groups_list):
+        raise ConfigError(f"an activity group is listed twice: {groups_list}")
+    chosen_by_name: dict[str, Chosen] = {}
+    for group, entries in registry.for_activities(groups_list).items():
+        results = []
+        for entry in entries:
+            if entry.name not in chosen_by_name:
+                chosen_by_name[entry.name] = Chosen(entry, registry.probe(entry))
+            results.append(chosen_by_name[entry.name])
+        if not any(r.availability.available for r in results):
+            reasons = "; ".join(f"{r.name}: {r.availability.reason}" for r in results)
+            raise BackendUnavailableError(f"activity {group} cannot be profiled here: {reasons}")
+    for chosen in chosen_by_name.values():
+        (out.selected if chosen.availability.available else out.unavailable).append(chosen)
+    out.groups = groups_list
+    return out
+
+
+def check_backend_options(
+    selection: Selection, backend_options: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, dict[str, Any]]:
+    """Each selected backend's options, checked by its declared ``options`` schema and its
+    ``check_options`` (if any), with the schema's defaults filled in."""
+    if backend_options is not None and not isinstance(backend_options, Mapping):
+        raise ConfigError("backend_options must map backend names to dicts of options")
+    given = {k: dict(v) for k, v in (backend_options or {}).items()}
+    names = set(selection.names)
+    for name in given:
+        if name not in names:
+            raise UnknownNameError(
+                "backend", name, names, " (backend_options names a backend this profile does not use)"
+            )
+    out = {}
+    for chosen in selection.selected:
+        options = given.get(chosen.name, {})
+        schema = getattr(chosen.entry.backend, "options", None)
+        if schema is not None and callable(getattr(schema, "check", None)):
+            options = schema.check(chosen.name, options)
+        checker = getattr(chosen.entry.backend, "check_options", None)
+        if checker is not None:
+            try:
+                checker(options)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"backend {chosen.name!r} rejected its options: {exc}") from exc
+        out[chosen.name] = options
+    return out
+
+
+def kind_filters(selection: Selection, activity_filters: Mapping[str, Iterable[int]] | None) -> dict[str, set[int]]:
+    """Backend name -> the kinds kept of its rows, from group -> kinds filters."""
+    if not activity_filters:
+        return {}
+    by_group = {activity_group_name(g): {int(k) for k in kinds} for g, kinds in activity_filters.items()}
+    out: dict[str, set[int]] = {}
+    for chosen in selection.selected:
+        hits = [g for g in chosen.groups if g in by_group]
+        if hits:
+            out[chosen.name] = set().union(*(by_group[g] for g in hits))
+    return out

@@ -1,0 +1,260 @@
+"""The sessions of one recording window, each call into a backend guarded and time-limited.
+
+The window's life, and on which thread each part runs::
+
+    window = SessionSet.create(selection, config, options, call_timeout_s)   # at PREPARE
+    window.prepare()
+    window.start()                       # training thread: start every session, correlation targets
+    window.stop()                        # training thread: stop every session (last started first)
+    parts = window.collect()             # background writer: collect, seal, close
+    window.abandon()                     # instead of stop+collect, when a start failed
+
+A session that raises, hangs past the time limit or hands over bad rows becomes its backend's status
+(errors, ``failed``, ``rejected``), never the user's exception. While recording, a session with
+``flush(sink)`` hands over completed rows from the :class:`Flusher` thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from polyprof import correlation
+from polyprof.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
+from polyprof.engine.guard import CallOutcome, describe, guarded_call
+from polyprof.engine.selection import Chosen, Selection
+from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
+from polyprof.sink import Sink
+
+DEFAULT_CALL_TIMEOUT_S = 30.0
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (restored even when a backend's collect is abandoned)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class Handle:
+    """One backend's session in one window: its context, status and what it handed over so far."""
+
+    __slots__ = ("chosen", "session", "ctx", "status", "started", "alive", "parts", "lock")
+
+    def __init__(self, chosen: Chosen, ctx: SessionContext) -> None:
+        self.chosen = chosen
+        self.session: Any = None
+        self.ctx = ctx
+        self.status = ctx.status
+        self.started = False
+        self.alive = True
+        self.parts: list[CollectedPart] = []
+        self.lock = threading.Lock()  # flush never runs at the same time as collect (it may with stop)
+
+    @property
+    def name(self) -> str:
+        return self.chosen.name
+
+    @property
+    def recording(self) -> bool:
+        return self.alive and self.started
+
+    def option(self, attribute: str) -> bool:
+        return bool(getattr(self.session, attribute, False))
+
+    def seal(self, sink: Sink) -> CollectedPart:
+        return sink.seal(self.status, context_scoped=bool(getattr(self.chosen.entry.backend, "context_scoped_spans", False)))
+
+
+class SessionSet:
+    """See the module docstring."""
+
+    def __init__(self, handles: list[Handle], unavailable: list[Chosen], call_timeout_s: float) -> None:
+        self.handles = handles
+        self.unavailable = unavailable
+        self.call_timeout_s = call_timeout_s
+        self.window: tuple[int, int] = (0, 0)
+
+    @classmethod
+    def create(
+        cls,
+        selection: Selection,
+        config: ProfileConfig,
+        options: Mapping[str, Mapping[str, Any]],
+        call_timeout_s: float,
+    ) -> SessionSet:
+        handles = []
+        for chosen in selection.selected:
+            entry = chosen.entry
+            status = BackendStatus(
+                entry.name, version=entry.version or str(chosen.availability.versions.get("version", ""))
+            )
+            ctx = SessionContext(entry.name, options.get(entry.name), status)
+            handle = Handle(chosen, ctx)
+            outcome = guarded_call(status, "create_session", entry.backend.create_session, config, ctx)
+            if outcome.ok:
+                missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))]
+                if missing:
+                    status.errors.append(f"create_session() returned a session without {', '.join(missing)}")
+                else:
+                    handle.session = outcome.value
+            handle.alive = handle.session is not None
+            handles.append(handle)
+        return cls(handles, list(selection.unavailable), call_timeout_s)
+
+    # -- guarded calls ------------------------------------------------------------------------------
+    def call(self, h: Handle, what: str, fn: Callable, *args: Any) -> CallOutcome:
+        """`fn(*args)` guarded; on the calling thread for thread-affine and in-process sessions (polyprof's
+        own bookkeeping, which cannot hang), else time-limited on a guard thread. The time it took is
+        added to the backend's ``timings_ms``."""
+        direct = h.option("thread_affine") or h.option("in_process")
+        started = time.perf_counter()
+        outcome = guarded_call(h.status, what, fn, *args, timeout_s=None if direct else self.call_timeout_s)
+        h.status.add_timing(what, (time.perf_counter() - started) * 1e3)
+        if outcome.timed_out:
+            h.alive = False
+        return outcome
+
+    def live(self) -> list[Handle]:
+        return [h for h in self.handles if h.alive and h.session is not None]
+
+    # -- the window ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        for h in self.live():
+            if not self.call(h, "prepare", h.session.prepare).ok:
+                self.close(h)
+
+    def start(self, window_start: int) -> None:
+        self.window = (window_start, window_start)
+        targets = []
+        for h in self.live():
+            h.ctx.window_start = window_start
+            if self.call(h, "start", h.session.start).ok:
+                h.started = True
+                push, pop = getattr(h.session, "push_correlation", None), getattr(h.session, "pop_correlation", None)
+                if callable(push) and callable(pop):
+                    targets.append(correlation.CorrelationTarget(push, pop, self._correlation_failed(h)))
+            else:
+                self.close(h)
+        correlation.set_targets(tuple(targets))
+
+    @staticmethod
+    def _correlation_failed(handle: Handle) -> Callable:
+        def on_error(target: correlation.CorrelationTarget, exc: BaseException) -> None:
+            handle.status.errors.append(f"push/pop_correlation raised {describe(exc)}; correlation disabled")
+            correlation.set_targets(tuple(t for t in correlation.targets if t is not target))
+
+        return on_error
+
+    def stop(self, window_end: int) -> None:
+        """Stop every recording session (the training thread's part of the window's end)."""
+        correlation.set_targets(())
+        self.window = (self.window[0], window_end)
+        for h in self.handles:
+            h.ctx.window_end = window_end
+        # last started, first stopped: a backend started inside another's session (polyprof's CUDA
+        # tracing inside torch's collector, which takes CUPTI) stops while the outer one still runs
+        for h in reversed(self.handles):
+            if h.recording and self.call(h, "stop", h.session.stop).timed_out:
+                h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
+
+    def collect(self) -> list[CollectedPart]:
+        """Every session's rows as sealed parts (flushed ones first), sessions closed, statuses final."""
+        parts: list[CollectedPart] = []
+        with gc_paused():  # collect builds many containers and no cycles: collecting them is wasted work
+            for h in self.handles:
+                sink = Sink(h.name)
+                if h.recording:
+                    with h.lock:
+                        outcome = self.call(h, "collect", h.session.collect, sink)
+                    if not outcome.ok:
+                        # rows a failed collect emitted before raising are kept; a hung one's are not,
+                        # since its thread may still be writing
+                        h.status.state = BACKEND_FAILED
+                    if outcome.timed_out:
+                        sink.closed = True
+                        sink = Sink(h.name)
+                self.close(h)
+                if h.session is None or not h.started:
+                    h.status.state = BACKEND_FAILED
+                parts.extend(h.parts)
+                h.parts = []
+                parts.append(h.seal(sink))
+        for chosen in self.unavailable:
+            status = BackendStatus(
+                chosen.name, BACKEND_UNAVAILABLE, reason=chosen.availability.reason, version=chosen.entry.version
+            )
+            parts.append(CollectedPart.empty(status))
+        return parts
+
+    def flush(self) -> None:
+        """Hand over what each flushing session has completed (called from the Flusher thread)."""
+        for h in self.handles:
+            flush = getattr(h.session, "flush", None)
+            if not h.recording or not callable(flush) or not h.lock.acquire(blocking=False):
+                continue
+            try:
+                if not h.recording:
+                    continue
+                sink = Sink(h.name)
+                outcome = self.call(h, "flush", flush, sink)
+                if outcome.timed_out:
+                    sink.closed = True
+                    continue
+                part = h.seal(sink)
+                if len(part.activities) or len(part.counters) or part.devices:
+                    h.parts.append(part)
+            finally:
+                h.lock.release()
+
+    @property
+    def flushing(self) -> bool:
+        return any(h.recording and callable(getattr(h.session, "flush", None)) for h in self.handles)
+
+    def abandon(self) -> None:
+        """Stop and close everything (a start failed, or the profile is torn down)."""
+        correlation.set_targets(())
+        for h in self.handles:
+            if h.recording:
+                self.call(h, "stop", h.session.stop)
+            self.close(h)
+
+    def close(self, h: Handle) -> None:
+        if h.session is not None and h.alive:
+            self.call(h, "close", h.session.close)
+        h.alive = False
+
+
+class Flusher:
+    """A daemon thread that calls :meth:`SessionSet.flush` every `interval_s` while a window records."""
+
+    def __init__(self, sessions: SessionSet, interval_s: float) -> None:
+        self.sessions = sessions
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="polyprof-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sessions.flush()
+            except Exception:  # a backend's flush problem is in its status already; never end the thread
+                pass
+
+    def stop(self) -> None:
+        """Ask the thread to end (it ends after the flush in progress, if any)."""
+        self._stop.set()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)

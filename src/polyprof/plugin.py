@@ -1,0 +1,114 @@
+"""Everything a backend may use, in one public module. Plugins import from here and nowhere else in
+polyprof (the in-tree ones do too; a test checks it)::
+
+    from polyprof.plugin import (
+        API_VERSION, ActivityKind, Availability, SessionBase, Sink, ClockPairs, Option, OptionSchema,
+    )
+
+What is here, by job:
+
+- the contract: :data:`API_VERSION`, :class:`Availability`, :class:`ProfileConfig`,
+  :class:`SessionContext` (clock, ids, window, options, ``report``, facilities), :class:`SessionBase`,
+  the :class:`Backend`/:class:`Session` protocols, :func:`contract_problems`;
+- handing rows over: :class:`Sink` (one strict schema, :data:`ROW_COLUMNS`), :class:`ActivityKind`,
+  :data:`DEFAULT_CATEGORY`, flow types, :class:`CodedStrings`, :class:`ArgColumns`, :class:`JSONColumn`;
+- clocks: :func:`host_ns`, :class:`ClockMapping`, :class:`ClockPair`, :class:`ClockPairs`,
+  :func:`sample_clock_pair`;
+- options: :class:`Option`, :class:`OptionSchema` (declared by a backend, checked by the engine);
+- shared vendor facilities: :mod:`polyprof.facilities` (:data:`CUPTI`), through ``ctx.hold_facility``
+  and ``ctx.facility_holder``;
+- helpers: :func:`walk_tagged_records` (device tracing buffers), :func:`code_strings`,
+  :func:`sorted_unique`, :func:`current_external_id` and :func:`current_external_id_var` (for
+  interceptors written in C);
+- errors: :class:`ConfigError`, :class:`BackendContractError`, :class:`SinkClosedError`.
+
+``docs/writing-a-backend.md`` walks through a whole backend; ``polyprof.testing.conformance`` checks one.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+from polyprof import correlation
+from polyprof.backend import (
+    API_VERSION,
+    OPTIONAL_SESSION_METHODS,
+    REQUIRED_SESSION_METHODS,
+    Availability,
+    Backend,
+    ProfileConfig,
+    Reporter,
+    Session,
+    SessionBase,
+    SessionContext,
+    contract_problems,
+)
+from polyprof.clock import ClockMapping, ClockPair, ClockPairs, host_ns, sample_clock_pair
+from polyprof.errors import BackendContractError, ConfigError, SinkClosedError
+from polyprof.facilities import CUPTI
+from polyprof.model import (
+    DEFAULT_CATEGORY,
+    FLOW_AC2G,
+    FLOW_FWDBWD,
+    FLOW_NONE,
+    ActivityKind,
+    ArgColumns,
+    CodedStrings,
+    JSONColumn,
+)
+from polyprof.model.args import sorted_unique
+from polyprof.model.strings import code_strings
+from polyprof.options import Option, OptionSchema
+from polyprof.records import walk_tagged_records
+from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
+
+current_external_id = correlation.current_external_id
+
+
+def current_external_id_var() -> ContextVar[int]:
+    """The ContextVar holding the current external id (for an interceptor written in C, which reads it
+    with ``PyContextVar_Get``); Python code calls :func:`current_external_id`."""
+    return correlation.current
+
+
+__all__ = [
+    "API_VERSION",
+    "ActivityKind",
+    "ArgColumns",
+    "Availability",
+    "Backend",
+    "BackendContractError",
+    "CUPTI",
+    "ClockMapping",
+    "ClockPair",
+    "ClockPairs",
+    "CodedStrings",
+    "ConfigError",
+    "DEFAULT_CATEGORY",
+    "FLOW_AC2G",
+    "FLOW_FWDBWD",
+    "FLOW_NONE",
+    "JSONColumn",
+    "OPTIONAL_COLUMNS",
+    "OPTIONAL_SESSION_METHODS",
+    "Option",
+    "OptionSchema",
+    "ProfileConfig",
+    "REQUIRED_COLUMNS",
+    "REQUIRED_SESSION_METHODS",
+    "ROW_COLUMNS",
+    "Reporter",
+    "Session",
+    "SessionBase",
+    "SessionContext",
+    "Sink",
+    "SinkClosedError",
+    "code_strings",
+    "contract_problems",
+    "current_external_id",
+    "current_external_id_var",
+    "host_ns",
+    "sample_clock_pair",
+    "sorted_unique",
+    "walk_tagged_records",
+]

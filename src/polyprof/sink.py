@@ -1,0 +1,436 @@
+"""The Sink: where a session's ``collect`` (or ``flush``) hands over its devices, rows and counters.
+
+One schema for both ways in (:data:`ROW_COLUMNS`): :meth:`Sink.activity` for a row at a time,
+:meth:`Sink.activities` for columns; the same defaults and the same checks apply to both. Two kinds of
+problem, two outcomes:
+
+- **a row that is wrong** (end before start, an unknown device or resource handle, a timestamp that is
+  not an integer, a name code outside its table) is rejected and counted, never raised: it ends up in the
+  backend's status (``rejected``, ``rejected_reasons``) and the rest of the rows are kept;
+- **a call the Sink cannot understand** (a misspelt column, a missing one, columns of different lengths,
+  args that are not dicts, a call after the sink was closed) raises
+  :class:`~polyprof.errors.BackendContractError` naming the backend: it is a bug in the backend.
+
+Timestamps are host-clock ns (map device clocks with :class:`polyprof.clock.ClockMapping` first)::
+
+    gpu = sink.device("mydev:0", type="gpu", index=0, name="My GPU", properties={"memory": 8 << 30})
+    q = sink.resource(gpu, 3, "queue 3")
+    t = sink.host_thread(threading.get_native_id())
+    sink.activity(ActivityKind.RUNTIME, "myLaunch", device=sink.host_device(), resource=t,
+                  start=s0, end=s1, cat="mydev_runtime", correlation=7, flow_id=7, flow_start=True)
+    sink.activity(ActivityKind.KERNEL, "saxpy", device=gpu, resource=q, start=k0, end=k1,
+                  correlation=7, external_id=ext, flow_id=7, args={"grid": [64, 1, 1]})
+    sink.activities({"kind": kinds, "name": CodedStrings(codes, table), "device": devs,
+                     "resource": queues, "start": starts, "end": ends, "flow_id": ids})
+
+Arrays handed to :meth:`activities` belong to the sink afterwards (they are not copied where their
+dtype is already the stored one): do not modify them. The engine seals the sink into an immutable
+:class:`~polyprof.model.CollectedPart` when the call returns.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from polyprof.errors import BackendContractError, SinkClosedError
+from polyprof.model import (
+    DEFAULT_CATEGORY,
+    FLOW_AC2G,
+    FLOW_NAMES,
+    FLOW_NONE,
+    HOST_DEVICE_KEY,
+    ActivityBuilder,
+    ActivityKind,
+    ArgColumns,
+    BackendStatus,
+    CodedStrings,
+    CollectedPart,
+    Counters,
+    Device,
+    JSONColumn,
+    Resource,
+)
+
+REQUIRED_COLUMNS = ("kind", "name", "device", "resource", "start", "end")
+#: optional column -> what it means when left out
+OPTIONAL_COLUMNS = {
+    "cat": "the kind's Kineto category (DEFAULT_CATEGORY)",
+    "correlation": "0 (none)",
+    "external_id": "0 (none)",
+    "flow_id": "0 (no flow)",
+    "flow_type": "ac2g (FLOW_AC2G) on rows with a flow_id, none on the others",
+    "flow_start": "False (the row is the flow's end)",
+}
+#: Every column a row has, in both entry points.
+ROW_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
+_INTEGER_COLUMNS = ("kind", "device", "resource", "start", "end", "correlation", "external_id", "flow_id", "flow_type")
+_CATEGORY_BY_INT = {int(k): cat for k, cat in DEFAULT_CATEGORY.items()}
+_CATEGORY_TABLE = [_CATEGORY_BY_INT.get(k, "") for k in range(int(max(ActivityKind)) + 1)]
+_FLOW_TYPES = np.array(sorted({FLOW_NONE, *FLOW_NAMES}), dtype=np.int64)
+_INT_TYPES = {int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8, ActivityKind}
+_PENDING_ROWS = 4096  # rows from activity() are checked and stored in batches of this many
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError("bool is not an integer here")
+    return operator.index(value)
+
+
+def _subset(values: Any, keep: np.ndarray) -> Any:
+    """The rows `keep` of a column in any form activities() takes."""
+    if isinstance(values, np.ndarray):
+        return values[keep]
+    if isinstance(values, CodedStrings):
+        return CodedStrings(np.asarray(values.codes)[keep], values.table)
+    if isinstance(values, JSONColumn):
+        return JSONColumn(_subset(values.values, keep))
+    return [values[i] for i in keep.tolist()]
+
+
+class Sink:
+    """See the module docstring."""
+
+    def __init__(self, backend_name: str) -> None:
+        self.backend_name = backend_name
+        self.builder = ActivityBuilder()
+        self.devices: list[Device] = []
+        self.resources: list[Resource] = []
+        self.counters = Counters()
+        self.metadata: dict[str, Any] = {}
+        self.device_properties: list[dict[str, Any]] = []
+        self.closed = False
+        self._rejected: Counter[str] = Counter()
+        self._pending: list[tuple] = []
+        self._device_keys: dict[str, int] = {}
+        self._resource_keys: dict[tuple[int, int], int] = {}
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Rows rejected so far, by reason."""
+        self._flush_pending()
+        return dict(self._rejected)
+
+    # -- devices and resources ------------------------------------------------------------------
+    def device(
+        self,
+        key: str,
+        *,
+        type: str,
+        index: int = 0,
+        name: str | None = None,
+        properties: Mapping[str, Any] | None = None,
+        sort_index: int | None = None,
+        pid: int | None = None,
+        label: str = "",
+    ) -> int:
+        """Declare (or look up) a device; returns its handle. `pid` is the preferred trace pid."""
+        self._check_open()
+        handle = self._device_keys.get(key)
+        if handle is None:
+            if not isinstance(key, str) or not key:
+                self._misuse(f"a device key must be a non-empty string, got {key!r}")
+            try:
+                index = _as_int(index)
+            except TypeError:
+                self._misuse(f"device {key!r}: index must be an integer, got {index!r}")
+            handle = len(self.devices)
+            self.devices.append(
+                Device(
+                    key=key,
+                    type=str(type),
+                    index=index,
+                    name=str(name or key),
+                    properties=dict(properties or {}),
+                    sort_index=5_000_000 + index if sort_index is None else int(sort_index),
+                    pid=index if pid is None else int(pid),
+                    label=str(label),
+                )
+            )
+            self._device_keys[key] = handle
+        return handle
+
+    def host_device(self) -> int:
+        """The profiled process itself (one trace process shared by every backend)."""
+        return self.device(HOST_DEVICE_KEY, type="cpu", index=0, sort_index=0, label="CPU")
+
+    def resource(
+        self, device: int, resource_id: int, name: str | None = None, sort_index: int | None = None
+    ) -> int:
+        """Declare (or look up) a row of `device`: a stream, a queue, a host thread."""
+        self._check_open()
+        if type(device) is not int or not 0 <= device < len(self.devices):
+            self._misuse(f"resource(): unknown device handle {device!r}: declare it with sink.device() first")
+        try:
+            rid = _as_int(resource_id)
+        except TypeError:
+            self._misuse(f"resource(): the id must be an integer, got {resource_id!r}")
+        key = (device, rid)
+        handle = self._resource_keys.get(key)
+        if handle is None:
+            handle = len(self.resources)
+            self.resources.append(
+                Resource(device, rid, str(name or f"resource {rid}"), rid if sort_index is None else int(sort_index))
+            )
+            self._resource_keys[key] = handle
+        return handle
+
+    def host_thread(self, tid: int, name: str | None = None) -> int:
+        """The row of a host thread (by native thread id) in the host process."""
+        label = f"thread {tid} ({name})" if name else f"thread {tid}"
+        return self.resource(self.host_device(), tid, label)
+
+    # -- rows -------------------------------------------------------------------------------------
+    def activity(
+        self,
+        kind: ActivityKind | int,
+        name: str,
+        *,
+        device: int,
+        resource: int,
+        start: int,
+        end: int,
+        cat: str | None = None,
+        correlation: int = 0,
+        external_id: int = 0,
+        flow_id: int = 0,
+        flow_start: bool = False,
+        flow_type: int | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        """One row (the columns of :data:`ROW_COLUMNS` as keywords, plus its `args` dict). Rows are checked
+        in batches, with the same rules as :meth:`activities`; rejections show in :attr:`rejected`."""
+        self._check_open()
+        if args is not None and not isinstance(args, dict):
+            self._misuse(f"activity {name!r}: args must be a dict or None, got {type(args).__name__}")
+        self._pending.append(
+            (kind, cat, name, device, resource, start, end, correlation, external_id, flow_id, flow_type,
+             flow_start, args)
+        )  # fmt: skip
+        if len(self._pending) >= _PENDING_ROWS:
+            self._flush_pending()
+
+    def activities(
+        self,
+        columns: Mapping[str, Any],
+        args: Mapping[int, dict] | None = None,
+        arg_columns: ArgColumns | None = None,
+    ) -> int:
+        """Many rows at once from columns named as in :data:`ROW_COLUMNS`. `name` and `cat` are sequences of
+        strings, or :class:`~polyprof.model.CodedStrings` (integer codes into a table, which spares a
+        backend with its own string table one Python string per row); numbers are numpy arrays (or
+        sequences). `args` maps row numbers to dicts; `arg_columns` (:class:`~polyprof.model.ArgColumns`:
+        the same keys for every row, one column each) spares a dict per row; a row with both gets both (the
+        dict wins on a shared key). Returns the number of rows kept."""
+        self._check_open()
+        self._flush_pending()
+        return self._accept(columns, args, arg_columns)
+
+    def instant(self, name: str, *, device: int, resource: int, ts: int, args: dict | None = None) -> None:
+        self.activity(ActivityKind.INSTANT, name, device=device, resource=resource, start=ts, end=ts, args=args)
+
+    def counter(self, name: str, value: float, *, ts: int, device: int | None = None, resource: int = -1) -> bool:
+        """One sample of a counter track (on the host process unless `device` is given)."""
+        self._check_open()
+        dev = self.host_device() if device is None else device
+        try:
+            ts = _as_int(ts)
+            value = float(value)
+        except (TypeError, ValueError):
+            self._rejected["invalid counter sample"] += 1
+            return False
+        if type(dev) is not int or not 0 <= dev < len(self.devices):
+            self._rejected["unknown device"] += 1
+            return False
+        if resource != -1 and (type(resource) is not int or not 0 <= resource < len(self.resources)):
+            self._rejected["unknown resource"] += 1
+            return False
+        self.counters.add(str(name), dev, ts, value, resource)
+        return True
+
+    def add_metadata(self, key: str, value: Any) -> None:
+        """A top-level key of the trace (JSON-serialisable), e.g. ``cupti_version``."""
+        self._check_open()
+        self.metadata[str(key)] = value
+
+    def add_device_properties(self, properties: Mapping[str, Any]) -> None:
+        """One entry of the trace's `deviceProperties` list (Kineto's keys where they apply)."""
+        self._check_open()
+        self.device_properties.append(dict(properties))
+
+    # -- sealing ----------------------------------------------------------------------------------
+    def seal(self, status: BackendStatus, *, context_scoped: bool = False) -> CollectedPart:
+        """Hand everything over as an immutable part (the engine calls this; the sink is closed after)."""
+        self._flush_pending()
+        self.closed = True
+        status.add_rejected(dict(self._rejected))
+        acts = self.builder.freeze()
+        for col in acts.columns.values():
+            col.flags.writeable = False
+        self.builder = ActivityBuilder()  # the part owns the columns now
+        return CollectedPart(
+            backend=self.backend_name,
+            status=status,
+            activities=acts,
+            devices=tuple(self.devices),
+            resources=tuple(self.resources),
+            counters=self.counters,
+            metadata=dict(self.metadata),
+            device_properties=tuple(self.device_properties),
+            context_scoped=context_scoped,
+        )
+
+    # -- internals --------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SinkClosedError(self.backend_name, "the engine no longer accepts rows from this sink")
+
+    def _misuse(self, message: str) -> None:
+        raise BackendContractError(self.backend_name, message)
+
+    def _flush_pending(self) -> None:
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        n = len(rows)
+        fields = list(zip(*rows, strict=True))
+        kinds, cats, names = fields[0], fields[1], fields[2]
+        args = {i: a for i, a in enumerate(fields[12]) if a}
+        columns: dict[str, Any] = {"name": [n_ if type(n_) is str else str(n_) for n_ in names]}
+        bad = np.zeros(n, dtype=bool)
+        for key, values in zip(_INTEGER_COLUMNS, (kinds, *fields[3:11]), strict=True):
+            if set(map(type, values)) <= _INT_TYPES:
+                columns[key] = np.array(values, dtype=np.int64)
+                continue
+            col = np.zeros(n, dtype=np.int64)
+            for i, v in enumerate(values):  # some value is not a plain int: find which rows
+                if v is None:
+                    continue
+                try:
+                    col[i] = _as_int(v)
+                except (TypeError, ValueError, OverflowError):
+                    bad[i] = True
+            columns[key] = col
+        if all(f is None for f in fields[10]):
+            del columns["flow_type"]  # the schema's default
+        else:
+            given = np.array([f is not None for f in fields[10]])
+            columns["flow_type"] = np.where(given, columns["flow_type"], np.where(columns["flow_id"] != 0, FLOW_AC2G, FLOW_NONE))
+        columns["flow_start"] = np.array([bool(f) for f in fields[11]], dtype=np.int8)
+        if any(c is not None for c in cats):
+            columns["cat"] = [c if c is not None else _CATEGORY_BY_INT.get(_kind_or(k), "") for c, k in zip(cats, kinds, strict=True)]
+        if bad.any():
+            self._rejected["invalid kind or timestamp (TypeError)"] += int(bad.sum())
+            keep = np.flatnonzero(~bad)
+            columns = {k: _subset(v, keep) for k, v in columns.items()}
+            position = {old: new for new, old in enumerate(keep.tolist())}
+            args = {position[i]: a for i, a in args.items() if i in position}
+        self._accept(columns, args, None)
+
+    def _accept(self, columns: Mapping[str, Any], args: Mapping[int, dict] | None, arg_columns: ArgColumns | None) -> int:
+        unknown = set(columns) - set(ROW_COLUMNS)
+        if unknown:
+            self._misuse(
+                f"unknown column(s) {sorted(unknown)} for sink.activities(); the columns are: "
+                f"{', '.join(REQUIRED_COLUMNS)} (required), {', '.join(OPTIONAL_COLUMNS)} (optional)"
+            )
+        missing = [k for k in REQUIRED_COLUMNS if k not in columns]
+        if missing:
+            self._misuse(f"sink.activities() needs the column(s) {missing}")
+        lengths = {k: len(v.codes) if isinstance(v, CodedStrings) else len(v) for k, v in columns.items()}
+        n = lengths["start"]
+        if any(length != n for length in lengths.values()):
+            self._misuse(f"sink.activities(): columns of different lengths {lengths}")
+        if arg_columns is not None and (
+            len(arg_columns.keys) != len(arg_columns.columns) or any(len(c) != n for c in arg_columns.columns)
+        ):
+            self._misuse(
+                f"ArgColumns needs one column per key and one value per row ({n} rows); got "
+                f"{len(arg_columns.keys)} keys and columns of lengths {[len(c) for c in arg_columns.columns]}"
+            )
+        if args and any(type(i) is not int or not 0 <= i < n or not isinstance(a, dict) for i, a in args.items()):
+            self._misuse(f"sink.activities(): args must map row numbers 0..{n - 1} to dicts")
+        if n == 0:
+            return 0
+        ints: dict[str, np.ndarray] = {}
+        for key in _INTEGER_COLUMNS:
+            if key not in columns:
+                continue
+            values = np.asarray(columns[key])
+            if values.dtype.kind not in "iu" and not (values.dtype.kind == "b" and key == "flow_start"):
+                self._rejected[f"{key} is not an integer column ({values.dtype})"] += n
+                return 0
+            ints[key] = values.astype(np.int64, copy=False)
+        ok = np.ones(n, dtype=bool)
+        kind, device, resource = ints["kind"], ints["device"], ints["resource"]
+        checks = [
+            (ints["end"] < ints["start"], "end before start"),
+            ((device < 0) | (device >= len(self.devices)), "unknown device"),
+            ((resource < 0) | (resource >= len(self.resources)), "unknown resource"),
+            ((kind < 0) | (kind > max(ActivityKind)), "unknown activity kind"),
+        ]
+        if "flow_type" in ints:
+            checks.append((~np.isin(ints["flow_type"], _FLOW_TYPES), "unknown flow type"))
+        for key in ("name", "cat"):
+            values = columns.get(key)
+            if isinstance(values, CodedStrings):
+                codes = np.asarray(values.codes, dtype=np.int64)
+                checks.append(((codes < 0) | (codes >= len(values.table)), f"{key} code outside its string table"))
+        for bad, reason in checks:
+            bad &= ok
+            if bad.any():
+                self._rejected[reason] += int(bad.sum())
+                ok &= ~bad
+        if ok.any() and self.resources:
+            owner = np.array([r.device for r in self.resources], dtype=np.int64)
+            wrong = ok & (owner[np.clip(resource, 0, len(owner) - 1)] != device)
+            if wrong.any():
+                self._rejected["resource belongs to another device"] += int(wrong.sum())
+                ok &= ~wrong
+        everything = bool(ok.all())
+        keep = None if everything else np.flatnonzero(ok)
+        if keep is not None and not len(keep):
+            return 0
+
+        def rows(values: Any) -> Any:
+            return values if keep is None else _subset(values, keep)
+
+        cols: dict[str, Any] = {k: rows(v) for k, v in ints.items()}
+        flow_id = cols.get("flow_id")
+        if flow_id is not None:
+            has_flow = flow_id != 0
+            ftype = cols.get("flow_type")
+            cols["flow_type"] = np.where(has_flow, FLOW_AC2G if ftype is None else ftype, FLOW_NONE)
+            if "flow_start" in columns:
+                cols["flow_start"] = np.where(has_flow, rows(np.asarray(columns["flow_start"])) != 0, False)
+        else:
+            cols.pop("flow_type", None)
+        cols["name"] = rows(columns["name"])
+        cats = columns.get("cat")
+        cols["cat"] = CodedStrings(cols["kind"], _CATEGORY_TABLE) if cats is None else rows(cats)
+        kept_columns = None
+        if arg_columns is not None:
+            kept_columns = (
+                arg_columns if keep is None else ArgColumns(arg_columns.keys, tuple(_subset(c, keep) for c in arg_columns.columns))
+            )
+        kept_args = None
+        if args:
+            if keep is None:
+                kept_args = args
+            else:
+                position = {old: new for new, old in enumerate(keep.tolist())}
+                kept_args = {position[i]: a for i, a in args.items() if i in position}
+        self.builder.extend_columns(cols, kept_args, kept_columns)
+        return n if keep is None else len(keep)
+
+
+def _kind_or(kind: Any) -> int:
+    try:
+        return _as_int(kind)
+    except (TypeError, ValueError):
+        return -1
