@@ -19,8 +19,12 @@ does. Reported (medians over the repeats):
   trace written, against torch.profiler's ``__exit__`` + ``export_chrome_trace`` of
   ``record_function`` spans on one thread (its events/s measured the same way).
 
+``training_loop``: the same window ended by a schedule's ``step()`` with an ``on_trace_ready`` handler
+that writes the file; the loop goes on with GIL-bound Python steps (a GPU training loop's host side)
+while the writer merges and writes, and their mean time is compared with the same steps afterwards.
+
 Targets (issue #13): merge at least 5 M rows/s; events/s at least 5x torch.profiler's; the call that
-ends the window within 50 ms.
+ends the window within 50 ms; steps while the writer works at most 10% slower.
 """
 
 from __future__ import annotations
@@ -143,6 +147,7 @@ def _annotate(count: int, launches: _LaunchLog) -> None:
 
 
 def run_polyprof(backend: BenchBackend, annotations: int, folder: str) -> dict[str, float]:
+    """One window of `annotations` spans and the backend's device rows; its stop, merge and write."""
     backend.log.by_thread.clear()
     prof = polyprof.profile(activities=["cpu", "bench"])
     prof.start()
@@ -166,6 +171,7 @@ def run_polyprof(backend: BenchBackend, annotations: int, folder: str) -> dict[s
     trace = prof.trace
     timings = getattr(trace, "timings_ms", None) or trace.metadata["polyprof"].get("postprocess_ms", {})
     rows = len(trace.activities)
+    handed_over = sum(st.activities for st in trace.backends.values())
     flows = int(np.count_nonzero(trace.activities["flow_id"]))
     events = rows + flows + 2 * len(trace.devices) * 2 + 2 * len(trace.resources)
     merge_ms = float(timings.get("merge", float("nan")))
@@ -177,10 +183,70 @@ def run_polyprof(backend: BenchBackend, annotations: int, folder: str) -> dict[s
         "stop_to_written_ms": (t2 - t0) / 1e6,
         "merge_ms": merge_ms,
         "write_ms": write_ms,
-        "rows": rows,
+        "backend_rows": handed_over,
+        "trace_rows": rows,
         "events": events,
-        "merge_rows_per_s": rows / (merge_ms / 1e3) if merge_ms == merge_ms else float("nan"),
+        # rows the backends handed over, merged per second (the trace adds device-side annotation spans)
+        "merge_rows_per_s": handed_over / (merge_ms / 1e3) if merge_ms == merge_ms else float("nan"),
         "events_per_s": events / ((t2 - t0) / 1e9),
+    }
+
+
+def python_step(n: int = 100_000) -> int:
+    """A training step's host side as it looks on a GPU machine: Python-level work that holds the GIL
+    (the kernels run elsewhere)."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def step_times_during_background(backend: BenchBackend, annotations: int, folder: str) -> dict[str, float]:
+    """The window ends at a step() of a schedule; the handler writes the trace. Step times of the
+    training loop while the writer merges and writes, against the same steps with nothing in the
+    background."""
+    import statistics
+
+    backend.log.by_thread.clear()
+    path = os.path.join(folder, "step.json")
+    done = threading.Event()
+
+    def handler(prof) -> None:
+        prof.export_chrome_trace(path)
+        done.set()
+
+    sched = polyprof.schedule(wait=0, warmup=1, active=1, repeat=1)
+    prof = polyprof.profile(activities=["cpu", "bench"], schedule=sched, on_trace_ready=handler)
+    prof.start()
+    prof.step()  # warm-up step 0 -> recording
+    workers = [threading.Thread(target=_annotate, args=(annotations // THREADS, backend.log)) for _ in range(THREADS)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    t0 = time.perf_counter_ns()
+    prof.step()  # ends the window: the training thread's part only
+    window_end_ms = (time.perf_counter_ns() - t0) / 1e6
+    during = []
+    while not done.is_set():
+        s0 = time.perf_counter_ns()
+        python_step()
+        during.append((time.perf_counter_ns() - s0) / 1e6)
+    prof.stop()
+    idle = []
+    for _ in range(max(20, len(during))):
+        s0 = time.perf_counter_ns()
+        python_step()
+        idle.append((time.perf_counter_ns() - s0) / 1e6)
+    os.unlink(path)
+    slower = statistics.mean(during) / statistics.mean(idle) - 1 if during else 0.0
+    return {
+        "window_end_step_ms": window_end_ms,
+        "steps_during_background": len(during),
+        "step_ms_idle_mean": statistics.mean(idle),
+        "step_ms_during_mean": statistics.mean(during) if during else float("nan"),
+        "step_ms_during_max": max(during) if during else float("nan"),
+        "step_time_increase": slower,
     }
 
 
@@ -219,6 +285,9 @@ def main() -> None:
     runs = [run_polyprof(backend, args.annotations, folder) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     results: dict = {"polyprof": {k: round(v, 3) for k, v in med.items()}, "polyprof_runs": runs}
+    if "wait" in inspect.signature(polyprof.Profile.stop).parameters:
+        steps = [step_times_during_background(backend, args.annotations, folder) for _ in range(args.repeats)]
+        results["training_loop"] = {k: round(statistics.median(r[k] for r in steps), 3) for k in steps[0]}
     if not args.no_torch:
         try:
             truns = [run_torch(args.torch_annotations, folder) for _ in range(args.repeats)]

@@ -15,7 +15,7 @@ At interpreter exit, pending jobs are finished (their handlers write their files
 from __future__ import annotations
 
 import atexit
-import queue
+import collections
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -43,10 +43,12 @@ class Job:
 
 
 class Writer:
-    """The process's background writer (see the module docstring)."""
+    """The process's background writer (see the module docstring). Its thread exists only while there
+    is work: it ends when the queue is empty, so an idle process has no polyprof thread (tools that
+    sample every thread, such as torch's Python tracer, see none)."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._queue: collections.deque[Job] = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pending: set[Job] = set()
@@ -55,15 +57,19 @@ class Writer:
         job = Job(run)
         with self._lock:
             self._pending.add(job)
-            if self._thread is None or not self._thread.is_alive():
+            self._queue.append(job)
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=WRITER_THREAD_NAME, daemon=True)
                 self._thread.start()
-        self._jobs.put(job)
         return job
 
     def _serve(self) -> None:
         while True:
-            job = self._jobs.get()
+            with self._lock:
+                if not self._queue:
+                    self._thread = None  # the next submit starts a new thread
+                    return
+                job = self._queue.popleft()
             try:
                 job.result = job.run(job)
             except BaseException as exc:  # kept for the front end to raise where the user waits

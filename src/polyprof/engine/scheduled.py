@@ -31,6 +31,7 @@ import math
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from polyprof.backend import ProfileConfig
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
+from polyprof.engine.memory import release_free_memory
 from polyprof.engine.merge import CHOSEN_DROPS, merge
 from polyprof.engine.schedule import (
     PREPARE,
@@ -426,6 +428,9 @@ class Profile:
             trace.timings_ms["merge"] = round((time.perf_counter() - started) * 1e3, 3)
             trace.timings_ms["window_end_call"] = blocked_ms
             self._warnings.extend(self._problems(parts))
+            del parts
+            release_free_memory()  # the parts' columns were copied into the trace
+            weakref.finalize(trace, release_free_memory)
             self._trace_ready(trace)
             self._trace = trace
             job.merged.set()

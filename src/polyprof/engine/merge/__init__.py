@@ -101,15 +101,19 @@ def _concatenate(
         acts = part.activities
         string_map = np.array([strings.intern(s) for s in acts.strings.strings] or [0], dtype=np.int32)
         out = slice(base, base + n)
+        remap = {"cat": string_map, "name": string_map, "device": dev_map, "resource": res_map}
         for name, _ in COLUMNS:
-            col = acts.columns[name] if keep is None else acts.columns[name][keep]
-            if name in ("cat", "name"):
-                col = string_map[col]
-            elif name == "device":
-                col = dev_map[col]
-            elif name == "resource":
-                col = res_map[col]
-            columns[name][out] = col
+            target = columns[name][out]
+            mapping = remap.get(name)
+            if mapping is not None and np.array_equal(mapping, np.arange(len(mapping))):
+                mapping = None  # handles already the trace's: a plain copy
+            if mapping is None:
+                if keep is None:
+                    target[:] = acts.columns[name]
+                else:
+                    np.take(acts.columns[name], keep, out=target)
+            else:
+                np.take(mapping, acts.columns[name] if keep is None else acts.columns[name][keep], out=target)
         if offset:
             fid = columns["flow_id"][out]
             fid[fid != 0] += offset
