@@ -69,3 +69,23 @@ def test_record_function_alone_imports_neither_numpy_nor_the_engine():
     modules = json.loads(out)
     assert not [m for m in modules if m.startswith(("numpy", "orjson", "polyprof.engine", "polyprof.model"))], modules
     assert "polyprof.annotations" in modules
+
+
+def code_lines(path: str) -> int:
+    """Lines of code: not blank, not a comment, not part of a docstring."""
+    src = open(path).read()
+    docstrings = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+            docstrings.update(range(node.body[0].lineno, node.body[0].end_lineno + 1))
+    return sum(
+        1 for i, line in enumerate(src.splitlines(), 1) if line.strip() and not line.strip().startswith("#") and i not in docstrings
+    )
+
+
+def test_the_reference_plugin_stays_small_enough_to_copy():
+    """polyprof-opencl is the example a vendor copies: under 500 lines of code (its docstrings, which
+    explain it, are not counted)."""
+    folder = os.path.join(PLUGINS, "polyprof-opencl", "src", "polyprof_opencl")
+    total = sum(code_lines(p) for p in _python_files(folder))
+    assert total < 500, total

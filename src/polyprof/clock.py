@@ -165,13 +165,16 @@ class ClockPair:
     method: str = ""
 
 
-def sample_clock_pair(read_device: Callable[[], int], samples: int = 5, method: str = "") -> ClockPair:
-    """The tightest of `samples` host brackets around ``read_device()`` (a device clock read)."""
+def sample_clock_pair(read_device: Callable[[], Any], samples: int = 5, method: str = "") -> ClockPair:
+    """The tightest of `samples` host brackets around ``read_device()`` (a device clock read). The read
+    may return a callable instead, called after the bracket for the timestamp: a marker command enqueued
+    inside the bracket and waited for outside it."""
     best: ClockPair | None = None
     for _ in range(max(1, samples)):
         before = host_ns()
-        device = int(read_device())
+        device = read_device()
         after = host_ns()
+        device = int(device() if callable(device) else device)
         pair = ClockPair(device, (before + after) // 2, max(1, (after - before) // 2), method)
         if best is None or pair.uncertainty_ns < best.uncertainty_ns:
             best = pair

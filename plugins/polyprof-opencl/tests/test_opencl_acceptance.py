@@ -125,7 +125,7 @@ def test_program_results_are_unchanged_and_nothing_is_kept_alive(cl, context, pr
     np.testing.assert_array_equal(profiled[1], out)
     from polyprof_opencl.intercept import patches, recorder
 
-    assert recorder.columns is None and not patches.installed
+    assert recorder.holder[0] is None and not patches.installed
     assert not hasattr(cl._cl.enqueue_nd_range_kernel, "__polyprof_original__"), (
         "no wrapper outside a profile"
     )

@@ -1,85 +1,40 @@
-"""Pairs of (device timestamp, host timestamp) for mapping an OpenCL device's clock onto polyprof's.
+"""Reading an OpenCL device's clock for (device, host) pairs, best method first:
 
-Two methods, best first:
+* ``clGetDeviceAndHostTimer`` (OpenCL 2.1, ``Device.device_and_host_timer()``), bracketed by host reads;
+* a marker command, whose ``CL_PROFILING_COMMAND_QUEUED`` is stamped while the host enqueues it.
 
-* ``clGetDeviceAndHostTimer`` (OpenCL 2.1, ``Device.device_and_host_timer()``): the device's counter,
-  bracketed by two host-clock reads;
-* a marker command: ``CL_PROFILING_COMMAND_QUEUED`` is stamped on the device's clock while the host
-  enqueues the marker, so the enqueue call brackets it on the host clock.
-
-Each pair carries its half-bracket as uncertainty; several samples are taken and the tightest kept.
-PoCL's CPU device stamps events with CLOCK_MONOTONIC_RAW, so its mapping shows a real offset (the
-difference from CLOCK_MONOTONIC) and a small drift (NTP slewing), not identity.
+PoCL's CPU device stamps events with CLOCK_MONOTONIC_RAW, so its mapping shows a real offset and a small
+drift (NTP slewing), not identity.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from polyprof.plugin import host_ns
+from polyprof.plugin import ClockPair, sample_clock_pair
 
-SAMPLES = 5
-_sampling_queues: dict[int, Any] = {}  # device pointer -> the private queue markers are sampled on
-
-
-def _sampling_queue(cl: Any, device: Any) -> Any:
-    """One private context and profiling queue per device for the whole process: creating them for
-    every profile (every schedule cycle) would leave OpenCL a context per cycle to manage."""
-    key = int(device.int_ptr)
-    queue = _sampling_queues.get(key)
-    if queue is None:
-        context = cl.Context(devices=[device])
-        queue = _sampling_queues[key] = cl.CommandQueue(
-            context, properties=cl.command_queue_properties.PROFILING_ENABLE
-        )
-    return queue
-
-
-@dataclass(frozen=True)
-class ClockPair:
-    device_ns: int
-    host_ns: int
-    uncertainty_ns: int
-    method: str
+_marker_queues: dict[int, Any] = {}  # device pointer -> a private queue, one per process (not per cycle)
 
 
 class DeviceClock:
-    """Samples one device's clock (markers go to a private queue shared by all profiles)."""
-
     def __init__(self, cl: Any, device: Any) -> None:
-        self.cl = cl
-        self.device = device
-        self._queue: Any = None
-        self.method = "device_and_host_timer"
-        self.error = ""
+        self.cl, self.device = cl, device
+        self.error = ""  # why the better method could not be used
 
-    def _timer_pair(self) -> ClockPair:
-        h0 = host_ns()
-        device_ts, _platform_host_ts = self.device.device_and_host_timer()
-        h1 = host_ns()
-        return ClockPair(int(device_ts), (h0 + h1) // 2, max(1, (h1 - h0) // 2), "device_and_host_timer")
+    def _marker(self) -> Any:
+        """Enqueue a marker (inside the host bracket); its queued time is read after the bracket."""
+        key = int(self.device.int_ptr)
+        if key not in _marker_queues:
+            context = self.cl.Context(devices=[self.device])
+            flag = self.cl.command_queue_properties.PROFILING_ENABLE
+            _marker_queues[key] = self.cl.CommandQueue(context, properties=flag)
+        event = self.cl.enqueue_marker(_marker_queues[key])  # the queue is idle: the last marker was waited for
+        return lambda: event.wait() or event.profile.queued
 
-    def _marker_pair(self) -> ClockPair:
-        cl = self.cl
-        if self._queue is None:
-            self._queue = _sampling_queue(cl, self.device)
-        self._queue.finish()
-        h0 = host_ns()
-        event = cl.enqueue_marker(self._queue)
-        h1 = host_ns()
-        event.wait()
-        return ClockPair(int(event.profile.queued), (h0 + h1) // 2, max(1, (h1 - h0) // 2), "marker")
-
-    def sample(self, samples: int = SAMPLES) -> ClockPair:
-        """The tightest of `samples` pairs."""
-        if self.method == "device_and_host_timer":
+    def sample(self) -> ClockPair:
+        if not self.error:
             try:
-                return min((self._timer_pair() for _ in range(samples)), key=lambda p: p.uncertainty_ns)
+                return sample_clock_pair(lambda: self.device.device_and_host_timer()[0], method="device_and_host_timer")
             except Exception as exc:  # CL < 2.1, or the platform cannot correlate (INVALID_OPERATION)
                 self.error = f"clGetDeviceAndHostTimer unusable ({exc}); using marker commands"
-                self.method = "marker"
-        return min((self._marker_pair() for _ in range(samples)), key=lambda p: p.uncertainty_ns)
-
-    def close(self) -> None:
-        self._queue = None
+        return sample_clock_pair(self._marker, method="marker")

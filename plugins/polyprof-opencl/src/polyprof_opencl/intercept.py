@@ -1,311 +1,130 @@
 """Wrapping pyopencl's enqueue functions while a profile records.
 
-pyopencl's public functions (``enqueue_copy``, ``enqueue_fill_buffer``, kernel calls, the generated
-kernel invokers, ``pyopencl.array``) all reach the C extension through attributes of
-``pyopencl._cl`` looked up at call time. Replacing those attributes for the duration of a recording
-catches every command. Outside a recording nothing is wrapped, so a program pays nothing.
+pyopencl's public functions (``enqueue_copy``, kernel calls, the generated kernel invokers,
+``pyopencl.array``) reach the C extension through attributes of ``pyopencl._cl`` looked up at call
+time: replacing those attributes for a recording catches every command, and outside one nothing is
+wrapped. Not caught: a function taken from ``pyopencl._cl`` before the profile started and called
+directly, and commands enqueued by C code.
 
-Not caught: a function object taken from ``pyopencl._cl`` before the profile started and called
-directly (``from pyopencl._cl import enqueue_nd_range_kernel``), and commands enqueued by C code.
+A wrapper appends one record per call to column lists (:data:`FIELDS`): no container per call, so the
+garbage collector's passes stay short. The wrapper is the C interceptor of ``_intercept.c`` (a few
+hundred ns per call, the caller's arguments forwarded untouched) or, without a compiler, the same in
+Python. Kernels keep their kernel object and work sizes (a, b, c), other commands their byte count (a);
+the command's event is kept as a raw retained handle, never the user's object (a NannyEvent keeps its
+host array alive and blocks when dropped).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from polyprof.plugin import current_external_id_var, host_ns
-from polyprof_opencl.calls import MODE_ARGS_1_2_3, MODE_FALLBACK, MODE_NBYTES_OF_ARG, CallColumns, interceptor
+from polyprof_opencl.commands import COMMANDS, KERNEL, UNMAP_SPEC, CommandSpec, arg, hostbuf_bytes, nbytes_of
 
-KERNEL, MEMCPY, MEMSET, MAP, UNMAP = "kernel", "memcpy", "memset", "map", "unmap"
+try:
+    from polyprof_opencl import _intercept
+except ImportError:  # not built (no compiler): the Python wrapper below records the same
+    _intercept = None
+else:
+    _intercept.configure(current_external_id_var())
 
-
-@dataclass(frozen=True)
-class CommandSpec:
-    """One intercepted entry point of pyopencl._cl."""
-
-    attr: str
-    category: str
-    api: str  # the OpenCL call it makes, the name of the host-side runtime row
-    direction: str = ""  # HtoD, DtoH, DtoD for copies
-    nbytes: Callable[[tuple, dict], int | None] | None = None
+FIELDS = ("spec", "queue", "event", "start", "end", "tid", "external_id", "error", "a", "b", "c")
+MODE_FALLBACK, MODE_ARGS_1_2_3, MODE_NBYTES_OF_ARG = 0, 1, 2  # how a, b, c are read (see _intercept.c)
 
 
-def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    return args[pos] if len(args) > pos else default
+class CallColumns:
+    """Where wrappers record: ``holder[0]`` is one list per field while recording, else None."""
+
+    def __init__(self) -> None:
+        self.holder: list[Any] = [None]
+
+    def begin(self) -> tuple[list, ...]:
+        self.holder[0] = columns = tuple([] for _ in FIELDS)
+        return columns
+
+    def end(self) -> None:
+        self.holder[0] = None
+
+    @staticmethod
+    def rows(columns: tuple[list, ...]) -> list[tuple]:
+        n = min(len(c) for c in columns)  # a call on another thread may be mid-append
+        return list(zip(*(c[:n] for c in columns), strict=True))
 
 
-def _host_bytes(obj: Any) -> int | None:
-    nbytes = getattr(obj, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    try:
-        return memoryview(obj).nbytes
-    except TypeError:
+def interceptor(original: Callable, spec: Any, columns: CallColumns, *, mode: int, fallback: Callable,
+                pos: int = 0, kw_name: str | None = None, handle_type: type | None = None,
+                plain_event: Callable | None = None, retain_address: int = 0) -> Callable | None:  # fmt: skip
+    """The C interceptor of `original` (None when it is not built or POLYPROF_PURE_PYTHON is set)."""
+    if _intercept is None or os.environ.get("POLYPROF_PURE_PYTHON", "") not in ("", "0"):
         return None
+    return _intercept.Interceptor(original, spec, columns.holder, mode, pos, kw_name, fallback, handle_type,
+                                  plain_event or (lambda *a: None), retain_address)  # fmt: skip
 
 
-def _hostbuf_bytes(args: tuple, kwargs: dict) -> int | None:
-    hostbuf = args[2] if len(args) > 2 else kwargs.get("hostbuf")
-    nbytes = getattr(hostbuf, "nbytes", None)  # numpy arrays: the common case, answered without a call
-    return nbytes if type(nbytes) is int else _host_bytes(hostbuf)
-
-
-def _copy_buffer_bytes(args: tuple, kwargs: dict) -> int | None:
-    count = _arg(args, kwargs, 3, "byte_count", -1)
-    if isinstance(count, int) and count >= 0:
-        return count
-    src, dst = _arg(args, kwargs, 1, "src"), _arg(args, kwargs, 2, "dst")
-    try:
-        return min(
-            int(src.size) - int(_arg(args, kwargs, 4, "src_offset", 0)),
-            int(dst.size) - int(_arg(args, kwargs, 5, "dst_offset", 0)),
-        )
-    except Exception:
-        return None
-
-
-def _rect_bytes(region_pos: int) -> Callable[[tuple, dict], int | None]:
-    def nbytes(args: tuple, kwargs: dict) -> int | None:
-        region = _arg(args, kwargs, region_pos, "region")
-        try:
-            total = 1
-            for r in region:
-                total *= int(r)
-            return total
-        except Exception:
-            return None
-
-    return nbytes
-
-
-def _fill_bytes(args: tuple, kwargs: dict) -> int | None:
-    size = _arg(args, kwargs, 4, "size")
-    return size if isinstance(size, int) else None
-
-
-def _map_bytes(args: tuple, kwargs: dict) -> int | None:
-    shape, dtype = _arg(args, kwargs, 4, "shape"), _arg(args, kwargs, 5, "dtype")
-    try:
-        import numpy as np
-
-        return int(np.prod(shape)) * np.dtype(dtype).itemsize
-    except Exception:
-        return None
-
-
-def _svm_memcpy_bytes(args: tuple, kwargs: dict) -> int | None:
-    return _host_bytes(_arg(args, kwargs, 3, "src"))
-
-
-COMMANDS: tuple[CommandSpec, ...] = (
-    CommandSpec("enqueue_nd_range_kernel", KERNEL, "clEnqueueNDRangeKernel"),
-    CommandSpec("_enqueue_read_buffer", MEMCPY, "clEnqueueReadBuffer", "DtoH", _hostbuf_bytes),
-    CommandSpec("_enqueue_write_buffer", MEMCPY, "clEnqueueWriteBuffer", "HtoD", _hostbuf_bytes),
-    CommandSpec("_enqueue_copy_buffer", MEMCPY, "clEnqueueCopyBuffer", "DtoD", _copy_buffer_bytes),
-    CommandSpec("_enqueue_read_buffer_rect", MEMCPY, "clEnqueueReadBufferRect", "DtoH", _rect_bytes(5)),
-    CommandSpec("_enqueue_write_buffer_rect", MEMCPY, "clEnqueueWriteBufferRect", "HtoD", _rect_bytes(5)),
-    CommandSpec("_enqueue_copy_buffer_rect", MEMCPY, "clEnqueueCopyBufferRect", "DtoD", _rect_bytes(5)),
-    CommandSpec("_enqueue_read_image", MEMCPY, "clEnqueueReadImage", "DtoH"),
-    CommandSpec("_enqueue_write_image", MEMCPY, "clEnqueueWriteImage", "HtoD"),
-    CommandSpec("_enqueue_copy_image", MEMCPY, "clEnqueueCopyImage", "DtoD"),
-    CommandSpec("_enqueue_copy_image_to_buffer", MEMCPY, "clEnqueueCopyImageToBuffer", "DtoD"),
-    CommandSpec("_enqueue_copy_buffer_to_image", MEMCPY, "clEnqueueCopyBufferToImage", "DtoD"),
-    CommandSpec("_enqueue_svm_memcpy", MEMCPY, "clEnqueueSVMMemcpy", "SVM", _svm_memcpy_bytes),
-    CommandSpec("_enqueue_fill_buffer", MEMSET, "clEnqueueFillBuffer", "", _fill_bytes),
-    CommandSpec("enqueue_fill_image", MEMSET, "clEnqueueFillImage"),
-    CommandSpec("_enqueue_svm_memfill", MEMSET, "clEnqueueSVMMemFill"),
-    CommandSpec("enqueue_map_buffer", MAP, "clEnqueueMapBuffer", "map", _map_bytes),
-    CommandSpec("enqueue_map_image", MAP, "clEnqueueMapImage", "map"),
-    CommandSpec("_enqueue_svm_map", MAP, "clEnqueueSVMMap", "map"),
-    CommandSpec("_enqueue_svm_unmap", UNMAP, "clEnqueueSVMUnmap", "unmap"),
-)
-UNMAP_SPEC = CommandSpec("MemoryMap.release", UNMAP, "clEnqueueUnmapMemObject", "unmap")
-
-
-@dataclass
-class Record:
-    """One intercepted enqueue, decoded at collect time from the raw tuple the wrapper stored."""
-
-    spec: CommandSpec
-    queue: Any
-    event: Any
-    start: int
-    end: int
-    tid: int
-    external_id: int
-    kernel: Any = None
-    global_size: Any = None
-    local_size: Any = None
-    nbytes: int | None = None
-    error: str = ""
-
-    @classmethod
-    def decode(cls, raw: tuple) -> Record:
-        spec, queue, event, start, end, tid, ext, error, a, b, c = raw
-        rec = cls(spec, queue, event, start, end, tid, ext, error=error)
-        if spec.category == KERNEL:
-            rec.kernel, rec.global_size, rec.local_size = a, b, c
-        else:
-            rec.nbytes = a
-        return rec
-
-
-class Recorder(CallColumns):
-    """Where wrappers record calls: the recording session's columns, or nothing when not recording.
-
-    Records are stored column-wise (one list per field, see ``polyprof_opencl.calls.FIELDS``) so that
-    recording keeps no new container alive per call (the only one is the command's Event, which
-    collect needs): every object the profiler keeps makes the garbage collector's passes longer.
-    Kernels keep their kernel object and work sizes (a, b, c); other commands their byte count (a), so
-    no host array or buffer is kept alive.
-    """
-
-
-recorder = Recorder()
+recorder = CallColumns()
 _current_external_id = current_external_id_var().get
-
-_nanny_event_type: type | None = None  # set when patches install
-_retain_address = 0  # clRetainEvent of the OpenCL loader pyopencl uses, when it can be found
-_plain_event: Callable[..., Any] = lambda ptr, retain: None  # noqa: E731 - set when patches install
+_nanny: dict[str, Any] = {"type": None, "plain": lambda ptr, retain: None, "retain": 0}  # set at install
 
 
 def _own_handle(event: Any) -> Any:
-    """The event to keep for timing. A NannyEvent (host-buffer transfers) waits for its command and
-    keeps the host array alive until it is dropped: keeping the user's object would change when the
-    program blocks and how long its arrays live. Keep a plain retained handle to the same cl_event
-    instead, and let the user's object die when it would have."""
-    if type(event) is _nanny_event_type:
-        return _plain_event(event.int_ptr, True)
-    return event
-
-
-def _nbytes(spec: CommandSpec, args: tuple, kwargs: dict) -> int | None:
-    if spec.nbytes is None:
-        return None
-    try:
-        return spec.nbytes(args, kwargs)
-    except Exception:
-        return None
+    """The event to keep: a NannyEvent becomes a plain retained handle to the same cl_event."""
+    return _nanny["plain"](event.int_ptr, True) if type(event) is _nanny["type"] else event
 
 
 def _payload(spec: CommandSpec) -> Callable[[tuple, dict], tuple]:
-    """(a, b, c) of a call, for the cases the C interceptor does not read itself."""
+    """(a, b, c) of a call, where the C interceptor does not read them itself."""
     if spec.category == KERNEL:
-        return lambda args, kwargs: (
-            _arg(args, kwargs, 1, "kernel"),
-            _arg(args, kwargs, 2, "global_work_size"),
-            _arg(args, kwargs, 3, "local_work_size"),
-        )
-    return lambda args, kwargs: (_nbytes(spec, args, kwargs), None, None)
+        return lambda a, kw: (arg(a, kw, 1, "kernel"), arg(a, kw, 2, "global_work_size"), arg(a, kw, 3, "local_work_size"))
+    return lambda args, kwargs: (nbytes_of(spec, args, kwargs), None, None)
 
 
 def _wrap(original: Callable, spec: CommandSpec) -> Callable:
+    mode, pos, kw_name = MODE_FALLBACK, 0, None
     if spec.category == KERNEL:
-        mode, pos, kw_name = MODE_ARGS_1_2_3, 0, None
-    elif spec.nbytes is _hostbuf_bytes:
+        mode = MODE_ARGS_1_2_3
+    elif spec.nbytes is hostbuf_bytes:
         mode, pos, kw_name = MODE_NBYTES_OF_ARG, 2, "hostbuf"
-    else:
-        mode, pos, kw_name = MODE_FALLBACK, 0, None
-    fast = interceptor(
-        original,
-        spec,
-        recorder,
-        mode=mode,
-        pos=pos,
-        kw_name=kw_name,
-        fallback=_payload(spec),
-        handle_type=_nanny_event_type,
-        plain_event=_plain_event,
-        retain_address=_retain_address,
-    )
-    return fast if fast is not None else _python_wrapper(original, spec)
+    fast = interceptor(original, spec, recorder, mode=mode, pos=pos, kw_name=kw_name, fallback=_payload(spec),
+                       handle_type=_nanny["type"], plain_event=_nanny["plain"], retain_address=_nanny["retain"])  # fmt: skip
+    return fast if fast is not None else _python_wrapper(original, spec, _payload(spec))
 
 
-def _python_wrapper(original: Callable, spec: CommandSpec) -> Callable:
-    """The same recording in Python, when polyprof's C extension is not built."""
-    kernel = spec.category == KERNEL
-    get_tid = threading.get_native_id
-    payload = _payload(spec)
-    holder = recorder.holder
+def _python_wrapper(original: Callable, spec: CommandSpec, payload: Callable, queue_at: int = 0) -> Callable:
+    """The same record in Python. `queue_at`: the queue's position among the arguments (1 for a method)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        columns = holder[0]
+        columns = recorder.holder[0]
         if columns is None:
             return original(*args, **kwargs)
-        start = host_ns()
-        error = ""
-        result = None
+        start, error, result = host_ns(), "", None
         try:
             result = original(*args, **kwargs)
+            return result
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            end = host_ns()
-            c_spec, c_queue, c_event, c_start, c_end, c_tid, c_ext, c_error, c_a, c_b, c_c = columns
-            c_spec.append(spec)
-            c_queue.append(args[0] if args else kwargs.get("queue"))
-            c_event.append(_own_handle(result[1] if type(result) is tuple else result))
-            c_start.append(start)
-            c_end.append(end)
-            c_tid.append(get_tid())
-            c_ext.append(_current_external_id())
-            c_error.append(error)
-            a, b, c = args[1:4] if kernel and not kwargs and len(args) >= 4 else payload(args, kwargs)
-            c_a.append(a)
-            c_b.append(b)
-            c_c.append(c)
-        return result
+            event = _own_handle(result[1] if type(result) is tuple else result)
+            row = (spec, arg(args, kwargs, queue_at, "queue"), event, start, host_ns(), threading.get_native_id(),
+                   _current_external_id(), error, *payload(args, kwargs))  # fmt: skip
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
 
     wrapper.__polyprof_original__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
-def _wrap_unmap(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def release(self: Any, queue: Any = None, wait_for: Any = None) -> Any:
-        columns = recorder.holder[0]
-        if columns is None:
-            return original(self, queue, wait_for)
-        start = host_ns()
-        result = original(self, queue, wait_for)
-        row = (
-            UNMAP_SPEC,
-            queue,
-            result,
-            start,
-            host_ns(),
-            threading.get_native_id(),
-            _current_external_id(),
-            "",
-            None,
-            None,
-            None,
-        )
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-        return result
-
-    release.__polyprof_original__ = original  # type: ignore[attr-defined]
-    return release
-
-
 def cl_retain_event_address() -> int:
     """Address of clRetainEvent in the OpenCL loader already loaded in this process (pyopencl's), or 0."""
-    import ctypes
-
     try:
         with open("/proc/self/maps") as f:
-            paths = {
-                line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")
-            }
+            paths = {line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")}
     except OSError:
         return 0
     for path in sorted(paths):
@@ -337,27 +156,23 @@ class Patches:
         return bool(self._saved)
 
     def install(self, cl: Any) -> None:
-        global _nanny_event_type, _plain_event, _retain_address
         with self._lock:
             if self._saved:
                 return
             _cl = cl._cl
-            _nanny_event_type = getattr(_cl, "NannyEvent", None)
-            _retain_address = cl_retain_event_address()
-            _plain_event = _cl.Event.from_int_ptr
+            _nanny.update(type=getattr(_cl, "NannyEvent", None), plain=_cl.Event.from_int_ptr,
+                          retain=cl_retain_event_address())  # fmt: skip
             for spec in COMMANDS:
                 original = getattr(_cl, spec.attr, None)
-                if original is None:
-                    continue
-                wrapper = _wrap(original, spec)
-                self._set(_cl, spec.attr, wrapper)
-                if getattr(cl, spec.attr, None) is original:  # re-exported under the same name
-                    self._set(cl, spec.attr, wrapper)
+                if original is not None:
+                    self._set(_cl, spec.attr, wrapper := _wrap(original, spec))
+                    if getattr(cl, spec.attr, None) is original:  # re-exported under the same name
+                        self._set(cl, spec.attr, wrapper)
             memory_map = getattr(_cl, "MemoryMap", None)
             if memory_map is not None and hasattr(memory_map, "release"):
-                self._set(memory_map, "release", _wrap_unmap(memory_map.release))
-            queue_class = profiling_queue_class(cl)
-            if cl.CommandQueue is not queue_class:
+                release = _python_wrapper(memory_map.release, UNMAP_SPEC, _payload(UNMAP_SPEC), queue_at=1)
+                self._set(memory_map, "release", release)
+            if cl.CommandQueue is not (queue_class := profiling_queue_class(cl)):
                 self._set(cl, "CommandQueue", queue_class)
 
     def _set(self, owner: Any, attr: str, value: Any) -> None:
@@ -372,16 +187,15 @@ class Patches:
 
 
 patches = Patches()
-
 _queue_classes: dict[int, Any] = {}
-_always_enabled = {"on": False, "saved": None}
+#: who asked for profiling-enabled queues: the user (enable_queue_profiling) and running profiles
+_queue_profiling: dict[str, Any] = {"user": False, "profiles": 0, "saved": None}
 
 
 def profiling_queue_class(cl: Any) -> Any:
     """A CommandQueue subclass that adds PROFILING_ENABLE to whatever properties are asked for."""
     base = cl._cl.CommandQueue
-    cls = _queue_classes.get(id(base))
-    if cls is None:
+    if id(base) not in _queue_classes:
         flag = cl.command_queue_properties.PROFILING_ENABLE
 
         class CommandQueue(base):  # type: ignore[misc,valid-type]
@@ -390,53 +204,44 @@ def profiling_queue_class(cl: Any) -> Any:
             def __init__(self, context: Any, device: Any = None, properties: Any = None) -> None:
                 super().__init__(context, device, (properties or 0) | flag)
 
-        CommandQueue.__module__ = "pyopencl"
-        CommandQueue.__qualname__ = "CommandQueue"
-        cls = _queue_classes[id(base)] = CommandQueue
-    return cls
+        CommandQueue.__module__, CommandQueue.__qualname__ = "pyopencl", "CommandQueue"
+        _queue_classes[id(base)] = CommandQueue
+    return _queue_classes[id(base)]
 
 
-_profiles_holding = {"count": 0, "saved": None}
-
-
-def hold_queue_profiling(cl: Any) -> None:
-    """While a profile runs (all of it: wait, warm-up and active steps), make new queues
-    profiling-enabled, so that queues created at any step of a scheduled profile are timed."""
-    if _profiles_holding["count"] == 0 and not _always_enabled["on"]:
-        _profiles_holding["saved"] = cl.CommandQueue
+def _change_queue_profiling(cl: Any, user: bool | None = None, profiles: int = 0) -> None:
+    """Update who asks for profiling-enabled queues; swap pyopencl's class when that turns on or off."""
+    state = _queue_profiling
+    was = state["user"] or state["profiles"] > 0
+    state["user"] = state["user"] if user is None else user
+    state["profiles"] = max(0, state["profiles"] + profiles)
+    on = state["user"] or state["profiles"] > 0
+    if on and not was:
+        _queue_profiling["saved"] = cl.CommandQueue
         cl.CommandQueue = profiling_queue_class(cl)
-    _profiles_holding["count"] += 1
-
-
-def release_queue_profiling(cl: Any) -> None:
-    """Undo one :func:`hold_queue_profiling` (the last one restores pyopencl's class)."""
-    if _profiles_holding["count"] == 0:
-        return
-    _profiles_holding["count"] -= 1
-    if _profiles_holding["count"] == 0 and _profiles_holding["saved"] is not None:
+    elif was and not on and _queue_profiling["saved"] is not None:
         if cl.CommandQueue is profiling_queue_class(cl):
-            cl.CommandQueue = _profiles_holding["saved"]
-        _profiles_holding["saved"] = None
+            cl.CommandQueue = _queue_profiling["saved"]
+        _queue_profiling["saved"] = None
+
+
+def hold_queue_profiling(cl: Any, hold: bool = True) -> None:
+    """While a profile runs (all of it: wait, warm-up and active steps), new queues are
+    profiling-enabled, so that queues created at any step of a scheduled profile are timed.
+    ``hold=False`` undoes one hold."""
+    _change_queue_profiling(cl, profiles=1 if hold else -1)
 
 
 def enable_queue_profiling() -> None:
-    """From now on, every ``pyopencl.CommandQueue(...)`` is profiling-enabled, profile or not.
-
-    Call it before creating queues that a later profile should time (a queue's properties cannot be
-    changed after creation). Costs the runtime's per-command timestamping, nothing else.
-    """
+    """From now on, every ``pyopencl.CommandQueue(...)`` is profiling-enabled, profile or not. Call it
+    before creating queues a later profile should time (a queue's properties cannot change after)."""
     import pyopencl as cl
 
-    if not _always_enabled["on"]:
-        _always_enabled["saved"] = cl.CommandQueue
-        cl.CommandQueue = profiling_queue_class(cl)
-        _always_enabled["on"] = True
+    _change_queue_profiling(cl, user=True)
 
 
 def disable_queue_profiling() -> None:
     """Undo :func:`enable_queue_profiling`."""
     import pyopencl as cl
 
-    if _always_enabled["on"]:
-        cl.CommandQueue = _always_enabled["saved"]
-        _always_enabled["on"] = False
+    _change_queue_profiling(cl, user=False)
