@@ -24,12 +24,11 @@ from polyprof.plugin import (
     FLOW_AC2G,
     ActivityKind,
     ArgColumns,
-    ClockMapping,
+    ClockPairs,
     CodedStrings,
     ProfileConfig,
     SessionContext,
     Sink,
-    host_ns,
     sorted_unique,
 )
 from polyprof_cuda.cupti_layer import UNNAMED_SUBSCRIBER, SubscriberHeld
@@ -176,7 +175,7 @@ class CudaSession:
         largest = max((dtype.itemsize for _, dtype in self.layouts.values()), default=256)
         # raw buffers kept until collect; their memory is bounded by what max_records of them can need
         self.pool = BufferPool(self.buffer_bytes, max_bytes=self.max_records * largest)
-        self.pairs: list[tuple[int, int, int]] = []
+        self.pairs = ClockPairs()
         self.tracing = False
         self.kineto_alongside = False
         self.decoded = Decoded()
@@ -222,7 +221,7 @@ class CudaSession:
             self.layer.enable(self.kinds)
         except Exception as exc:
             self.ctx.report.warning(f"could not take CUPTI back from torch's collector: {exc}")
-        self.pairs = []  # Kineto may have given CUPTI its own clock: pair from here on
+        self.pairs.clear()  # Kineto may have given CUPTI its own clock: pair from here on
         self.ctx.report.detail("alongside", "torch's collector (Kineto), whose CUPTI callbacks polyprof took")
 
     def push_correlation(self, ident: int, kind: str) -> None:
@@ -272,23 +271,11 @@ class CudaSession:
         self.pool = BufferPool(self.buffer_bytes, 0)
 
     def _pair(self) -> None:
-        best = None
-        for _ in range(5):
-            h0 = host_ns()
-            c = self.layer.timestamp()
-            h1 = host_ns()
-            if best is None or h1 - h0 < best[2]:
-                best = (c, (h0 + h1) // 2, h1 - h0)
-        assert best is not None
-        self.pairs.append((best[0], best[1], max(1, best[2] // 2)))
+        self.pairs.sample(self.layer.timestamp)
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
-        mapping = ClockMapping.fit(
-            [c for c, _, _ in self.pairs],
-            [h for _, h, _ in self.pairs],
-            uncertainty_ns=max((u for _, _, u in self.pairs), default=0),
-        )
+        mapping = self.pairs.fit()
         self.ctx.report.clock_mapping(mapping, "cupti")
         sink.add_metadata("cupti_python_version", self.layer.package_version())
         pool = self.pool

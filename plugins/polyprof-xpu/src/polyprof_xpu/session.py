@@ -14,7 +14,13 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from polyprof.plugin import ActivityKind, ClockMapping, ProfileConfig, SessionContext, Sink, host_ns
+from polyprof.plugin import (
+    ActivityKind,
+    ClockPairs,
+    ProfileConfig,
+    SessionContext,
+    Sink,
+)
 from polyprof_xpu import abi
 
 DEFAULT_VIEWS = {
@@ -195,7 +201,7 @@ class XpuSession:
         self.buffers_given = 0
         self.buffers_refused = 0
         self.callback_errors: list[str] = []
-        self.pairs: list[tuple[int, int, int]] = []
+        self.pairs = ClockPairs()
         self.enabled: list[int] = []
         self.closed = False
         self._lock = threading.Lock()
@@ -247,15 +253,8 @@ class XpuSession:
             self.raw = defaultdict(list)
 
     def _pair(self) -> None:
-        best = None
-        for _ in range(5):
-            h0 = host_ns()
-            t = self.lib.timestamp() or time.time_ns()  # 0: not implemented; PTI's default clock is real time
-            h1 = host_ns()
-            if best is None or h1 - h0 < best[2]:
-                best = (t, (h0 + h1) // 2, h1 - h0)
-        assert best is not None
-        self.pairs.append((best[0], best[1], max(1, best[2] // 2)))
+        # 0: not implemented; PTI's default clock is then real time
+        self.pairs.sample(lambda: self.lib.timestamp() or time.time_ns())
 
     # -- PTI's thread -----------------------------------------------------------------------------
     def _requested(self, buffer_ptr: Any, size_ptr: Any) -> None:
@@ -304,11 +303,7 @@ class XpuSession:
             self.ctx.report.dropped_records(
                 self.buffers_refused, f"buffers refused (cap of {self.max_buffers})"
             )
-        mapping = ClockMapping.fit(
-            [t for t, _, _ in self.pairs],
-            [h for _, h, _ in self.pairs],
-            uncertainty_ns=max((u for _, _, u in self.pairs), default=0),
-        )
+        mapping = self.pairs.fit()
         self.ctx.report.clock_mapping(mapping, "pti")
         sink.add_metadata("xpupti_version", self.lib.version_string)
         with self._lock:
