@@ -8,9 +8,11 @@ import pytest
 from fake_backends import SimDeviceBackend
 
 import polyprof
+import polyprof.plugin
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
 from polyprof.export import dumps_chrome_trace
 from polyprof.model import ActivityKind
+from polyprof.plugin import SessionBase
 from polyprof.registry import Registry
 
 
@@ -534,3 +536,69 @@ def test_device_rows_never_on_thread_id_zero(registry):
         pass
     rows = {a.name: prof.trace.resources[a.resource] for a in prof.trace.activities}
     assert rows["k1"].id == 1 and rows["k0"].id not in (0, 1) and rows["k0"].name == "queue 0"
+
+
+class _FlushingSession(SessionBase):
+    """Launches are handed over by flush while recording; their kernels only at collect."""
+
+    def __init__(self, config, ctx):
+        super().__init__(config, ctx)
+        self.flushes = 0
+        self.launch_times = []
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def flush(self, sink):
+        self.flushes += 1
+        host = sink.host_device()
+        for i, (at, tid) in enumerate(self.launch_times[:]):
+            sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=sink.host_thread(tid), start=at, end=at + 10,
+                          correlation=i + 1, flow_id=i + 1, flow_start=True)  # fmt: skip
+        self.launch_times.clear()
+
+    def collect(self, sink):
+        dev = sink.device("flushy:0", type="sim", index=0)
+        q = sink.resource(dev, 1)
+        for i in range(3):
+            sink.activity(ActivityKind.KERNEL, f"k{i}", device=dev, resource=q, start=self.ctx.window_start + 100 + i,
+                          end=self.ctx.window_start + 200 + i, correlation=i + 1, flow_id=i + 1)  # fmt: skip
+
+
+class _FlushingBackend:
+    name, api_version, activities = "flushy", polyprof.API_VERSION, frozenset({"FLUSHY"})
+
+    def probe(self):
+        return polyprof.Availability.yes()
+
+    def create_session(self, config, ctx):
+        self.session = _FlushingSession(config, ctx)
+        return self.session
+
+
+def test_rows_handed_over_by_flush_while_recording_join_those_of_collect(registry):
+    import time
+
+    backend = _FlushingBackend()
+    registry.register(backend)
+    with polyprof.profile(["cpu", "flushy"], registry=registry, flush_interval_s=0.02) as prof:
+        with polyprof.record_function("before the flush"):
+            backend.session.launch_times += [(polyprof.plugin.host_ns(), threading.get_native_id()) for _ in range(3)]
+        deadline = time.monotonic() + 5
+        while backend.session.flushes < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with polyprof.record_function("after it"):
+            pass
+    trace = prof.trace
+    assert backend.session.flushes >= 2
+    kernels = trace.activities_of(ActivityKind.KERNEL)
+    launches = trace.activities_of(ActivityKind.RUNTIME)
+    assert len(launches) == 3 and sorted(k.flow_id for k in kernels) == sorted(r.flow_id for r in launches) == [1, 2, 3]
+    names = [a.name for a in trace.activities_of(ActivityKind.USER_ANNOTATION)]
+    assert names == ["before the flush", "after it"], "the host backend's flushes lose and repeat nothing"
+    assert {a.external_id for a in launches} == {trace.activities_of(ActivityKind.USER_ANNOTATION)[0].correlation}
+    assert "flush" in trace.backends["flushy"].timings_ms and "flush" in trace.backends["host"].timings_ms
+    assert trace.backends["flushy"].activities == 6

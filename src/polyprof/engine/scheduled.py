@@ -346,8 +346,6 @@ class Profile:
     def _prepare(self) -> None:
         if self._sessions is not None:
             return
-        if self._jobs and not writer.on_writer_thread:
-            self._jobs[-1].collected.wait()  # a backend's next session waits for its last collect
         self._sessions = SessionSet.create(self._selection, self.config, self._backend_options, self.call_timeout_s)
         self._sessions.prepare()
 
@@ -360,6 +358,10 @@ class Profile:
                 )
             _active_profile = self
         assert self._sessions is not None
+        if self._jobs and not writer.on_writer_thread:
+            # a backend's recorder may be process-wide (torch's observer): the last window's collect
+            # must be done with it before it records again (a warm-up step in between hides the wait)
+            self._jobs[-1].collected.wait()
         self._epoch = epoch_offset()
         self._window_observers("start")
         self._window_start = host_ns()

@@ -31,7 +31,9 @@ from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, C
 from polyprof.sink import Sink
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
-DEFAULT_FLUSH_INTERVAL_S = 1.0
+#: sessions with flush(sink) hand over completed rows this often while recording: it bounds what a
+#: window holds in its recorders, and the conversion work is done while recording instead of after
+DEFAULT_FLUSH_INTERVAL_S = 10.0
 
 
 @contextlib.contextmanager

@@ -1,0 +1,107 @@
+"""Merge and write run on the background writer: the call that ends a window returns at once, the
+trace and the handler's file are there when the user waits for them, at exit too."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import polyprof
+from polyprof.engine.background import WRITER_THREAD_NAME, writer
+from polyprof.model import ActivityKind
+
+
+class _SlowCollect(polyprof.plugin.SessionBase):
+    release = threading.Event()
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def collect(self, sink):
+        _SlowCollect.release.wait(10)
+
+
+class _SlowBackend:
+    name, api_version, activities = "slow", polyprof.API_VERSION, frozenset({"SLOW"})
+
+    def probe(self):
+        return polyprof.Availability.yes()
+
+    def create_session(self, config, ctx):
+        return _SlowCollect(config, ctx)
+
+
+@pytest.fixture
+def slow(registry):
+    registry.register(_SlowBackend())
+    _SlowCollect.release.clear()
+    yield registry
+    _SlowCollect.release.set()
+
+
+def test_the_step_that_ends_a_window_does_not_wait_for_collect_merge_or_handler(slow):
+    seen = []
+    prof = polyprof.profile(["cpu", "slow"], registry=slow, schedule=polyprof.schedule(wait=0, warmup=1, active=1),
+                            on_trace_ready=lambda p: seen.append((p.step_num, len(p.trace.activities))))  # fmt: skip
+    prof.start()
+    prof.step()  # recording
+    with polyprof.record_function("in the window"):
+        pass
+    prof.step()  # ends it: returns while the slow backend's collect is still running
+    assert seen == [] and any(t.name == WRITER_THREAD_NAME for t in threading.enumerate())
+    _SlowCollect.release.set()
+    prof.stop()  # waits for the handler, as torch.profiler's does
+    assert seen == [(2, 2)], "the handler sees its window's step number and trace (span + step marker)"
+    assert prof.trace.timings_ms["window_end_call"] < 1000
+
+
+def test_stop_without_waiting_returns_and_the_trace_waits(slow):
+    prof = polyprof.profile(["cpu", "slow"], registry=slow)
+    prof.start()
+    with polyprof.record_function("x"):
+        pass
+    prof.stop(wait=False)
+    assert prof._jobs and not prof._jobs[-1].merged.is_set()
+    _SlowCollect.release.set()
+    assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["x"]
+
+
+def test_a_handlers_exception_reaches_the_user_at_the_next_call(registry):
+    def handler(p):
+        raise ValueError("handler broke")
+
+    prof = polyprof.profile(["cpu"], registry=registry, schedule=polyprof.schedule(wait=0, warmup=1, active=1, repeat=2),
+                            on_trace_ready=handler)  # fmt: skip
+    prof.start()
+    prof.step()
+    prof.step()  # first window ends; its handler fails in the background
+    writer.drain()
+    with pytest.raises(ValueError, match="handler broke"):
+        prof.step()
+    prof.stop()
+
+
+def test_pending_writes_finish_at_interpreter_exit(tmp_path):
+    out = tmp_path / "t.json"
+    script = textwrap.dedent(
+        f"""
+        import polyprof
+        p = polyprof.profile(["cpu"], schedule=polyprof.schedule(wait=0, warmup=1, active=1),
+                             on_trace_ready=lambda p: p.export_chrome_trace({str(out)!r}))
+        p.start(); p.step()
+        for i in range(100000):
+            with polyprof.record_function("work"):
+                pass
+        p.step()   # the window ends; the program exits without waiting
+        """
+    )
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert out.exists() and b'"work"' in out.read_bytes()[:100_000] + out.read_bytes()[-5_000_000:]
