@@ -104,7 +104,7 @@ def main() -> None:
     callback_us = (time.perf_counter() - start) / 1000 * 1e6
     del spare
     records = 3 * n + copies
-    from polyprof.engine.lifecycle import gc_paused
+    from polyprof.engine.sessions import gc_paused
 
     sink = Sink("cuda")
     session.tracing = True  # as after prepare: stop() flushes (nothing left here) and decodes
@@ -136,7 +136,7 @@ def _merge_and_export(sink) -> tuple[float, int]:
     import tempfile
 
     from polyprof.clock import base_time_ns, epoch_offset
-    from polyprof.engine.merge import CollectedPart, merge
+    from polyprof.engine.merge import merge
     from polyprof.export import write_chrome_trace
     from polyprof.model import BackendStatus
 
@@ -146,7 +146,7 @@ def _merge_and_export(sink) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         trace = merge(
-            [CollectedPart(BackendStatus("cuda"), sink)],
+            [sink.seal(BackendStatus("cuda"))],
             window=window,
             epoch_offset_ns=offset,
             base_time_ns=base_time_ns(window[0] + offset),

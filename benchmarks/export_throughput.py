@@ -22,7 +22,7 @@ import numpy as np
 from _common import report
 
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
-from polyprof.engine.merge import CollectedPart, merge
+from polyprof.engine.merge import merge
 from polyprof.export import write_chrome_trace
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus, Trace
 from polyprof.sink import Sink
@@ -110,7 +110,7 @@ def synthetic_trace(n: int, seed: int = 0) -> Trace:
     assert kept == n, f"synthetic rows rejected: {sink.rejected}"
     epoch = epoch_offset()
     return merge(
-        [CollectedPart(BackendStatus("synthetic"), sink)],
+        [sink.seal(BackendStatus("synthetic"))],
         window=(int(start.min()), int((start + dur).max())),
         epoch_offset_ns=epoch.offset_ns,
         base_time_ns=base_time_ns(t0 + epoch.offset_ns),

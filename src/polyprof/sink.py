@@ -71,7 +71,7 @@ ROW_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
 _INTEGER_COLUMNS = ("kind", "device", "resource", "start", "end", "correlation", "external_id", "flow_id", "flow_type")
 _CATEGORY_BY_INT = {int(k): cat for k, cat in DEFAULT_CATEGORY.items()}
 _CATEGORY_TABLE = [_CATEGORY_BY_INT.get(k, "") for k in range(int(max(ActivityKind)) + 1)]
-_FLOW_TYPES = np.array(sorted({FLOW_NONE, *FLOW_NAMES}), dtype=np.int64)
+_FLOW_TYPES = sorted({FLOW_NONE, *FLOW_NAMES})  # 0 (none), 1 (fwdbwd), 2 (ac2g): checked as a range
 _INT_TYPES = {int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8, ActivityKind}
 _PENDING_ROWS = 4096  # rows from activity() are checked and stored in batches of this many
 
@@ -375,7 +375,8 @@ class Sink:
             ((kind < 0) | (kind > max(ActivityKind)), "unknown activity kind"),
         ]
         if "flow_type" in ints:
-            checks.append((~np.isin(ints["flow_type"], _FLOW_TYPES), "unknown flow type"))
+            ftype = ints["flow_type"]
+            checks.append(((ftype < _FLOW_TYPES[0]) | (ftype > _FLOW_TYPES[-1]), "unknown flow type"))
         for key in ("name", "cat"):
             values = columns.get(key)
             if isinstance(values, CodedStrings):

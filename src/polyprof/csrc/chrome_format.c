@@ -61,6 +61,7 @@ static int ob_str(outbuf *b, PyObject *s) {  /* JSON text given as bytes (UTF-8)
  * or the whole args object as JSON bytes or str. The rows are formatted without the GIL. The output is
  * exactly what polyprof.export.chrome's Python formatter writes. */
 #define N_COLS 11
+#define GIL_FREE_ROWS 8192
 
 typedef struct { const char *p; Py_ssize_t n; } text;
 
@@ -166,10 +167,14 @@ static PyObject *sp_format_activities(PyObject *m, PyObject *args) {
         if (x != Py_None && as_text(x, &extra_text[i]) < 0) goto done;
     }
     int rc;
-    /* `names` and `extra` stay referenced by the caller's arguments while the GIL is released */
-    Py_BEGIN_ALLOW_THREADS
-    rc = format_rows(&b, view, n, offset, name_text, n_names, extra_text);
-    Py_END_ALLOW_THREADS
+    if (n < GIL_FREE_ROWS) {  /* small: taking the GIL back could cost more than the rows */
+        rc = format_rows(&b, view, n, offset, name_text, n_names, extra_text);
+    } else {
+        /* `names` and `extra` stay referenced by the caller's arguments while the GIL is released */
+        Py_BEGIN_ALLOW_THREADS
+        rc = format_rows(&b, view, n, offset, name_text, n_names, extra_text);
+        Py_END_ALLOW_THREADS
+    }
     if (rc == FMT_NOMEM) PyErr_NoMemory();
     else if (rc == FMT_BAD_ID) PyErr_SetString(PyExc_IndexError, "string id out of range");
     else result = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);

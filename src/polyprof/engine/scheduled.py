@@ -67,6 +67,9 @@ from polyprof.model import CollectedPart, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
 
+#: traces of at least this many rows give their memory back to the system when freed
+LARGE_TRACE_ROWS = 200_000
+
 _active_lock = threading.Lock()
 _active_profile: Profile | None = None
 
@@ -161,6 +164,7 @@ class Profile:
         self._warnings: list[str] = []  # backend problems found in the background, for the user
         self._step_span: annotations.record_function | None = None
         self._started = False
+        self._merge_here = False
 
     @property
     def backends(self) -> list[str]:
@@ -229,9 +233,11 @@ class Profile:
         if not self._started:
             return
         self._exit_step_span()
+        self._merge_here = wait  # the caller waits anyway: merge on its thread, without a hand-over
         try:
             self._apply(TRANSITIONS[(self.current_action, None)])
         finally:
+            self._merge_here = False
             self.current_action = ProfilerAction.NONE
             self._started = False
             self._profile_hooks("profile_stopped")
@@ -431,8 +437,9 @@ class Profile:
             trace.timings_ms["window_end_call"] = blocked_ms
             self._warnings.extend(self._problems(parts))
             del parts
-            release_free_memory()  # the parts' columns were copied into the trace
-            weakref.finalize(trace, release_free_memory)
+            if len(trace.activities) >= LARGE_TRACE_ROWS:  # give a large window's memory back
+                release_free_memory()  # the parts' columns were copied into the trace
+                weakref.finalize(trace, release_free_memory)
             self._trace_ready(trace)
             self._trace = trace
             job.merged.set()
@@ -441,12 +448,16 @@ class Profile:
             return trace
 
         blocked_ms = 0.0
-        job = writer.submit(run) if not writer.on_writer_thread else None
+        here = writer.on_writer_thread or (self._merge_here and not any(not j.done.is_set() for j in self._jobs))
+        job = Job(run) if here else writer.submit(run)
         blocked_ms = round((time.perf_counter() - called) * 1e3, 3)
-        if job is None:  # a window ended from inside a handler: run it here
-            job = Job(run)
-            job.result = run(job)
-            job.finish()
+        if here:  # stop() that waits anyway, or a window ended from inside a handler: run it here
+            try:
+                job.result = run(job)
+            except BaseException as exc:  # kept for the user, as the writer keeps it
+                job.error = exc
+            finally:
+                job.finish()
         self._jobs = [j for j in self._jobs if not j.done.is_set()] + [job]
 
     def _call_handler(self, handler: Callable[[Profile], Any], step_num: int) -> None:

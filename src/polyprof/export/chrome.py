@@ -50,6 +50,8 @@ _NO_CORRELATION_LIST = [
 ]
 
 
+_WRITES_CORRELATION = np.ones(256, dtype=bool)  # by kind: whether a row's correlation is written
+_WRITES_CORRELATION[_NO_CORRELATION_LIST] = False
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -179,7 +181,7 @@ def _activity_chunk(
     `arg_rows` are the rows in lo..hi that have args, `dict_rows` those of them with dict args."""
     c = {k: v[lo:hi] for k, v in acts.columns.items()}
     kind = c["kind"]
-    flags = np.where((c["correlation"] != 0) & ~np.isin(kind, _NO_CORRELATION_LIST), FLAG_CORRELATION, 0)
+    flags = np.where((c["correlation"] != 0) & _WRITES_CORRELATION[kind], FLAG_CORRELATION, 0)
     flags |= np.where(kind == int(ActivityKind.INSTANT), FLAG_INSTANT, 0)
     flags |= np.where(c["flow_start"] != 0, FLAG_FLOW_START, 0)
     flags = flags.astype(np.int8)
