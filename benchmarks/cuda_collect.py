@@ -34,13 +34,13 @@ def main() -> None:
     from recorded_cupti import RecordedLayer, kernel_record, latest_class, make_record
 
     from polyprof.backend import ProfileConfig, SessionContext
-    from polyprof.clock import host_ns
+    from polyprof.clock import ClockPair, host_ns
     from polyprof.sink import Sink
 
     layer = RecordedLayer()
     ctx = SessionContext("cuda")
     session = CudaSession(layer, layer.devices(), ProfileConfig(), ctx)
-    session.pairs = [(layer.timestamp(), host_ns(), 100)]
+    session.pairs.add(ClockPair(layer.timestamp(), host_ns(), 100))
     t0 = layer.timestamp()
     n = args.kernels
     tid = os.getpid()
@@ -113,14 +113,17 @@ def main() -> None:
         session.stop()
         session.collect(sink)
     seconds = time.perf_counter() - start
-    export_seconds, events = _merge_and_export(sink)
+    from polyprof.model import BackendStatus
+
+    part = sink.seal(BackendStatus("cuda"))
+    export_seconds, events = _merge_and_export(part)
     report(
         "cuda_collect",
         {
             "records": records,
             "buffers": buffers,
             "buffer_request_and_complete_us": round(callback_us, 2),
-            "activities": len(sink.builder),
+            "activities": len(part.activities),
             "seconds": round(seconds, 3),
             "records_per_s": round(records / seconds),
             "target_records_per_s": 1_000_000,
@@ -131,22 +134,20 @@ def main() -> None:
     )
 
 
-def _merge_and_export(sink) -> tuple[float, int]:
+def _merge_and_export(part) -> tuple[float, int]:
     """What follows collect when a profile stops: merge into a trace, write it as Chrome JSON."""
     import tempfile
 
     from polyprof.clock import base_time_ns, epoch_offset
     from polyprof.engine.merge import merge
     from polyprof.export import write_chrome_trace
-    from polyprof.model import BackendStatus
-
-    rows = sink.builder.freeze()
+    rows = part.activities
     window = (int(rows["start"].min()), int(rows["end"].max()))
     offset = epoch_offset().offset_ns
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         trace = merge(
-            [sink.seal(BackendStatus("cuda"))],
+            [part],
             window=window,
             epoch_offset_ns=offset,
             base_time_ns=base_time_ns(window[0] + offset),
