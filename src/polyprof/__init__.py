@@ -54,6 +54,7 @@ _LAZY = {
     "Trace": "polyprof.model",
     "load_trace": "polyprof.io",
     "write_chrome_trace": "polyprof.export",
+    "ProfilerActivity": "polyprof.profiler",
 }
 
 

@@ -31,7 +31,6 @@ import math
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -43,7 +42,6 @@ from polyprof.backend import ProfileConfig
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
-from polyprof.engine.memory import release_free_memory
 from polyprof.engine.merge import CHOSEN_DROPS, merge
 from polyprof.engine.schedule import (
     PREPARE,
@@ -66,9 +64,6 @@ from polyprof.errors import ConfigError, PolyprofError, PolyprofWarning
 from polyprof.model import CollectedPart, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
-
-#: traces of at least this many rows give their memory back to the system when freed
-LARGE_TRACE_ROWS = 200_000
 
 _active_lock = threading.Lock()
 _active_profile: Profile | None = None
@@ -436,10 +431,7 @@ class Profile:
             trace.timings_ms["merge"] = round((time.perf_counter() - started) * 1e3, 3)
             trace.timings_ms["window_end_call"] = blocked_ms
             self._warnings.extend(self._problems(parts))
-            del parts
-            if len(trace.activities) >= LARGE_TRACE_ROWS:  # give a large window's memory back
-                release_free_memory()  # the parts' columns were copied into the trace
-                weakref.finalize(trace, release_free_memory)
+            del parts  # their columns were copied into the trace: free them before the handler runs
             self._trace_ready(trace)
             self._trace = trace
             job.merged.set()

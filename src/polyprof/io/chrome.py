@@ -229,7 +229,7 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
     )
 
 
-def _statuses(metadata: dict) -> tuple[dict[str, BackendStatus], dict[str, float]]:
+def _statuses(metadata: dict) -> tuple[dict[str, BackendStatus], dict[str, Any]]:
     """The backends' statuses and the trace's phase timings out of polyprof's metadata (which keeps
     neither: the trace's statuses are their one owner, serialised again when it is written)."""
     own = metadata.get("polyprof")
@@ -243,12 +243,12 @@ def _statuses(metadata: dict) -> tuple[dict[str, BackendStatus], dict[str, float
         for name, doc in (backends.items() if isinstance(backends, dict) else ())
         if isinstance(doc, dict)
     }
-    trace_timings: dict[str, float] = {}
+    trace_timings: dict[str, Any] = {}
     for key, value in (timings.items() if isinstance(timings, dict) else ()):
         if isinstance(value, dict) and key in statuses:
             statuses[key].timings_ms = dict(value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            trace_timings[key] = float(value)
+        elif isinstance(value, dict) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            trace_timings[key] = value  # a number, or a phase's parts (merge_passes)
     return statuses, trace_timings
 
 

@@ -33,8 +33,9 @@ class Trace:
     epoch_offset_ns: int = 0
     base_time_ns: int = 0
     window: tuple[int, int] = (0, 0)
-    #: the engine's phases for the whole trace (``merge``, ``write``); each backend's are on its status
-    timings_ms: dict[str, float] = field(default_factory=dict)
+    #: the engine's phases for the whole trace (``merge`` and its ``merge_passes``, ``window_end_call``,
+    #: ``write``); each backend's are on its status
+    timings_ms: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attachments(self) -> dict[str, Any]:

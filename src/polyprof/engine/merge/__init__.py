@@ -19,6 +19,7 @@ over the sealed parts' columns, with one concatenation and one ordering::
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -197,6 +198,8 @@ def merge(
     """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
     Several parts of one backend (its flushes and its collect) share one status."""
+    took: dict[str, float] = {}
+    clock = _PassClock(took)
     devices = DeviceTable()
     maps = []
     for part in parts:
@@ -208,7 +211,9 @@ def merge(
     ]
     for part in parts:  # a backend's count is over all its parts
         part.status.activities = 0
+    clock("select")
     table, context_scoped = _concatenate(parts, keeps, maps)
+    clock("concatenate")
     cols = table.columns
     added = None
     order = None
@@ -216,14 +221,20 @@ def merge(
         _clip_host_ends(cols, window[1])
         order = start_order(cols["start"], cols["end"])
         in_order = np.arange(len(table), dtype=np.int64) if order is None else order
+        clock("order")
         clear_unpaired_flows(cols)
+        clock("flows")
         backend_ext = cols["external_id"].copy()
         thread = cols["resource"]  # a trace resource is one (device, row) pair: its index is a thread code
         launches = attribute_launches(cols, in_order, thread, context_scoped)
+        clock("attribution")
         added = gpu_user_annotations(cols, in_order, thread, backend_ext, launches)
         if added is not None:
             added["cat"] = np.full(len(added["start"]), table.strings.intern(GPU_ANNOTATION_CATEGORY), dtype=np.int32)
+        clock("gpu_annotations")
     activities = _place(table, order, added)
+    clock("place")
+    counters = _counters(parts, maps, window)
     device_properties: list[dict] = []
     extra_metadata: dict = {}
     statuses = {}
@@ -237,11 +248,24 @@ def merge(
         activities=activities,
         devices=devices.devices,
         resources=devices.resources,
-        counters=_counters(parts, maps, window),
+        counters=counters,
         metadata={"host_name": socket.gethostname(), **extra_metadata, **metadata},
         device_properties=device_properties,
         backends=statuses,
         epoch_offset_ns=epoch_offset_ns,
         base_time_ns=base_time_ns,
         window=window,
+        timings_ms={"merge_passes": took},
     )
+
+
+class _PassClock:
+    """Milliseconds of each merge pass, for the trace's ``postprocess_ms`` (where a slow merge went)."""
+
+    def __init__(self, took: dict[str, float]) -> None:
+        self.took, self.last = took, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.took[name] = round((now - self.last) * 1e3, 3)
+        self.last = now
