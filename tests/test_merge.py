@@ -138,19 +138,12 @@ def test_containment_matches_a_stack_walk_on_overlapping_and_tied_spans():
 
 
 def _stack_walk(start, end, device, resource, is_span):
-    rows = np.arange(len(start))
-    key = device * (1 << 32) + resource
-    found, stack, current = {}, [], None
-    for i in rows[np.lexsort((~is_span, -(end - start), start, key))].tolist():
-        if (device[i], resource[i]) != current:
-            stack, current = [], (device[i], resource[i])
-        while stack and end[stack[-1]] < start[i]:
-            stack.pop()
-        if is_span[i]:
-            stack.append(i)
-        elif stack:
-            found[i] = stack[-1]
-    return found
+    """The per-row stack walk of the old merge (the oracle's), on plain columns."""
+    from polyprof.model import ActivityTable
+
+    columns = {"start": start, "end": end, "device": device, "resource": resource}
+    table = ActivityTable(None, columns, None)
+    return merge_oracle.innermost_open_span(table, np.flatnonzero(is_span), np.flatnonzero(~is_span))
 
 
 def test_a_backends_external_id_stands_and_an_op_open_at_the_launch_refines_it():

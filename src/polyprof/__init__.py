@@ -19,9 +19,7 @@ The names below load when first used (PEP 562): a library that only annotates (`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from polyprof._lazy import lazy_names
 from polyprof._version import __version__
 from polyprof.annotations import counter, instant, record_function
 
@@ -58,17 +56,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'polyprof' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
 
 __all__ = ["__version__", "counter", "instant", "record_function", *_LAZY]

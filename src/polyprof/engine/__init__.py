@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from polyprof._lazy import lazy_names
 
 _LAZY = {
     "DEFAULT_CALL_TIMEOUT_S": "polyprof.engine.sessions",
@@ -22,11 +21,6 @@ _LAZY = {
 # (the schedule function is polyprof.engine.schedule.schedule: its module has its name)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'polyprof.engine' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
 
 __all__ = list(_LAZY)
