@@ -47,7 +47,7 @@ def slow(registry):
 
 def test_the_step_that_ends_a_window_does_not_wait_for_collect_merge_or_handler(slow):
     seen = []
-    prof = polyprof.profile(["cpu", "slow"], registry=slow, schedule=polyprof.schedule(wait=0, warmup=1, active=1),
+    prof = polyprof.profile(["cpu", "slow"], registry=slow, schedule=polyprof.schedule(wait=0, warmup=1, active=1, repeat=1),
                             on_trace_ready=lambda p: seen.append((p.step_num, len(p.trace.activities))))  # fmt: skip
     prof.start()
     prof.step()  # recording
@@ -56,8 +56,11 @@ def test_the_step_that_ends_a_window_does_not_wait_for_collect_merge_or_handler(
     prof.step()  # ends it: returns while the slow backend's collect is still running
     assert seen == [] and any(t.name == WRITER_THREAD_NAME for t in threading.enumerate())
     _SlowCollect.release.set()
+    for _ in range(50):  # the loop goes on while the handler runs on the writer
+        prof.step()
     prof.stop()  # waits for the handler, as torch.profiler's does
-    assert seen == [(2, 2)], "the handler sees its window's step number and trace (span + step marker)"
+    assert seen[0] == (2, 2), "the handler sees its window's step number and trace (span + step marker)"
+    assert prof.step_num == 52, "and the training loop's step count is its own"
     assert prof.trace.timings_ms["window_end_call"] < 1000
 
 

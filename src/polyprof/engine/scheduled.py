@@ -453,14 +453,9 @@ class Profile:
         self._jobs = [j for j in self._jobs if not j.done.is_set()] + [job]
 
     def _call_handler(self, handler: Callable[[Profile], Any], step_num: int) -> None:
-        """on_trace_ready on the writer, seeing the step number its window ended at."""
-        live = self.step_num
-        self.step_num = step_num
-        try:
-            handler(self)
-        finally:
-            if self.step_num == step_num:
-                self.step_num = live
+        """on_trace_ready on the writer, with the profile as its window ended (its step number): the
+        training thread goes on stepping meanwhile, so the handler gets a view, not a changed profile."""
+        handler(_WindowView(self, step_num))  # type: ignore[arg-type]
 
     def _raise_handler_error(self, merge_only: bool = False) -> None:
         """Raise (once) what a finished background job raised: an on_trace_ready handler's exception, or
@@ -504,6 +499,26 @@ class Profile:
             return
         while self._warnings:
             warnings.warn(self._warnings.pop(0), PolyprofWarning, stacklevel=4)
+
+
+class _WindowView:
+    """The profile as an on_trace_ready handler sees it: everything is the profile's, except
+    ``step_num``, which is the step its window ended at."""
+
+    __slots__ = ("_profile", "step_num")
+
+    def __init__(self, profile: Profile, step_num: int) -> None:
+        object.__setattr__(self, "_profile", profile)
+        object.__setattr__(self, "step_num", step_num)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._profile, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._profile, name, value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self._profile).__name__} at step {self.step_num}>"
 
 
 def profile(activities: Iterable[Any] | None = None, **kwargs: Any) -> Profile:
