@@ -332,4 +332,4 @@ def counter(name: str, value: float) -> None:
     """A sample of a user counter (Chrome `C` event on the host process)."""
     if recorder.active:
         ts = host_ns()
-        recorder.buffer().add(COUNTER, ts, ts, name, 0, 0, float(value))
+        recorder.buffer().add(COUNTER, ts, ts, name, 0, 0, value)  # checked (and counted) at collect

@@ -55,6 +55,7 @@ from polyprof.model import (
     JSONColumn,
     Resource,
 )
+from polyprof.model.strings import as_name
 
 REQUIRED_COLUMNS = ("kind", "name", "device", "resource", "start", "end")
 #: optional column -> what it means when left out
@@ -80,6 +81,37 @@ def _as_int(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError("bool is not an integer here")
     return operator.index(value)
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _int_column(values: Any) -> tuple[np.ndarray | None, Any]:
+    """(int64 column, mask of rows whose value is not an int64 or None) or (None, dtype) when the column
+    is not made of integers at all. Unsigned values past int64 and Python ints beyond 64 bits are rows
+    to reject, never wrapped around."""
+    arr = values if isinstance(values, np.ndarray) else None
+    if arr is None:
+        try:
+            arr = np.asarray(values)
+        except (OverflowError, ValueError):
+            arr = np.array(values, dtype=object)
+    kind = arr.dtype.kind
+    if kind == "i" or kind == "b":
+        return arr.astype(np.int64, copy=False), None
+    if kind == "u":
+        bad = arr > _INT64_MAX if arr.dtype.itemsize == 8 else None
+        return np.where(bad, 0, arr).astype(np.int64) if bad is not None else arr.astype(np.int64), bad
+    if kind == "O":  # Python ints, some beyond 64 bits (or not ints): row by row
+        out = np.zeros(len(arr), dtype=np.int64)
+        bad = np.zeros(len(arr), dtype=bool)
+        for i, v in enumerate(arr.tolist()):
+            try:
+                out[i] = _as_int(v)
+            except (TypeError, ValueError, OverflowError):
+                bad[i] = True
+        return out, bad
+    return None, arr.dtype
 
 
 def _subset(values: Any, keep: np.ndarray) -> Any:
@@ -145,7 +177,7 @@ class Sink:
                     key=key,
                     type=str(type),
                     index=index,
-                    name=str(name or key),
+                    name=as_name(name or key),
                     properties=dict(properties or {}),
                     sort_index=5_000_000 + index if sort_index is None else int(sort_index),
                     pid=index if pid is None else int(pid),
@@ -175,7 +207,7 @@ class Sink:
         if handle is None:
             handle = len(self.resources)
             self.resources.append(
-                Resource(device, rid, str(name or f"resource {rid}"), rid if sort_index is None else int(sort_index))
+                Resource(device, rid, as_name(name or f"resource {rid}"), rid if sort_index is None else int(sort_index))
             )
             self._resource_keys[key] = handle
         return handle
@@ -241,7 +273,9 @@ class Sink:
         try:
             ts = _as_int(ts)
             value = float(value)
-        except (TypeError, ValueError):
+            if not -(2**63) <= ts <= _INT64_MAX:
+                raise OverflowError
+        except (TypeError, ValueError, OverflowError):
             self._rejected["invalid counter sample"] += 1
             return False
         if type(dev) is not int or not 0 <= dev < len(self.devices):
@@ -250,7 +284,7 @@ class Sink:
         if resource != -1 and (type(resource) is not int or not 0 <= resource < len(self.resources)):
             self._rejected["unknown resource"] += 1
             return False
-        self.counters.add(str(name), dev, ts, value, resource)
+        self.counters.add(as_name(name), dev, ts, value, resource)
         return True
 
     def add_metadata(self, key: str, value: Any) -> None:
@@ -301,12 +335,15 @@ class Sink:
         fields = list(zip(*rows, strict=True))
         kinds, cats, names = fields[0], fields[1], fields[2]
         args = {i: a for i, a in enumerate(fields[12]) if a}
-        columns: dict[str, Any] = {"name": [n_ if type(n_) is str else str(n_) for n_ in names]}
+        columns: dict[str, Any] = {"name": [as_name(n_) for n_ in names]}
         bad = np.zeros(n, dtype=bool)
         for key, values in zip(_INTEGER_COLUMNS, (kinds, *fields[3:11]), strict=True):
             if set(map(type, values)) <= _INT_TYPES:
-                columns[key] = np.array(values, dtype=np.int64)
-                continue
+                try:
+                    columns[key] = np.array(values, dtype=np.int64)
+                    continue
+                except OverflowError:  # a value beyond int64: found row by row below
+                    pass
             col = np.zeros(n, dtype=np.int64)
             for i, v in enumerate(values):  # some value is not a plain int: find which rows
                 if v is None:
@@ -358,15 +395,18 @@ class Sink:
         if n == 0:
             return 0
         ints: dict[str, np.ndarray] = {}
+        ok = np.ones(n, dtype=bool)
         for key in _INTEGER_COLUMNS:
             if key not in columns:
                 continue
-            values = np.asarray(columns[key])
-            if values.dtype.kind not in "iu" and not (values.dtype.kind == "b" and key == "flow_start"):
-                self._rejected[f"{key} is not an integer column ({values.dtype})"] += n
+            values, bad = _int_column(columns[key])
+            if values is None:
+                self._rejected[f"{key} is not an integer column ({bad})"] += n
                 return 0
-            ints[key] = values.astype(np.int64, copy=False)
-        ok = np.ones(n, dtype=bool)
+            if bad is not None and bad.any():  # values beyond int64 (or not integers) in some rows
+                self._rejected[f"{key} not an int64"] += int((bad & ok).sum())
+                ok &= ~bad
+            ints[key] = values
         kind, device, resource = ints["kind"], ints["device"], ints["resource"]
         checks = [
             (ints["end"] < ints["start"], "end before start"),

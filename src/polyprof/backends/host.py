@@ -13,7 +13,7 @@ from polyprof import annotations
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.clock import host_ns
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
-from polyprof.model.strings import code_strings, present_rows
+from polyprof.model.strings import as_name, code_strings, present_rows
 from polyprof.sink import Sink
 
 #: a buffer's event type -> the activity kind it becomes (counters become counter samples)
@@ -99,7 +99,7 @@ class HostSession:
         ExecutionTraceObserver) carry torch's "Record function id"."""
         types = rows[:, 0]
         for i in np.flatnonzero(types == annotations.COUNTER).tolist():
-            sink.counter(str(names[i]), args[i], ts=int(rows[i, 1]))
+            sink.counter(as_name(names[i]), args[i], ts=int(rows[i, 1]))
         keep = np.flatnonzero(types != annotations.COUNTER)
         if not len(keep):
             return
@@ -125,7 +125,7 @@ class HostSession:
         sink.activities(
             {
                 "kind": _KIND_OF_TYPE[types[keep]],
-                "name": CodedStrings(codes[keep], [n if type(n) is str else str(n) for n in table]),
+                "name": CodedStrings(codes[keep], [as_name(n) for n in table]),
                 "device": np.full(len(keep), host),
                 "resource": np.full(len(keep), thread_row),
                 "start": rows[keep, 1],
@@ -150,7 +150,7 @@ class HostSession:
             args = span_args if isinstance(span_args, dict) else ({"args": span_args} if span_args is not None else {})
             sink.activity(
                 ActivityKind.USER_ANNOTATION,
-                str(name),
+                as_name(name),
                 device=host,
                 resource=sink.host_thread(buf.tid, buf.name),
                 start=start,

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from polyprof._accel import speedups
+from polyprof.export.jsonsafe import json_bytes, json_text
 from polyprof.export.paths import atomic_output, check_output_path
 from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
 from polyprof.model.args import is_json_column
@@ -52,17 +53,16 @@ _NO_CORRELATION_LIST = [
 
 _WRITES_CORRELATION = np.ones(256, dtype=bool)  # by kind: whether a row's correlation is written
 _WRITES_CORRELATION[_NO_CORRELATION_LIST] = False
-_JSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value, option=_JSON_OPTIONS).decode()
+    return json_text(value)
 
 
 def _metadata_json(value: Any) -> str:
     """A top-level value as Kineto writes it: JSON with ", " and ": " between items (HTA finds a
     trace's rank with the pattern '"rank": <n>', spacing included)."""
-    return json.dumps(orjson.loads(_json(value)), ensure_ascii=False)
+    return json.dumps(orjson.loads(json_bytes(value)), ensure_ascii=False)
 
 
 def _us(rel_ns: int) -> str:
@@ -146,7 +146,7 @@ def iter_event_chunks(trace: Trace) -> Iterator[bytes]:
     acts = trace.activities
     n = len(acts)
     if n:
-        names = [orjson.dumps(s) for s in acts.strings.strings]
+        names = [json_bytes(s) for s in acts.strings.strings]
         arg_rows = acts.args.rows()
         dicts = acts.args.dicts  # rows with dict args, sorted once for the column-block pass
         dict_rows = np.sort(np.fromiter(dicts, dtype=np.int64, count=len(dicts)))
@@ -218,7 +218,7 @@ def _activity_chunk(
                 head["External id"] = e
             if wc and "correlation" not in a:
                 head["correlation"] = corr
-            extra[i] = orjson.dumps({**head, **a} if head else a, option=_JSON_OPTIONS)
+            extra[i] = json_bytes({**head, **a} if head else a)
     if speedups is not None:
         return speedups.format_activities(cols, offset, names, extra)
     return format_activities_py(cols, offset, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
@@ -261,7 +261,7 @@ def _format_block_args(
         objects = speedups.format_arg_objects(
             np.ascontiguousarray(ext[local]),
             np.ascontiguousarray(head_corr, dtype=np.int64),
-            [orjson.dumps(k) for k in b.keys],
+            [json_bytes(k) for k in b.keys],
             [_c_column(c[positions]) for c in b.columns],
         )
         for i, obj in zip(local.tolist(), objects, strict=True):
@@ -282,10 +282,10 @@ def _c_column(values: np.ndarray) -> Any:
     try:  # values repeat (grids, blocks, names): encode each distinct one once
         # keyed by type too: 1, 1.0 and True are equal as dict keys but not as JSON
         keys = [(type(v), v) for v in items]
-        encoded = {k: orjson.dumps(k[1], option=_JSON_OPTIONS) for k in set(keys)}
+        encoded = {k: json_bytes(k[1]) for k in set(keys)}
         return [encoded[k] for k in keys]
     except TypeError:  # unhashable values such as lists
-        return [orjson.dumps(v, option=_JSON_OPTIONS) for v in items]
+        return [json_bytes(v) for v in items]
 
 
 def format_activities_py(cols: tuple[np.ndarray, ...], offset: int, names: list[str], extra: list[Any]) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from polyprof.model.args import ArgColumns, Args
 from polyprof.model.kinds import ActivityKind
-from polyprof.model.strings import StringTable, code_strings
+from polyprof.model.strings import StringTable, as_name, code_strings
 
 FLOW_NONE = 0
 FLOW_FWDBWD = 1  # forward op -> backward op, Kineto's "fwdbwd"
@@ -266,7 +266,7 @@ class ActivityBuilder:
             ids = np.array([intern(s) for s in values.table] or [0], dtype=np.int32)
             return ids[np.asarray(values.codes, dtype=np.int64)]
         codes, table = code_strings(values)  # each distinct string once
-        ids = np.array([intern(s if type(s) is str else str(s)) for s in table] or [0], dtype=np.int32)
+        ids = np.array([intern(as_name(s)) for s in table] or [0], dtype=np.int32)
         return ids[codes]
 
     def _flush(self) -> None:

@@ -60,3 +60,14 @@ def present_rows(values: Sequence[Any]) -> np.ndarray:
     if speedups is not None and isinstance(values, list):
         return np.frombuffer(speedups.present_rows(values), dtype=np.int64)
     return np.fromiter((i for i, v in enumerate(values) if v is not None), dtype=np.int64)
+
+
+def as_name(value: Any) -> str:
+    """A name for the trace: `value` itself when it is a string, else its str() (or, when that raises,
+    its type), so that no name handed over can stop a trace from being written."""
+    if type(value) is str:
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
