@@ -1,6 +1,8 @@
 import gzip
 import json
 import os
+import re
+import stat
 
 import numpy as np
 import pytest
@@ -278,3 +280,37 @@ def test_column_args_across_chunk_boundaries(trace, monkeypatch):
     with_blocks, as_dicts = _with_column_args(trace)
     assert len(with_blocks.activities) >= 4  # two chunks at least
     assert json.loads(dumps_chrome_trace(with_blocks)) == json.loads(dumps_chrome_trace(as_dicts))
+
+
+def test_a_rewritten_trace_keeps_its_mode_and_no_temporary_file_is_left(tmp_path):
+    import polyprof
+
+    with polyprof.profile(["cpu"]) as prof:
+        with polyprof.record_function("x"):
+            pass
+    out = tmp_path / "t.json"
+    prof.export_chrome_trace(str(out))
+    os.chmod(out, 0o600)
+    prof.export_chrome_trace(str(out))
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600, "the user's mode is kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+def test_an_os_error_while_writing_is_one_line_naming_the_path(tmp_path, monkeypatch):
+    import errno
+
+    import polyprof
+    from polyprof.errors import OutputPathError
+    from polyprof.export import chrome
+
+    with polyprof.profile(["cpu"]) as prof:
+        pass
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(chrome, "_write", full)
+    out = tmp_path / "t.json"
+    with pytest.raises(OutputPathError, match=rf"writing the trace to {re.escape(str(out))} failed: No space left on device"):
+        prof.export_chrome_trace(str(out))
+    assert list(tmp_path.iterdir()) == [], "the temporary file is removed"
