@@ -82,6 +82,11 @@ def test_missing_script_and_bad_duration(tmp_path):
     (tmp_path / "s.py").write_text("")
     r = run(["run", "--duration", "-1", str(tmp_path / "s.py")])
     assert r.returncode == 2 and "--duration must be a positive" in r.stderr
+    (tmp_path / "s.py").write_text("pass\n")
+    for bad in ("nan", "inf"):
+        r = run(["run", "--duration", bad, str(tmp_path / "s.py")])
+        assert r.returncode == 2 and "--duration must be a positive, finite number" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
 
 
 def test_duration_stops_profiling_while_the_script_goes_on(script, tmp_path):

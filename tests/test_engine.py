@@ -602,3 +602,54 @@ def test_rows_handed_over_by_flush_while_recording_join_those_of_collect(registr
     assert {a.external_id for a in launches} == {trace.activities_of(ActivityKind.USER_ANNOTATION)[0].correlation}
     assert "flush" in trace.backends["flushy"].timings_ms and "flush" in trace.backends["host"].timings_ms
     assert trace.backends["flushy"].activities == 6
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_span_closing_while_the_profile_stops_is_written_once(registry, attempt):
+    """Under heavy thread switching, spans close between the recorder's end and the hand-over of their
+    thread's events: each is written exactly once (complete, or unfinished up to the window's end)."""
+    import sys
+
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            with polyprof.record_function("churn"):
+                pass
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        workers = [threading.Thread(target=churn) for _ in range(3)]
+        prof = polyprof.profile(["cpu"], registry=registry)
+        prof.start()
+        for w in workers:
+            w.start()
+        time_limit = threading.Event()
+        time_limit.wait(0.05)
+        prof.stop()
+        stop.set()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(old)
+    ids = [a.correlation for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)]
+    assert ids and len(ids) == len(set(ids))
+
+
+def test_what_used_to_be_dropped_or_ignored_without_a_word(registry, monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="activities is empty"):
+        polyprof.profile([], registry=registry)
+    with pytest.raises(ConfigError, match=r"backend_options\['host'\] must be a dict"):
+        polyprof.profile(["cpu"], registry=registry, backend_options={"host": 5})
+    with pytest.raises(ConfigError, match=r"host: unknown option\(s\) \['nope'\]"):
+        polyprof.profile(["cpu"], registry=registry, backend_options={"host": {"nope": 1}})
+    # a POLYPROF_BACKENDS entry that cannot be loaded: warned about, and failed in the trace
+    monkeypatch.setenv("POLYPROF_BACKENDS", "no_such_module_polyprof:backend")
+    env_registry = Registry(use_entry_points=True, use_env=True)
+    with pytest.warns(polyprof.PolyprofWarning, match="no_such_module_polyprof:backend.*is left out"):
+        prof = polyprof.profile(["cpu"], registry=env_registry)
+    with prof:
+        pass
+    status = prof.trace.backends["no_such_module_polyprof:backend"]
+    assert status.state == "failed" and "no_such_module_polyprof" in status.reason

@@ -94,5 +94,11 @@ def test_contract_misuse_raises_naming_the_backend():
         sink.activities({"kind": [0], "name": ["x"], "device": [host], "resource": [t], "start": [1], "end": [2]}, {3: {}})
     part = sink.seal(BackendStatus("mine"))
     assert part.activities["start"].flags.writeable is False, "a sealed part is immutable"
-    with pytest.raises(SinkClosedError):
-        sink.activity(ActivityKind.KERNEL, "k", device=host, resource=t, start=1, end=2)
+    # a backend's own thread still emitting after its collect returned: counted, never raised there
+    sink.activity(ActivityKind.KERNEL, "late", device=host, resource=t, start=1, end=2)
+    sink.activities({"kind": [0, 0], "name": ["x", "y"], "device": [host] * 2, "resource": [t] * 2, "start": [1, 2], "end": [2, 3]})
+    assert part.status.dropped == {"rows after collect returned": 3} and len(part.activities) == 0
+    with pytest.raises(SinkClosedError):  # a sink closed without a status to count on
+        closed = Sink("other")
+        closed.closed = True
+        closed.activity(ActivityKind.KERNEL, "k", device=0, resource=0, start=1, end=2)

@@ -116,10 +116,11 @@ class PyEventBuffer:
         return list(self.open)
 
     def take(self) -> PyEventBuffer:
-        """A new buffer with every event (and a copy of the open spans); this one is left empty."""
+        """A new buffer with every event; this one is left empty. The new one's open spans are the
+        states of the spans open now: (name, args, start, id, parent)."""
         out = PyEventBuffer()
         out.events, self.events = self.events, []
-        out.open = list(self.open)
+        out.open = [(s.name, s.args, *state) for s in list(self.open) if (state := s.open_state) is not None]
         return out
 
     def snapshot(self) -> tuple[Any, list, list]:

@@ -95,7 +95,9 @@ def _int_column(values: Any) -> tuple[np.ndarray | None, Any]:
         try:
             arr = np.asarray(values)
         except (OverflowError, ValueError):
-            arr = np.array(values, dtype=object)
+            arr = None
+        if arr is None or arr.dtype.kind not in "iub":  # e.g. [0, 2**63] becomes float64: go row by row
+            arr = np.array(list(values), dtype=object)
     kind = arr.dtype.kind
     if kind == "i" or kind == "b":
         return arr.astype(np.int64, copy=False), None
@@ -137,6 +139,7 @@ class Sink:
         self.metadata: dict[str, Any] = {}
         self.device_properties: list[dict[str, Any]] = []
         self.closed = False
+        self._late: tuple[BackendStatus, str] | None = None  # where rows arriving after closing are counted
         self._rejected: Counter[str] = Counter()
         self._pending: list[tuple] = []
         self._device_keys: dict[str, int] = {}
@@ -162,7 +165,8 @@ class Sink:
         label: str = "",
     ) -> int:
         """Declare (or look up) a device; returns its handle. `pid` is the preferred trace pid."""
-        self._check_open()
+        if not self._check_open(0):
+            return 0  # a late declaration: its rows are counted as dropped
         handle = self._device_keys.get(key)
         if handle is None:
             if not isinstance(key, str) or not key:
@@ -195,7 +199,8 @@ class Sink:
         self, device: int, resource_id: int, name: str | None = None, sort_index: int | None = None
     ) -> int:
         """Declare (or look up) a row of `device`: a stream, a queue, a host thread."""
-        self._check_open()
+        if not self._check_open(0):
+            return 0  # a late declaration: its rows are counted as dropped
         if type(device) is not int or not 0 <= device < len(self.devices):
             self._misuse(f"resource(): unknown device handle {device!r}: declare it with sink.device() first")
         try:
@@ -237,7 +242,8 @@ class Sink:
     ) -> None:
         """One row (the columns of :data:`ROW_COLUMNS` as keywords, plus its `args` dict). Rows are checked
         in batches, with the same rules as :meth:`activities`; rejections show in :attr:`rejected`."""
-        self._check_open()
+        if not self._check_open():
+            return
         if args is not None and not isinstance(args, dict):
             self._misuse(f"activity {name!r}: args must be a dict or None, got {type(args).__name__}")
         self._pending.append(
@@ -259,7 +265,8 @@ class Sink:
         sequences). `args` maps row numbers to dicts; `arg_columns` (:class:`~polyprof.model.ArgColumns`:
         the same keys for every row, one column each) spares a dict per row; a row with both gets both (the
         dict wins on a shared key). Returns the number of rows kept."""
-        self._check_open()
+        if not self._check_open(len(columns["start"]) if "start" in columns else 1):
+            return 0
         self._flush_pending()
         return self._accept(columns, args, arg_columns)
 
@@ -268,7 +275,8 @@ class Sink:
 
     def counter(self, name: str, value: float, *, ts: int, device: int | None = None, resource: int = -1) -> bool:
         """One sample of a counter track (on the host process unless `device` is given)."""
-        self._check_open()
+        if not self._check_open():
+            return False
         dev = self.host_device() if device is None else device
         try:
             ts = _as_int(ts)
@@ -289,12 +297,14 @@ class Sink:
 
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key of the trace (JSON-serialisable), e.g. ``cupti_version``."""
-        self._check_open()
+        if not self._check_open(0):
+            return
         self.metadata[str(key)] = value
 
     def add_device_properties(self, properties: Mapping[str, Any]) -> None:
         """One entry of the trace's `deviceProperties` list (Kineto's keys where they apply)."""
-        self._check_open()
+        if not self._check_open(0):
+            return
         self.device_properties.append(dict(properties))
 
     # -- sealing ----------------------------------------------------------------------------------
@@ -302,6 +312,7 @@ class Sink:
         """Hand everything over as an immutable part (the engine calls this; the sink is closed after)."""
         self._flush_pending()
         self.closed = True
+        self._late = (status, "rows after collect returned")
         status.add_rejected(dict(self._rejected))
         acts = self.builder.freeze()
         for col in acts.columns.values():
@@ -320,9 +331,23 @@ class Sink:
         )
 
     # -- internals --------------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self.closed:
+    def abandon(self, status: BackendStatus, what: str) -> None:
+        """Stop listening (a collect past its time limit): rows handed over later are counted as
+        dropped on `status` under `what`, not kept."""
+        self.closed = True
+        self._late = (status, what)
+
+    def _check_open(self, rows: int = 1) -> bool:
+        """True while the sink takes rows. Rows arriving after it was sealed or abandoned (a backend's
+        own thread still emitting) are counted as dropped on the backend's status and warned about;
+        a sink closed any other way raises SinkClosedError."""
+        if not self.closed:
+            return True
+        if self._late is None:
             raise SinkClosedError(self.backend_name, "the engine no longer accepts rows from this sink")
+        status, what = self._late
+        status.add_dropped(what, rows)
+        return False
 
     def _misuse(self, message: str) -> None:
         raise BackendContractError(self.backend_name, message)

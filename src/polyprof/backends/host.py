@@ -14,6 +14,7 @@ from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionCo
 from polyprof.clock import host_ns
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.strings import as_name, code_strings, present_rows
+from polyprof.options import OptionSchema
 from polyprof.sink import Sink
 
 #: a buffer's event type -> the activity kind it becomes (counters become counter samples)
@@ -34,7 +35,6 @@ class HostSession:
         self._running = False
         self._gc_start: dict[int, int] = {}
         self._taken: list[annotations.ThreadBuffer] = []
-        self._open: list[list[tuple]] = []
 
     def prepare(self) -> None:
         pass
@@ -51,9 +51,7 @@ class HostSession:
         if self._running:
             annotations.recorder.end()
             self._running = False
-            self._taken = annotations.recorder.take()
-            # spans still open: their state now (they may close before collect runs)
-            self._open = [[(sp.name, sp.args, sp.open_state) for sp in b.events.open_spans()] for b in self._taken]
+            self._taken = annotations.recorder.take()  # with the states of the spans still open
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
@@ -75,18 +73,17 @@ class HostSession:
         """While recording: hand over every event completed so far (spans still open stay with their
         threads and come in a later flush or at collect)."""
         if self._running:
-            self._convert(sink, annotations.recorder.take(), None)
+            self._convert(sink, annotations.recorder.take())
 
     def collect(self, sink: Sink) -> None:
         taken, self._taken = self._taken, []
-        still_open, self._open = self._open, []
-        self._convert(sink, taken, still_open)
+        self._convert(sink, taken, unfinished=True)
 
-    def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], still_open: list | None) -> None:
+    def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], unfinished: bool = False) -> None:
         host = sink.host_device()
-        for i, buf in enumerate(taken):
-            if still_open is not None:
-                self._unfinished(sink, host, buf, still_open[i])
+        for buf in taken:
+            if unfinished:
+                self._unfinished(sink, host, buf, buf.events.open_spans())
             rows, names, args = annotations.snapshot(buf.events)
             buf.events = None  # the columns below are all that is kept
             if len(rows):
@@ -143,10 +140,9 @@ class HostSession:
         end = self.ctx.window_end
         if end is None:
             return
-        for name, span_args, state in open_spans:
-            if state is None or state[0] > end:
+        for name, span_args, start, ident, _parent in open_spans:
+            if start > end:
                 continue
-            start, ident, _parent = state
             args = span_args if isinstance(span_args, dict) else ({"args": span_args} if span_args is not None else {})
             sink.activity(
                 ActivityKind.USER_ANNOTATION,
@@ -172,6 +168,7 @@ class HostBackend:
     activities = frozenset({"CPU"})
     #: record_function spans follow the context: asyncio tasks may interleave them on one thread
     context_scoped_spans = True
+    options = OptionSchema()  # none: an unknown key is an error, not ignored
 
     def probe(self) -> Availability:
         return Availability.yes(devices=["host process"], python=platform.python_version())

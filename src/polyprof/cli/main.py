@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import runpy
 import signal
@@ -121,8 +122,8 @@ def run(
 
     if not os.path.isfile(script):
         _fail(f"script {script} does not exist")
-    if duration is not None and duration <= 0:
-        _fail(f"--duration must be a positive number of seconds, got {duration}")
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
+        _fail(f"--duration must be a positive, finite number of seconds, got {duration}")
     try:
         output = check_output_path(output)
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None

@@ -139,21 +139,7 @@ static PyObject *eb_snapshot(EventBufferObject *b, PyObject *unused) {
     return Py_BuildValue("(NNN)", raw, names, args);
 }
 
-static PyObject *eb_take(EventBufferObject *b, PyObject *unused) {
-    /* A new EventBuffer with every event of this one (and a copy of its open spans); this one is left
-       empty and holds no memory. O(1): the columns and lists change hands. */
-    EventBufferObject *out = (EventBufferObject *)eb_new(&EventBufferType, NULL, NULL);
-    if (out == NULL) return NULL;
-    PyObject *open = PyList_GetSlice(b->open, 0, PY_SSIZE_T_MAX);
-    if (open == NULL) { Py_DECREF(out); return NULL; }
-    PyObject *t;
-    t = out->names; out->names = b->names; b->names = t;
-    t = out->args; out->args = b->args; b->args = t;
-    Py_SETREF(out->open, open);
-    out->data = b->data; out->n = b->n; out->cap = b->cap;
-    b->data = NULL; b->n = 0; b->cap = 0;
-    return (PyObject *)out;
-}
+static PyObject *eb_take(EventBufferObject *b, PyObject *unused);  /* below RecordFunction */
 
 static Py_ssize_t eb_len(EventBufferObject *b) { return b->n; }
 
@@ -193,6 +179,29 @@ typedef struct {
     void *range;       /* the framework's range opened through the bridge, while open */
     uint64_t handle;   /* its handle (torch's "Record function id") */
 } RecordFunctionObject;
+
+/* A new EventBuffer with every event of this one; this one is left empty and holds no memory (the
+   columns and lists change hands). The new buffer's open spans are the states, at this instant, of the
+   spans still open here: (name, args, start, id, parent) tuples, so that a span closing after the
+   hand-over is neither lost nor written twice. */
+static PyObject *eb_take(EventBufferObject *b, PyObject *unused) {
+    EventBufferObject *out = (EventBufferObject *)eb_new(&EventBufferType, NULL, NULL);
+    if (out == NULL) return NULL;
+    Py_ssize_t n_open = PyList_GET_SIZE(b->open);
+    for (Py_ssize_t i = 0; i < n_open; i++) {
+        RecordFunctionObject *rf = (RecordFunctionObject *)PyList_GET_ITEM(b->open, i);
+        if (rf->start < 0) continue;
+        PyObject *state = Py_BuildValue("(OOLLL)", rf->name, rf->args, rf->start, rf->id, rf->parent);
+        if (state == NULL || PyList_Append(out->open, state) < 0) { Py_XDECREF(state); Py_DECREF(out); return NULL; }
+        Py_DECREF(state);
+    }
+    PyObject *t;
+    t = out->names; out->names = b->names; b->names = t;
+    t = out->args; out->args = b->args; b->args = t;
+    out->data = b->data; out->n = b->n; out->cap = b->cap;
+    b->data = NULL; b->n = 0; b->cap = 0;
+    return (PyObject *)out;
+}
 
 static int rf_init(RecordFunctionObject *self, PyObject *a, PyObject *kw) {
     static char *kwlist[] = {"name", "args", NULL};

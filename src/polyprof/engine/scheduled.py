@@ -143,6 +143,12 @@ class Profile:
             with_modules=with_modules,
             extra=dict(extra or {}),
         )
+        for entry in self._selection.broken:
+            warnings.warn(
+                f"polyprof: backend {entry.name or entry.reference!r} ({entry.origin}) is left out: {entry.error}",
+                PolyprofWarning,
+                stacklevel=3,
+            )
         self._kind_filters = kind_filters(self._selection, activity_filters)
         self._backend_options = check_backend_options(self._selection, backend_options)
         self._paused: dict[str, list[tuple[int, int]]] = {}  # backend -> [start, end) collection off

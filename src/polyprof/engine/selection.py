@@ -13,7 +13,7 @@ from typing import Any
 
 from polyprof.backend import Availability
 from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError
-from polyprof.registry import BackendEntry, Registry
+from polyprof.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
 
 
 def activity_group_name(activity: Any) -> str:
@@ -56,6 +56,9 @@ class Selection:
     selected: list[Chosen] = field(default_factory=list)
     unavailable: list[Chosen] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
+    #: backends named in POLYPROF_BACKENDS or register_backend() that failed to load: warned about at
+    #: profile creation and written into the trace as failed, never dropped without a word
+    broken: list[BackendEntry] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -68,8 +71,9 @@ class Selection:
 
 def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Selection:
     """None: every group whose backend is available here. Groups asked for explicitly whose backends are
-    all unavailable raise BackendUnavailableError with their reasons."""
+    all unavailable raise BackendUnavailableError with their reasons; no group at all is an error."""
     out = Selection()
+    out.broken = [e for e in registry.entries(load=False) if e.error and e.origin in (ORIGIN_ENV, ORIGIN_EXPLICIT)]
     if activities is None:
         seen: set[str] = set()
         groups: set[str] = set()
@@ -86,6 +90,11 @@ def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Sel
     if isinstance(activities, (str, bytes)):
         activities = [activities]
     groups_list = [activity_group_name(a) for a in activities]
+    if not groups_list:
+        raise ConfigError(
+            "activities is empty: name at least one group (e.g. ['cpu']), or pass None for every group "
+            "available here"
+        )
     if len(set(groups_list)) != len(groups_list):
         raise ConfigError(f"an activity group is listed twice: {groups_list}")
     chosen_by_name: dict[str, Chosen] = {}
@@ -111,6 +120,11 @@ def check_backend_options(
     ``check_options`` (if any), with the schema's defaults filled in."""
     if backend_options is not None and not isinstance(backend_options, Mapping):
         raise ConfigError("backend_options must map backend names to dicts of options")
+    for name, value in (backend_options or {}).items():
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"backend_options[{name!r}] must be a dict of that backend's options, got {type(value).__name__}"
+            )
     given = {k: dict(v) for k, v in (backend_options or {}).items()}
     names = set(selection.names)
     for name in given:

@@ -81,9 +81,12 @@ class Handle:
 class SessionSet:
     """See the module docstring."""
 
-    def __init__(self, handles: list[Handle], unavailable: list[Chosen], call_timeout_s: float) -> None:
+    def __init__(
+        self, handles: list[Handle], unavailable: list[Chosen], call_timeout_s: float, broken: list | None = None
+    ) -> None:
         self.handles = handles
         self.unavailable = unavailable
+        self.broken = broken or []
         self.call_timeout_s = call_timeout_s
         self.window: tuple[int, int] = (0, 0)
 
@@ -112,7 +115,7 @@ class SessionSet:
                     handle.session = outcome.value
             handle.alive = handle.session is not None
             handles.append(handle)
-        return cls(handles, list(selection.unavailable), call_timeout_s)
+        return cls(handles, list(selection.unavailable), call_timeout_s, list(selection.broken))
 
     # -- guarded calls ------------------------------------------------------------------------------
     def call(self, h: Handle, what: str, fn: Callable, *args: Any) -> CallOutcome:
@@ -184,7 +187,7 @@ class SessionSet:
                         # since its thread may still be writing
                         h.status.state = BACKEND_FAILED
                     if outcome.timed_out:
-                        sink.closed = True
+                        sink.abandon(h.status, "rows after the collect time limit")
                         sink = Sink(h.name)
                 self.close(h)
                 if h.session is None or not h.started:
@@ -197,6 +200,8 @@ class SessionSet:
                 chosen.name, BACKEND_UNAVAILABLE, reason=chosen.availability.reason, version=chosen.entry.version
             )
             parts.append(CollectedPart.empty(status))
+        for entry in self.broken:
+            parts.append(CollectedPart.empty(BackendStatus(entry.name or entry.reference, BACKEND_FAILED, reason=entry.error)))
         return parts
 
     def flush(self) -> None:
@@ -211,7 +216,7 @@ class SessionSet:
                 sink = Sink(h.name)
                 outcome = self.call(h, "flush", flush, sink)
                 if outcome.timed_out:
-                    sink.closed = True
+                    sink.abandon(h.status, "rows after the flush time limit")
                     continue
                 part = h.seal(sink)
                 if len(part.activities) or len(part.counters) or part.devices:

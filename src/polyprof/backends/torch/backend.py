@@ -9,6 +9,7 @@ from typing import Any
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
+from polyprof.options import OptionSchema
 
 
 class TorchBackend:
@@ -17,6 +18,7 @@ class TorchBackend:
     name = "torch"
     api_version = API_VERSION
     activities = frozenset({"CPU"})
+    options = OptionSchema()  # none: an unknown key is an error, not ignored
 
     def probe(self) -> Availability:
         torch = sys.modules.get("torch")
