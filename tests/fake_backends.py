@@ -12,17 +12,25 @@ from polyprof.model import ActivityKind
 HANG_RELEASE = threading.Event()  # set at the end of the test session to free abandoned threads
 
 
+def _fail(backend: FaultyBackend, method: str) -> None:
+    """The injected fault of `backend` in `method`: hang, raise KeyboardInterrupt, or raise an error."""
+    if backend.fail_in != method:
+        return
+    if backend.mode == "hang":
+        HANG_RELEASE.wait(120)
+    elif backend.mode == "interrupt":
+        raise KeyboardInterrupt(f"injected in {method}")
+    else:
+        raise RuntimeError(f"injected failure in {method}")
+
+
 class FaultySession:
     def __init__(self, backend: FaultyBackend, ctx) -> None:
         self.b = backend
         self.ctx = ctx
 
     def _maybe_fail(self, method: str) -> None:
-        if self.b.fail_in == method:
-            if self.b.mode == "hang":
-                HANG_RELEASE.wait(120)
-            else:
-                raise RuntimeError(f"injected failure in {method}")
+        _fail(self.b, method)
 
     def prepare(self):
         self._maybe_fail("prepare")
@@ -80,13 +88,12 @@ class FaultyBackend:
         self.rows = rows
 
     def probe(self) -> Availability:
-        if self.fail_in == "probe":
-            raise RuntimeError("injected failure in probe")
+        _fail(self, "probe")
         return Availability.yes(devices=["simulated"])
 
     def create_session(self, config, ctx):
-        if self.fail_in == "create_session":
-            raise RuntimeError("injected failure in create_session")
+        _fail(self, "create_session")
+        self.sessions_created = getattr(self, "sessions_created", 0) + 1
         return FaultySession(self, ctx)
 
 

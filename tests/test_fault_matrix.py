@@ -69,8 +69,8 @@ def test_backend_raising_in_probe_is_unavailable_and_recorded(registry):
         polyprof.profile(["faulty"], registry=registry)
 
 
-@pytest.mark.parametrize("method", ["stop", "collect"])
-def test_backend_hanging_is_abandoned_after_the_time_limit(registry, method):
+@pytest.mark.parametrize("method", ["create_session", "prepare", "start", "stop", "collect", "close"])
+def test_backend_hanging_in_any_call_is_abandoned_after_the_time_limit(registry, method):
     import time
 
     t0 = time.monotonic()
@@ -78,7 +78,50 @@ def test_backend_hanging_is_abandoned_after_the_time_limit(registry, method):
     trace, status = profile_with(registry, backend, ["cpu", "faulty"], timeout=0.3)
     assert time.monotonic() - t0 < 5, "the profile does not wait for the hung backend"
     assert any(f"{method}() did not return within 0.3 s and was abandoned" in e for e in status["errors"])
-    assert status["state"] == "failed" if method == "collect" else True
+    if method in ("create_session", "prepare", "start", "collect"):
+        assert status["state"] == "failed"
+
+
+def test_a_probe_that_hangs_makes_the_backend_unavailable_with_the_reason(registry, monkeypatch):
+    import time
+
+    from polyprof import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "PROBE_TIMEOUT_S", 0.3)
+    registry.register(FaultyBackend("faulty", fail_in="probe", mode="hang"))
+    t0 = time.monotonic()
+    with polyprof.profile(registry=registry) as prof:
+        with polyprof.record_function("work"):
+            pass
+    assert time.monotonic() - t0 < 5
+    status = prof.trace.backends["faulty"]
+    assert status.state == "unavailable" and "probe() did not return within 0.3 s" in status.reason
+
+
+@pytest.mark.parametrize("method", ["probe", "create_session", "prepare", "start", "stop", "collect"])
+def test_keyboard_interrupt_inside_a_backend_is_its_failure_not_the_programs(registry, method):
+    backend = FaultyBackend("faulty", fail_in=method, mode="interrupt")
+    registry.register(backend)
+    with pytest.warns(polyprof.PolyprofWarning) if method != "probe" else _nothing():  # probe: unavailable
+        with polyprof.profile(registry=registry) as prof:
+            with polyprof.record_function("the program goes on"):
+                pass
+    status = prof.trace.backends["faulty"]
+    assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["the program goes on"]
+    assert "KeyboardInterrupt" in (status.reason if method == "probe" else " ".join(status.errors))
+
+
+def test_a_backend_that_hung_once_gets_no_session_in_later_windows(registry):
+    backend = FaultyBackend("faulty", fail_in="stop", mode="hang")
+    registry.register(backend)
+    sched = polyprof.schedule(wait=0, warmup=1, active=1, repeat=3)
+    with pytest.warns(polyprof.PolyprofWarning):
+        with polyprof.profile(["cpu", "faulty"], registry=registry, schedule=sched, call_timeout_s=0.3) as prof:
+            for _ in range(6):
+                prof.step()
+    assert backend.sessions_created == 1, "no new session (and no new abandoned thread) per cycle"
+    status = prof.trace.backends["faulty"]
+    assert status.state == "failed" and "left out of later windows" in status.reason
 
 
 def test_malformed_rows_are_rejected_and_counted(registry):

@@ -42,6 +42,9 @@ KNOWN_PLUGINS = {
     "XPU": "polyprof-xpu",
 }
 
+#: a probe must be cheap (docs/writing-a-backend.md): one that takes longer is treated as unavailable
+PROBE_TIMEOUT_S = 10.0
+
 ORIGIN_EXPLICIT = "register_backend"
 ORIGIN_ENV = ENV_VAR
 ORIGIN_ENTRY_POINT = "entry point"
@@ -277,18 +280,23 @@ class Registry:
         return result
 
     def probe(self, entry: BackendEntry) -> Availability:
-        """Ask a loaded backend whether it can run; a probe that raises counts as unavailable."""
+        """Ask a loaded backend whether it can run; a probe that raises, or does not answer within
+        PROBE_TIMEOUT_S, counts as unavailable (with the reason)."""
         if entry.backend is None:
             return Availability.no(entry.error or entry.conflict or "not loaded")
-        try:
-            availability = entry.backend.probe()
-            if not isinstance(availability, Availability):
-                return Availability.no(f"probe() returned {type(availability).__name__}, not Availability")
-            return availability
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            return Availability.no(f"probe() raised {type(exc).__name__}: {exc}")
+        from polyprof.engine.guard import describe, run_with_timeout
+
+        outcome = run_with_timeout(entry.backend.probe, timeout_s=PROBE_TIMEOUT_S, what=f"{entry.name}.probe()")
+        if outcome.timed_out:
+            return Availability.no(
+                f"probe() did not return within {PROBE_TIMEOUT_S:g} s: the backend is left out (its call is "
+                "abandoned on a guard thread)"
+            )
+        if not outcome.ok:
+            return Availability.no(f"probe() raised {describe(outcome.value)}")
+        if not isinstance(outcome.value, Availability):
+            return Availability.no(f"probe() returned {type(outcome.value).__name__}, not Availability")
+        return outcome.value
 
 
 default = Registry()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import os
 import queue
+import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from polyprof.model import BackendStatus
@@ -49,15 +53,46 @@ class _Worker:
             del fn, args, box, done  # drop references to the finished call before waiting again
 
 
+#: after a call's limit, the watchdog waits this much longer before it prints the stacks
+WATCHDOG_GRACE_S = 5.0
+
+
+def _watchdog_enabled() -> bool:
+    return os.environ.get("POLYPROF_WATCHDOG", "1") not in ("0", "")
+
+
+@contextlib.contextmanager
+def _watchdog(what: str, timeout_s: float) -> Iterator[None]:
+    """Arm faulthandler's watchdog (a C thread: it runs while a call holds the GIL) for one call: if
+    the waiting thread is still blocked `WATCHDOG_GRACE_S` after the limit, every thread's stack goes to
+    stderr (the stuck backend's frames are under polyprof's guard thread). POLYPROF_WATCHDOG=0 turns
+    it off, e.g. for a program that uses faulthandler.dump_traceback_later itself."""
+    if not _watchdog_enabled() or not hasattr(faulthandler, "dump_traceback_later"):
+        yield
+        return
+    try:
+        faulthandler.dump_traceback_later(timeout_s + WATCHDOG_GRACE_S, repeat=False, file=sys.stderr)
+    except (ValueError, OSError, RuntimeError):  # no usable stderr
+        yield
+        return
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
 
 
-def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float) -> CallOutcome:
+def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float, what: str = "") -> CallOutcome:
     """Run ``fn(*args)`` on polyprof's guard thread; give up waiting after `timeout_s` (the thread is
     abandoned with the call). Calls from several threads at once each get their own thread.
 
-    Returns an outcome whose `value` is the result, or the exception when `ok` is False.
+    A call that hangs while holding the GIL cannot be given up on in-process (nothing else can run):
+    for that case faulthandler's watchdog, which needs no GIL, prints every thread's stack to stderr
+    shortly after the limit (see :func:`_watchdog`). Returns an outcome whose `value` is the result, or
+    the exception when `ok` is False.
     """
     global _worker
     box: dict[str, Any] = {}
@@ -67,7 +102,9 @@ def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Ca
     if worker is None:
         worker = _Worker()
     worker.calls.put((fn, args, box, done))
-    if not done.wait(timeout_s):
+    with _watchdog(what or getattr(fn, "__qualname__", "a backend call"), timeout_s):
+        finished = done.wait(timeout_s)
+    if not finished:
         return CallOutcome(False, timed_out=True)  # the worker is not handed back: it is stuck
     with _worker_lock:
         if _worker is None:
@@ -84,7 +121,9 @@ def guarded_call(
     *args: Any,
     timeout_s: float | None = None,
 ) -> CallOutcome:
-    """Run ``fn(*args)``; an exception becomes an error entry in `status` instead of propagating.
+    """Run ``fn(*args)``; an exception becomes an error entry in `status` instead of propagating, a
+    KeyboardInterrupt or SystemExit raised inside the backend included (it is the backend's failure,
+    not the program's end).
 
     With `timeout_s`, the call runs on polyprof's guard thread and is abandoned (reported, never joined
     again) when it takes longer; the caller goes on.
@@ -92,13 +131,11 @@ def guarded_call(
     if timeout_s is None:
         try:
             return CallOutcome(True, fn(*args))
-        except KeyboardInterrupt:
-            raise
         except BaseException as exc:
             status.errors.append(f"{what}() raised {describe(exc)}")
-            return CallOutcome(False)
+            return CallOutcome(False, exc)
 
-    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s)
+    outcome = run_with_timeout(fn, *args, timeout_s=timeout_s, what=f"{status.name}: {what}()")
     if outcome.timed_out:
         status.errors.append(f"{what}() did not return within {timeout_s:g} s and was abandoned")
     elif not outcome.ok:

@@ -163,6 +163,7 @@ class Profile:
         self._trace: Trace | None = None
         self._jobs: list[Job] = []  # this profile's windows still in the background, oldest first
         self._warnings: list[str] = []  # backend problems found in the background, for the user
+        self._abandoned: dict[str, str] = {}  # backends whose call hung: no session in later windows
         self._step_span: annotations.record_function | None = None
         self._started = False
         self._merge_here = False
@@ -353,7 +354,9 @@ class Profile:
     def _prepare(self) -> None:
         if self._sessions is not None:
             return
-        self._sessions = SessionSet.create(self._selection, self.config, self._backend_options, self.call_timeout_s)
+        self._sessions = SessionSet.create(
+            self._selection, self.config, self._backend_options, self.call_timeout_s, self._abandoned
+        )
         self._sessions.prepare()
 
     def _start_recording(self) -> None:
@@ -423,6 +426,7 @@ class Profile:
             if flusher is not None:
                 flusher.join(self.call_timeout_s)
             parts = sessions.collect()
+            self._abandoned.update(sessions.abandoned())
             job.collected.set()
             started = time.perf_counter()
             trace = merge(

@@ -51,7 +51,7 @@ def gc_paused() -> Iterator[None]:
 class Handle:
     """One backend's session in one window: its context, status and what it handed over so far."""
 
-    __slots__ = ("chosen", "session", "ctx", "status", "started", "alive", "parts", "lock")
+    __slots__ = ("chosen", "session", "ctx", "status", "started", "alive", "timed_out", "parts", "lock")
 
     def __init__(self, chosen: Chosen, ctx: SessionContext) -> None:
         self.chosen = chosen
@@ -60,6 +60,7 @@ class Handle:
         self.status = ctx.status
         self.started = False
         self.alive = True
+        self.timed_out = False
         self.parts: list[CollectedPart] = []
         self.lock = threading.Lock()  # flush never runs at the same time as collect (it may with stop)
 
@@ -97,16 +98,27 @@ class SessionSet:
         config: ProfileConfig,
         options: Mapping[str, Mapping[str, Any]],
         call_timeout_s: float,
+        abandoned: Mapping[str, str] | None = None,
     ) -> SessionSet:
+        """The window's sessions. A backend in `abandoned` (name -> why: a call of an earlier window
+        hung) gets no new session: it is written as failed, and no thread is left behind per cycle."""
         handles = []
         for chosen in selection.selected:
             entry = chosen.entry
+            if abandoned and entry.name in abandoned:
+                ctx = SessionContext(entry.name, {}, BackendStatus(entry.name, BACKEND_FAILED, reason=abandoned[entry.name]))
+                dead = Handle(chosen, ctx)
+                dead.alive = False
+                handles.append(dead)
+                continue
             status = BackendStatus(
                 entry.name, version=entry.version or str(chosen.availability.versions.get("version", ""))
             )
             ctx = SessionContext(entry.name, options.get(entry.name), status)
             handle = Handle(chosen, ctx)
-            outcome = guarded_call(status, "create_session", entry.backend.create_session, config, ctx)
+            outcome = guarded_call(
+                status, "create_session", entry.backend.create_session, config, ctx, timeout_s=call_timeout_s
+            )
             if outcome.ok:
                 missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))]
                 if missing:
@@ -114,6 +126,7 @@ class SessionSet:
                 else:
                     handle.session = outcome.value
             handle.alive = handle.session is not None
+            handle.timed_out = outcome.timed_out
             handles.append(handle)
         return cls(handles, list(selection.unavailable), call_timeout_s, list(selection.broken))
 
@@ -128,7 +141,17 @@ class SessionSet:
         h.status.add_timing(what, (time.perf_counter() - started) * 1e3)
         if outcome.timed_out:
             h.alive = False
+            h.timed_out = True
         return outcome
+
+    def abandoned(self) -> dict[str, str]:
+        """Backends with a call that hung in this window (name -> what hung)."""
+        return {
+            h.name: f"a call of an earlier window hung ({h.status.errors[-1] if h.status.errors else 'timed out'}); "
+            "left out of later windows"
+            for h in self.handles
+            if h.timed_out
+        }
 
     def live(self) -> list[Handle]:
         return [h for h in self.handles if h.alive and h.session is not None]
