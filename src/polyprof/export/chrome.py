@@ -95,7 +95,8 @@ def trace_metadata(trace: Trace) -> dict[str, Any]:
     """The trace's top-level keys as written: its metadata, with the backends' statuses and the phase
     timings serialised into ``polyprof`` (their one owner is the status objects on the trace)."""
     meta = dict(trace.metadata)
-    own = dict(meta.get("polyprof") or {})
+    own = meta.get("polyprof")
+    own = dict(own) if isinstance(own, dict) else ({} if own is None else {"value": own})
     if trace.backends:
         own["backends"] = {name: st.to_json() for name, st in trace.backends.items()}
         timings: dict[str, Any] = {name: dict(st.timings_ms) for name, st in trace.backends.items() if st.timings_ms}
@@ -129,10 +130,10 @@ def _write(trace: Trace, out: IO[bytes], trace_name: str) -> None:
 
 def device_properties(trace: Trace) -> list[dict[str, Any]]:
     """Explicit `deviceProperties` entries, plus one per device that declared properties."""
-    props = [dict(p) for p in trace.device_properties]
-    covered = {(p.get("id"), p.get("name")) for p in props}
+    props = [dict(p) for p in trace.device_properties if isinstance(p, dict)]
+    covered = {repr((p.get("id"), p.get("name"))) for p in props}  # repr: ids of any type, hashable or not
     for d in trace.devices:
-        if d.properties and (d.index, d.name) not in covered:
+        if d.properties and repr((d.index, d.name)) not in covered:
             props.append({"id": d.index, "name": d.name, "type": d.type, **d.properties})
     return props
 

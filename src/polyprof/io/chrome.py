@@ -11,8 +11,9 @@ with a one-line message naming the file and the problem.
 
 from __future__ import annotations
 
-import gzip
+import math
 import os
+import stat
 import zlib
 from typing import Any
 
@@ -36,22 +37,66 @@ _FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
 ENVELOPE_PIDS = ("Spans", "Traces")
 
 
-def _read_bytes(path: str) -> bytes:
+#: the largest trace read (file, and after gzip inflation), so that a device file or a gzip bomb is an
+#: error, not an out-of-memory kill; POLYPROF_MAX_TRACE_BYTES or ``load_trace(..., max_bytes=)`` raise it
+DEFAULT_MAX_TRACE_BYTES = 8 << 30
+
+
+def max_trace_bytes() -> int:
     try:
+        return int(os.environ.get("POLYPROF_MAX_TRACE_BYTES", DEFAULT_MAX_TRACE_BYTES))
+    except ValueError:
+        return DEFAULT_MAX_TRACE_BYTES
+
+
+def _read_bytes(path: str, max_bytes: int) -> bytes:
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise TraceFormatError(f"{path}: is a directory, not a trace file")
+        if not stat.S_ISREG(info.st_mode):
+            raise TraceFormatError(f"{path}: is not a regular file (a device, FIFO or socket is not read)")
+        if info.st_size > max_bytes:
+            raise TraceFormatError(f"{path}: {info.st_size:,} bytes is over the limit of {max_bytes:,} ({_RAISE_IT})")
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path}: is a directory, not a trace file") from None
     except OSError as exc:
-        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise TraceFormatError(f"{path}: over the limit of {max_bytes:,} bytes ({_RAISE_IT})")
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceFormatError(f"{path}: gzip data is truncated or corrupt ({exc})") from None
+        data = _inflate(data, path, max_bytes)
     return data
+
+
+_RAISE_IT = "set POLYPROF_MAX_TRACE_BYTES or max_bytes= to read it"
+
+
+def _inflate(data: bytes, path: str, max_bytes: int) -> bytes:
+    """gzip data (possibly several members), inflated to at most `max_bytes`."""
+    out: list[bytes] = []
+    size = 0
+    rest = data
+    try:
+        while rest:
+            inflater = zlib.decompressobj(wbits=31)
+            chunk = inflater.decompress(rest, max_bytes + 1 - size)
+            while True:
+                size += len(chunk)
+                out.append(chunk)
+                if size > max_bytes:
+                    raise TraceFormatError(f"{path}: inflates to over {max_bytes:,} bytes ({_RAISE_IT})")
+                if not inflater.unconsumed_tail:
+                    break
+                chunk = inflater.decompress(inflater.unconsumed_tail, max_bytes + 1 - size)
+            if not inflater.eof:
+                raise TraceFormatError(f"{path}: gzip data is truncated or corrupt (unexpected end)")
+            rest = inflater.unused_data.lstrip(b"\x00")
+    except zlib.error as exc:
+        raise TraceFormatError(f"{path}: gzip data is truncated or corrupt ({exc})") from None
+    return b"".join(out)
 
 
 def _ns(value: Any, path: str, what: str) -> int:
@@ -64,16 +109,27 @@ def _ns(value: Any, path: str, what: str) -> int:
         except ValueError:
             raise TraceFormatError(f"{path}: {what} has a non-numeric timestamp {value!r}") from None
     if isinstance(value, int):
-        return value * 1000
-    if isinstance(value, float):
-        return int(round(value * 1000))
-    raise TraceFormatError(f"{path}: {what} has a non-numeric timestamp {value!r}")
+        ns = value * 1000
+    elif isinstance(value, float) and math.isfinite(value):
+        ns = int(round(value * 1000))
+    else:
+        raise TraceFormatError(f"{path}: {what} has a non-numeric or non-finite timestamp {str(value)[:40]!r}")
+    if not -(2**62) <= ns <= 2**62:
+        raise TraceFormatError(f"{path}: {what} has a timestamp out of range ({value})")
+    return ns
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
-    """Load a Chrome trace JSON file (``.json`` or gzip-compressed) into a :class:`Trace`."""
+def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Trace:
+    """Load a Chrome trace JSON file (``.json`` or gzip-compressed) into a :class:`Trace`. Anything wrong
+    with the file is a TraceFormatError naming the file and the problem, in one line."""
     path = os.fspath(path)
-    data = _read_bytes(path)
+    return parse_trace(_read_bytes(path, max_bytes or max_trace_bytes()), path)
+
+
+def parse_trace(data: bytes, path: str = "<trace>") -> Trace:
+    """A trace from its JSON bytes (`path` names it in errors)."""
+    if data[:2] == b"\x1f\x8b":
+        data = _inflate(data, path, max_trace_bytes())
     if not data.strip():
         raise TraceFormatError(f"{path}: the file is empty")
     try:
@@ -89,10 +145,34 @@ def load_trace(path: str | os.PathLike) -> Trace:
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceFormatError(f"{path}: JSON but not a Chrome trace (no traceEvents list)")
-    return _build(doc, path)
+    where = _Where()
+    try:
+        return _build(doc, path, where)
+    except TraceFormatError:
+        raise
+    except Exception as exc:  # any other structural surprise: one line, never a traceback
+        raise TraceFormatError(f"{path}: {where.what} is malformed ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
-def _build(doc: dict[str, Any], path: str) -> Trace:
+class _Where:
+    """What the reader was reading when it met a surprise (for the error line)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self) -> None:
+        self.what = "the trace"
+
+
+def _hashable(value: Any) -> Any:
+    """A pid or tid usable as a key (a list or dict given as one becomes its text)."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return orjson.dumps(value, default=repr).decode()
+
+
+def _build(doc: dict[str, Any], path: str, where: _Where) -> Trace:
     base = doc.get("baseTimeNanoseconds", 0)
     base = base if isinstance(base, int) else 0
     devices: list[Device] = []
@@ -126,8 +206,13 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
     last_row = -1
     events = doc["traceEvents"]
     for n, ev in enumerate(events):
+        where.what = f"traceEvents[{n}]"
         if not isinstance(ev, dict):
             raise TraceFormatError(f"{path}: traceEvents[{n}] is not an object")
+        if "pid" in ev:
+            ev["pid"] = _hashable(ev["pid"])
+        if "tid" in ev:
+            ev["tid"] = _hashable(ev["tid"])
         ph = ev.get("ph")
         if ev.get("cat") == "Trace" or ev.get("pid") in ENVELOPE_PIDS:
             continue  # Kineto's envelope ("PyTorch Profiler (0)" on "Spans"): the profile, not an activity
@@ -143,6 +228,8 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         dev = device(pid)
         if ph == "C":
             args = ev.get("args") or {}
+            if not isinstance(args, dict):
+                raise TraceFormatError(f"{path}: traceEvents[{n}] (a counter) has args that are not an object")
             for key, value in args.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     counters.add(
@@ -157,7 +244,10 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
             continue
         cat = str(ev.get("cat", ""))
         res = resource(dev, tid)
-        args = dict(ev.get("args") or {})
+        raw_args = ev.get("args") or {}
+        if not isinstance(raw_args, dict):
+            raise TraceFormatError(f"{path}: traceEvents[{n}] has args that are not an object")
+        args = dict(raw_args)
         ext = args.pop("External id", 0)
         corr = args.get("correlation", 0)
         if ph == "X":
@@ -173,8 +263,8 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
             res,
             ts,
             ts + max(0, dur),
-            int(corr) if isinstance(corr, int) else 0,
-            int(ext) if isinstance(ext, int) else 0,
+            corr if isinstance(corr, int) and not isinstance(corr, bool) and -(2**63) <= corr < 2**63 else 0,
+            ext if isinstance(ext, int) and not isinstance(ext, bool) and -(2**63) <= ext < 2**63 else 0,
             args=args or None,
         )
         at_position[(pid, tid, ts)] = row
@@ -191,7 +281,7 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
         if row is None:
             row = at_position.get((ev.get("pid"), ev.get("tid"), ts))
         fid = ev.get("id")
-        if row is None or not isinstance(fid, int):
+        if row is None or not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**63:
             continue
         flow_cols["flow_id"][row] = fid
         flow_cols["flow_type"][row] = _FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
@@ -210,10 +300,12 @@ def _build(doc: dict[str, Any], path: str) -> Trace:
             "traceName",
         )
     }
+    where.what = "the polyprof metadata"
     statuses, timings = _statuses(metadata)
     start = int(acts["start"].min()) if len(acts) else 0
     end = int(acts["end"].max()) if len(acts) else 0
     props = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
+    props = [p for p in props if isinstance(p, dict)]
     return Trace(
         activities=acts,
         devices=devices,
@@ -260,6 +352,8 @@ def _metadata_row(
     ev: dict, devices: list[Device], resources: list[Resource], device: Any, resource: Any
 ) -> None:
     name, args = ev.get("name"), ev.get("args") or {}
+    if not isinstance(args, dict):
+        raise ValueError(f"a metadata row ({str(name)[:40]}) has args that are not an object")
     dev = device(ev.get("pid"))
     if name == "process_name":
         devices[dev].name = str(args.get("name", devices[dev].name))
@@ -270,8 +364,15 @@ def _metadata_row(
         elif devices[dev].label.startswith("GPU"):  # Kineto's label of every GPU process
             devices[dev].type = "gpu"
     elif name == "process_sort_index":
-        devices[dev].sort_index = int(args.get("sort_index", 0) or 0)
+        devices[dev].sort_index = _int(args.get("sort_index", 0))
     elif name == "thread_name":
         resources[resource(dev, ev.get("tid"))].name = str(args.get("name", ""))
     elif name == "thread_sort_index":
-        resources[resource(dev, ev.get("tid"))].sort_index = int(args.get("sort_index", 0) or 0)
+        resources[resource(dev, ev.get("tid"))].sort_index = _int(args.get("sort_index", 0))
+
+
+def _int(value: Any) -> int:
+    """A sort index as written, or 0 when it is not a number that fits."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0
+    return int(max(min(value, 2**62), -(2**62)))
