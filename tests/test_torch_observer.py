@@ -382,3 +382,24 @@ def test_stacks_of_other_parked_python_threads_get_a_valid_thread_row(tmp_path):
     doc = json.loads((tmp_path / "trace.json").read_text())
     frames = [e for e in doc["traceEvents"] if e.get("cat") == "python_function"]
     assert frames and all(0 <= e["tid"] < 2**63 for e in frames)
+
+
+def test_a_cached_library_is_loaded_only_from_a_file_and_folder_nobody_else_can_write(tmp_path):
+    from polyprof.backends.torch.observer import builder
+
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    lib = folder / "polyprof_torch_observer.so"
+    lib.write_bytes(b"\x7fELF")
+    os.chmod(lib, 0o755)
+    os.chmod(folder, 0o700)
+    assert builder._trusted(lib)
+    os.chmod(lib, 0o777)
+    assert not builder._trusted(lib), "a library others can write is rebuilt, never loaded"
+    os.chmod(lib, 0o755)
+    os.chmod(folder, 0o777)
+    assert not builder._trusted(lib), "in a folder others can write, it could be swapped after the check"
+    os.chmod(folder, 0o700)
+    link = folder / "link.so"
+    link.symlink_to(lib)
+    assert not builder._trusted(link), "a symlink is not followed"

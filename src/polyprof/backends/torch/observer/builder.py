@@ -92,14 +92,22 @@ def library_path(torch: Any) -> Path:
 
 def _trusted(path: Path) -> bool:
     """Whether a cached library may be loaded: a regular file owned by this user (or root) that nobody
-    else can write. Loading a library runs its code: one planted in a shared cache must not be."""
+    else can write, in a folder nobody else can write (or the file could be swapped after this check).
+    Loading a library runs its code: one planted in a shared cache must not be."""
     try:
-        st = os.lstat(path)
+        st, folder = os.lstat(path), os.lstat(path.parent)
     except OSError:
         return False
-    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0):
+    if not stat.S_ISREG(st.st_mode) or not stat.S_ISDIR(folder.st_mode):
         return False
-    return not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    mine = (os.getuid(), 0)
+    writable_by_others = stat.S_IWGRP | stat.S_IWOTH
+    return (
+        st.st_uid in mine
+        and folder.st_uid in mine
+        and not st.st_mode & writable_by_others
+        and not folder.st_mode & writable_by_others
+    )
 
 
 def cached_library(torch: Any) -> Path | None:
