@@ -17,6 +17,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
@@ -24,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polyprof._version import __version__
+from polyprof.cli.signals import CleanStop, Signalled
 from polyprof.errors import PolyprofError, TraceFormatError
 
 EXIT_BAD_INPUT = 2
@@ -135,41 +137,60 @@ def run(
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(script_path))
     exit_code = 0
-    stop_lock = threading.Lock()
-
-    def stop_once() -> None:
-        with stop_lock:
-            prof.stop()
-
-    prof.start()
-    alarm = None
-    if duration is not None:
-        alarm = _stop_after(duration, stop_once)
-    try:
-        runpy.run_path(script_path, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-    except BaseException:  # the script's own failure: report it like python would, keep the trace
-        traceback.print_exc()
-        exit_code = 1
-    finally:
-        if alarm is not None:
-            alarm()
-        stop_once()
+    lock = threading.Lock()
+    done: dict[str, Any] = {}  # "written": the trace's path, once written; "error": why not
     console = _console(stderr=True)
-    try:
-        written = prof.export_chrome_trace(output)
-        click.echo(f"polyprof: trace written to {written}", err=True)
-        if summary:
+
+    def finish() -> None:
+        """Stop and write the trace, once: when the window ends (--duration), or when the script does.
+        Written at once, so that a process killed later keeps it."""
+        with lock, stop.deferred():
+            if done:
+                return
+            prof.stop()
+            try:
+                done["written"] = prof.export_chrome_trace(output)
+                click.echo(f"polyprof: trace written to {done['written']}", err=True)
+            except PolyprofError as exc:
+                done["error"] = str(exc)
+
+    with CleanStop() as stop:
+        prof.start()
+        alarm = _stop_after(duration, finish) if duration is not None else None
+        try:
+            runpy.run_path(script_path, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+            exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)
+        except Signalled as exc:
+            click.echo(f"polyprof: {exc}: writing the trace, then exiting as the signal asks", err=True)
+        except KeyboardInterrupt:
+            stop.interrupted()
+            click.echo("polyprof: interrupted: writing the trace, then exiting", err=True)
+        except BaseException:  # the script's own failure: report it like python would, keep the trace
+            traceback.print_exc()
+            exit_code = 1
+        finally:
+            if alarm is not None:
+                alarm()
+            try:
+                finish()
+            except Signalled:  # came while the trace was written: it is written; exit as it asks below
+                pass
+        if "error" in done:
+            click.echo(f"polyprof: error: {done['error']}", err=True)
+            exit_code = exit_code or EXIT_BAD_INPUT
+        elif summary and stop.signum is None:
             from polyprof.cli.render import print_summary
 
-            print_summary(prof.trace, console, top, f"polyprof summary: {os.path.basename(script)}")
-    except PolyprofError as exc:
-        click.echo(f"polyprof: error: {exc}", err=True)
-        exit_code = exit_code or EXIT_BAD_INPUT
+            try:
+                with stop.deferred():
+                    print_summary(prof.trace, console, top, f"polyprof summary: {os.path.basename(script)}")
+            except Signalled:  # came while printing: the trace is written; exit as it asks
+                pass
+    stop.exit()
     sys.exit(exit_code)
 
 

@@ -1,0 +1,93 @@
+"""Turning the signals a scheduler or a terminal sends into a clean stop.
+
+``timeout``, ``docker stop``, Slurm and Kubernetes send SIGTERM, a closed terminal SIGHUP, Ctrl-C
+SIGINT. While :class:`CleanStop` is installed, each becomes an exception in the main thread that unwinds
+the profiled program like Ctrl-C does; once the trace is written, :meth:`CleanStop.exit` ends the
+process with the signal's own status (as if it had not been caught)::
+
+    with CleanStop() as stop:
+        try:
+            run_the_program()
+        except Signalled:
+            pass
+        with stop.deferred():       # a signal while the trace is written waits until it is
+            write_the_trace()
+    stop.exit()                      # no-op when no signal came
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+class Signalled(BaseException):
+    """A handled signal arrived (a BaseException, as KeyboardInterrupt: ``except Exception`` in the
+    program does not swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class CleanStop:
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the first signal that came
+        self._raised = False  # whether it has been raised in the program already
+        self._defer = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> CleanStop:
+        if threading.current_thread() is threading.main_thread():
+            for signum in HANDLED:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self._defer and not self._raised:
+            self._raised = True
+            raise Signalled(signum)
+
+    def interrupted(self) -> None:
+        """A KeyboardInterrupt ended the program: end with SIGINT's status, as Python would."""
+        if self.signum is None:
+            self.signum = signal.SIGINT
+        self._raised = True
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Signals in this block are noted, not raised: the trace being written is not cut short. One
+        that came meanwhile is raised when the block ends."""
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
+        if not self._defer and self.signum is not None and not self._raised:
+            self._raised = True
+            raise Signalled(self.signum)
+
+    def exit(self) -> None:
+        """End the process as the noted signal would have (default action), if one came."""
+        if self.signum is None:
+            return
+        self.__exit__()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(self.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), self.signum)
+        sys.exit(128 + self.signum)  # where the default action does not end the process
