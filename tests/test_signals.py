@@ -67,3 +67,71 @@ def test_a_window_that_ended_is_written_at_once_and_survives_a_kill(tmp_path):
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert "before the signal 0" in _names(out)
+
+
+SLOW_SCRIPT = """
+import os, time, polyprof
+print("ready", flush=True)
+i = 0
+while True:
+    with polyprof.record_function(f"span {i}"):
+        time.sleep(0.005)
+    i += 1
+    if i == 40:
+        print("forty", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
+def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
+    script = tmp_path / "s.py"
+    body = SLOW_SCRIPT if how == "SIGKILL" else SLOW_SCRIPT.replace('print("forty", flush=True)', 'time.sleep(1.5); os._exit(7)')
+    script.write_text(textwrap.dedent(body))
+    out = tmp_path / "t.json.gz"
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    if how == "SIGKILL":
+        assert proc.stdout.readline().strip() == "forty"
+        time.sleep(2.5)  # the spans before "forty" ended more than a flush interval (1 s) ago
+        proc.kill()
+    proc.communicate(timeout=60)
+    assert not out.exists(), "the run never wrote its trace"
+    spill = tmp_path / ".t.json.gz.spill"
+    assert spill.exists() and oct(spill.stat().st_mode & 0o777) == "0o600"
+    r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(spill), "-o", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert all(f"span {i}" in names for i in range(40)), "every span that ended a flush interval before the end"
+    assert "without a clean end" in doc["polyprof"]["partial"]["ended"]
+    # the next run writing the same trace says how to recover the killed one's
+    quick = tmp_path / "quick.py"
+    quick.write_text("pass\n")
+    again = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o", str(out),
+                            str(quick)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert again.returncode == 0 and "polyprof recover" in again.stderr and "was killed" in again.stderr
+
+
+def test_a_torn_last_chunk_still_recovers(tmp_path):
+    import polyprof
+    from polyprof.engine.recover import recover_trace
+
+    path = tmp_path / ".x.spill"
+    prof = polyprof.profile(["cpu"], spill=path, flush_interval_s=0.05)
+    prof.start()
+    for i in range(20):
+        with polyprof.record_function(f"s{i}"):
+            time.sleep(0.01)
+    time.sleep(0.2)
+    size = path.stat().st_size
+    prof.stop()
+    with open(path, "r+b") as f:  # cut the file inside the chunks written after `size`
+        f.truncate(size - 7)
+    trace = recover_trace(str(path))
+    names = [a.name for a in trace.activities]
+    assert "s0" in names and trace.metadata["polyprof"]["partial"]["torn_bytes"] > 0

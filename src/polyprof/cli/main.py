@@ -1,10 +1,11 @@
-"""``polyprof backends | run | summary``.
+"""``polyprof backends | run | summary | recover``.
 
 ::
 
     polyprof backends                              # what is installed, available, broken
     polyprof run -o trace.json script.py --lr 0.1  # profile a script, write the trace, print a summary
     polyprof summary trace.json.gz                 # top activities per kind and device
+    polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
 """
 
 from __future__ import annotations
@@ -107,6 +108,13 @@ def backends() -> None:
 @click.option(
     "--top", type=int, default=10, show_default=True, help="Rows per kind and device in the summary."
 )
+@click.option(
+    "--spill/--no-spill",
+    default=True,
+    show_default=True,
+    help="While recording, append what is complete to a hidden file beside the output every second, so "
+    "that a killed run can be recovered (polyprof recover).",
+)
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -115,12 +123,14 @@ def run(
     duration: float | None,
     summary: bool,
     top: int,
+    spill: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
     from polyprof.engine.scheduled import Profile
     from polyprof.export import check_output_path
+    from polyprof.io.spill import spill_path
 
     if not os.path.isfile(script):
         _fail(f"script {script} does not exist")
@@ -129,7 +139,9 @@ def run(
     try:
         output = check_output_path(output)
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
-        prof = Profile(groups)
+        spill_file = spill_path(output) if spill else None
+        _hint_leftover_spill(spill_path(output), output)
+        prof = Profile(groups, spill=spill_file)
     except PolyprofError as exc:
         _fail(str(exc))
 
@@ -149,7 +161,7 @@ def run(
                 return
             prof.stop()
             try:
-                done["written"] = prof.export_chrome_trace(output)
+                done["written"] = prof.export_chrome_trace(output)  # the spill goes once this is on disk
                 click.echo(f"polyprof: trace written to {done['written']}", err=True)
             except PolyprofError as exc:
                 done["error"] = str(exc)
@@ -181,6 +193,8 @@ def run(
                 pass
         if "error" in done:
             click.echo(f"polyprof: error: {done['error']}", err=True)
+            if spill_file and os.path.exists(spill_file):
+                click.echo(f"polyprof: what was recorded is kept: polyprof recover {spill_file} -o OTHER.json.gz", err=True)
             exit_code = exit_code or EXIT_BAD_INPUT
         elif summary and stop.signum is None:
             from polyprof.cli.render import print_summary
@@ -192,6 +206,50 @@ def run(
                 pass
     stop.exit()
     sys.exit(exit_code)
+
+
+def _hint_leftover_spill(spill_file: str, output: str) -> None:
+    """A spill a killed run left where this run's goes: say how to recover it before it is replaced."""
+    if not os.path.exists(spill_file):
+        return
+    keep = f"{spill_file}.{os.getpid()}.left"
+    try:
+        os.replace(spill_file, keep)
+    except OSError:
+        return
+    base, ext = (output[: -len(".json.gz")], ".json.gz") if output.endswith(".json.gz") else os.path.splitext(output)
+    click.echo(
+        f"polyprof: a previous run writing {output} was killed before writing its trace; recover it with:\n"
+        f"  polyprof recover {keep} -o {base}.recovered{ext or '.json'}",
+        err=True,
+    )
+
+
+@cli.command()
+@click.argument("spill_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default=None, help="Trace file to write (default: beside the spill, .recovered.json.gz).")
+def recover(spill_file: str, output: str | None) -> None:
+    """Write a trace from SPILL_FILE, what a killed `polyprof run` (or a profile with spill=) left."""
+    from polyprof.engine.recover import recover_trace
+    from polyprof.export import write_chrome_trace
+
+    try:
+        trace = recover_trace(spill_file)
+        if output is None:
+            folder, name = os.path.split(os.path.abspath(spill_file))
+            stem = name.lstrip(".").split(".spill")[0]
+            stem = stem[: -len(".json.gz")] if stem.endswith(".json.gz") else os.path.splitext(stem)[0]
+            output = os.path.join(folder, f"{stem}.recovered.json.gz")
+        written = write_chrome_trace(trace, output)
+    except (PolyprofError, TraceFormatError) as exc:
+        _fail(str(exc))
+    partial = trace.metadata["polyprof"]["partial"]
+    click.echo(
+        f"polyprof: recovered {len(trace.activities)} activities from {partial['chunks']} chunks "
+        f"(ended {partial['ended'].split(':')[0]}; backends: {', '.join(partial['backends_flushed']) or 'none'}) "
+        f"into {written}",
+        err=True,
+    )
 
 
 def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:

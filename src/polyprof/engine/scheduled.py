@@ -27,7 +27,9 @@ exception from a handler reach the training thread at the next ``step()``, ``sto
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import threading
 import time
 import warnings
@@ -65,6 +67,9 @@ from polyprof.model import CollectedPart, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
 
+#: with a spill, completed rows are handed over (and spilled) this often
+SPILL_FLUSH_INTERVAL_S = 1.0
+
 _active_lock = threading.Lock()
 _active_profile: Profile | None = None
 
@@ -90,7 +95,10 @@ class Profile:
         backend_options: ``{"opencl": {...}}``: options handed to each backend's sessions.
         call_timeout_s: a backend's stop/collect/close running longer is abandoned.
         flush_interval_s: how often sessions that implement ``flush(sink)`` hand over completed rows
-            while recording (None: only at the window's end).
+            while recording (None: only at the window's end). Default 10 s; 1 s with a spill.
+        spill: a file to append what is complete to while recording (checksummed chunks, 0600), so that
+            a process killed without warning leaves a trace: ``polyprof recover SPILL``. Removed once
+            a trace of the profile has been written to a file.
         metadata: top-level keys added to the trace.
         activity_filters: ``{"CPU": {ActivityKind.CPU_OP}}``: of the groups named, only rows of these
             kinds are kept (an empty set keeps none); what is dropped is counted per backend.
@@ -108,6 +116,7 @@ class Profile:
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
+        spill: str | os.PathLike | None = None,
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
@@ -127,7 +136,12 @@ class Profile:
         if on_trace_ready is not None and not callable(on_trace_ready):
             raise ConfigError(f"on_trace_ready must be callable, got {on_trace_ready!r}")
         self.call_timeout_s = _positive_seconds("call_timeout_s", call_timeout_s)
+        if spill is not None and flush_interval_s == DEFAULT_FLUSH_INTERVAL_S:
+            flush_interval_s = SPILL_FLUSH_INTERVAL_S
         self.flush_interval_s = _positive_seconds("flush_interval_s", flush_interval_s, allow_none=True)
+        self.spill_path = os.path.abspath(os.fspath(spill)) if spill is not None else None
+        self._spill: Any = None  # the SpillWriter while one is open
+        self._spill_left: str | None = None  # a spill ended cleanly, removed once a trace is written
         self.registry = registry or default_registry
         self.schedule = schedule or always_record
         self.record_steps = schedule is not None if record_steps is None else record_steps
@@ -246,6 +260,7 @@ class Profile:
         if wait and not writer.on_writer_thread:
             for job in list(self._jobs):
                 job.done.wait()
+        self.close_spill(remove=False)  # the profile ended: the spill says so, and stays until a trace is written
         self._emit_warnings()
         self._raise_handler_error()
 
@@ -274,6 +289,8 @@ class Profile:
         started = time.perf_counter()
         written = write_chrome_trace(trace, path)
         trace.timings_ms["write"] = round((time.perf_counter() - started) * 1e3, 3)
+        if not self._recording:  # a trace is on disk: the spill is not needed any more
+            self.close_spill(remove=True)
         return written
 
     def add_metadata(self, key: str, value: Any) -> None:
@@ -377,8 +394,56 @@ class Profile:
         self._window_start = host_ns()
         self._sessions.start(self._window_start)
         self._recording = True
+        self._spill_window()
+        on_parts = self._spill.append_parts if self._spill is not None else None
         if self.flush_interval_s is not None and self._sessions.flushing:
-            self._flusher = Flusher(self._sessions, self.flush_interval_s)
+            self._flusher = Flusher(self._sessions, self.flush_interval_s, on_parts)
+
+    def _spill_window(self) -> None:
+        """Open the spill (first window) and note this window in it; a spill that cannot be written is a
+        warning, never the user's exception."""
+        if self.spill_path is None:
+            return
+        from polyprof.io.spill import SpillWriter
+
+        info = {"window_start": self._window_start, "step": self.step_num}
+        try:
+            if self._spill is None:
+                self._spill = SpillWriter.create(self.spill_path, self._spill_header())
+            self._spill.append_window(info)
+        except OSError as exc:
+            self._spill = None
+            warnings.warn(
+                f"polyprof: the spill {self.spill_path} cannot be written ({exc.strerror or exc}); recording "
+                "goes on without it",
+                PolyprofWarning,
+                stacklevel=5,
+            )
+
+    def _spill_header(self) -> dict[str, Any]:
+        import socket
+        import sys
+
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "host_name": socket.gethostname(),
+            "argv": list(sys.argv),
+            "activities": sorted(self.config.activities),
+            "epoch_offset_ns": self._epoch.offset_ns,
+            "flush_interval_s": self.flush_interval_s,
+            "metadata": self._window_metadata(),
+        }
+
+    def close_spill(self, remove: bool = True) -> None:
+        """End the spill cleanly; with `remove` (a trace has been written), delete it."""
+        spill, self._spill = self._spill, None
+        if spill is not None:
+            spill.close(clean=True, remove=remove)
+        elif remove and self._spill_left is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._spill_left)
+        self._spill_left = None if remove else (spill.path if spill is not None else self._spill_left)
 
     def _window_observers(self, call: str) -> None:
         for obs in self.window_observers:

@@ -20,6 +20,7 @@ import contextlib
 import gc
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from polyprof import correlation
 from polyprof.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
 from polyprof.engine.guard import CallOutcome, describe, guarded_call
 from polyprof.engine.selection import Chosen, Selection
+from polyprof.errors import PolyprofWarning
 from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
 from polyprof.sink import Sink
 
@@ -227,8 +229,10 @@ class SessionSet:
             parts.append(CollectedPart.empty(BackendStatus(entry.name or entry.reference, BACKEND_FAILED, reason=entry.error)))
         return parts
 
-    def flush(self) -> None:
-        """Hand over what each flushing session has completed (called from the Flusher thread)."""
+    def flush(self) -> list[CollectedPart]:
+        """Hand over what each flushing session has completed (called from the Flusher thread); returns
+        the new parts (also kept for the window's merge)."""
+        new: list[CollectedPart] = []
         for h in self.handles:
             flush = getattr(h.session, "flush", None)
             if not h.recording or not callable(flush) or not h.lock.acquire(blocking=False):
@@ -244,8 +248,10 @@ class SessionSet:
                 part = h.seal(sink)
                 if len(part.activities) or len(part.counters) or part.devices:
                     h.parts.append(part)
+                    new.append(part)
             finally:
                 h.lock.release()
+        return new
 
     @property
     def flushing(self) -> bool:
@@ -268,9 +274,12 @@ class SessionSet:
 class Flusher:
     """A daemon thread that calls :meth:`SessionSet.flush` every `interval_s` while a window records."""
 
-    def __init__(self, sessions: SessionSet, interval_s: float) -> None:
+    def __init__(
+        self, sessions: SessionSet, interval_s: float, on_parts: Callable[[list[CollectedPart]], None] | None = None
+    ) -> None:
         self.sessions = sessions
         self.interval_s = interval_s
+        self.on_parts = on_parts  # e.g. the spill
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="polyprof-flush", daemon=True)
         self._thread.start()
@@ -278,9 +287,11 @@ class Flusher:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.sessions.flush()
-            except Exception:  # a backend's flush problem is in its status already; never end the thread
-                pass
+                parts = self.sessions.flush()
+                if parts and self.on_parts is not None:
+                    self.on_parts(parts)
+            except Exception as exc:  # a backend's problem is in its status already; the spill's is said
+                warnings.warn(f"polyprof: handing over completed rows failed: {describe(exc)}", PolyprofWarning, stacklevel=1)
 
     def stop(self) -> None:
         """Ask the thread to end (it ends after the flush in progress, if any)."""

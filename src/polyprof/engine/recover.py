@@ -1,0 +1,61 @@
+"""A trace from a spill that a killed process left behind (``polyprof recover SPILL``)::
+
+    trace = recover_trace(".t.json.gz.spill")
+    trace.metadata["polyprof"]["partial"]   # what ended it, what it covers, which backends had flushed
+
+Everything the spill holds up to its first torn chunk is merged as a profile's windows are; the trace is
+marked partial: rows not yet handed over when the process died (the last flush interval) are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from polyprof._version import __version__
+from polyprof.clock import base_time_ns
+from polyprof.engine.merge import merge
+from polyprof.io.spill import read_spill
+from polyprof.model import Trace
+
+
+def recover_trace(path: str) -> Trace:
+    spill = read_spill(path)
+    header = spill.header
+    statuses = {}
+    for part in spill.parts:  # a backend's latest status holds its counts so far
+        statuses[part.backend] = part.status
+    parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
+    starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
+    ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
+    windows = [int(w["window_start"]) for w in spill.windows if isinstance(w.get("window_start"), int)]
+    first = min(windows + starts) if windows or starts else 0
+    last = max(ends + [first])
+    epoch = int(header.get("epoch_offset_ns", 0) or 0)
+    partial = {
+        "ended": "cleanly (the profile stopped; its trace was not written)" if spill.ended else
+                 "without a clean end: the process was killed or exited without stopping the profile",
+        "spill": path,
+        "covered_epoch_ns": [first + epoch, last + epoch],
+        "windows": len(spill.windows),
+        "backends_flushed": sorted(statuses),
+        "chunks": spill.chunks,
+        "torn_bytes": spill.torn_bytes,
+        "missing": f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)",
+    }  # fmt: skip
+    metadata = dict(header.get("metadata") or {})
+    metadata["polyprof"] = {
+        "version": __version__,
+        "recorded_by": header.get("version"),
+        "activities": header.get("activities", []),
+        "pid": header.get("pid"),
+        "argv": header.get("argv"),
+        "clock": {"host": "perf_counter_ns", "epoch_offset_ns": epoch},
+        "partial": partial,
+    }
+    return merge(
+        parts,
+        window=(first, last),
+        epoch_offset_ns=epoch,
+        base_time_ns=base_time_ns(first + epoch),
+        metadata=metadata,
+    )

@@ -1,0 +1,267 @@
+"""The spill: what a profile has completed, appended to a file while it records, so that a process
+killed without warning (SIGKILL, an OOM kill, ``os._exit``, a power cut) still leaves a trace behind.
+
+A spill is a file header line and checksummed chunks, each self-describing::
+
+    POLYPROF-SPILL 1\\n
+    chunk: b"PPSC" | kind (1 byte) | payload length (uint64 LE) | crc32 of the payload (uint32 LE) | payload
+
+Kinds: ``H`` the profile (JSON: clock, argv, pid, activities), ``W`` a recording window's start (JSON),
+``P`` one sealed part (a backend's rows of one flush: a JSON header, then the raw column bytes), ``E``
+the clean end. Reading stops at the first chunk that is torn or fails its checksum (the process died
+writing it), and everything before it is kept::
+
+    writer = SpillWriter.create(path, header)      # 0600, never following a planted name
+    writer.append_part(part)
+    chunks = read_spill(path)                      # .header, .windows, .parts, .ended, .torn_bytes
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from polyprof.errors import TraceFormatError
+from polyprof.export.jsonsafe import json_bytes
+from polyprof.model import (
+    COLUMNS,
+    COUNTER_COLUMNS,
+    ActivityTable,
+    Args,
+    BackendStatus,
+    CollectedPart,
+    Counters,
+    Device,
+    Resource,
+    StringTable,
+)
+from polyprof.model.args import _Block, is_json_column
+
+FILE_MAGIC = b"POLYPROF-SPILL 1\n"
+CHUNK_MAGIC = b"PPSC"
+_CHUNK_HEAD = struct.Struct("<4scQI")
+HEADER, WINDOW, PART, END = b"H", b"W", b"P", b"E"
+
+
+class SpillWriter:
+    """Appends chunks to a spill; one lock, so that the flush thread and the engine can both write."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._file = os.fdopen(fd, "ab", buffering=0)
+        self._lock = threading.Lock()
+        self.bytes = len(FILE_MAGIC)
+        self.rows = 0
+
+    @classmethod
+    def create(cls, path: str, header: dict[str, Any]) -> SpillWriter:
+        """A new spill at `path` (an old one there is replaced; a symlink is not followed), readable by
+        this user only."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        writer = cls(path, fd)
+        writer._file.write(FILE_MAGIC)
+        writer.append(HEADER, json_bytes(header))
+        return writer
+
+    def append(self, kind: bytes, payload: bytes) -> None:
+        chunk = _CHUNK_HEAD.pack(CHUNK_MAGIC, kind, len(payload), zlib.crc32(payload)) + payload
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.write(chunk)
+            os.fsync(self._file.fileno())  # a chunk that is written survives a power cut
+            self.bytes += len(chunk)
+
+    def append_window(self, info: dict[str, Any]) -> None:
+        self.append(WINDOW, json_bytes(info))
+
+    def append_part(self, part: CollectedPart) -> None:
+        if len(part.activities) or len(part.counters):
+            self.append(PART, encode_part(part))
+            self.rows += len(part.activities)
+
+    def append_parts(self, parts: list[CollectedPart]) -> None:
+        for part in parts:
+            self.append_part(part)
+
+    def close(self, clean: bool = True, remove: bool = False) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            if clean:
+                chunk = _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
+                self._file.write(chunk)
+            self._file.close()
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def spill_path(output: str) -> str:
+    """Where the spill of a trace written to `output` lives: a hidden file beside it."""
+    folder, name = os.path.split(os.path.abspath(output))
+    return os.path.join(folder, f".{name}.spill")
+
+
+# -- parts <-> bytes ---------------------------------------------------------------------------------
+def encode_part(part: CollectedPart) -> bytes:
+    """A sealed part as a JSON header and the raw bytes of its columns."""
+    arrays: list[np.ndarray] = []
+
+    def ref(a: np.ndarray) -> list:
+        a = np.ascontiguousarray(a)
+        arrays.append(a)
+        return [a.dtype.str, len(a)]
+
+    acts = part.activities
+    blocks = []
+    for b in acts.args.blocks:
+        rows = ref(b.rows)  # before its columns: decode_part takes the arrays in this order
+        cols = []
+        for c in b.columns:
+            if is_json_column(c):
+                cols.append({"json": [v.decode("utf-8", "replace") if isinstance(v, bytes) else "" for v in c.tolist()]})
+            elif c.dtype.kind in "iufb":
+                cols.append({"array": ref(c)})
+            else:
+                cols.append({"values": orjson.loads(json_bytes(c.tolist()))})
+        blocks.append({"rows": rows, "keys": list(b.keys), "columns": cols})
+    counters = part.counters.columns
+    head = {
+        "backend": part.backend,
+        "status": part.status.to_json(),
+        "context_scoped": part.context_scoped,
+        "devices": [asdict(d) for d in part.devices],
+        "resources": [asdict(r) for r in part.resources],
+        "strings": list(acts.strings.strings),
+        "columns": {name: ref(acts.columns[name]) for name, _ in COLUMNS},
+        "dict_args": [[row, a] for row, a in acts.args.dicts.items()],
+        "blocks": blocks,
+        "counter_strings": list(part.counters.strings.strings),
+        "counters": {name: ref(counters[name]) for name, _ in COUNTER_COLUMNS},
+        "metadata": dict(part.metadata),
+        "device_properties": list(part.device_properties),
+    }
+    header = json_bytes(head)
+    return struct.pack("<Q", len(header)) + header + b"".join(a.tobytes() for a in arrays)
+
+
+def decode_part(payload: bytes) -> CollectedPart:
+    (size,) = struct.unpack_from("<Q", payload)
+    head = orjson.loads(payload[8 : 8 + size])
+    offset = 8 + size
+
+    def take(spec: list) -> np.ndarray:
+        nonlocal offset
+        dtype, n = np.dtype(spec[0]), int(spec[1])
+        nbytes = dtype.itemsize * n
+        if offset + nbytes > len(payload):
+            raise ValueError("a column runs past its chunk")
+        a = np.frombuffer(payload, dtype=dtype, count=n, offset=offset).copy()
+        offset += nbytes
+        return a
+
+    # arrays are stored in the order encode_part referenced them: blocks' first, then columns, counters
+    blocks = []
+    for b in head["blocks"]:
+        rows = take(b["rows"])
+        cols: list[np.ndarray] = []
+        for c in b["columns"]:
+            if "array" in c:
+                cols.append(take(c["array"]))
+            elif "json" in c:
+                from polyprof.model.args import _JSONArray
+
+                cols.append(_JSONArray.of([v.encode() for v in c["json"]], len(c["json"])))
+            else:
+                cols.append(np.array(c["values"] + [None], dtype=object)[:-1])
+        blocks.append(_Block(rows, tuple(b["keys"]), cols))
+    columns = {name: take(head["columns"][name]) for name, _ in COLUMNS}
+    counter_columns = {name: take(head["counters"][name]) for name, _ in COUNTER_COLUMNS}
+    strings = StringTable()
+    for s in head["strings"]:
+        strings.intern(s)
+    counter_strings = StringTable()
+    for s in head["counter_strings"]:
+        counter_strings.intern(s)
+    args = Args({int(r): a for r, a in head["dict_args"]}, blocks)
+    status = BackendStatus.from_json(head["backend"], head["status"])
+    return CollectedPart(
+        backend=head["backend"],
+        status=status,
+        activities=ActivityTable(strings, columns, args),
+        devices=tuple(Device(**d) for d in head["devices"]),
+        resources=tuple(Resource(**r) for r in head["resources"]),
+        counters=Counters.from_columns(counter_strings, counter_columns),
+        metadata=head["metadata"],
+        device_properties=tuple(head["device_properties"]),
+        context_scoped=bool(head["context_scoped"]),
+    )
+
+
+# -- reading -----------------------------------------------------------------------------------------
+@dataclass
+class Spill:
+    """What a spill holds, up to the first torn or corrupt chunk."""
+
+    header: dict[str, Any] = field(default_factory=dict)
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    parts: list[CollectedPart] = field(default_factory=list)
+    ended: bool = False
+    torn_bytes: int = 0  # bytes after the last good chunk (a write the process did not finish)
+    chunks: int = 0
+
+
+def _chunks(data: bytes, path: str) -> Iterator[tuple[bytes, bytes, int]]:
+    if not data.startswith(FILE_MAGIC):
+        raise TraceFormatError(f"{path}: not a polyprof spill (it does not start with {FILE_MAGIC!r})")
+    at = len(FILE_MAGIC)
+    while at + _CHUNK_HEAD.size <= len(data):
+        magic, kind, size, crc = _CHUNK_HEAD.unpack_from(data, at)
+        payload = data[at + _CHUNK_HEAD.size : at + _CHUNK_HEAD.size + size]
+        if magic != CHUNK_MAGIC or len(payload) != size or zlib.crc32(payload) != crc:
+            return
+        at += _CHUNK_HEAD.size + size
+        yield kind, payload, at
+
+
+def read_spill(path: str) -> Spill:
+    """Every good chunk of the spill at `path` (a TraceFormatError when it is not one)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    spill = Spill()
+    end = len(FILE_MAGIC)
+    for kind, payload, end in _chunks(data, path):  # noqa: B007 - `end` is read after the loop
+        try:
+            if kind == HEADER:
+                spill.header = orjson.loads(payload)
+            elif kind == WINDOW:
+                spill.windows.append(orjson.loads(payload))
+            elif kind == PART:
+                spill.parts.append(decode_part(payload))
+            elif kind == END:
+                spill.ended = True
+        except Exception:  # a chunk whose checksum matched but that cannot be read: stop there
+            break
+        spill.chunks += 1
+    spill.torn_bytes = len(data) - end
+    if not spill.header:
+        raise TraceFormatError(f"{path}: the spill has no readable header")
+    return spill
