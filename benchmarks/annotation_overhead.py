@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 
 from _common import per_call_ns, report
 
@@ -34,14 +35,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--spill", action="store_true", help="profile with a spill (crash-safe capture) on")
     args = ap.parse_args()
+    import tempfile
+
+    spill = os.path.join(tempfile.mkdtemp(), ".bench.spill") if args.spill else None
     n, reps = args.n, args.repeats
     gc.collect()
     results: dict = {"n_per_batch": n, "repeats": reps, "c_hot_path": speedups is not None}
     results["empty_loop_ns"] = round(per_call_ns(loop_empty, n, reps), 1)
     results["polyprof_not_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
-    with polyprof.profile(["cpu"]):
+    with polyprof.profile(["cpu"], spill=spill) as prof:
         results["polyprof_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+        if spill:  # let one more flush hand the measured spans to the spill (sized after the profile)
+            import time
+
+            time.sleep(prof.flush_interval_s * 2)
+            spill_writer = prof._spill
+    if spill:
+        results["spilled_events"] = spill_writer.rows
+        results["spill_bytes_per_event"] = round(os.path.getsize(spill) / max(spill_writer.rows, 1), 1)
+    results["spill"] = bool(spill)
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile, record_function
@@ -60,7 +74,7 @@ def main() -> None:
 
         results["bridge_armed"] = bridge._armed is not None
         results["polyprof_not_profiling_torch_imported_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
-        with polyprof.profile(["cpu"]):
+        with polyprof.profile(["cpu"], spill=spill):
             results["polyprof_profiling_torch_imported_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
         torch_n = max(n // 10, 1000)  # torch's events are much more expensive to keep
         results["torch_version"] = torch.__version__

@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--record-shapes", action="store_true", help="profile both with record_shapes=True")
+    ap.add_argument("--spill", action="store_true", help="polyprof with a spill (crash-safe capture) on")
     args = ap.parse_args()
     import torch
     from torch import nn
@@ -65,7 +66,8 @@ def main() -> None:
             ops["torch"] = sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op")
 
     def run_polyprof(r: int) -> None:
-        prof = pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes)
+        spill = os.path.join(folder, f".run{r}.spill") if args.spill else None
+        prof = pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes, spill=spill)
         prof.__enter__()
         t0 = time.perf_counter_ns()
         work()
