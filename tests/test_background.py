@@ -108,3 +108,37 @@ def test_pending_writes_finish_at_interpreter_exit(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert out.exists() and b'"work"' in out.read_bytes()[:100_000] + out.read_bytes()[-5_000_000:]
+
+
+def test_dump_writes_what_is_recorded_so_far_and_the_profile_goes_on(registry, tmp_path):
+    import json
+
+    prof = polyprof.profile(["cpu"], registry=registry)
+    prof.start()
+    with polyprof.record_function("before the dump"):
+        pass
+    written = prof.dump(str(tmp_path / "dump.json"))
+    with polyprof.record_function("after it"):
+        pass
+    prof.stop()
+    doc = json.loads(open(written).read())
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert names == ["before the dump"] and doc["polyprof"]["partial"]["ended"] == "a dump while recording"
+    assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["before the dump", "after it"]
+    with pytest.raises(polyprof.PolyprofError, match="needs a recording window"):
+        prof.dump(str(tmp_path / "late.json"))
+
+
+def test_ring_mode_keeps_the_last_seconds_only(registry):
+    import time
+
+    with polyprof.profile(["cpu"], registry=registry, ring_s=0.2) as prof:
+        with polyprof.record_function("old"):
+            pass
+        time.sleep(0.5)
+        with polyprof.record_function("recent"):
+            pass
+    names = [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)]
+    assert names == ["recent"]
+    assert prof.trace.backends["host"].dropped.get("older than the ring (ring_s)", 0) + \
+        prof.trace.backends["host"].dropped.get("outside capture window", 0) >= 1  # fmt: skip

@@ -135,3 +135,20 @@ def test_a_torn_last_chunk_still_recovers(tmp_path):
     trace = recover_trace(str(path))
     names = [a.name for a in trace.activities]
     assert "s0" in names and trace.metadata["polyprof"]["partial"]["torn_bytes"] > 0
+
+
+def test_sigusr2_dumps_the_recording_so_far_and_the_run_goes_on(tmp_path):
+    out = tmp_path / "t.json"
+    proc = _start(tmp_path, "-o", str(out), "--no-summary")
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR2)
+    dump = tmp_path / "t.dump1.json"
+    deadline = time.monotonic() + 30
+    while not dump.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run goes on after the dump"
+    assert "before the signal 0" in _names(dump)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM and "recording so far written to" in err
+    assert "before the signal 0" in _names(out)

@@ -166,6 +166,20 @@ def run(
             except PolyprofError as exc:
                 done["error"] = str(exc)
 
+    dumps: list[int] = []
+
+    def dump_now(signum: int, frame: Any) -> None:
+        """SIGUSR2: write what is recorded so far, and go on (for a job that hangs)."""
+        base, ext = (output[: -len(".json.gz")], ".json.gz") if output.endswith(".json.gz") else os.path.splitext(output)
+        dumps.append(signum)
+        target = f"{base}.dump{len(dumps)}{ext or '.json'}"
+        try:
+            with lock:
+                click.echo(f"polyprof: SIGUSR2: recording so far written to {prof.dump(target)}", err=True)
+        except PolyprofError as exc:
+            click.echo(f"polyprof: SIGUSR2: no dump ({exc})", err=True)
+
+    previous_usr2 = signal.signal(signal.SIGUSR2, dump_now) if hasattr(signal, "SIGUSR2") else None
     with CleanStop() as stop:
         prof.start()
         alarm = _stop_after(duration, finish) if duration is not None else None
@@ -204,6 +218,8 @@ def run(
                     print_summary(prof.trace, console, top, f"polyprof summary: {os.path.basename(script)}")
             except Signalled:  # came while printing: the trace is written; exit as it asks
                 pass
+    if previous_usr2 is not None:
+        signal.signal(signal.SIGUSR2, previous_usr2)
     stop.exit()
     sys.exit(exit_code)
 

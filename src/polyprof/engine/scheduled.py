@@ -28,6 +28,8 @@ exception from a handler reach the training thread at the next ``step()``, ``sto
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import math
 import os
 import threading
@@ -44,7 +46,7 @@ from polyprof.backend import ProfileConfig
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
-from polyprof.engine.merge import CHOSEN_DROPS, merge
+from polyprof.engine.merge import CHOSEN_DROPS, RING, merge
 from polyprof.engine.schedule import (
     PREPARE,
     READY,
@@ -96,6 +98,9 @@ class Profile:
         call_timeout_s: a backend's stop/collect/close running longer is abandoned.
         flush_interval_s: how often sessions that implement ``flush(sink)`` hand over completed rows
             while recording (None: only at the window's end). Default 10 s; 1 s with a spill.
+        ring_s: keep only the last `ring_s` seconds of each window (host and the devices whose backends
+            hand rows over while recording): older rows are let go as they age, and the trace, written on
+            stop, on ``dump()`` or as a window ends, covers the last `ring_s` seconds.
         spill: a file to append what is complete to while recording (checksummed chunks, 0600), so that
             a process killed without warning leaves a trace: ``polyprof recover SPILL``. Removed once
             a trace of the profile has been written to a file.
@@ -117,6 +122,7 @@ class Profile:
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
         spill: str | os.PathLike | None = None,
+        ring_s: float | None = None,
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
@@ -138,6 +144,9 @@ class Profile:
         self.call_timeout_s = _positive_seconds("call_timeout_s", call_timeout_s)
         if spill is not None and flush_interval_s == DEFAULT_FLUSH_INTERVAL_S:
             flush_interval_s = SPILL_FLUSH_INTERVAL_S
+        self.ring_s = _positive_seconds("ring_s", ring_s, allow_none=True)
+        if self.ring_s is not None:  # rows are handed over often enough to age out of the ring
+            flush_interval_s = min(flush_interval_s or self.ring_s, self.ring_s / 4)
         self.flush_interval_s = _positive_seconds("flush_interval_s", flush_interval_s, allow_none=True)
         self.spill_path = os.path.abspath(os.fspath(spill)) if spill is not None else None
         self._spill: Any = None  # the SpillWriter while one is open
@@ -293,6 +302,41 @@ class Profile:
             self.close_spill(remove=True)
         return written
 
+    def dump(self, path: str) -> str:
+        """Write what the current window has recorded so far, while it goes on recording (for a job that
+        hangs: its state without stopping it). Backends that hand over rows while recording (``flush``)
+        are in it; the others only come at the window's end (the trace's ``polyprof.partial`` lists
+        them). Returns the path written."""
+        from polyprof.export.chrome import write_chrome_trace
+
+        sessions = self._sessions
+        if not self._recording or sessions is None:
+            raise PolyprofError("dump() needs a recording window: nothing is being recorded now")
+        now = host_ns()
+        new = sessions.flush()
+        if self._spill is not None:
+            self._spill.append_parts(new)
+        parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for h in sessions.handles for p in list(h.parts)]
+        epoch = self._epoch
+        flushed = sorted({p.backend for p in parts})
+        meta = {
+            **self._window_metadata(),
+            "polyprof": {
+                "version": __version__,
+                "activities": sorted(self.config.activities),
+                "clock": {"host": "perf_counter_ns", "epoch_offset_ns": epoch.offset_ns},
+                "partial": {
+                    "ended": "a dump while recording",
+                    "covered_epoch_ns": [self._window_start + epoch.offset_ns, now + epoch.offset_ns],
+                    "backends_flushed": flushed,
+                    "not_in_it": sorted({h.name for h in sessions.handles if h.name not in flushed}),
+                },
+            },
+        }
+        trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns,
+                      base_time_ns=base_time_ns(self._window_start + epoch.offset_ns), metadata=meta)  # fmt: skip
+        return write_chrome_trace(trace, path)
+
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key/value of the trace (value must be JSON-serialisable)."""
         self._metadata[str(key)] = value
@@ -395,9 +439,27 @@ class Profile:
         self._sessions.start(self._window_start)
         self._recording = True
         self._spill_window()
-        on_parts = self._spill.append_parts if self._spill is not None else None
+        on_parts = self._on_flushed_parts if self._spill is not None or self.ring_s is not None else None
         if self.flush_interval_s is not None and self._sessions.flushing:
             self._flusher = Flusher(self._sessions, self.flush_interval_s, on_parts)
+
+    def _on_flushed_parts(self, parts: list[CollectedPart]) -> None:
+        """After a flush: spill the new parts; in ring mode, let go of the parts that aged out."""
+        if self._spill is not None:
+            self._spill.append_parts(parts)
+        sessions = self._sessions
+        if self.ring_s is None or sessions is None:
+            return
+        oldest = host_ns() - int(self.ring_s * 1e9)
+        for h in sessions.handles:
+            keep = []
+            for p in h.parts:
+                ends = p.activities["end"]
+                if len(ends) and int(ends.max()) < oldest:
+                    h.status.add_dropped(RING, len(ends))
+                else:
+                    keep.append(p)
+            h.parts = keep
 
     def _spill_window(self) -> None:
         """Open the spill (first window) and note this window in it; a spill that cannot be written is a
@@ -469,7 +531,10 @@ class Profile:
         self._recording = False
         with _active_lock:
             _active_profile = None
-        window = (self._window_start, window_end)
+        start = self._window_start
+        if self.ring_s is not None:
+            start = max(start, window_end - int(self.ring_s * 1e9))
+        window = (start, window_end)
         epoch = self._epoch
         meta = {
             **self._window_metadata(),

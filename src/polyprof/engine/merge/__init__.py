@@ -38,7 +38,8 @@ OUTSIDE_WINDOW = "outside capture window"
 FILTERED = "activity filter"
 TOGGLED_OFF = "collection toggled off"
 #: dropped-row reasons that are the user's choice, not a backend's problem
-CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF)
+RING = "older than the ring (ring_s)"
+CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING)
 
 
 def _select(
