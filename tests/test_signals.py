@@ -152,3 +152,27 @@ def test_sigusr2_dumps_the_recording_so_far_and_the_run_goes_on(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM and "recording so far written to" in err
     assert "before the signal 0" in _names(out)
+
+
+def test_the_api_turns_sigterm_into_a_clean_stop_with_handle_signals(tmp_path):
+    out = tmp_path / "t.json"
+    script = tmp_path / "api.py"
+    script.write_text(textwrap.dedent(f"""
+        import time, polyprof
+        with polyprof.profile(["cpu"], handle_signals=True,
+                              on_trace_ready=lambda p: p.export_chrome_trace({str(out)!r})):
+            with polyprof.record_function("before the signal 0"):
+                pass
+            print("ready", flush=True)
+            while True:
+                with polyprof.record_function("busy"):
+                    time.sleep(0.01)
+        """))  # fmt: skip
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "before the signal 0" in _names(out) and "Traceback" not in err

@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polyprof._version import __version__
-from polyprof.cli.signals import CleanStop, Signalled
+from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import PolyprofError, TraceFormatError
 
 EXIT_BAD_INPUT = 2

@@ -64,6 +64,7 @@ from polyprof.engine.selection import (
     select_backends,
 )
 from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S, Flusher, SessionSet
+from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import ConfigError, PolyprofError, PolyprofWarning
 from polyprof.model import CollectedPart, Trace
 from polyprof.registry import Registry
@@ -98,6 +99,10 @@ class Profile:
         call_timeout_s: a backend's stop/collect/close running longer is abandoned.
         flush_interval_s: how often sessions that implement ``flush(sink)`` hand over completed rows
             while recording (None: only at the window's end). Default 10 s; 1 s with a spill.
+        handle_signals: while the profile runs, SIGTERM and SIGHUP (what schedulers and closed terminals
+            send) unwind the program like Ctrl-C; leaving the ``with`` block stops the profile (the
+            trace is merged, ``on_trace_ready`` writes its file, a spill ends cleanly), then the process
+            ends with the signal's own status.
         ring_s: keep only the last `ring_s` seconds of each window (host and the devices whose backends
             hand rows over while recording): older rows are let go as they age, and the trace, written on
             stop, on ``dump()`` or as a window ends, covers the last `ring_s` seconds.
@@ -123,6 +128,7 @@ class Profile:
         flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
         spill: str | os.PathLike | None = None,
         ring_s: float | None = None,
+        handle_signals: bool = False,
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
@@ -145,6 +151,7 @@ class Profile:
         if spill is not None and flush_interval_s == DEFAULT_FLUSH_INTERVAL_S:
             flush_interval_s = SPILL_FLUSH_INTERVAL_S
         self.ring_s = _positive_seconds("ring_s", ring_s, allow_none=True)
+        self._signals = CleanStop() if handle_signals else None
         if self.ring_s is not None:  # rows are handed over often enough to age out of the ring
             flush_interval_s = min(flush_interval_s or self.ring_s, self.ring_s / 4)
         self.flush_interval_s = _positive_seconds("flush_interval_s", flush_interval_s, allow_none=True)
@@ -222,13 +229,22 @@ class Profile:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        signals = self._signals
+        try:
+            self.stop()
+        finally:
+            if signals is not None:
+                signals.__exit__()
+        if signals is not None and isinstance(exc[1], Signalled):
+            signals.exit()  # the trace is merged and handled: now end as the signal asks
 
     def start(self) -> None:
         """Begin: apply the schedule's action for step 0."""
         if self._started:
             raise PolyprofError("this profile is already started; call stop() before starting it again")
         self._started = True
+        if self._signals is not None:
+            self._signals.__enter__()
         self._profile_hooks("profile_started", self.config)
         try:
             self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
