@@ -284,9 +284,15 @@ class Registry:
         PROBE_TIMEOUT_S, counts as unavailable (with the reason)."""
         if entry.backend is None:
             return Availability.no(entry.error or entry.conflict or "not loaded")
-        from polyprof.engine.guard import describe, run_with_timeout
+        from polyprof.engine.guard import CallOutcome, describe, run_with_timeout
 
-        outcome = run_with_timeout(entry.backend.probe, timeout_s=PROBE_TIMEOUT_S, what=f"{entry.name}.probe()")
+        if getattr(entry.backend, "in_process", False):  # polyprof's own backends: called directly
+            try:
+                outcome = CallOutcome(True, entry.backend.probe())
+            except Exception as exc:
+                outcome = CallOutcome(False, exc)
+        else:
+            outcome = run_with_timeout(entry.backend.probe, timeout_s=PROBE_TIMEOUT_S, what=f"{entry.name}.probe()")
         if outcome.timed_out:
             return Availability.no(
                 f"probe() did not return within {PROBE_TIMEOUT_S:g} s: the backend is left out (its call is "

@@ -169,6 +169,7 @@ class HostBackend:
     #: record_function spans follow the context: asyncio tasks may interleave them on one thread
     context_scoped_spans = True
     options = OptionSchema()  # none: an unknown key is an error, not ignored
+    in_process = True  # polyprof's own: probe and create_session are called directly, without a guard thread
 
     def probe(self) -> Availability:
         return Availability.yes(devices=["host process"], python=platform.python_version())

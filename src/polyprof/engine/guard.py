@@ -43,14 +43,17 @@ class _Worker:
 
     def _serve(self) -> None:
         while True:
-            fn, args, box, done = self.calls.get()
+            call = self.calls.get()
+            if call is None:  # released: a burst of calls is over
+                return
+            fn, args, box, done = call
             try:
                 box["value"] = fn(*args)
             except BaseException as exc:
                 box["error"] = exc
             finally:
                 done.set()
-            del fn, args, box, done  # drop references to the finished call before waiting again
+            del fn, args, box, done, call  # drop references to the finished call before waiting again
 
 
 #: after a call's limit, the watchdog waits this much longer before it prints the stacks
@@ -83,6 +86,18 @@ def _watchdog(what: str, timeout_s: float) -> Iterator[None]:
 
 _worker: _Worker | None = None
 _worker_lock = threading.Lock()
+
+
+def release_worker() -> None:
+    """End the idle guard thread (after a burst of calls: a profile's probes, its sessions' starts,
+    stops, collects): an idle thread left alive would be seen by tools that sample every thread of the
+    process (torch's Python tracer counts it as a thread of the program)."""
+    global _worker
+    with _worker_lock:
+        worker, _worker = _worker, None
+    if worker is not None:
+        worker.calls.put(None)
+        worker.thread.join(1.0)
 
 
 def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float, what: str = "") -> CallOutcome:

@@ -544,6 +544,7 @@ class Profile:
         if flusher is not None:
             flusher.stop()
         sessions.stop(window_end)
+        self._abandoned.update(sessions.abandoned())  # a stop that hung: no session next window
         self._recording = False
         with _active_lock:
             _active_profile = None

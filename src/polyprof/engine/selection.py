@@ -70,6 +70,16 @@ class Selection:
 
 
 def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Selection:
+    """See :func:`_select`; the guard thread the probes ran on is ended after them."""
+    from polyprof.engine.guard import release_worker
+
+    try:
+        return _select(registry, activities)
+    finally:
+        release_worker()
+
+
+def _select(registry: Registry, activities: Iterable[Any] | None) -> Selection:
     """None: every group whose backend is available here. Groups asked for explicitly whose backends are
     all unavailable raise BackendUnavailableError with their reasons; no group at all is an error."""
     out = Selection()

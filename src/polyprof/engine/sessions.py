@@ -26,7 +26,7 @@ from typing import Any
 
 from polyprof import correlation
 from polyprof.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
-from polyprof.engine.guard import CallOutcome, describe, guarded_call
+from polyprof.engine.guard import CallOutcome, describe, guarded_call, release_worker
 from polyprof.engine.selection import Chosen, Selection
 from polyprof.errors import PolyprofWarning
 from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
@@ -118,9 +118,13 @@ class SessionSet:
             )
             ctx = SessionContext(entry.name, options.get(entry.name), status)
             handle = Handle(chosen, ctx)
+            # polyprof's own backends (in_process) are called directly: no guard thread exists for a CPU
+            # profile, which tools that sample every thread (torch's Python tracer) would see
+            direct = getattr(entry.backend, "in_process", False)
             outcome = guarded_call(
-                status, "create_session", entry.backend.create_session, config, ctx, timeout_s=call_timeout_s
-            )
+                status, "create_session", entry.backend.create_session, config, ctx,
+                timeout_s=None if direct else call_timeout_s,
+            )  # fmt: skip
             if outcome.ok:
                 missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))]
                 if missing:
@@ -130,6 +134,7 @@ class SessionSet:
             handle.alive = handle.session is not None
             handle.timed_out = outcome.timed_out
             handles.append(handle)
+        release_worker()
         return cls(handles, list(selection.unavailable), call_timeout_s, list(selection.broken))
 
     # -- guarded calls ------------------------------------------------------------------------------
@@ -163,6 +168,7 @@ class SessionSet:
         for h in self.live():
             if not self.call(h, "prepare", h.session.prepare).ok:
                 self.close(h)
+        release_worker()
 
     def start(self, window_start: int) -> None:
         self.window = (window_start, window_start)
@@ -177,6 +183,7 @@ class SessionSet:
             else:
                 self.close(h)
         correlation.set_targets(tuple(targets))
+        release_worker()
 
     @staticmethod
     def _correlation_failed(handle: Handle) -> Callable:
@@ -197,6 +204,7 @@ class SessionSet:
         for h in reversed(self.handles):
             if h.recording and self.call(h, "stop", h.session.stop).timed_out:
                 h.status.state = BACKEND_FAILED  # abandoned: nothing of it can be collected
+        release_worker()
 
     def collect(self) -> list[CollectedPart]:
         """Every session's rows as sealed parts (flushed ones first), sessions closed, statuses final."""
@@ -227,6 +235,7 @@ class SessionSet:
             parts.append(CollectedPart.empty(status))
         for entry in self.broken:
             parts.append(CollectedPart.empty(BackendStatus(entry.name or entry.reference, BACKEND_FAILED, reason=entry.error)))
+        release_worker()
         return parts
 
     def flush(self) -> list[CollectedPart]:
@@ -251,6 +260,7 @@ class SessionSet:
                     new.append(part)
             finally:
                 h.lock.release()
+        release_worker()
         return new
 
     @property
@@ -264,6 +274,7 @@ class SessionSet:
             if h.recording:
                 self.call(h, "stop", h.session.stop)
             self.close(h)
+        release_worker()
 
     def close(self, h: Handle) -> None:
         if h.session is not None and h.alive:

@@ -19,6 +19,7 @@ class TorchBackend:
     api_version = API_VERSION
     activities = frozenset({"CPU"})
     options = OptionSchema()  # none: an unknown key is an error, not ignored
+    in_process = True  # polyprof's own: probe and create_session are called directly, without a guard thread
 
     def probe(self) -> Availability:
         torch = sys.modules.get("torch")
