@@ -176,3 +176,63 @@ def test_the_api_turns_sigterm_into_a_clean_stop_with_handle_signals(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, err
     assert "before the signal 0" in _names(out) and "Traceback" not in err
+
+
+BIG_SCRIPT = """
+import time, polyprof
+for i in range(300_000):
+    with polyprof.record_function("many"):
+        pass
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_second_signal_while_the_trace_is_written_waits_for_it(tmp_path, second):
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent(BIG_SCRIPT))
+    out = tmp_path / "t.json.gz"
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-spill", "-o", str(out), str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    line = proc.stderr.readline()
+    assert "writing the trace" in line, line
+    for _ in range(3):  # while the 300,000 spans are merged and compressed
+        proc.send_signal(second)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "trace written to" in err and "Traceback" not in err
+    assert _names(out).count("many") == 300_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py", "t.json.gz"]
+
+
+def test_a_ring_run_keeps_the_last_seconds_and_writes_them_when_the_script_fails(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent("""
+        import time, polyprof
+        with polyprof.record_function("early"):
+            pass
+        time.sleep(1.5)
+        for i in range(20):
+            with polyprof.record_function("late"):
+                time.sleep(0.005)
+        raise RuntimeError("the job fails")
+        """))  # fmt: skip
+    out = tmp_path / "t.json"
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    r = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--ring", "0.5", "--no-summary",
+                        "-o", str(out), str(script)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 1 and "RuntimeError: the job fails" in r.stderr
+    names = _names(out)
+    assert names.count("late") == 20 and "early" not in names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py", "t.json"], "no spill with --ring"
+    bad = subprocess.run([sys.executable, "-m", "polyprof", "run", "--ring", "nan", str(script)],
+                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--ring must be a positive, finite number" in bad.stderr

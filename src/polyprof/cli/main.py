@@ -110,10 +110,18 @@ def backends() -> None:
 )
 @click.option(
     "--spill/--no-spill",
-    default=True,
-    show_default=True,
+    default=None,
     help="While recording, append what is complete to a hidden file beside the output every second, so "
-    "that a killed run can be recovered (polyprof recover).",
+    "that a killed run can be recovered (polyprof recover). Default: on, off with --ring (a spill keeps "
+    "everything, the ring only the last seconds).",
+)
+@click.option(
+    "--ring",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Keep only the last SECONDS of activity (host and devices that hand rows over while recording); "
+    "written when the script ends, fails or is stopped by a signal, and on SIGUSR2.",
 )
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -123,7 +131,8 @@ def run(
     duration: float | None,
     summary: bool,
     top: int,
-    spill: bool,
+    spill: bool | None,
+    ring: float | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -136,12 +145,14 @@ def run(
         _fail(f"script {script} does not exist")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         _fail(f"--duration must be a positive, finite number of seconds, got {duration}")
+    if ring is not None and not (math.isfinite(ring) and ring > 0):
+        _fail(f"--ring must be a positive, finite number of seconds, got {ring}")
     try:
         output = check_output_path(output)
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
-        spill_file = spill_path(output) if spill else None
+        spill_file = spill_path(output) if (ring is None if spill is None else spill) else None
         _hint_leftover_spill(spill_path(output), output)
-        prof = Profile(groups, spill=spill_file)
+        prof = Profile(groups, spill=spill_file, ring_s=ring)
     except PolyprofError as exc:
         _fail(str(exc))
 

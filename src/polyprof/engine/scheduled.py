@@ -230,13 +230,17 @@ class Profile:
 
     def __exit__(self, *exc: Any) -> None:
         signals = self._signals
-        try:
+        if signals is None:
             self.stop()
+            return
+        try:
+            with signals.deferred():  # a second signal does not cut the stop (and the handler's file) short
+                self.stop()
+        except Signalled:
+            pass
         finally:
-            if signals is not None:
-                signals.__exit__()
-        if signals is not None and isinstance(exc[1], Signalled):
-            signals.exit()  # the trace is merged and handled: now end as the signal asks
+            signals.__exit__()
+        signals.exit()  # if a signal came: the trace is merged and handled, now end as the signal asks
 
     def start(self) -> None:
         """Begin: apply the schedule's action for step 0."""
@@ -286,6 +290,8 @@ class Profile:
             for job in list(self._jobs):
                 job.done.wait()
         self.close_spill(remove=False)  # the profile ended: the spill says so, and stays until a trace is written
+        if self._signals is not None:
+            self._signals.__exit__()  # the program's own handlers are back (a noted signal is ended in __exit__)
         self._emit_warnings()
         self._raise_handler_error()
 

@@ -1,9 +1,11 @@
 """Turning the signals a scheduler or a terminal sends into a clean stop.
 
 ``timeout``, ``docker stop``, Slurm and Kubernetes send SIGTERM, a closed terminal SIGHUP, Ctrl-C
-SIGINT. While :class:`CleanStop` is installed, each becomes an exception in the main thread that unwinds
-the profiled program like Ctrl-C does; once the trace is written, :meth:`CleanStop.exit` ends the
-process with the signal's own status (as if it had not been caught)::
+SIGINT. While :class:`CleanStop` is installed, SIGTERM and SIGHUP become an exception in the main thread
+that unwinds the profiled program like Ctrl-C does (SIGINT stays KeyboardInterrupt); once the trace is
+written, :meth:`CleanStop.exit` ends the process with the signal's own status (as if it had not been
+caught). While the trace is written (:meth:`CleanStop.deferred`) all three only are noted, Ctrl-C
+included, so that a second signal cannot cut the file short::
 
     with CleanStop() as stop:
         try:
@@ -26,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+INTERRUPT = signal.SIGINT
 
 
 class Signalled(BaseException):
@@ -48,6 +51,8 @@ class CleanStop:
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if signal.getsignal(INTERRUPT) is signal.default_int_handler:  # a program's own handler is left alone
+                self._previous[INTERRUPT] = signal.signal(INTERRUPT, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -56,9 +61,15 @@ class CleanStop:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self._defer:  # the trace is being written: only note it
+            if self.signum is None:
+                self.signum = signum
+            return
+        if signum == INTERRUPT:
+            raise KeyboardInterrupt
         if self.signum is None:
             self.signum = signum
-        if not self._defer and not self._raised:
+        if not self._raised:
             self._raised = True
             raise Signalled(signum)
 
