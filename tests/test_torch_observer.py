@@ -403,3 +403,43 @@ def test_a_cached_library_is_loaded_only_from_a_file_and_folder_nobody_else_can_
     link = folder / "link.so"
     link.symlink_to(lib)
     assert not builder._trusted(link), "a symlink is not followed"
+
+
+@needs_observer
+def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill(tmp_path):
+    """With a flush every few ms the observer hands over what threads completed while they run: the
+    trace has the same ops, shapes and forward->backward links as one read out at stop (links that
+    span hand-overs included), and a spill holds the ops before the profile ends."""
+    import time
+
+    import polyprof
+    from polyprof.engine.recover import recover_trace
+
+    def profiled(**kwargs):
+        model, x, opt = make_model()
+        with polyprof.profile(["cpu"], record_shapes=True, **kwargs) as prof:
+            for _ in range(30):
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                time.sleep(0.004)  # a hand-over between the forward ops and their backward nodes
+                loss.backward()
+                opt.step()
+                time.sleep(0.004)
+            if "spill" in kwargs:
+                time.sleep(0.1)
+                spilled = recover_trace(kwargs["spill"])
+        prof.export_chrome_trace(str(tmp_path / "t.json"))
+        doc = json.loads((tmp_path / "t.json").read_text())
+        return prof, doc, (spilled if "spill" in kwargs else None)
+
+    _, whole, _ = profiled(flush_interval_s=None)
+    prof, flushed, spilled = profiled(flush_interval_s=0.003, spill=tmp_path / ".t.spill")
+    parts = prof.trace.backends["torch"]
+    assert parts.state == "ran"
+    names = lambda doc: Counter(e["name"] for e in events_of(doc) if e.get("cat") == "cpu_op")  # noqa: E731
+    assert names(flushed) == names(whole)
+    assert shape_args(flushed) == shape_args(whole)
+    assert sequence_args_shape(flushed) == sequence_args_shape(whole)
+    assert fwdbwd_pairs(flushed) == fwdbwd_pairs(whole) and sum(fwdbwd_pairs(whole).values()) >= 30 * 4
+    ops = Counter(a.name for a in spilled.activities if a.kind == ActivityKind.CPU_OP)
+    assert ops["aten::addmm"] >= 20, "the ops of the steps that ended well before the stop are in the spill"

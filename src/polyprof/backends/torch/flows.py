@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from polyprof.backend import SessionContext
@@ -35,12 +37,25 @@ def evaluate_function_args(
     return sequence_args(rows[linked], seq, fwd_tid, children[linked])
 
 
+#: forward ops kept waiting for a backward node in a later hand-over, at most (the oldest go first)
+CARRY_LIMIT = 1_000_000
+
+
 def fwdbwd_flows(
-    seq: np.ndarray, fwd_tid: np.ndarray, rf_tid: np.ndarray, start: np.ndarray, ctx: SessionContext
+    seq: np.ndarray,
+    fwd_tid: np.ndarray,
+    rf_tid: np.ndarray,
+    start: np.ndarray,
+    ctx: SessionContext,
+    carry: dict[tuple[int, int], int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Forward->backward flows, as torch links them: a backward node (forward thread id > 0) to the
     latest-starting forward op with the same sequence number on that forward thread. Returns (flow id,
-    flow start) columns."""
+    flow start) columns.
+
+    With `carry` (rows handed over in batches while recording), forward ops without their backward node
+    in this batch get a flow id now and wait in `carry` for a later batch's backward node; the merge
+    clears the flows of those whose partner never comes."""
     n = len(seq)
     flow_id = np.zeros(n, dtype=np.int64)
     flow_start = np.zeros(n, dtype=np.int8)
@@ -64,4 +79,17 @@ def fwdbwd_flows(
         flow_id[fwd_rows] = ids
         flow_id[bwd_rows] = ids
         flow_start[fwd_rows] = 1
+    if carry is not None:
+        for key, row in backward.items():
+            if key not in forward and key in carry:
+                flow_id[row] = carry.pop(key)
+        waiting = [(key, row) for key, row in forward.items() if key not in backward]
+        if waiting:
+            ids = ctx.new_correlation_ids(len(waiting)).tolist()
+            for (key, row), flow in zip(waiting, ids, strict=True):
+                flow_id[row], flow_start[row] = flow, 1
+                carry.pop(key, None)  # re-inserted last: the newest forward op is the one a node pairs with
+                carry[key] = flow
+            for key in list(itertools.islice(carry, max(0, len(carry) - CARRY_LIMIT))):
+                del carry[key]
     return flow_id, flow_start

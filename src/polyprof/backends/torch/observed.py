@@ -17,11 +17,18 @@ OVERLOAD_ARG = "Overload Name"
 
 
 def collect_observed(
-    obs: observer.Observer, n: int, sink: Sink, config: ProfileConfig, ctx: SessionContext, stop_ns: int
+    obs: observer.Observer,
+    n: int,
+    sink: Sink,
+    config: ProfileConfig,
+    ctx: SessionContext,
+    stop_ns: int,
+    carry: dict[tuple[int, int], int] | None = None,
 ) -> None:
-    """Put what `obs` recorded (`n` operators) into `sink`."""
+    """Put what `obs` recorded or handed over (`n` operators) into `sink`; `carry` links forward ops
+    to backward nodes across hand-overs (see :func:`flows.fwdbwd_flows`)."""
     if n:
-        _operators(obs, n, sink, config, ctx, stop_ns)
+        _operators(obs, n, sink, config, ctx, stop_ns, carry)
     if config.profile_memory:
         memory = obs.memory()
         if len(memory["ts"]):
@@ -29,7 +36,13 @@ def collect_observed(
 
 
 def _operators(
-    obs: observer.Observer, n: int, sink: Sink, config: ProfileConfig, ctx: SessionContext, stop_ns: int
+    obs: observer.Observer,
+    n: int,
+    sink: Sink,
+    config: ProfileConfig,
+    ctx: SessionContext,
+    stop_ns: int,
+    carry: dict[tuple[int, int], int] | None,
 ) -> None:
     cols, names = obs.columns(n)
     seq, fwd_tid = cols["seq"], cols["fwd_tid"]
@@ -63,7 +76,7 @@ def _operators(
         name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
     for i in unfinished.tolist():
         args[i] = {**args.get(i, {}), "finished": False}
-    flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx)
+    flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx, carry)
     sink.activities(
         {
             "kind": kinds,

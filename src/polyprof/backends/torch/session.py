@@ -1,5 +1,6 @@
 """One profile's torch session: picks the recorder, enables it when the program has imported torch (or
-the moment it does), and hands its rows over at collect."""
+the moment it does), and hands its rows over at collect, and, with polyprof's observer, while recording
+(``flush``: what the threads have completed, so that a spill holds the ops too)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class TorchSession:
         self.observed = -1  # ops recorded by the observer, once stopped
         self.stop_ns = 0
         self.torch_flag_before = False  # torch.autograd.profiler._is_profiler_enabled at start
+        self.flushed = False  # rows were handed over while recording: fwd->bwd links span hand-overs
+        self.carry: dict[tuple[int, int], int] = {}  # forward ops waiting for their backward node
+        self.reading = threading.Lock()  # one read-out of the observer at a time: a flush's, or stop's
 
     # -- lifecycle --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -141,7 +145,8 @@ class TorchSession:
                 "stop the profile on the thread that started it to get aten ops"
             )
         if self.observer is not None:
-            self.observed = self.observer.stop()
+            with self.reading:  # a flush in progress reads its hand-over to the end first
+                self.observed = self.observer.stop()
             self.stop_ns = self.ctx.window_end or host_ns()
             return
         if self.collector is not None:
@@ -169,6 +174,21 @@ class TorchSession:
         self.uncertainty_ns = max(self.uncertainty_ns, off.uncertainty_ns)
 
     # -- collect ----------------------------------------------------------------------------------
+    def flush(self, sink: Sink) -> None:
+        """While recording: the operators the threads have completed (polyprof's observer only; torch's
+        collector gives its events at stop)."""
+        with self.reading:
+            obs = self.observer
+            if obs is None or not self.enabled:
+                return
+            n = obs.take()
+            try:
+                if n or self.config.profile_memory:
+                    self.flushed = True
+                    collect_observed(obs, n, sink, self.config, self.ctx, 0, self.carry)
+            finally:
+                obs.release()
+
     def collect(self, sink: Sink) -> None:
         info = distributed_info()
         if info is not None:
@@ -176,7 +196,9 @@ class TorchSession:
         if self.observer is not None and self.observed >= 0:
             n, self.observed = self.observed, -1
             try:
-                collect_observed(self.observer, n, sink, self.config, self.ctx, self.stop_ns)
+                carry = self.carry if self.flushed else None
+                collect_observed(self.observer, n, sink, self.config, self.ctx, self.stop_ns, carry)
+                self.carry = {}
             finally:
                 self.observer.reset()
             return

@@ -13,6 +13,9 @@ longer than polyprof's whole stop-to-trace budget.
     columns, names = obs.columns(n)
     obs.reset()
 
+While it records, ``n = obs.take()`` hands over what the threads have completed (read it the same way,
+then ``obs.release()``); ops still open stay with their threads until a later take or stop.
+
 While it records, torch-side code sees a profiler (``torch._C._autograd._profiler_type()`` is KINETO),
 so ``_RecordFunctionFast`` and kwargs-carrying ranges are recorded and the allocator reports memory
 (``PROFILE_MEMORY``). ``POLYPROF_TORCH_OBSERVER=0`` turns it off (the torch backend then uses torch's
@@ -31,7 +34,7 @@ from polyprof.backends.torch.observer.builder import BuildError, build, cached_l
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
 
@@ -76,6 +79,8 @@ class Observer:
         lib.polyprof_observer_start.argtypes = [ctypes.c_int]
         lib.polyprof_observer_start.restype = ctypes.c_int
         lib.polyprof_observer_stop.restype = ctypes.c_int64
+        lib.polyprof_observer_take.argtypes = [ctypes.c_int64]
+        lib.polyprof_observer_take.restype = ctypes.c_int64
         lib.polyprof_observer_names_size.restype = ctypes.c_int64
         lib.polyprof_observer_names.argtypes = [ctypes.c_void_p]
         lib.polyprof_observer_fill.argtypes = [ctypes.c_void_p] * len(FIELDS)
@@ -100,6 +105,15 @@ class Observer:
     def stop(self) -> int:
         """Stops recording; returns how many operators were recorded."""
         return int(self.lib.polyprof_observer_stop())
+
+    def take(self, patience_us: int = 2000) -> int:
+        """While recording: hand over what the threads have completed (waiting up to `patience_us` for
+        each to be between operators); returns how many operators were taken."""
+        return int(self.lib.polyprof_observer_take(int(patience_us)))
+
+    def release(self) -> None:
+        """Free what the last take handed over."""
+        self.lib.polyprof_observer_release()
 
     def columns(self, n: int) -> tuple[dict[str, np.ndarray], list[str]]:
         """One array per field (start/end in host ns, end 0 for ops open at stop) and the name table."""

@@ -16,6 +16,10 @@
 // Threading: callbacks run on the threads that run operators. Each thread appends to its own buffer; the
 // only shared state touched per operator is the `recording` flag. Stop clears the flag, then waits until
 // no callback is inside a buffer (each buffer's `busy` count), so reading afterwards is race-free.
+// While recording, polyprof_observer_take hands over what threads have completed: it claims a buffer
+// whose thread is outside any callback and has no operator open (busy set to kClaimed; a callback that
+// starts meanwhile waits the few microseconds the hand-over takes) and moves its contents out.
+// Everything read out (names, fill, fragments, memory) is the set last taken: by take, or by stop.
 
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
@@ -44,7 +48,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -103,8 +107,24 @@ struct ThreadBuffer {
   std::vector<c10::IValue> values;
   std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
   std::vector<Mem> mem;
-  std::atomic<int> busy{0};
+  std::atomic<int> busy{0};        // callbacks inside this buffer; kClaimed while take moves it out
+  std::atomic<int> async_open{0};  // async operators started here and not yet ended (they hold indices)
 };
+
+constexpr int kClaimed = -(1 << 30);
+
+// Moves what `from` recorded into `to` (same thread id), leaving `from` empty for its thread.
+void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
+  to.tid = from.tid;
+  to.ops.swap(from.ops);
+  to.names.swap(from.names);
+  to.name_ids.swap(from.name_ids);
+  to.name_by_ptr.swap(from.name_by_ptr);
+  to.shapes.swap(from.shapes);
+  to.values.swap(from.values);
+  to.extra.swap(from.extra);
+  to.mem.swap(from.mem);
+}
 
 struct AsyncContext : at::ObserverContext {
   std::shared_ptr<ThreadBuffer> buffer;
@@ -113,6 +133,7 @@ struct AsyncContext : at::ObserverContext {
 
 std::mutex g_mutex;
 std::vector<std::shared_ptr<ThreadBuffer>> g_buffers;
+std::vector<std::shared_ptr<ThreadBuffer>> g_taken;  // what the read-out functions read
 std::atomic<bool> g_recording{false};
 std::atomic<uint64_t> g_generation{0};
 int g_options = 0;
@@ -167,7 +188,12 @@ int32_t intern(ThreadBuffer* b, const char* name) {
 
 struct Busy {
   ThreadBuffer* b;
-  explicit Busy(ThreadBuffer* buffer) : b(buffer) { b->busy.fetch_add(1, std::memory_order_seq_cst); }
+  explicit Busy(ThreadBuffer* buffer) : b(buffer) {
+    while (b->busy.fetch_add(1, std::memory_order_seq_cst) < 0) {  // being handed over: wait for it
+      b->busy.fetch_sub(1, std::memory_order_relaxed);
+      std::this_thread::yield();
+    }
+  }
   ~Busy() { b->busy.fetch_sub(1, std::memory_order_release); }
 };
 
@@ -406,6 +432,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   op.start = now_ns();
   b->ops.push_back(op);
   if (fn.isAsync()) {  // may end on another thread
+    b->async_open.fetch_add(1, std::memory_order_relaxed);
     auto ctx = std::make_unique<AsyncContext>();
     ctx->buffer = t_buffer;
     ctx->index = index;
@@ -424,6 +451,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx != nullptr) {
     auto* async = static_cast<AsyncContext*>(ctx);
     async->buffer->ops[async->index].end = t;
+    async->buffer->async_open.fetch_sub(1, std::memory_order_release);
     return;
   }
   auto& open = b->open;
@@ -588,6 +616,7 @@ int polyprof_observer_start(int options) {
     {
       std::lock_guard<std::mutex> lock(g_mutex);
       g_buffers.clear();
+      g_taken.clear();
     }
     g_options = options;
     bool needs_inputs = (options & (kRecordShapes | kWithFlops)) != 0;
@@ -630,16 +659,61 @@ int64_t polyprof_observer_stop() {
   }
   wait_until_idle();
   std::lock_guard<std::mutex> lock(g_mutex);
+  g_taken = g_buffers;
   int64_t n = 0;
-  for (auto& b : g_buffers) n += int64_t(b->ops.size());
+  for (auto& b : g_taken) n += int64_t(b->ops.size());
   return n;
+}
+
+// While recording (from any thread, one caller at a time): hands over what the threads have completed.
+// Tries for up to `patience_us` to find each buffer's thread between operators (no operator open, no
+// callback running); a thread that stays inside one keeps its buffer until a later take or stop.
+// Returns the number of operators taken; read them with the functions below, then
+// polyprof_observer_release.
+int64_t polyprof_observer_take(int64_t patience_us) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_taken.clear();
+  if (!g_recording.load(std::memory_order_seq_cst)) return 0;
+  std::vector<ThreadBuffer*> pending;
+  for (auto& b : g_buffers) pending.push_back(b.get());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(patience_us);
+  int64_t n = 0;
+  while (!pending.empty()) {
+    std::vector<ThreadBuffer*> again;
+    for (ThreadBuffer* b : pending) {
+      int idle = 0;
+      if (!b->busy.compare_exchange_strong(idle, kClaimed, std::memory_order_acq_rel)) {
+        again.push_back(b);
+        continue;
+      }
+      bool between_ops = b->open.empty() && b->async_open.load(std::memory_order_acquire) == 0;
+      if (between_ops && (!b->ops.empty() || !b->mem.empty())) {
+        auto out = std::make_shared<ThreadBuffer>();
+        move_contents(*b, *out);
+        n += int64_t(out->ops.size());
+        g_taken.push_back(std::move(out));
+      }
+      b->busy.fetch_sub(kClaimed, std::memory_order_release);
+      if (!between_ops) again.push_back(b);
+    }
+    pending.swap(again);
+    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return n;
+}
+
+// Frees what the last take handed over.
+void polyprof_observer_release() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_taken.clear();
 }
 
 // Bytes needed by polyprof_observer_names.
 int64_t polyprof_observer_names_size() {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t size = 0;
-  for (auto& b : g_buffers)
+  for (auto& b : g_taken)
     for (auto& s : b->names) size += int64_t(s.size()) + 1;
   return size;
 }
@@ -648,7 +722,7 @@ int64_t polyprof_observer_names_size() {
 // indices into this list.
 void polyprof_observer_names(char* out) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& b : g_buffers) {
+  for (auto& b : g_taken) {
     for (auto& s : b->names) {
       std::memcpy(out, s.c_str(), s.size() + 1);
       out += s.size() + 1;
@@ -664,7 +738,7 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t i = 0;
   int32_t name_base = 0;
-  for (auto& b : g_buffers) {
+  for (auto& b : g_taken) {
     for (const Op& op : b->ops) {
       start[i] = op.start;
       end[i] = op.end;
@@ -691,7 +765,7 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
   static std::string out;
   out.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& b : g_buffers) {
+  for (auto& b : g_taken) {
     for (const Op& op : b->ops) {
       if (op.seq >= 0) append_int(out, op.seq);
       out.push_back('\0');
@@ -714,7 +788,7 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
 int64_t polyprof_observer_memory_count() {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t n = 0;
-  for (auto& b : g_buffers) n += int64_t(b->mem.size());
+  for (auto& b : g_taken) n += int64_t(b->mem.size());
   return n;
 }
 
@@ -722,7 +796,7 @@ int64_t polyprof_observer_memory_count() {
 // type, device index, thread id), thread after thread. ptr 0 marks an out-of-memory report.
 void polyprof_observer_memory_fill(int64_t* out) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& b : g_buffers) {
+  for (auto& b : g_taken) {
     for (const Mem& m : b->mem) {
       out[0] = m.ts;
       out[1] = m.ptr;
@@ -748,6 +822,7 @@ void polyprof_observer_reset() {
     std::vector<Mem>().swap(b->mem);
   }
   g_buffers.clear();
+  g_taken.clear();
   g_generation.fetch_add(1);
 }
 
