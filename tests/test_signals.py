@@ -236,3 +236,27 @@ def test_a_ring_run_keeps_the_last_seconds_and_writes_them_when_the_script_fails
     bad = subprocess.run([sys.executable, "-m", "polyprof", "run", "--ring", "nan", str(script)],
                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--ring must be a positive, finite number" in bad.stderr
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["stop", "stop(wait=False)"])
+def test_a_stopped_profiles_spill_holds_every_row_until_a_trace_is_written(tmp_path, wait):
+    """If the export fails after a clean stop, the spill is the whole recording: rows after the last
+    flush and the window's collect included, with the clean end after them."""
+    import polyprof
+    from polyprof.engine.recover import recover_trace
+    from polyprof.io.spill import read_spill
+
+    path = tmp_path / ".x.spill"
+    prof = polyprof.profile(["cpu"], spill=path, flush_interval_s=60)  # no flush comes in this test
+    prof.start()
+    for i in range(50):
+        with polyprof.record_function(f"s{i}"):
+            pass
+    prof.stop(wait=wait)
+    prof.trace  # noqa: B018 - waits for the window's merge
+    assert read_spill(str(path)).ended
+    trace = recover_trace(str(path))
+    assert sorted(a.name for a in trace.activities if a.name.startswith("s")) == sorted(f"s{i}" for i in range(50))
+    assert trace.metadata["polyprof"]["partial"]["missing"].startswith("nothing")
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    assert not path.exists(), "the spill goes once a trace is written"

@@ -10,6 +10,7 @@ marked partial: rows not yet handed over when the process died (the last flush i
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from polyprof._version import __version__
 from polyprof.clock import base_time_ns
@@ -28,6 +29,7 @@ def recover_trace(path: str) -> Trace:
     starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
     ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
     windows = [int(w["window_start"]) for w in spill.windows if isinstance(w.get("window_start"), int)]
+    ends = ends + [int(w["window_end"]) for w in spill.windows if isinstance(w.get("window_end"), int)]
     first = min(windows + starts) if windows or starts else 0
     last = max(ends + [first])
     epoch = int(header.get("epoch_offset_ns", 0) or 0)
@@ -36,11 +38,13 @@ def recover_trace(path: str) -> Trace:
                  "without a clean end: the process was killed or exited without stopping the profile",
         "spill": path,
         "covered_epoch_ns": [first + epoch, last + epoch],
-        "windows": len(spill.windows),
+        "windows": len(windows),
         "backends_flushed": sorted(statuses),
+        "not_in_it": _not_in_it(spill.windows),
         "chunks": spill.chunks,
         "torn_bytes": spill.torn_bytes,
-        "missing": f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)",
+        "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
+                   f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)",
     }  # fmt: skip
     metadata = dict(header.get("metadata") or {})
     metadata["polyprof"] = {
@@ -59,3 +63,21 @@ def recover_trace(path: str) -> Trace:
         base_time_ns=base_time_ns(first + epoch),
         metadata=metadata,
     )
+
+
+def _not_in_it(windows: list[dict[str, Any]]) -> list[str]:
+    """Backends of the last window whose rows are missing: it did not end, and they hand rows over only
+    at a window's end (no ``flush``)."""
+    last: dict[str, Any] = {}
+    for w in windows:
+        if "window_start" in w:
+            last = w
+        elif "window_end" in w:
+            last = {}
+    names = lambda key: {b for b in last.get(key, []) if isinstance(b, str)}  # noqa: E731
+    return sorted(names("backends") - names("flushing"))
+
+
+def _all_windows_ended(windows: list[dict[str, Any]]) -> bool:
+    starts = sum(1 for w in windows if "window_start" in w)
+    return starts > 0 and starts == sum(1 for w in windows if "window_end" in w)

@@ -158,6 +158,7 @@ class Profile:
         self.spill_path = os.path.abspath(os.fspath(spill)) if spill is not None else None
         self._spill: Any = None  # the SpillWriter while one is open
         self._spill_left: str | None = None  # a spill ended cleanly, removed once a trace is written
+        self._spilled: set[int] = set()  # ids of this window's parts already in the spill (flushed)
         self.registry = registry or default_registry
         self.schedule = schedule or always_record
         self.record_steps = schedule is not None if record_steps is None else record_steps
@@ -338,6 +339,7 @@ class Profile:
         new = sessions.flush()
         if self._spill is not None:
             self._spill.append_parts(new)
+            self._spilled.update(id(p) for p in new)
         parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for h in sessions.handles for p in list(h.parts)]
         epoch = self._epoch
         flushed = sorted({p.backend for p in parts})
@@ -469,6 +471,7 @@ class Profile:
         """After a flush: spill the new parts; in ring mode, let go of the parts that aged out."""
         if self._spill is not None:
             self._spill.append_parts(parts)
+            self._spilled.update(id(p) for p in parts)
         sessions = self._sessions
         if self.ring_s is None or sessions is None:
             return
@@ -490,7 +493,13 @@ class Profile:
             return
         from polyprof.io.spill import SpillWriter
 
-        info = {"window_start": self._window_start, "step": self.step_num}
+        handles = self._sessions.handles if self._sessions is not None else []
+        info = {
+            "window_start": self._window_start,
+            "step": self.step_num,
+            "backends": sorted(h.name for h in handles if h.recording),
+            "flushing": sorted(h.name for h in handles if h.recording and callable(getattr(h.session, "flush", None))),
+        }
         try:
             if self._spill is None:
                 self._spill = SpillWriter.create(self.spill_path, self._spill_header())
@@ -574,6 +583,9 @@ class Profile:
         paused = self._take_paused(window_end)
         step_num = self.step_num
         handler = self.on_trace_ready if save else None
+        spill, spilled, self._spilled = self._spill, self._spilled, set()
+        if spill is not None:
+            spill.window_ended()
 
         def run(job: Job) -> Trace:
             if flusher is not None:
@@ -581,6 +593,12 @@ class Profile:
             parts = sessions.collect()
             self._abandoned.update(sessions.abandoned())
             job.collected.set()
+            if spill is not None:  # the spill now holds the whole window: recoverable if the export fails
+                info = {"window_end": window_end, "collected": sorted({p.backend for p in parts})}
+                try:
+                    spill.window_collected([p for p in parts if id(p) not in spilled], info)
+                except OSError as exc:
+                    self._warnings.append(f"the spill {spill.path} could not take the window's rows: {exc}")
             started = time.perf_counter()
             trace = merge(
                 parts,

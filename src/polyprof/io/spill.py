@@ -6,9 +6,9 @@ A spill is a file header line and checksummed chunks, each self-describing::
     POLYPROF-SPILL 1\\n
     chunk: b"PPSC" | kind (1 byte) | payload length (uint64 LE) | crc32 of the payload (uint32 LE) | payload
 
-Kinds: ``H`` the profile (JSON: clock, argv, pid, activities), ``W`` a recording window's start (JSON),
-``P`` one sealed part (a backend's rows of one flush: a JSON header, then the raw column bytes), ``E``
-the clean end. Reading stops at the first chunk that is torn or fails its checksum (the process died
+Kinds: ``H`` the profile (JSON: clock, argv, pid, activities), ``W`` a recording window's start or,
+once its backends have handed everything over, its end (JSON), ``P`` one sealed part (a backend's rows
+of one flush or collect: a JSON header, then the raw column bytes), ``E`` the clean end. Reading stops at the first chunk that is torn or fails its checksum (the process died
 writing it), and everything before it is kept::
 
     writer = SpillWriter.create(path, header)      # 0600, never following a planted name
@@ -60,6 +60,8 @@ class SpillWriter:
         self._lock = threading.Lock()
         self.bytes = len(FILE_MAGIC)
         self.rows = 0
+        self._awaiting = 0  # windows that ended and whose collected rows are still to come
+        self._close_asked = False
 
     @classmethod
     def create(cls, path: str, header: dict[str, Any]) -> SpillWriter:
@@ -96,9 +98,29 @@ class SpillWriter:
         for part in parts:
             self.append_part(part)
 
+    def window_ended(self) -> None:
+        """A window's collect is on its way (the background writer): a clean close waits for it."""
+        with self._lock:
+            self._awaiting += 1
+
+    def window_collected(self, parts: list[CollectedPart], info: dict[str, Any]) -> None:
+        """The rows a window's collect brought that no flush had spilled, and the window's end."""
+        self.append_parts(parts)
+        self.append_window(info)
+        with self._lock:
+            self._awaiting -= 1
+            close_now = self._awaiting <= 0 and self._close_asked
+        if close_now:
+            self.close(clean=True)
+
     def close(self, clean: bool = True, remove: bool = False) -> None:
+        """End the spill (``E`` when `clean`); a clean close without `remove` waits for the collects of
+        windows that ended (:meth:`window_ended`)."""
         with self._lock:
             if self._file.closed:
+                return
+            if clean and not remove and self._awaiting > 0:
+                self._close_asked = True
                 return
             if clean:
                 chunk = _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
