@@ -52,6 +52,8 @@ _LAZY = {
     "Trace": "polyprof.model",
     "load_trace": "polyprof.io",
     "write_chrome_trace": "polyprof.export",
+    "write_perfetto_trace": "polyprof.export",
+    "write_trace": "polyprof.export",
     "ProfilerActivity": "polyprof.profiler",
 }
 

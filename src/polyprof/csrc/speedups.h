@@ -5,6 +5,7 @@
  *   recorder.c       record_function's enter/exit and the per-thread EventBuffer (polyprof.annotations)
  *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
+ *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
  *
  * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
  * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
@@ -31,6 +32,7 @@ extern unsigned long long pp_next_id;
 extern PyMethodDef pp_recorder_methods[];
 extern PyMethodDef pp_format_methods[];
 extern PyMethodDef pp_columns_methods[];
+extern PyMethodDef pp_perfetto_methods[];
 int pp_recorder_add_types(PyObject *module);
 
 #endif

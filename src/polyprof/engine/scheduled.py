@@ -314,12 +314,20 @@ class Profile:
         self._raise_handler_error(merge_only=True)
 
     def export_chrome_trace(self, path: str) -> str:
-        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz)."""
-        from polyprof.export.chrome import write_chrome_trace
+        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz), or as
+        Perfetto protobuf when it ends in .pftrace or .perfetto-trace."""
+        return self._export(path, None)
+
+    def export_perfetto(self, path: str) -> str:
+        """Write the last trace as a Perfetto protobuf trace (gzip when `path` ends in .gz)."""
+        return self._export(path, "perfetto")
+
+    def _export(self, path: str, format: str | None) -> str:
+        from polyprof.export.formats import write_trace
 
         trace = self.trace
         started = time.perf_counter()
-        written = write_chrome_trace(trace, path)
+        written = write_trace(trace, path, format)
         trace.timings_ms["write"] = round((time.perf_counter() - started) * 1e3, 3)
         if not self._recording:  # a trace is on disk: the spill is not needed any more
             self.close_spill(remove=True)
@@ -330,7 +338,7 @@ class Profile:
         hangs: its state without stopping it). Backends that hand over rows while recording (``flush``)
         are in it; the others only come at the window's end (the trace's ``polyprof.partial`` lists
         them). Returns the path written."""
-        from polyprof.export.chrome import write_chrome_trace
+        from polyprof.export.formats import write_trace
 
         sessions = self._sessions
         if not self._recording or sessions is None:
@@ -359,7 +367,7 @@ class Profile:
         }
         trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns,
                       base_time_ns=base_time_ns(self._window_start + epoch.offset_ns), metadata=meta)  # fmt: skip
-        return write_chrome_trace(trace, path)
+        return write_trace(trace, path)
 
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key/value of the trace (value must be JSON-serialisable)."""

@@ -270,8 +270,8 @@ class profile(Profile):  # noqa: N801 - torch's name
         return None if view is None else view._stats
 
     def export_chrome_trace(self, path: str, use_python_export: bool = False) -> str:
-        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz).
-        `use_python_export` is accepted for torch compatibility: polyprof always streams its writer."""
+        """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz; Perfetto
+        protobuf when it ends in .pftrace or .perfetto-trace). `use_python_export` is accepted for torch compatibility: polyprof always streams its writer."""
         return super().export_chrome_trace(path)
 
     def export_stacks(self, path: str, metric: str = "self_cpu_time_total") -> Any:

@@ -305,9 +305,9 @@ class TraceResult:
         return _tree([e for e in self.events() if e.device_type() == _cpu()])
 
     def save(self, path: str) -> None:
-        from polyprof.export.chrome import write_chrome_trace
+        from polyprof.export.formats import write_trace
 
-        write_chrome_trace(self.trace, path)
+        write_trace(self.trace, path)
 
 
 def _cpu() -> Any:

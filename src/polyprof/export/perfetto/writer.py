@@ -1,0 +1,414 @@
+"""Perfetto's native protobuf trace, written from the trace's columns.
+
+::
+
+    from polyprof.export.perfetto import write_perfetto_trace
+    write_perfetto_trace(trace, "trace.pftrace")          # ".pftrace.gz": gzip written directly
+
+What is in the file (one packet sequence):
+
+- a clock snapshot: timestamps are polyprof's host clock (CLOCK_MONOTONIC, declared the trace's primary
+  clock), with CLOCK_REALTIME beside it (the host clock plus the trace's epoch offset);
+- a process track per device (the host process and each GPU/queue device, named, labelled and
+  sort-ordered as in the JSON), a thread track per host thread, stream or queue; slices that overlap on
+  one of them go on sibling tracks of the same name (see :mod:`.order`);
+- slices as TYPE_SLICE_BEGIN/END with interned names and categories, args as debug annotations (the
+  JSON's ``External id`` and ``correlation`` included), flows (ac2g, fwdbwd) as ``flow_ids`` /
+  ``terminating_flow_ids``, instants, counters on counter tracks;
+- a ``polyprof: trace metadata`` track with one instant whose debug annotations are the JSON's
+  top-level keys (``deviceProperties``, ``distributedInfo``, ``polyprof`` with the backends' status and
+  clocks, ...) as JSON values, and what a reader needs to rebuild the devices and rows.
+
+The bytes are streamed in chunks of at most CHUNK_EVENTS events, so a large trace is never held as one
+message.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import math
+import os
+from collections.abc import Iterator
+from typing import IO, Any
+
+import numpy as np
+import orjson
+
+from polyprof._accel import speedups
+from polyprof._version import __version__
+from polyprof.export.chrome import GZIP_LEVEL, device_properties, trace_metadata
+from polyprof.export.jsonsafe import json_bytes, safe_str
+from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.export.perfetto import fields as F
+from polyprof.export.perfetto.order import BEGIN, END, slice_events
+from polyprof.export.perfetto.wire import (
+    field_bytes,
+    field_double,
+    field_fixed64,
+    field_string,
+    field_varint,
+)
+from polyprof.model import FLOW_NAMES, ActivityKind, Trace
+
+CHUNK_EVENTS = 65_536
+SEQUENCE_ID = 1
+METADATA_TRACK = "polyprof: trace metadata"
+METADATA_EVENT = "trace metadata"
+#: the debug annotation of the metadata event that tells a reader how tracks map to devices and rows
+LAYOUT_KEY = "polyprof.perfetto"
+_INT64 = (-(1 << 63), 1 << 63)
+# by kind: whether a row's correlation is written as an arg (as in the JSON)
+_WRITES_CORRELATION = np.ones(256, dtype=bool)
+_WRITES_CORRELATION[
+    [int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION), int(ActivityKind.PYTHON_FUNCTION), int(ActivityKind.INSTANT)]
+] = False
+_PACKET_HEAD = field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID) + field_varint(
+    F.PACKET_SEQUENCE_FLAGS, F.SEQ_NEEDS_INCREMENTAL_STATE
+)
+
+
+def write_perfetto_trace(trace: Trace, path: str | os.PathLike) -> str:
+    """Write `trace` to `path` atomically as a Perfetto protobuf trace (gzip when it ends in ``.gz``).
+    Returns the path."""
+    path = check_output_path(path)
+    with atomic_output(path) as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                _write(trace, gz)
+        else:
+            _write(trace, raw)
+    return path
+
+
+def dumps_perfetto_trace(trace: Trace) -> bytes:
+    """The trace as Perfetto protobuf bytes (for small traces and tests)."""
+    return b"".join(iter_perfetto_chunks(trace))
+
+
+def _write(trace: Trace, out: IO[bytes]) -> None:
+    for chunk in iter_perfetto_chunks(trace):
+        out.write(chunk)
+
+
+def packet(body: bytes) -> bytes:
+    """One ``Trace.packet`` field holding the TracePacket `body`."""
+    return field_bytes(F.TRACE_PACKET, body)
+
+
+class _Interned:
+    """Debug annotation names, interned as they are first used; ``take_new`` gives the entries to
+    announce before the events that use them."""
+
+    def __init__(self) -> None:
+        self.iids: dict[str, int] = {}
+        self._new: list[tuple[int, str]] = []
+
+    def iid(self, name: str) -> int:
+        iid = self.iids.get(name)
+        if iid is None:
+            iid = self.iids[name] = len(self.iids) + 1
+            self._new.append((iid, name))
+        return iid
+
+    def take_new(self) -> bytes:
+        entries = b"".join(
+            field_bytes(F.INTERNED_ANNOTATION_NAMES, _interned_entry(iid, name)) for iid, name in self._new
+        )
+        self._new = []
+        return entries
+
+
+def _interned_entry(iid: int, name: str) -> bytes:
+    return field_varint(F.INTERNED_IID, iid) + field_string(F.INTERNED_NAME, safe_str(name))
+
+
+def annotation_value(value: Any) -> bytes:
+    """The value fields of a DebugAnnotation for `value`: bool, int64, double and string natively,
+    anything else (lists, dicts, None, integers beyond int64) as its JSON text."""
+    if isinstance(value, bool):
+        return field_varint(F.ANNOTATION_BOOL, int(value))
+    if isinstance(value, int) and _INT64[0] <= value < _INT64[1]:
+        return field_varint(F.ANNOTATION_INT, value)
+    if isinstance(value, float):
+        return field_double(F.ANNOTATION_DOUBLE, value) if math.isfinite(value) else _json_value(value)
+    if isinstance(value, str):
+        return field_string(F.ANNOTATION_STRING, safe_str(value))
+    return _json_value(value)
+
+
+def _json_value(value: Any) -> bytes:
+    return field_bytes(F.ANNOTATION_LEGACY_JSON, json_bytes(value))
+
+
+def annotations(items: dict[str, Any], interned: _Interned) -> bytes:
+    """The debug_annotations fields of one event."""
+    return b"".join(
+        field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, interned.iid(str(k))) + annotation_value(v))
+        for k, v in items.items()
+    )
+
+
+class _Tracks:
+    """The track tree: uuids of device (process) tracks, row (thread) tracks, lanes and counter tracks,
+    and their descriptors."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.next_uuid = 1
+        self.device_uuid = [self._new() for _ in trace.devices]
+        self.resource_uuid = [self._new() for _ in trace.resources]
+        self.lanes: dict[tuple[int, int], int] = {}  # (resource, lane >= 1) -> uuid
+        self.counters: dict[tuple[int, int, str], int] = {}
+        self.metadata_uuid = self._new()
+
+    def _new(self) -> int:
+        uuid, self.next_uuid = self.next_uuid, self.next_uuid + 1
+        return uuid
+
+    def lane(self, resource: int, lane: int) -> int:
+        key = (resource, lane)
+        if key not in self.lanes:
+            self.lanes[key] = self._new()
+        return self.lanes[key]
+
+    def counter(self, device: int, resource: int, name: str) -> int:
+        key = (device, resource, name)
+        if key not in self.counters:
+            self.counters[key] = self._new()
+        return self.counters[key]
+
+    def descriptors(self) -> bytes:
+        out = []
+        for d, uuid in zip(self.trace.devices, self.device_uuid, strict=True):
+            process = field_varint(F.PROCESS_PID, d.pid) + field_varint(F.PROCESS_LEGACY_SORT_INDEX, d.sort_index)
+            process += field_string(F.PROCESS_NAME, safe_str(d.name))
+            if d.label:
+                process += field_string(F.PROCESS_LABELS, safe_str(d.label))
+            body = field_varint(F.TRACK_UUID, uuid) + field_bytes(F.TRACK_PROCESS, process)
+            body += field_varint(F.TRACK_CHILD_ORDERING, F.CHILD_ORDERING_EXPLICIT)
+            out.append(self._descriptor(body))
+        for r, uuid in zip(self.trace.resources, self.resource_uuid, strict=True):
+            pid = self.trace.devices[r.device].pid
+            thread = field_varint(F.THREAD_PID, pid) + field_varint(F.THREAD_TID, r.id)
+            thread += field_varint(F.THREAD_LEGACY_SORT_INDEX, r.sort_index) + field_string(F.THREAD_NAME, safe_str(r.name))
+            body = field_varint(F.TRACK_UUID, uuid) + field_varint(F.TRACK_PARENT_UUID, self.device_uuid[r.device])
+            body += field_bytes(F.TRACK_THREAD, thread) + field_varint(F.TRACK_SIBLING_ORDER_RANK, 2 * r.sort_index)
+            out.append(self._descriptor(body))
+        return b"".join(out)
+
+    def lane_descriptors(self, lanes: list[tuple[int, int]]) -> bytes:
+        """Sibling tracks for overlapping slices: same name as their row, ordered right after it."""
+        out = []
+        for resource, lane in lanes:
+            r = self.trace.resources[resource]
+            body = field_varint(F.TRACK_UUID, self.lane(resource, lane))
+            body += field_varint(F.TRACK_PARENT_UUID, self.device_uuid[r.device]) + field_string(F.TRACK_NAME, safe_str(r.name))
+            body += field_string(F.TRACK_DESCRIPTION, f"slices that overlap others on {safe_str(r.name)} (lane {lane})")
+            body += field_varint(F.TRACK_SIBLING_ORDER_RANK, 2 * r.sort_index + 1)
+            out.append(self._descriptor(body))
+        return b"".join(out)
+
+    def counter_descriptor(self, uuid: int, device: int, name: str) -> bytes:
+        body = field_varint(F.TRACK_UUID, uuid) + field_varint(F.TRACK_PARENT_UUID, self.device_uuid[device])
+        body += field_string(F.TRACK_NAME, safe_str(name)) + field_bytes(F.TRACK_COUNTER, b"")
+        return self._descriptor(body)
+
+    def metadata_descriptor(self) -> bytes:
+        body = field_varint(F.TRACK_UUID, self.metadata_uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
+        return self._descriptor(body)
+
+    @staticmethod
+    def _descriptor(body: bytes) -> bytes:
+        return packet(field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID) + field_bytes(F.PACKET_TRACK_DESCRIPTOR, body))
+
+
+def iter_perfetto_chunks(trace: Trace) -> Iterator[bytes]:
+    """The trace file's bytes, in chunks: header and tracks, then the events CHUNK_EVENTS at a time,
+    then counters and the metadata event."""
+    acts = trace.activities
+    strings = acts.strings.strings
+    interned = _Interned()
+    tracks = _Tracks(trace)
+    yield _header(trace, acts, strings)
+    yield tracks.descriptors()
+    n = len(acts)
+    if n:
+        c = acts.columns
+        kind = c["kind"]
+        instant = kind == int(ActivityKind.INSTANT)
+        resource = c["resource"].astype(np.int64)
+        events, lane = slice_events(resource, c["start"], c["end"], instant)
+        track = np.array(tracks.resource_uuid or [0], dtype=np.int64)[resource]
+        over = np.flatnonzero(lane > 0)
+        keys, which = np.unique((resource[over] << 32) | lane[over], return_inverse=True)
+        lanes = [(k >> 32, k & 0xFFFFFFFF) for k in keys.tolist()]
+        track[over] = np.array([tracks.lane(r, k) for r, k in lanes], dtype=np.int64)[which] if lanes else 0
+        yield tracks.lane_descriptors(lanes)
+        writes_corr = (c["correlation"] != 0) & _WRITES_CORRELATION[kind]
+        flow_key = np.where((c["flow_id"] != 0) & np.isin(c["flow_type"], list(FLOW_NAMES)), c["flow_id"] * 4 + c["flow_type"], 0)
+        rows = _RowEncoder(acts, interned, track, writes_corr, flow_key)
+        for lo in range(0, len(events), CHUNK_EVENTS):
+            body = rows.encode(events[lo : lo + CHUNK_EVENTS])
+            new = interned.take_new()
+            yield (_interned_packet(new) if new else b"") + body
+    yield _counter_packets(trace, tracks)
+    meta = _metadata_packet(trace, tracks, interned)
+    yield _interned_packet(interned.take_new()) + meta
+
+
+def _header(trace: Trace, acts: Any, strings: list[str]) -> bytes:
+    """Clock snapshot, then the packet that starts the sequence: defaults (the clock) and the interned
+    event names and categories."""
+    t0 = max(0, int(trace.window[0]))
+    clocks = field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_MONOTONIC) + field_varint(F.CLOCK_TIMESTAMP, t0))
+    realtime = max(0, t0 + int(trace.epoch_offset_ns))
+    clocks += field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_REALTIME) + field_varint(F.CLOCK_TIMESTAMP, realtime))
+    snapshot = field_bytes(F.PACKET_CLOCK_SNAPSHOT, clocks + field_varint(F.SNAPSHOT_PRIMARY_CLOCK, F.CLOCK_MONOTONIC))
+    snapshot += field_varint(F.PACKET_TIMESTAMP, t0) + field_varint(F.PACKET_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC)
+    snapshot += field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
+    interned = b""
+    if len(acts):
+        for code in np.flatnonzero(np.bincount(acts["name"], minlength=len(strings))).tolist():
+            interned += field_bytes(F.INTERNED_NAMES, _interned_entry(code + 1, strings[code]))
+        for code in np.flatnonzero(np.bincount(acts["cat"], minlength=len(strings))).tolist():
+            interned += field_bytes(F.INTERNED_CATEGORIES, _interned_entry(code + 1, strings[code]))
+    start = field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
+    start += field_varint(F.PACKET_SEQUENCE_FLAGS, F.SEQ_INCREMENTAL_STATE_CLEARED | F.SEQ_NEEDS_INCREMENTAL_STATE)
+    start += field_varint(F.PACKET_FIRST_ON_SEQUENCE, 1)
+    start += field_bytes(F.PACKET_DEFAULTS, field_varint(F.DEFAULTS_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC))
+    start += field_bytes(F.PACKET_INTERNED_DATA, interned)
+    return packet(snapshot) + packet(start)
+
+
+def _interned_packet(entries: bytes) -> bytes:
+    return packet(_PACKET_HEAD + field_bytes(F.PACKET_INTERNED_DATA, entries)) if entries else b""
+
+
+def _event_packet(ts: int, event: bytes, head: bytes = _PACKET_HEAD) -> bytes:
+    return packet(field_varint(F.PACKET_TIMESTAMP, max(0, ts)) + head + field_bytes(F.PACKET_TRACK_EVENT, event))
+
+
+class _RowEncoder:
+    """Encodes the begin, end and instant events of the activity rows: the columns once, each row's
+    args once (rows with equal args share their encoding), then the packets chunk by chunk, in C
+    (``_speedups.encode_events``) or its Python twin :func:`encode_events_py`."""
+
+    def __init__(self, acts: Any, interned: _Interned, track: np.ndarray, writes_corr: np.ndarray, flow_key: np.ndarray) -> None:
+        c = acts.columns
+        self.ext_iid, self.corr_iid = interned.iid("External id"), interned.iid("correlation")
+        self.blobs: list[bytes | None] = [None] * len(acts)
+        cache: dict[bytes, bytes] = {}  # JSON of a row's args -> its annotations
+        writes_corr = writes_corr.copy()
+        in_blocks = [b.rows for b in acts.args.blocks]
+        block_rows = np.unique(np.concatenate(in_blocks)) if in_blocks else np.zeros(0, np.int64)
+        own = acts.args.dicts
+        merged = ((row, acts.args[row]) for row in block_rows.tolist())  # block keys and the row's own
+        blocked = frozenset(block_rows.tolist())
+        alone = ((row, a) for row, a in own.items() if row not in blocked)
+        blobs, dumps = self.blobs, orjson.dumps
+        for row, args in itertools.chain(merged, alone):
+            if not args:
+                continue
+            if "correlation" in args:
+                writes_corr[row] = False  # the row's own arg is written instead
+            try:
+                key = dumps(args)
+            except (TypeError, orjson.JSONEncodeError):  # values JSON cannot hold: their safe form
+                key = json_bytes(args)
+            blob = cache.get(key)
+            if blob is None:
+                blob = cache[key] = annotations(args, interned)
+            blobs[row] = blob
+        i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        self.cols = (
+            i64(track), i64(c["start"]), i64(np.maximum(c["end"], c["start"])), i64(c["name"]) + 1, i64(c["cat"]) + 1,
+            i64(c["external_id"]), i64(c["correlation"]), i64(writes_corr), i64(flow_key), i64(c["flow_start"] != 0),
+        )  # fmt: skip
+
+    def encode(self, events: np.ndarray) -> bytes:
+        events = np.ascontiguousarray(events, dtype=np.int64)
+        if speedups is not None:
+            return speedups.encode_events(events, self.cols, self.blobs, self.ext_iid, self.corr_iid, _PACKET_HEAD)
+        return encode_events_py(events, self.cols, self.blobs, self.ext_iid, self.corr_iid, _PACKET_HEAD)
+
+
+def encode_events_py(
+    events: np.ndarray, cols: tuple[np.ndarray, ...], blobs: list[bytes | None], ext_iid: int, corr_iid: int, head: bytes
+) -> bytes:
+    """Pure-Python twin of ``_speedups.encode_events`` (same bytes)."""
+    track, start, end, name, cat, ext, corr, writes_corr, flow_key, flow_start = (c.tolist() for c in cols)
+    out = []
+    for code in events.tolist():
+        row, phase = code >> 2, code & 3
+        if phase == END:
+            event = field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END) + field_varint(F.EVENT_TRACK_UUID, track[row])
+            out.append(_event_packet(end[row], event, head))
+            continue
+        kind = F.TYPE_SLICE_BEGIN if phase == BEGIN else F.TYPE_INSTANT
+        event = field_varint(F.EVENT_TYPE, kind) + field_varint(F.EVENT_TRACK_UUID, track[row])
+        event += field_varint(F.EVENT_NAME_IID, name[row]) + field_varint(F.EVENT_CATEGORY_IIDS, cat[row])
+        if ext[row]:
+            event += field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, ext_iid) + field_varint(F.ANNOTATION_INT, ext[row]))
+        if writes_corr[row]:
+            event += field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, corr_iid) + field_varint(F.ANNOTATION_INT, corr[row]))
+        event += blobs[row] or b""
+        if flow_key[row]:
+            event += field_fixed64(F.EVENT_FLOW_IDS if flow_start[row] else F.EVENT_TERMINATING_FLOW_IDS, flow_key[row])
+        out.append(_event_packet(start[row], event, head))
+    return b"".join(out)
+
+
+def _counter_packets(trace: Trace, tracks: _Tracks) -> bytes:
+    cols = trace.counters.columns
+    if not len(cols["ts"]):
+        return b""
+    names = trace.counters.strings.strings
+    order = np.argsort(cols["ts"], kind="stable")
+    descriptors, events = [], []
+    for i in order.tolist():
+        device, resource, name = int(cols["device"][i]), int(cols["resource"][i]), names[int(cols["name"][i])]
+        key = (device, resource, name)
+        if key not in tracks.counters:
+            descriptors.append(tracks.counter_descriptor(tracks.counter(*key), device, name))
+        event = field_varint(F.EVENT_TYPE, F.TYPE_COUNTER) + field_varint(F.EVENT_TRACK_UUID, tracks.counters[key])
+        event += field_double(F.EVENT_DOUBLE_COUNTER_VALUE, float(cols["value"][i]))
+        events.append(_event_packet(int(cols["ts"][i]), event))
+    return b"".join(descriptors) + b"".join(events)
+
+
+def layout(trace: Trace, tracks: _Tracks) -> dict[str, Any]:
+    """What a reader needs beyond the descriptors: each device as the model has it, and which track is
+    which row (lanes included)."""
+    return {
+        "version": __version__,
+        "devices": [
+            {"key": d.key, "type": d.type, "index": d.index, "name": d.name, "pid": d.pid, "label": d.label,
+             "sort_index": d.sort_index, "track": uuid}
+            for d, uuid in zip(trace.devices, tracks.device_uuid, strict=True)
+        ],  # fmt: skip
+        "rows": [
+            {"device": r.device, "tid": r.id, "name": r.name, "sort_index": r.sort_index, "track": uuid}
+            for r, uuid in zip(trace.resources, tracks.resource_uuid, strict=True)
+        ],
+        "lanes": [[resource, uuid] for (resource, _), uuid in sorted(tracks.lanes.items())],
+        "counters": [[device, resource, uuid] for (device, resource, _), uuid in tracks.counters.items()],
+        "window": [int(trace.window[0]), int(trace.window[1])],
+        "base_time_ns": int(trace.base_time_ns),
+        "epoch_offset_ns": int(trace.epoch_offset_ns),
+    }
+
+
+def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned) -> bytes:
+    """The metadata track and its one instant: the JSON's top-level keys as JSON-valued annotations."""
+    values: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": device_properties(trace)}
+    values.update(trace_metadata(trace))
+    values["baseTimeNanoseconds"] = int(trace.base_time_ns)
+    values[LAYOUT_KEY] = layout(trace, tracks)
+    body = b"".join(
+        field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, interned.iid(str(k))) + _json_value(v))
+        for k, v in values.items()
+    )
+    event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, tracks.metadata_uuid)
+    event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
+    return tracks.metadata_descriptor() + _event_packet(int(trace.window[0]), event)

@@ -1,0 +1,313 @@
+"""The Perfetto writer, read with the protobuf classes of the ``perfetto`` package (a reader nobody here
+wrote): track tree, strict nesting on every track, flows with both ends, interning, and the same
+activities, times and args as the JSON of the same trace."""
+
+import gzip
+import json
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+from fake_backends import SimDeviceBackend
+
+import polyprof
+from polyprof._accel import speedups
+from polyprof.clock import base_time_ns
+from polyprof.engine.merge import merge
+from polyprof.export import dumps_chrome_trace, format_of
+from polyprof.export.perfetto import dumps_perfetto_trace, fields, writer
+from polyprof.export.perfetto.order import slice_events_py, start_order
+from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus
+from polyprof.sink import Sink
+
+pb = pytest.importorskip(
+    "perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (the test extra)"
+)
+T0 = 1_000_000_000
+
+
+def overlapping_trace():
+    """Host spans that nest and one that overlaps (an asyncio task), a zero-length span, an instant, a
+    counter, launches with flows to kernels that overlap on their stream, and args of every type."""
+    sink = Sink("t")
+    host, thread = sink.host_device(), None
+    thread = sink.host_thread(4242, "main")
+    gpu = sink.device("gpu:0", type="gpu", index=0, name="GPU 0", properties={"memory": 1 << 30})
+    stream = sink.resource(gpu, 7, "stream 7")
+    span = lambda name, s, e, **kw: sink.activity(ActivityKind.USER_ANNOTATION, name, device=host,  # noqa: E731
+                                                  resource=thread, start=T0 + s, end=T0 + e, **kw)  # fmt: skip
+    span("A", 0, 100, correlation=1, external_id=1, args={"int": 3, "float": 0.25, "str": "x\ny", "bool": True,
+                                                       "list": [1, "a"], "none": None, "nested": {"k": [2]}})  # fmt: skip
+    span("B", 10, 50, correlation=2, external_id=2)
+    span("C", 50, 50)
+    span("task D", 60, 150, args={"big": 2**70})
+    span("E", 100, 100)
+    sink.activity(ActivityKind.INSTANT, "mark", device=host, resource=thread, start=T0 + 55, end=T0 + 55)
+    for i, (ls, ks, ke) in enumerate([(20, 30, 80), (26, 40, 120), (90, 125, 130)], start=10):
+        sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=thread, start=T0 + ls, end=T0 + ls + 3,
+                      cat="cuda_runtime", correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, flow_start=True)  # fmt: skip
+        sink.activity(ActivityKind.KERNEL, f"kernel {i}", device=gpu, resource=stream, start=T0 + ks, end=T0 + ke,
+                      correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, args={"grid": [1, 2, 3]})  # fmt: skip
+    sink.counter("memory", 12.5, ts=T0 + 5)
+    sink.counter("memory", 13.5, ts=T0 + 70)
+    return merge([sink.seal(BackendStatus("t"))], window=(T0, T0 + 200), epoch_offset_ns=10**18,
+                 base_time_ns=base_time_ns(T0 + 10**18), metadata={"distributedInfo": {"rank": 0}})  # fmt: skip
+
+
+class Parsed:
+    """A .pftrace parsed with perfetto's classes: tracks, interned strings, and slices rebuilt per track
+    by pairing ends with begins the way Perfetto does."""
+
+    def __init__(self, data: bytes) -> None:
+        trace = pb.Trace()
+        trace.ParseFromString(data)
+        self.packets = list(trace.packet)
+        self.tracks = {}
+        names, cats, keys = {}, {}, {}
+        self.slices, self.instants, self.counters, self.unclosed = [], [], [], []
+        self.flow_starts, self.flow_ends = Counter(), Counter()
+        open_by_track = defaultdict(list)
+        self.snapshot = None
+        last_ts = 0
+        for p in self.packets:
+            assert p.trusted_packet_sequence_id == writer.SEQUENCE_ID
+            if p.HasField("clock_snapshot"):
+                self.snapshot = p.clock_snapshot
+            for e in p.interned_data.event_names:
+                names[e.iid] = e.name
+            for e in p.interned_data.event_categories:
+                cats[e.iid] = e.name
+            for e in p.interned_data.debug_annotation_names:
+                keys[e.iid] = e.name
+            if p.HasField("track_descriptor"):
+                self.tracks[p.track_descriptor.uuid] = p.track_descriptor
+            if not p.HasField("track_event"):
+                continue
+            ev = p.track_event
+            assert ev.track_uuid in self.tracks, "every event's track is described before it"
+            assert p.timestamp >= last_ts or ev.type == ev.TYPE_COUNTER or ev.track_uuid == self.metadata_uuid()
+            if ev.type != ev.TYPE_COUNTER:
+                last_ts = p.timestamp
+            if ev.type == ev.TYPE_SLICE_END:
+                begin = open_by_track[ev.track_uuid].pop()
+                self.slices.append({**begin, "end": p.timestamp})
+                continue
+            if ev.type == ev.TYPE_COUNTER:
+                self.counters.append((self.tracks[ev.track_uuid].name, p.timestamp, ev.double_counter_value))
+                continue
+            item = {
+                "track": ev.track_uuid,
+                "name": names[ev.name_iid] if ev.name_iid else ev.name,
+                "cat": [cats[i] for i in ev.category_iids],
+                "start": p.timestamp,
+                "args": {keys[a.name_iid]: annotation_value(a) for a in ev.debug_annotations},
+                "flows": list(ev.flow_ids),
+                "terminating": list(ev.terminating_flow_ids),
+                "depth": len(open_by_track[ev.track_uuid]),
+            }
+            self.flow_starts.update(ev.flow_ids)
+            self.flow_ends.update(ev.terminating_flow_ids)
+            if ev.type == ev.TYPE_SLICE_BEGIN:
+                stack = open_by_track[ev.track_uuid]
+                item["parent"] = stack[-1] if stack else None
+                stack.append(item)
+            else:
+                self.instants.append(item)
+        self.unclosed = [s for stack in open_by_track.values() for s in stack]
+
+    def metadata_uuid(self):
+        return next((u for u, t in self.tracks.items() if t.name == writer.METADATA_TRACK), None)
+
+
+def annotation_value(a):
+    kind = a.WhichOneof("value")
+    if kind == "legacy_json_value":
+        return json.loads(a.legacy_json_value)
+    return getattr(a, kind)
+
+
+def test_field_numbers_are_perfettos():
+    checks = {
+        pb.TracePacket: {"timestamp": fields.PACKET_TIMESTAMP, "clock_snapshot": fields.PACKET_CLOCK_SNAPSHOT,
+                         "trusted_packet_sequence_id": fields.PACKET_SEQUENCE_ID, "track_event": fields.PACKET_TRACK_EVENT,
+                         "interned_data": fields.PACKET_INTERNED_DATA, "sequence_flags": fields.PACKET_SEQUENCE_FLAGS,
+                         "timestamp_clock_id": fields.PACKET_TIMESTAMP_CLOCK_ID, "trace_packet_defaults": fields.PACKET_DEFAULTS,
+                         "track_descriptor": fields.PACKET_TRACK_DESCRIPTOR, "first_packet_on_sequence": fields.PACKET_FIRST_ON_SEQUENCE},
+        pb.TrackEvent: {"type": fields.EVENT_TYPE, "track_uuid": fields.EVENT_TRACK_UUID, "name_iid": fields.EVENT_NAME_IID,
+                        "name": fields.EVENT_NAME, "category_iids": fields.EVENT_CATEGORY_IIDS,
+                        "debug_annotations": fields.EVENT_DEBUG_ANNOTATIONS, "flow_ids": fields.EVENT_FLOW_IDS,
+                        "terminating_flow_ids": fields.EVENT_TERMINATING_FLOW_IDS,
+                        "double_counter_value": fields.EVENT_DOUBLE_COUNTER_VALUE, "counter_value": fields.EVENT_COUNTER_VALUE},
+        pb.TrackDescriptor: {"uuid": fields.TRACK_UUID, "name": fields.TRACK_NAME, "process": fields.TRACK_PROCESS,
+                             "thread": fields.TRACK_THREAD, "parent_uuid": fields.TRACK_PARENT_UUID, "counter": fields.TRACK_COUNTER,
+                             "child_ordering": fields.TRACK_CHILD_ORDERING, "sibling_order_rank": fields.TRACK_SIBLING_ORDER_RANK,
+                             "description": fields.TRACK_DESCRIPTION},
+        pb.ProcessDescriptor: {"pid": fields.PROCESS_PID, "process_name": fields.PROCESS_NAME,
+                               "legacy_sort_index": fields.PROCESS_LEGACY_SORT_INDEX, "process_labels": fields.PROCESS_LABELS},
+        pb.ThreadDescriptor: {"pid": fields.THREAD_PID, "tid": fields.THREAD_TID, "thread_name": fields.THREAD_NAME,
+                              "legacy_sort_index": fields.THREAD_LEGACY_SORT_INDEX},
+        pb.DebugAnnotation: {"name_iid": fields.ANNOTATION_NAME_IID, "bool_value": fields.ANNOTATION_BOOL,
+                             "int_value": fields.ANNOTATION_INT, "double_value": fields.ANNOTATION_DOUBLE,
+                             "string_value": fields.ANNOTATION_STRING, "legacy_json_value": fields.ANNOTATION_LEGACY_JSON,
+                             "uint_value": fields.ANNOTATION_UINT, "name": fields.ANNOTATION_NAME},
+        pb.InternedData: {"event_categories": fields.INTERNED_CATEGORIES, "event_names": fields.INTERNED_NAMES,
+                          "debug_annotation_names": fields.INTERNED_ANNOTATION_NAMES},
+        pb.ClockSnapshot: {"clocks": fields.SNAPSHOT_CLOCKS, "primary_trace_clock": fields.SNAPSHOT_PRIMARY_CLOCK},
+        pb.ClockSnapshot.Clock: {"clock_id": fields.CLOCK_ID, "timestamp": fields.CLOCK_TIMESTAMP},
+        pb.TracePacketDefaults: {"timestamp_clock_id": fields.DEFAULTS_TIMESTAMP_CLOCK_ID},
+    }  # fmt: skip
+    for message, expected in checks.items():
+        by_name = {f.name: f.number for f in message.DESCRIPTOR.fields}
+        assert {k: by_name[k] for k in expected} == expected, message.DESCRIPTOR.name
+    assert pb.TrackEvent.TYPE_SLICE_BEGIN == fields.TYPE_SLICE_BEGIN and pb.TrackEvent.TYPE_COUNTER == fields.TYPE_COUNTER
+
+
+def test_track_tree_nesting_flows_and_interning():
+    trace = overlapping_trace()
+    parsed = Parsed(dumps_perfetto_trace(trace))
+    tracks = parsed.tracks
+    processes = {t.process.pid: u for u, t in tracks.items() if t.HasField("process")}
+    host = trace.devices[0]
+    assert tracks[processes[host.pid]].process.process_name == host.name
+    assert tracks[processes[0]].process.process_name == "GPU 0"
+    threads = {(t.thread.pid, t.thread.tid): u for u, t in tracks.items() if t.HasField("thread")}
+    assert tracks[threads[(host.pid, 4242)]].thread.thread_name == trace.resources[0].name
+    assert tracks[threads[(0, 7)]].parent_uuid == processes[0] and tracks[threads[(0, 7)]].thread.thread_name == "stream 7"
+    lanes = [t for t in tracks.values() if not t.HasField("thread") and not t.HasField("process") and not t.HasField("counter")
+             and t.name != writer.METADATA_TRACK]  # fmt: skip
+    assert sorted(t.name for t in lanes) == sorted([trace.resources[0].name, "stream 7"]), "one lane each for the overlaps"
+    assert not parsed.unclosed
+    for s in parsed.slices:  # strict nesting: every slice inside its parent on its track
+        p = s["parent"]
+        if p is not None:
+            closed = next(x for x in parsed.slices if x["track"] == p["track"] and x["start"] == p["start"] and x["name"] == p["name"])
+            assert closed["start"] <= s["start"] and s["end"] <= closed["end"], (s["name"], p["name"])
+    by_name = {s["name"]: s for s in parsed.slices}
+    assert by_name["task D"]["track"] != by_name["A"]["track"], "the overlapping task went to a lane"
+    assert by_name["B"]["parent"]["name"] == "A"
+    assert by_name["kernel 11"]["track"] != by_name["kernel 10"]["track"]
+    assert parsed.flow_starts and parsed.flow_starts == parsed.flow_ends, "every flow has both ends"
+    assert [(i["name"], i["start"]) for i in parsed.instants if i["name"] == "mark"] == [("mark", T0 + 55)]
+    assert parsed.counters == [("memory", T0 + 5, 12.5), ("memory", T0 + 70, 13.5)]
+    assert parsed.snapshot.primary_trace_clock == fields.CLOCK_MONOTONIC
+    clocks = {c.clock_id: c.timestamp for c in parsed.snapshot.clocks}
+    assert clocks[fields.CLOCK_REALTIME] - clocks[fields.CLOCK_MONOTONIC] == trace.epoch_offset_ns
+
+
+def _json_events(trace):
+    doc = json.loads(dumps_chrome_trace(trace))
+    base = doc["baseTimeNanoseconds"]
+    out = Counter()
+    for e in doc["traceEvents"]:
+        if e["ph"] not in ("X", "i") or e.get("cat") == "Trace" or e.get("s") == "g":
+            continue
+        start = round(e["ts"] * 1000) + base - trace.epoch_offset_ns
+        end = start + round(e.get("dur", 0) * 1000)
+        out[(e["name"], e["cat"], e["pid"], e["tid"], start, end, json.dumps(e.get("args", {}), sort_keys=True))] += 1
+    return out, doc
+
+
+def _pftrace_events(parsed):
+    where = {}
+    for u, t in parsed.tracks.items():
+        if t.HasField("thread"):
+            where[u] = (t.thread.pid, t.thread.tid)
+    meta = next(i for i in parsed.instants if i["name"] == writer.METADATA_EVENT)
+    for resource, uuid in meta["args"][writer.LAYOUT_KEY]["lanes"]:
+        row = meta["args"][writer.LAYOUT_KEY]["rows"][resource]
+        where[uuid] = where[row["track"]]
+    out = Counter()
+    for s in parsed.slices + [i for i in parsed.instants if i["name"] != writer.METADATA_EVENT]:
+        pid, tid = where[s["track"]]
+        out[(s["name"], s["cat"][0], pid, tid, s["start"], s.get("end", s["start"]), json.dumps(s["args"], sort_keys=True))] += 1
+    return out, meta
+
+
+@pytest.mark.parametrize("source", ["sink", "profile"])
+def test_the_same_activities_times_and_args_as_the_json(source, registry):
+    if source == "sink":
+        trace = overlapping_trace()
+    else:
+        sim = SimDeviceBackend()
+        registry.register(sim)
+        with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+            for i in range(20):
+                with polyprof.record_function("step", {"batch": i}):
+                    sim.launch(f"kernel {i % 3}")
+                    polyprof.instant("tick", {"i": i})
+            polyprof.counter("mem", 1.5)
+        trace = prof.trace
+    ours, meta = _pftrace_events(Parsed(dumps_perfetto_trace(trace)))
+    theirs, doc = _json_events(trace)
+    assert ours == theirs and sum(ours.values()) == len(trace.activities)
+    for key in ("deviceProperties", "distributedInfo", "polyprof", "baseTimeNanoseconds"):
+        if key in doc:
+            assert meta["args"][key] == doc[key], key
+
+
+def test_c_and_python_writers_give_the_same_bytes(monkeypatch):
+    if speedups is None:
+        pytest.skip("polyprof's C extension is not built here")
+    trace = overlapping_trace()
+    fast = dumps_perfetto_trace(trace)
+    monkeypatch.setattr(writer, "speedups", None)
+    import polyprof.export.perfetto.order as order
+
+    monkeypatch.setattr(order, "speedups", None)
+    assert dumps_perfetto_trace(trace) == fast
+
+
+def test_slice_order_nests_every_lane_on_random_spans():
+    """Random spans on a few tracks, many overlapping, ties and zero lengths (fixed seed): per lane the
+    events pair up as a stack, children inside parents, and events come in time order; C and Python
+    agree."""
+    rng = np.random.default_rng(1234)
+    n = 3000
+    track = rng.integers(0, 4, n)
+    start = rng.integers(0, 2000, n)
+    end = start + np.where(rng.random(n) < 0.1, 0, rng.integers(0, 300, n))
+    instant = (rng.random(n) < 0.05).astype(np.int8)
+    order = start_order(start)
+    events, lane = slice_events_py(track, start, end, instant, order)
+    if speedups is not None:
+        c_events, c_lane = speedups.slice_events(track, start, end, instant, order)
+        assert np.array_equal(np.frombuffer(c_events, np.int64), events) and np.array_equal(np.frombuffer(c_lane, np.int32), lane)
+    assert len(events) == 2 * n - int(instant.sum())
+    stacks = defaultdict(list)
+    last = -1
+    for code in events.tolist():
+        row, phase = code >> 2, code & 3
+        t = end[row] if phase == 1 else start[row]
+        assert t >= last
+        last = t
+        key = (track[row], lane[row])
+        if phase == 0:
+            if stacks[key]:
+                parent = stacks[key][-1]
+                assert start[parent] <= start[row] and end[row] <= end[parent]
+            stacks[key].append(row)
+        elif phase == 1:
+            assert stacks[key].pop() == row
+    assert not any(stacks.values()) and lane.max() > 0
+
+
+def test_paths_choose_the_format_and_gzip_works(tmp_path, registry):
+    assert format_of("a.pftrace") == format_of("a.perfetto-trace.gz") == "perfetto"
+    assert format_of("a.json") == format_of("a.pt.trace.json.gz") == "json"
+    with polyprof.profile(["cpu"], registry=registry) as prof:
+        with polyprof.record_function("x"):
+            pass
+    for name in ("t.pftrace", "t.pftrace.gz", "t.perfetto-trace"):
+        written = prof.export_chrome_trace(str(tmp_path / name))
+        data = (tmp_path / name).read_bytes()
+        if name.endswith(".gz"):
+            data = gzip.decompress(data)
+        assert written.endswith(name) and "x" in {s["name"] for s in Parsed(data).slices}
+    prof.export_perfetto(str(tmp_path / "any.bin"))
+    assert "x" in {s["name"] for s in Parsed((tmp_path / "any.bin").read_bytes()).slices}
+    with pytest.raises(polyprof.ConfigError, match="unknown trace format"):
+        format_of("x", "xml")
+    from polyprof.profiler.handlers import tensorboard_trace_handler
+
+    handler = tensorboard_trace_handler(str(tmp_path / "tb"), "w", format="perfetto")
+    assert handler(prof).endswith(".pt.trace.pftrace")
