@@ -7,6 +7,10 @@ The synthetic trace has mixed kinds (runtime calls, kernels, copies, fills, ops,
 devices (the host and four simulated GPUs, two streams each), an ac2g flow from every launch to its
 device work, and args on a tenth of the rows. Throughput counts trace events written (activities,
 flow ends, metadata rows) per second of export wall time. Target (issue #2): at least 3x torch's.
+
+The same trace is also written as Perfetto protobuf (.pftrace, issue #15); its throughput counts the
+same events as the JSON of that trace, so the ratio is the ratio of wall times. Targets: at least 2x the
+JSON writer's events/s, at most 1/3 of the JSON bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from _common import report
 
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.merge import merge
-from polyprof.export import write_chrome_trace
+from polyprof.export import write_chrome_trace, write_perfetto_trace
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus, Trace
 from polyprof.sink import Sink
 
@@ -148,6 +152,19 @@ def time_export(trace: Trace, path: str, repeats: int) -> dict:
     }
 
 
+def time_perfetto_export(trace: Trace, path: str, repeats: int, json_result: dict, json_path: str) -> dict:
+    seconds = median_seconds(lambda: write_perfetto_trace(trace, path), repeats)
+    events = json_result["events"]  # the same trace: the events the JSON of it holds
+    size = os.path.getsize(path)
+    return {
+        "seconds": round(seconds, 3),
+        "events_per_s": round(events / seconds),
+        "bytes": size,
+        "bytes_ratio_to_json": round(size / os.path.getsize(json_path), 3),
+        "ratio_events_per_s_over_json": round(json_result["seconds"] / seconds, 2),
+    }
+
+
 def torch_export(n_ops: int, folder: str, repeats: int) -> dict:
     """torch can save a trace once, so each repeat profiles the same loop again and exports it."""
     import torch
@@ -189,6 +206,15 @@ def main() -> None:
         results["repeats"] = args.repeats
         results["json"] = time_export(trace, os.path.join(folder, "t.json"), args.repeats)
         results["json_gz"] = time_export(trace, os.path.join(folder, "t.json.gz"), args.repeats)
+        json_path = os.path.join(folder, "t.json")
+        write_chrome_trace(trace, json_path)
+        results["perfetto"] = time_perfetto_export(
+            trace, os.path.join(folder, "t.pftrace"), args.repeats, results["json"], json_path
+        )
+        results["perfetto_targets"] = {"events_per_s_over_json_min": 2.0, "bytes_ratio_max": 0.333}
+        results["perfetto_meets_targets"] = (
+            results["perfetto"]["ratio_events_per_s_over_json"] >= 2.0 and results["perfetto"]["bytes_ratio_to_json"] <= 0.333
+        )
         try:
             results["torch"] = torch_export(args.torch_ops, folder, args.repeats)
         except ImportError:
