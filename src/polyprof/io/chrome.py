@@ -120,16 +120,21 @@ def _ns(value: Any, path: str, what: str) -> int:
 
 
 def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Trace:
-    """Load a Chrome trace JSON file (``.json`` or gzip-compressed) into a :class:`Trace`. Anything wrong
-    with the file is a TraceFormatError naming the file and the problem, in one line."""
+    """Load a trace file into a :class:`Trace`: Chrome trace JSON (polyprof's or torch.profiler's) or
+    Perfetto protobuf (``.pftrace``), either one gzip-compressed or not, told apart by their bytes.
+    Anything wrong with the file is a TraceFormatError naming the file and the problem, in one line."""
     path = os.fspath(path)
     return parse_trace(_read_bytes(path, max_bytes or max_trace_bytes()), path)
 
 
 def parse_trace(data: bytes, path: str = "<trace>") -> Trace:
-    """A trace from its JSON bytes (`path` names it in errors)."""
+    """A trace from its bytes, JSON or Perfetto protobuf (`path` names it in errors)."""
     if data[:2] == b"\x1f\x8b":
         data = _inflate(data, path, max_trace_bytes())
+    from polyprof.io.perfetto import looks_like_perfetto, parse_perfetto
+
+    if looks_like_perfetto(data):
+        return parse_perfetto(data, path)
     if not data.strip():
         raise TraceFormatError(f"{path}: the file is empty")
     try:

@@ -1,0 +1,377 @@
+"""Reading Perfetto protobuf traces (polyprof's ``.pftrace`` first, TrackEvent traces of other writers
+as far as they go) into a Trace, so every analysis works on either format.
+
+::
+
+    from polyprof.io import load_trace
+    trace = load_trace("trace.pftrace")      # load_trace tells the formats apart by their bytes
+
+What polyprof wrote comes back as it was: devices and rows (from the layout in the metadata event),
+slices with their names, categories, args, External id, correlation and flows, instants, counters,
+the JSON's top-level metadata (backends' status included) and the clock. Anything malformed is a
+:class:`polyprof.errors.TraceFormatError` naming the file and the problem, in one line.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import orjson
+
+from polyprof.errors import TraceFormatError
+from polyprof.export.perfetto import fields as F
+from polyprof.export.perfetto.wire import LENGTH, WireError, as_double, as_int64, fields
+from polyprof.export.perfetto.writer import LAYOUT_KEY, METADATA_EVENT, METADATA_TRACK
+from polyprof.model import (
+    FLOW_AC2G,
+    ActivityBuilder,
+    ActivityKind,
+    Counters,
+    Device,
+    Resource,
+    Trace,
+    kind_from_category,
+)
+
+_RESERVED = ("deviceProperties", "schemaVersion", "baseTimeNanoseconds", "displayTimeUnit", "traceName", LAYOUT_KEY)
+
+
+def looks_like_perfetto(data: bytes) -> bool:
+    """Whether `data` (inflated) starts like a protobuf Trace rather than JSON."""
+    head = data[:64].lstrip()
+    return bool(data) and data[:1] == b"\x0a" and not head.startswith((b"{", b"["))
+
+
+def parse_perfetto(data: bytes, path: str = "<trace>") -> Trace:
+    """A trace from Perfetto protobuf bytes (`path` names it in errors)."""
+    reader = _Reader(path)
+    try:
+        return reader.read(data)
+    except TraceFormatError:
+        raise
+    except WireError as exc:
+        raise TraceFormatError(f"{path}: packet {reader.packet} is not valid protobuf ({exc})") from None
+    except Exception as exc:  # any other structural surprise: one line, never a traceback
+        raise TraceFormatError(
+            f"{path}: packet {reader.packet} is malformed ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from None
+
+
+def _message(value: Any, what: str) -> memoryview:
+    if not isinstance(value, memoryview):
+        raise WireError(f"{what} is not a message")
+    return value
+
+
+def _text(value: Any) -> str:
+    return bytes(_message(value, "a string")).decode("utf-8", "replace")
+
+
+class _Track:
+    __slots__ = ("uuid", "parent", "name", "pid", "tid", "process_name", "labels", "sort_index", "is_counter")
+
+    def __init__(self, uuid: int) -> None:
+        self.uuid, self.parent, self.name = uuid, 0, ""
+        self.pid: int | None = None
+        self.tid: int | None = None
+        self.process_name = ""
+        self.labels: list[str] = []
+        self.sort_index = 0
+        self.is_counter = False
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.packet = 0
+        self.tracks: dict[int, _Track] = {}
+        self.interned: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (sequence, kind) -> iid -> str
+        self.open: dict[int, list[dict]] = defaultdict(list)
+        self.slices: list[tuple[dict, int]] = []  # (begin, end ts)
+        self.instants: list[dict] = []
+        self.counter_samples: list[tuple[int, int, float]] = []  # (track, ts, value)
+        self.snapshot: dict[int, int] = {}
+        self.metadata: dict[str, Any] | None = None
+
+    # -- the packets ----------------------------------------------------------------------------
+    def read(self, data: bytes) -> Trace:
+        for number, wire_type, value in fields(data):
+            if number != F.TRACE_PACKET or wire_type != LENGTH:
+                raise WireError(f"a Trace holds packets (field 1), not field {number}")
+            self.packet += 1
+            self._packet(_message(value, "a packet"))
+        if self.packet == 0:
+            raise TraceFormatError(f"{self.path}: no packets (an empty or non-Perfetto file)")
+        return self._trace()
+
+    def _packet(self, buf: memoryview) -> None:
+        ts, seq, flags = 0, 0, 0
+        event = descriptor = interned = snapshot = None
+        for number, _, value in fields(buf):
+            if number == F.PACKET_TIMESTAMP:
+                ts = int(value)
+            elif number == F.PACKET_SEQUENCE_ID:
+                seq = int(value)
+            elif number == F.PACKET_SEQUENCE_FLAGS:
+                flags = int(value)
+            elif number == F.PACKET_TRACK_EVENT:
+                event = _message(value, "track_event")
+            elif number == F.PACKET_TRACK_DESCRIPTOR:
+                descriptor = _message(value, "track_descriptor")
+            elif number == F.PACKET_INTERNED_DATA:
+                interned = _message(value, "interned_data")
+            elif number == F.PACKET_CLOCK_SNAPSHOT:
+                snapshot = _message(value, "clock_snapshot")
+        if flags & F.SEQ_INCREMENTAL_STATE_CLEARED:
+            for key in [k for k in self.interned if k[0] == seq]:
+                del self.interned[key]
+        if interned is not None:
+            self._interned(seq, interned)
+        if snapshot is not None:
+            self._snapshot(snapshot)
+        if descriptor is not None:
+            self._descriptor(descriptor)
+        if event is not None:
+            self._event(seq, ts, event)
+
+    def _interned(self, seq: int, buf: memoryview) -> None:
+        for number, _, value in fields(buf):
+            if number in (F.INTERNED_NAMES, F.INTERNED_CATEGORIES, F.INTERNED_ANNOTATION_NAMES):
+                iid, name = 0, ""
+                for n, _, v in fields(_message(value, "an interned entry")):
+                    if n == F.INTERNED_IID:
+                        iid = int(v)
+                    elif n == F.INTERNED_NAME:
+                        name = _text(v)
+                self.interned[(seq, number)][iid] = name
+
+    def _snapshot(self, buf: memoryview) -> None:
+        for number, _, value in fields(buf):
+            if number == F.SNAPSHOT_CLOCKS:
+                clock, ts = 0, 0
+                for n, _, v in fields(_message(value, "a clock")):
+                    if n == F.CLOCK_ID:
+                        clock = int(v)
+                    elif n == F.CLOCK_TIMESTAMP:
+                        ts = int(v)
+                self.snapshot[clock] = ts
+
+    def _descriptor(self, buf: memoryview) -> None:
+        fields_of = list(fields(buf))
+        uuid = next((int(v) for n, _, v in fields_of if n == F.TRACK_UUID), 0)
+        track = self.tracks.setdefault(uuid, _Track(uuid))
+        for number, _, value in fields_of:
+            if number == F.TRACK_PARENT_UUID:
+                track.parent = int(value)
+            elif number == F.TRACK_NAME:
+                track.name = _text(value)
+            elif number == F.TRACK_COUNTER:
+                track.is_counter = True
+            elif number == F.TRACK_PROCESS:
+                for n, _, v in fields(_message(value, "a process")):
+                    if n == F.PROCESS_PID:
+                        track.pid = as_int64(int(v))
+                    elif n == F.PROCESS_NAME:
+                        track.process_name = _text(v)
+                    elif n == F.PROCESS_LABELS:
+                        track.labels.append(_text(v))
+                    elif n == F.PROCESS_LEGACY_SORT_INDEX:
+                        track.sort_index = as_int64(int(v))
+            elif number == F.TRACK_THREAD:
+                for n, _, v in fields(_message(value, "a thread")):
+                    if n == F.THREAD_PID:
+                        track.pid = as_int64(int(v))
+                    elif n == F.THREAD_TID:
+                        track.tid = as_int64(int(v))
+                    elif n == F.THREAD_NAME:
+                        track.name = _text(v)
+                    elif n == F.THREAD_LEGACY_SORT_INDEX:
+                        track.sort_index = as_int64(int(v))
+
+    def _event(self, seq: int, ts: int, buf: memoryview) -> None:
+        kind, track, name = 0, 0, ""
+        cats: list[str] = []
+        args: dict[str, Any] = {}
+        flows: list[tuple[int, bool]] = []
+        value_counter: float | None = None
+        names = self.interned[(seq, F.INTERNED_NAMES)]
+        categories = self.interned[(seq, F.INTERNED_CATEGORIES)]
+        keys = self.interned[(seq, F.INTERNED_ANNOTATION_NAMES)]
+        for number, _, value in fields(buf):
+            if number == F.EVENT_TYPE:
+                kind = int(value)
+            elif number == F.EVENT_TRACK_UUID:
+                track = int(value)
+            elif number == F.EVENT_NAME_IID:
+                name = names.get(int(value), "")
+            elif number == F.EVENT_NAME:
+                name = _text(value)
+            elif number == F.EVENT_CATEGORY_IIDS:
+                cats.append(categories.get(int(value), ""))
+            elif number == 22:  # categories (not interned)
+                cats.append(_text(value))
+            elif number == F.EVENT_DEBUG_ANNOTATIONS:
+                key, val = _annotation(_message(value, "a debug annotation"), keys)
+                args[key] = val
+            elif number == F.EVENT_FLOW_IDS:
+                flows.append((int(value), True))
+            elif number == F.EVENT_TERMINATING_FLOW_IDS:
+                flows.append((int(value), False))
+            elif number == F.EVENT_DOUBLE_COUNTER_VALUE:
+                value_counter = as_double(int(value))
+            elif number == F.EVENT_COUNTER_VALUE:
+                value_counter = float(as_int64(int(value)))
+        if kind == F.TYPE_SLICE_END:
+            stack = self.open.get(track)
+            if stack:
+                self.slices.append((stack.pop(), ts))
+            return
+        if kind == F.TYPE_COUNTER:
+            if value_counter is not None:
+                self.counter_samples.append((track, ts, value_counter))
+            return
+        item = {"track": track, "ts": ts, "name": name, "cat": cats[0] if cats else "", "args": args, "flows": flows,
+                "instant": kind == F.TYPE_INSTANT}  # fmt: skip
+        if kind == F.TYPE_SLICE_BEGIN:
+            self.open[track].append(item)
+        elif kind == F.TYPE_INSTANT:
+            if name == METADATA_EVENT and self.tracks.get(track) is not None and self.tracks[track].name == METADATA_TRACK:
+                self.metadata = args
+            else:
+                self.instants.append(item)
+
+    # -- the model ------------------------------------------------------------------------------
+    def _trace(self) -> Trace:
+        meta = dict(self.metadata or {})
+        layout = meta.get(LAYOUT_KEY) if isinstance(meta.get(LAYOUT_KEY), dict) else {}
+        devices, resources, row_of_track, device_of_track = self._places(layout)
+        builder = ActivityBuilder()
+        unclosed = [(item, None) for stack in self.open.values() for item in stack]
+        rows = [(item, end) for item, end in self.slices] + [(i, i["ts"]) for i in self.instants] + unclosed
+        rows.sort(key=lambda r: (r[0]["ts"], -(r[1] if r[1] is not None else r[0]["ts"])))
+        last = max([end for _, end in rows if end is not None] + [0])
+        for item, end in rows:
+            track = item["track"]
+            res = row_of_track.get(track)
+            if res is None:
+                res = row_of_track[track] = self._lone_row(track, devices, resources, device_of_track)
+            args = dict(item["args"])
+            ext = args.pop("External id", 0)
+            corr = args.get("correlation", 0)
+            kind = ActivityKind.INSTANT if item["instant"] else kind_from_category(item["cat"])
+            if end is None:  # a begin without its end: open until the trace's last time
+                args["finished"], end = False, max(last, item["ts"])
+            row = builder.append(
+                kind, item["cat"], item["name"], resources[res].device, res, item["ts"], end,
+                _int64(corr), _int64(ext), args=args or None,
+            )  # fmt: skip
+            for key, is_start in item["flows"][:1]:
+                cols = builder._cols
+                cols["flow_id"][row], cols["flow_type"][row] = key >> 2, (key & 3) or FLOW_AC2G
+                cols["flow_start"][row] = 1 if is_start else 0
+        counters = Counters()
+        for track, ts, value in self.counter_samples:
+            t = self.tracks.get(track)
+            dev = device_of_track.get(t.parent if t else 0, 0) if devices else 0
+            if not devices:
+                devices.append(Device("pid:0", "unknown", 0, "process 0", pid=0))
+            counters.add(t.name if t else f"counter {track}", dev, ts, value)
+        acts = builder.freeze()
+        from polyprof.io.chrome import _statuses  # the one parser of polyprof's status metadata
+
+        props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
+        base = meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0))
+        epoch = layout.get("epoch_offset_ns")
+        if not isinstance(epoch, int):
+            epoch = self.snapshot.get(F.CLOCK_REALTIME, 0) - self.snapshot.get(F.CLOCK_MONOTONIC, 0) if self.snapshot else 0
+        window = layout.get("window")
+        if not (isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)):
+            window = [int(acts["start"].min()), int(acts["end"].max())] if len(acts) else [0, 0]
+        metadata = {k: v for k, v in meta.items() if k not in _RESERVED}
+        statuses, timings = _statuses(metadata)
+        return Trace(
+            activities=acts,
+            devices=devices,
+            resources=resources,
+            counters=counters,
+            metadata=metadata,
+            device_properties=[p for p in props if isinstance(p, dict)],
+            backends=statuses,
+            epoch_offset_ns=int(epoch),
+            base_time_ns=base if isinstance(base, int) else 0,
+            window=(int(window[0]), int(window[1])),
+            timings_ms=timings,
+        )
+
+    def _places(self, layout: dict) -> tuple[list[Device], list[Resource], dict[int, int], dict[int, int]]:
+        """Devices and rows: from polyprof's layout when there is one, else from the descriptors."""
+        devices: list[Device] = []
+        resources: list[Resource] = []
+        row_of_track: dict[int, int] = {}
+        device_of_track: dict[int, int] = {}
+        if isinstance(layout.get("devices"), list) and isinstance(layout.get("rows"), list):
+            for d in layout["devices"]:
+                device_of_track[int(d["track"])] = len(devices)
+                devices.append(Device(str(d["key"]), str(d["type"]), int(d["index"]), str(d["name"]),
+                                      sort_index=int(d["sort_index"]), pid=int(d["pid"]), label=str(d["label"])))  # fmt: skip
+            for r in layout["rows"]:
+                if not 0 <= int(r["device"]) < len(devices):
+                    raise ValueError(f"a row names device {r['device']}, of {len(devices)}")
+                row_of_track[int(r["track"])] = len(resources)
+                resources.append(Resource(int(r["device"]), int(r["tid"]), str(r["name"]), int(r["sort_index"])))
+            for resource, uuid in layout.get("lanes", []):
+                if not 0 <= int(resource) < len(resources):
+                    raise ValueError(f"a lane names row {resource}, of {len(resources)}")
+                row_of_track[int(uuid)] = int(resource)
+            return devices, resources, row_of_track, device_of_track
+        for t in self.tracks.values():  # another writer's trace: process tracks are devices
+            if t.pid is not None and t.tid is None:
+                device_of_track[t.uuid] = len(devices)
+                devices.append(Device(f"pid:{t.pid}", "cpu" if "CPU" in t.labels else "unknown", max(t.pid, 0),
+                                      t.process_name or f"process {t.pid}", sort_index=t.sort_index, pid=t.pid,
+                                      label=t.labels[0] if t.labels else ""))  # fmt: skip
+        for t in self.tracks.values():
+            if t.tid is not None:
+                row_of_track[t.uuid] = self._lone_row(t.uuid, devices, resources, device_of_track)
+        return devices, resources, row_of_track, device_of_track
+
+    def _lone_row(self, track: int, devices: list[Device], resources: list[Resource], device_of_track: dict[int, int]) -> int:
+        """A row for a track that the layout does not name: under its parent process (or one made for it)."""
+        t = self.tracks.get(track) or _Track(track)
+        dev = device_of_track.get(t.parent)
+        if dev is None and t.pid is not None:
+            dev = next((i for i, d in enumerate(devices) if d.pid == t.pid), None)
+        if dev is None:
+            dev = len(devices)
+            pid = t.pid if t.pid is not None else 0
+            devices.append(Device(f"pid:{pid}:{track}", "unknown", max(pid, 0), f"process {pid}", pid=pid))
+            device_of_track[t.parent or -track] = dev
+        resources.append(Resource(dev, t.tid if t.tid is not None else track, t.name or f"track {track}", t.sort_index))
+        return len(resources) - 1
+
+
+def _annotation(buf: memoryview, keys: dict[int, str]) -> tuple[str, Any]:
+    key, value = "", None
+    for number, _, v in fields(buf):
+        if number == F.ANNOTATION_NAME_IID:
+            key = keys.get(int(v), f"arg {int(v)}")
+        elif number == F.ANNOTATION_NAME:
+            key = _text(v)
+        elif number == F.ANNOTATION_BOOL:
+            value = bool(v)
+        elif number == F.ANNOTATION_INT:
+            value = as_int64(int(v))
+        elif number == F.ANNOTATION_UINT:
+            value = int(v)
+        elif number == F.ANNOTATION_DOUBLE:
+            value = as_double(int(v))
+        elif number == F.ANNOTATION_STRING:
+            value = _text(v)
+        elif number == F.ANNOTATION_LEGACY_JSON:
+            value = orjson.loads(bytes(_message(v, "a JSON value")))
+    return key, value
+
+
+def _int64(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63 else 0
