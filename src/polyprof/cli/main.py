@@ -1,4 +1,4 @@
-"""``polyprof backends | run | summary | recover``.
+"""``polyprof backends | run | summary | recover | convert``.
 
 ::
 
@@ -6,6 +6,7 @@
     polyprof run -o trace.json script.py --lr 0.1  # profile a script, write the trace, print a summary
     polyprof summary trace.json.gz                 # top activities per kind and device
     polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
+    polyprof convert big.pt.trace.json big.pftrace # a trace too large to open, as Perfetto protobuf
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -302,7 +304,7 @@ def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:
 @click.argument("trace_file", type=click.Path(dir_okay=True))
 @click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device.")
 def summary(trace_file: str, top: int) -> None:
-    """Top activities by total time per kind and device, from a trace file (.json or .json.gz)."""
+    """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz)."""
     from polyprof.cli.render import print_summary
     from polyprof.io import load_trace
 
@@ -311,6 +313,30 @@ def summary(trace_file: str, top: int) -> None:
     except TraceFormatError as exc:
         _fail(str(exc))
     print_summary(trace, _console(), top, f"polyprof summary: {trace_file}")
+
+
+@cli.command()
+@click.argument("input_file", type=click.Path(dir_okay=False))
+@click.argument("output_file", type=click.Path(dir_okay=False))
+@click.option("--format", "out_format", type=click.Choice(["json", "perfetto"]), default=None,
+              help="Output format (default: from OUTPUT_FILE's suffix: .pftrace/.perfetto-trace is Perfetto).")  # fmt: skip
+def convert(input_file: str, output_file: str, out_format: str | None) -> None:
+    """Convert a trace: Kineto/torch.profiler or polyprof JSON to Perfetto protobuf (streaming: a trace
+    too large to open converts without loading it), or a .pftrace back to JSON."""
+    from polyprof.io.convert import convert as run_convert
+
+    started = time.perf_counter()
+    try:
+        stats = run_convert(input_file, output_file, format=out_format)
+    except (TraceFormatError, PolyprofError) as exc:
+        _fail(str(exc))
+    seconds = time.perf_counter() - started
+    skipped = "".join(f"; left out: {n:,} {why}" for why, n in stats.skipped.items())
+    click.echo(
+        f"polyprof: {stats.events:,} activities, {stats.flows:,} flow ends, {stats.counters:,} counter samples "
+        f"written to {stats.output} in {seconds:.1f} s ({stats.input_bytes / max(seconds, 1e-9) / 1e6:.1f} MB/s){skipped}",
+        err=True,
+    )
 
 
 def main() -> None:

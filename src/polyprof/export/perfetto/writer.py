@@ -230,7 +230,8 @@ def iter_perfetto_chunks(trace: Trace) -> Iterator[bytes]:
     strings = acts.strings.strings
     interned = _Interned()
     tracks = _Tracks(trace)
-    yield _header(trace, acts, strings)
+    used = lambda column: np.flatnonzero(np.bincount(acts[column], minlength=len(strings))).tolist() if len(acts) else []  # noqa: E731
+    yield header(trace, [(code + 1, strings[code]) for code in used("name")], [(code + 1, strings[code]) for code in used("cat")])
     yield tracks.descriptors()
     n = len(acts)
     if n:
@@ -257,9 +258,9 @@ def iter_perfetto_chunks(trace: Trace) -> Iterator[bytes]:
     yield _interned_packet(interned.take_new()) + meta
 
 
-def _header(trace: Trace, acts: Any, strings: list[str]) -> bytes:
+def header(trace: Trace, names: list[tuple[int, str]], categories: list[tuple[int, str]]) -> bytes:
     """Clock snapshot, then the packet that starts the sequence: defaults (the clock) and the interned
-    event names and categories."""
+    event names and categories ((iid, text) pairs)."""
     t0 = max(0, int(trace.window[0]))
     clocks = field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_MONOTONIC) + field_varint(F.CLOCK_TIMESTAMP, t0))
     realtime = max(0, t0 + int(trace.epoch_offset_ns))
@@ -267,12 +268,8 @@ def _header(trace: Trace, acts: Any, strings: list[str]) -> bytes:
     snapshot = field_bytes(F.PACKET_CLOCK_SNAPSHOT, clocks + field_varint(F.SNAPSHOT_PRIMARY_CLOCK, F.CLOCK_MONOTONIC))
     snapshot += field_varint(F.PACKET_TIMESTAMP, t0) + field_varint(F.PACKET_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC)
     snapshot += field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
-    interned = b""
-    if len(acts):
-        for code in np.flatnonzero(np.bincount(acts["name"], minlength=len(strings))).tolist():
-            interned += field_bytes(F.INTERNED_NAMES, _interned_entry(code + 1, strings[code]))
-        for code in np.flatnonzero(np.bincount(acts["cat"], minlength=len(strings))).tolist():
-            interned += field_bytes(F.INTERNED_CATEGORIES, _interned_entry(code + 1, strings[code]))
+    interned = b"".join(field_bytes(F.INTERNED_NAMES, _interned_entry(iid, name)) for iid, name in names)
+    interned += b"".join(field_bytes(F.INTERNED_CATEGORIES, _interned_entry(iid, name)) for iid, name in categories)
     start = field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
     start += field_varint(F.PACKET_SEQUENCE_FLAGS, F.SEQ_INCREMENTAL_STATE_CLEARED | F.SEQ_NEEDS_INCREMENTAL_STATE)
     start += field_varint(F.PACKET_FIRST_ON_SEQUENCE, 1)
@@ -327,10 +324,16 @@ class _RowEncoder:
         )  # fmt: skip
 
     def encode(self, events: np.ndarray) -> bytes:
-        events = np.ascontiguousarray(events, dtype=np.int64)
-        if speedups is not None:
-            return speedups.encode_events(events, self.cols, self.blobs, self.ext_iid, self.corr_iid, _PACKET_HEAD)
-        return encode_events_py(events, self.cols, self.blobs, self.ext_iid, self.corr_iid, _PACKET_HEAD)
+        return encode_events((np.ascontiguousarray(events, dtype=np.int64), self.cols, self.blobs, self.ext_iid, self.corr_iid))
+
+
+def encode_events(work: tuple[np.ndarray, tuple[np.ndarray, ...], list[bytes | None], int, int]) -> bytes:
+    """The packets of (events, columns, blobs, External id iid, correlation iid): see
+    ``_speedups.encode_events``; its Python twin when the extension is not built."""
+    events, cols, blobs, ext_iid, corr_iid = work
+    if speedups is not None:
+        return speedups.encode_events(events, cols, blobs, ext_iid, corr_iid, _PACKET_HEAD)
+    return encode_events_py(events, cols, blobs, ext_iid, corr_iid, _PACKET_HEAD)
 
 
 def encode_events_py(

@@ -1,0 +1,347 @@
+"""``polyprof convert IN OUT``: traces users already have, in the other format.
+
+::
+
+    from polyprof.io.convert import convert
+    stats = convert("rank0.pt.trace.json.gz", "rank0.pftrace")   # Kineto/torch.profiler JSON -> Perfetto
+    convert("rank0.pftrace", "rank0.json.gz")                      # and back
+
+JSON to Perfetto streams, so that a trace too large to open converts without loading the document:
+events are parsed one at a time by ijson's C backend (yajl2_c), each event's name, category and args
+are encoded at once and appended to a temporary file, and only five numbers per event stay in memory
+(start, end, row, where its encoding is, its length). Then the rows' slices are ordered and spread
+over lanes (:mod:`polyprof.export.perfetto.order`) and the packets written, each event's encoding read
+back from the temporary file. The top-level keys around ``traceEvents`` (deviceProperties,
+distributedInfo, baseTimeNanoseconds...) are read from the head and the tail of the file. Every other
+direction (Perfetto to JSON, JSON to JSON) reads the trace into the model and writes it.
+"""
+
+from __future__ import annotations
+
+import array
+import gzip
+import io
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+import orjson
+
+from polyprof.errors import ConfigError, TraceFormatError
+from polyprof.export.formats import format_of, write_trace
+from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.export.perfetto import writer as W
+from polyprof.export.perfetto.order import slice_events
+from polyprof.io.chrome import _FLOW_TYPES, ENVELOPE_PIDS, _hashable, _metadata_row, _ns
+from polyprof.model import FLOW_AC2G, Counters, Device, Resource, Trace
+
+EDGE_BYTES = 16 << 20  # how much of the head and the tail is searched for the top-level keys
+
+
+@dataclass
+class ConvertStats:
+    """What a conversion read and wrote."""
+
+    events: int = 0  # slices and instants written
+    flows: int = 0
+    counters: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # events not written, by why
+    input_bytes: int = 0
+    output: str = ""
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, format: str | None = None) -> ConvertStats:
+    """Convert the trace file `src` into `dst` (its format from its suffix, or `format`)."""
+    src, dst = os.fspath(src), check_output_path(dst)
+    if os.path.abspath(src) == dst:
+        raise ConfigError(f"convert {src}: the output is the input; give another file name")
+    out_format = format_of(dst, format)
+    if out_format == "perfetto" and not _is_perfetto(src):
+        return _json_to_perfetto(src, dst)
+    from polyprof.io.chrome import load_trace
+
+    trace = load_trace(src)
+    written = write_trace(trace, dst, out_format)
+    flows = int(np.count_nonzero(trace.activities["flow_id"])) if len(trace.activities) else 0
+    return ConvertStats(len(trace.activities), flows, len(trace.counters), {}, os.path.getsize(src), written)
+
+
+def _is_perfetto(path: str) -> bool:
+    from polyprof.io.perfetto import looks_like_perfetto
+
+    with _open(path) as f:
+        return looks_like_perfetto(f.read(64))
+
+
+def _open(path: str) -> IO[bytes]:
+    """The file's bytes, inflated when it is gzip (a TraceFormatError when it cannot be read)."""
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if raw.read(2) == b"\x1f\x8b":
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    raw.seek(0)
+    return raw
+
+
+def top_level_keys(path: str) -> dict[str, Any]:
+    """The top-level keys of a trace JSON other than ``traceEvents``, from the head of the file (the
+    keys before it) and its tail (those after it), without reading what lies between."""
+    with _open(path) as f:
+        head = f.read(EDGE_BYTES)
+        tail = head[-EDGE_BYTES:]
+        while True:  # to the end: a gzip stream cannot seek there
+            block = f.read(EDGE_BYTES)
+            if not block:
+                break
+            tail = (tail + block)[-EDGE_BYTES:]
+    start = head.lstrip()
+    if not start.startswith(b"{"):
+        return {}  # the bare-array form has no keys
+    keys: dict[str, Any] = {}
+    at = head.find(b'"traceEvents"')
+    if at > 0:
+        before = head[:at].rstrip().rstrip(b",")
+        try:
+            parsed = orjson.loads(before + b"}")
+            keys.update(parsed if isinstance(parsed, dict) else {})
+        except orjson.JSONDecodeError:
+            pass
+    # the array's closing bracket is the leftmost "]" after which the rest reads as ", key: value ... }"
+    # (a "]" further right, inside a later value, may read too; one inside the events never does)
+    end, after = len(tail), None
+    for _ in range(4096):
+        end = tail.rfind(b"]", 0, end)
+        if end < 0:
+            break
+        rest = tail[end + 1 :].strip().lstrip(b",")
+        try:
+            parsed = orjson.loads(b"{" + rest if rest != b"}" else b"{}")
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(parsed, dict):
+            after = parsed
+    keys.update(after or {})
+    return keys
+
+
+def _events(stream: IO[bytes], bare: bool) -> Any:
+    import ijson
+
+    return ijson.items(stream, "item" if bare else "traceEvents.item", use_float=True)
+
+
+class _Places:
+    """Devices and rows by (pid, tid), as the JSON reader makes them."""
+
+    def __init__(self) -> None:
+        self.devices: list[Device] = []
+        self.resources: list[Resource] = []
+        self._dev: dict[Any, int] = {}
+        self._res: dict[tuple[int, Any], int] = {}
+
+    def device(self, pid: Any) -> int:
+        idx = self._dev.get(pid)
+        if idx is None:
+            idx = self._dev[pid] = len(self.devices)
+            pid_int = pid if isinstance(pid, int) and -(2**31) <= pid < 2**31 else -1 - idx
+            self.devices.append(Device(f"pid:{pid}", "unknown", max(pid_int, 0), f"process {pid}", pid=pid_int))
+        return idx
+
+    def resource(self, dev: int, tid: Any) -> int:
+        key = (dev, tid)
+        idx = self._res.get(key)
+        if idx is None:
+            idx = self._res[key] = len(self.resources)
+            tid_int = tid if isinstance(tid, int) and -(2**63) <= tid < 2**63 else len(self.resources)
+            self.resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
+        return idx
+
+
+class _Columns:
+    """The few numbers kept per event while the JSON streams by (typed arrays: no object per event)."""
+
+    NAMES = ("start", "end", "row", "offset", "length", "instant", "name", "cat", "flow_key", "flow_start")
+    CODES = ("q", "q", "i", "q", "i", "b", "i", "i", "q", "b")
+
+    def __init__(self) -> None:
+        for name, code in zip(self.NAMES, self.CODES, strict=True):
+            setattr(self, name, array.array(code))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: np.frombuffer(getattr(self, name), dtype=np.dtype(code)) if len(getattr(self, name)) else
+                np.zeros(0, dtype=np.dtype(code)) for name, code in zip(self.NAMES, self.CODES, strict=True)}  # fmt: skip
+
+
+def _ts(value: Any, src: str, n: int, what: str = "") -> int:
+    if type(value) is float and -4e15 < value < 4e15:  # the usual case, without _ns's checks
+        return int(round(value * 1000))
+    return _ns(value, src, f"traceEvents[{n}]{what}")
+
+
+def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
+    stats = ConvertStats(input_bytes=os.path.getsize(src), output=dst)
+    top = top_level_keys(src)
+    base = top.get("baseTimeNanoseconds", 0)
+    base = base if isinstance(base, int) else 0
+    places = _Places()
+    counters = Counters()
+    interned = W._Interned()
+    names: dict[str, int] = {}
+    cats: dict[str, int] = {}
+    c = _Columns()
+    loose: list[tuple[int, int, int, int]] = []  # flows not right after their event: (row, ts, key, start)
+    skipped: dict[str, int] = {}
+    rows: dict[tuple[Any, Any], int] = {}
+    with tempfile.TemporaryFile(dir=os.path.dirname(dst), buffering=0) as bodies, _open(src) as stream:
+        head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
+        bare = head.lstrip().startswith(b"[")
+        written = 0
+        last: tuple[Any, Any, int] | None = None  # (pid, tid, ts) of the slice just read
+        buffered = io.BufferedWriter(bodies, buffer_size=1 << 20)  # type: ignore[arg-type]
+        n = 0
+        try:
+            for n, ev in enumerate(_events(stream, bare)):  # noqa: B007 - n names the event in errors
+                if not isinstance(ev, dict):
+                    raise TraceFormatError(f"{src}: traceEvents[{n}] is not an object")
+                ph, pid, tid = ev.get("ph"), _hashable(ev.get("pid")), _hashable(ev.get("tid"))
+                if ph in ("X", "i", "I") and ev.get("cat") != "Trace" and pid not in ENVELOPE_PIDS and ev.get("s") != "g":
+                    ts = _ts(ev.get("ts"), src, n)
+                    dur = _ts(ev.get("dur", 0), src, n, " dur") if ph == "X" else 0
+                    args = ev.get("args")
+                    if args:
+                        if not isinstance(args, dict):
+                            raise TraceFormatError(f"{src}: traceEvents[{n}] has args that are not an object")
+                        body = W.annotations(args, interned)
+                        buffered.write(body)
+                        c.offset.append(written)
+                        c.length.append(len(body))
+                        written += len(body)
+                    else:
+                        c.offset.append(written)
+                        c.length.append(0)
+                    row = rows.get((pid, tid))
+                    if row is None:
+                        row = rows[(pid, tid)] = places.resource(places.device(pid), tid)
+                    name, cat = ev.get("name", ""), ev.get("cat", "")
+                    c.name.append(names.setdefault(name if type(name) is str else str(name), len(names) + 1))
+                    c.cat.append(cats.setdefault(cat if type(cat) is str else str(cat), len(cats) + 1))
+                    c.start.append(ts)
+                    c.end.append(ts + max(0, dur))
+                    c.row.append(row)
+                    c.instant.append(0 if ph == "X" else 1)
+                    c.flow_key.append(0)
+                    c.flow_start.append(0)
+                    last = (pid, tid, ts)
+                elif ph in ("s", "f", "t"):
+                    fid = ev.get("id")
+                    if not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**61:
+                        skipped["flows without a usable id"] = skipped.get("flows without a usable id", 0) + 1
+                        continue
+                    key = fid * 4 + _FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
+                    ts = _ts(ev.get("ts"), src, n)
+                    if last is not None and last == (pid, tid, ts) and c.flow_key[-1] == 0:
+                        c.flow_key[-1], c.flow_start[-1] = key, 1 if ph == "s" else 0
+                    else:
+                        loose.append((places.resource(places.device(pid), tid), ts, key, ph == "s"))
+                    stats.flows += 1
+                elif ph == "M":
+                    ev["pid"], ev["tid"] = pid, tid
+                    _metadata_row(ev, places.devices, places.resources, places.device, places.resource)
+                elif ph == "C":
+                    args = ev.get("args") or {}
+                    ts = _ts(ev.get("ts"), src, n)
+                    for k, value in (args.items() if isinstance(args, dict) else ()):
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            name = str(ev.get("name", k)) if len(args) == 1 else f"{ev.get('name', '')}.{k}"
+                            counters.add(name, places.device(pid), ts, float(value))
+                            stats.counters += 1
+                elif ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or ev.get("s") == "g":
+                    skipped["Kineto's envelope and global markers"] = skipped.get("Kineto's envelope and global markers", 0) + 1
+                else:
+                    skipped[f"phase {str(ph)[:8]!r}"] = skipped.get(f"phase {str(ph)[:8]!r}", 0) + 1
+        except TraceFormatError:
+            raise
+        except Exception as exc:  # the JSON itself is broken, or an event is malformed: one line
+            why = " ".join(str(exc).split())[:120]  # the parser's message can span lines
+            raise TraceFormatError(f"{src}: traceEvents[{n}] cannot be read ({type(exc).__name__}: {why})") from None
+        buffered.flush()
+        stats.skipped = skipped
+        cols = c.arrays()
+        del c
+        trace = Trace(
+            devices=places.devices, resources=places.resources, counters=counters,
+            metadata={k: v for k, v in top.items() if k not in ("traceEvents", "deviceProperties", "schemaVersion",
+                                                                    "displayTimeUnit", "baseTimeNanoseconds", "traceName")},
+            device_properties=[p for p in top.get("deviceProperties", []) if isinstance(p, dict)]
+            if isinstance(top.get("deviceProperties"), list) else [],
+            epoch_offset_ns=base, base_time_ns=base,
+            window=(int(cols["start"].min()), int(cols["end"].max())) if len(cols["start"]) else (0, 0),
+        )  # fmt: skip
+        stats.events = len(cols["start"])
+        with atomic_output(dst) as out:
+            target: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=3, mtime=0) if dst.endswith(".gz") else out
+            _write_packets(target, trace, interned, names, cats, bodies.fileno(), cols, loose)
+            if target is not out:
+                target.close()
+    return stats
+
+
+def _bodies(fd: int, offset: np.ndarray, length: np.ndarray) -> list[bytes | None]:
+    """The encoded args of rows (ascending file offsets), read back from the temporary file."""
+    out: list[bytes | None] = [None] * len(offset)
+    has = np.flatnonzero(length > 0)
+    if not len(has):
+        return out
+    lo, hi = int(offset[has[0]]), int(offset[has[-1]] + length[has[-1]])
+    if hi - lo <= 64 << 20:  # nearby: one read
+        block = os.pread(fd, hi - lo, lo)
+        for i, o, n in zip(has.tolist(), (offset[has] - lo).tolist(), length[has].tolist(), strict=True):
+            out[i] = block[o : o + n]
+    else:
+        for i, o, n in zip(has.tolist(), offset[has].tolist(), length[has].tolist(), strict=True):
+            out[i] = os.pread(fd, n, o)
+    return out
+
+
+def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cats: dict, fd: int,
+                   c: dict[str, np.ndarray], loose: list) -> None:  # fmt: skip
+    start, end, row_of = c["start"], c["end"], c["row"].astype(np.int64)
+    tracks = W._Tracks(trace)
+    out.write(W.header(trace, [(i, s) for s, i in names.items()], [(i, s) for s, i in cats.items()]))
+    out.write(tracks.descriptors())
+    flow_key, flow_start = c["flow_key"].copy(), c["flow_start"].copy()
+    if loose and len(start):  # a flow event away from its slice: the slice that starts there on its row
+        by_place = np.lexsort((start, row_of))
+        lo = int(start.min())
+        keys = row_of[by_place] * (1 << 40) + start[by_place] - lo
+        for res, ts, key, is_start in loose:
+            p = int(np.searchsorted(keys, res * (1 << 40) + ts - lo))
+            if p < len(keys) and keys[p] == res * (1 << 40) + ts - lo and flow_key[by_place[p]] == 0:
+                flow_key[by_place[p]], flow_start[by_place[p]] = key, is_start
+    events, lane = slice_events(row_of, start, end, c["instant"])
+    track = np.array(tracks.resource_uuid or [0], dtype=np.int64)[row_of] if len(start) else np.zeros(0, np.int64)
+    over = np.flatnonzero(lane > 0)
+    keys, which = np.unique((row_of[over] << 32) | lane[over], return_inverse=True)
+    lanes = [(k >> 32, k & 0xFFFFFFFF) for k in keys.tolist()]
+    track[over] = np.array([tracks.lane(r, k) for r, k in lanes], dtype=np.int64)[which] if lanes else 0
+    out.write(tracks.lane_descriptors(lanes))
+    pending = interned.take_new()
+    if pending:
+        out.write(W._interned_packet(pending))
+    columns = (track, start, np.maximum(end, start), c["name"], c["cat"], flow_key, flow_start)
+    for lo in range(0, len(events), W.CHUNK_EVENTS):
+        chunk = events[lo : lo + W.CHUNK_EVENTS]
+        rows, local = np.unique(chunk >> 2, return_inverse=True)
+        blobs = _bodies(fd, c["offset"][rows], c["length"][rows])
+        t, s, e, nm, ct, fk, fs = (np.ascontiguousarray(col[rows], dtype=np.int64) for col in columns)
+        none = np.zeros(len(rows), dtype=np.int64)  # External id and correlation are in the args
+        local_events = (local.astype(np.int64) << 2) | (chunk & 3)
+        out.write(W.encode_events((local_events, (t, s, e, nm, ct, none, none, none, fk, fs), blobs, 0, 0)))
+    out.write(W._counter_packets(trace, tracks))
+    meta = W._metadata_packet(trace, tracks, interned)
+    out.write(W._interned_packet(interned.take_new()) + meta)
