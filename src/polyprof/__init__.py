@@ -44,6 +44,7 @@ _LAZY = {
     "TraceFormatError": "polyprof.errors",
     "UnknownNameError": "polyprof.errors",
     "Profile": "polyprof.engine.scheduled",
+    "Limits": "polyprof.engine.limits",
     "ProfilerAction": "polyprof.engine.schedule",
     "profile": "polyprof.engine.scheduled",
     "schedule": "polyprof.engine.schedule",

@@ -125,6 +125,11 @@ def backends() -> None:
     help="Keep only the last SECONDS of activity (host and devices that hand rows over while recording); "
     "written when the script ends, fails or is stopped by a signal, and on SIGUSR2.",
 )
+@click.option("--min-span-us", type=float, default=None, help="Drop host spans shorter than this (µs); counted.")
+@click.option("--include", multiple=True, metavar="PATTERN", help="Keep only activities whose name matches (glob; repeatable).")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Drop activities whose name matches (glob; repeatable).")
+@click.option("--exclude-kind", multiple=True, metavar="KIND", help="Drop activities of this kind, e.g. cpu_op, kernel (repeatable).")
+@click.option("--max-events", type=int, default=None, help="Keep each backend's earliest N activities; the rest are counted.")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -135,10 +140,16 @@ def run(
     top: int,
     spill: bool | None,
     ring: float | None,
+    min_span_us: float | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    exclude_kind: tuple[str, ...],
+    max_events: int | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
+    from polyprof.engine.limits import limits_from_cli
     from polyprof.engine.scheduled import Profile
     from polyprof.export import check_output_path
     from polyprof.io.spill import spill_path
@@ -154,7 +165,8 @@ def run(
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
         spill_file = spill_path(output) if (ring is None if spill is None else spill) else None
         _hint_leftover_spill(spill_path(output), output)
-        prof = Profile(groups, spill=spill_file, ring_s=ring)
+        limits = limits_from_cli(min_span_us, include, exclude, exclude_kind, max_events)
+        prof = Profile(groups, spill=spill_file, ring_s=ring, limits=limits)
     except PolyprofError as exc:
         _fail(str(exc))
 

@@ -46,6 +46,7 @@ from polyprof.backend import ProfileConfig
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
+from polyprof.engine.limits import Limits
 from polyprof.engine.merge import CHOSEN_DROPS, RING, merge
 from polyprof.engine.schedule import (
     PREPARE,
@@ -106,6 +107,9 @@ class Profile:
         ring_s: keep only the last `ring_s` seconds of each window (host and the devices whose backends
             hand rows over while recording): older rows are let go as they age, and the trace, written on
             stop, on ``dump()`` or as a window ends, covers the last `ring_s` seconds.
+        limits: size controls (:class:`polyprof.Limits` or a dict of its fields): drop host spans
+            shorter than a threshold, names by pattern, kinds, and cap the rows per backend; every
+            dropped row is counted in its backend's status.
         spill: a file to append what is complete to while recording (checksummed chunks, 0600), so that
             a process killed without warning leaves a trace: ``polyprof recover SPILL``. Removed once
             a trace of the profile has been written to a file.
@@ -128,6 +132,7 @@ class Profile:
         flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S,
         spill: str | os.PathLike | None = None,
         ring_s: float | None = None,
+        limits: Any = None,
         handle_signals: bool = False,
         record_shapes: bool = False,
         profile_memory: bool = False,
@@ -151,6 +156,7 @@ class Profile:
         if spill is not None and flush_interval_s == DEFAULT_FLUSH_INTERVAL_S:
             flush_interval_s = SPILL_FLUSH_INTERVAL_S
         self.ring_s = _positive_seconds("ring_s", ring_s, allow_none=True)
+        self.limits = Limits.of(limits)
         self._signals = CleanStop() if handle_signals else None
         if self.ring_s is not None:  # rows are handed over often enough to age out of the ring
             flush_interval_s = min(flush_interval_s or self.ring_s, self.ring_s / 4)
@@ -365,7 +371,7 @@ class Profile:
                 },
             },
         }
-        trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns,
+        trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns, limits=self.limits,
                       base_time_ns=base_time_ns(self._window_start + epoch.offset_ns), metadata=meta)  # fmt: skip
         return write_trace(trace, path)
 
@@ -616,6 +622,7 @@ class Profile:
                 metadata=meta,
                 kind_filters=self._kind_filters,
                 paused=paused,
+                limits=self.limits,
             )
             trace.timings_ms["merge"] = round((time.perf_counter() - started) * 1e3, 3)
             trace.timings_ms["window_end_call"] = blocked_ms

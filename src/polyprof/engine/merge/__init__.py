@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
 from polyprof.engine.merge.attribution import attribute_launches
 from polyprof.engine.merge.devices import DeviceTable, host_process_name
 from polyprof.engine.merge.flows import clear_unpaired_flows, flow_offset
@@ -39,7 +40,7 @@ FILTERED = "activity filter"
 TOGGLED_OFF = "collection toggled off"
 #: dropped-row reasons that are the user's choice, not a backend's problem
 RING = "older than the ring (ring_s)"
-CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING)
+CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING, *DROP_REASONS)
 
 
 def _select(
@@ -47,6 +48,7 @@ def _select(
     window: tuple[int, int],
     kinds: set[int] | None,
     paused: Sequence[tuple[int, int]],
+    limits: Limits | None = None,
 ) -> np.ndarray | None:
     """The rows of `part` to keep (None: all), counting the others on its status."""
     acts = part.activities
@@ -65,6 +67,8 @@ def _select(
         if off.any():
             part.status.add_dropped(TOGGLED_OFF, int(off.sum()))
             kept &= ~off
+    if limits is not None:
+        kept = limits.keep(part, kept)
     return None if kept.all() else np.flatnonzero(kept)
 
 
@@ -195,6 +199,7 @@ def merge(
     metadata: dict,
     kind_filters: dict[str, set[int]] | None = None,
     paused: dict[str, list[tuple[int, int]]] | None = None,
+    limits: Limits | None = None,
 ) -> Trace:
     """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
@@ -207,9 +212,11 @@ def merge(
         dev_map = devices.device_map(part.devices)
         maps.append((dev_map, devices.resource_map(part.resources, dev_map)))
     keeps = [
-        _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()))
+        _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), limits)
         for part in parts
     ]
+    if limits is not None and limits.max_events_per_backend is not None:
+        cap_per_backend(parts, keeps, limits.max_events_per_backend)
     for part in parts:  # a backend's count is over all its parts
         part.status.activities = 0
     clock("select")
