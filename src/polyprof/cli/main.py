@@ -272,7 +272,7 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
 def recover(spill_file: str, output: str | None) -> None:
     """Write a trace from SPILL_FILE, what a killed `polyprof run` (or a profile with spill=) left."""
     from polyprof.engine.recover import recover_trace
-    from polyprof.export import write_chrome_trace
+    from polyprof.export import write_trace
 
     try:
         trace = recover_trace(spill_file)
@@ -281,7 +281,7 @@ def recover(spill_file: str, output: str | None) -> None:
             stem = name.lstrip(".").split(".spill")[0]
             stem = stem[: -len(".json.gz")] if stem.endswith(".json.gz") else os.path.splitext(stem)[0]
             output = os.path.join(folder, f"{stem}.recovered.json.gz")
-        written = write_chrome_trace(trace, output)
+        written = write_trace(trace, output)
     except (PolyprofError, TraceFormatError) as exc:
         _fail(str(exc))
     partial = trace.metadata["polyprof"]["partial"]
