@@ -55,22 +55,28 @@ def overlapping_trace():
 
 
 class Parsed:
-    """A .pftrace parsed with perfetto's classes: tracks, interned strings, and slices rebuilt per track
-    by pairing ends with begins the way Perfetto does."""
+    """A .pftrace parsed with perfetto's classes: tracks, interned strings (per packet sequence), and
+    slices rebuilt per track by pairing ends with begins the way Perfetto does (after sorting the
+    events by time when several sequences were appended, as Trace Processor sorts them)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, sequences: int | None = 1) -> None:
         trace = pb.Trace()
         trace.ParseFromString(data)
         self.packets = list(trace.packet)
         self.tracks = {}
-        names, cats, keys = {}, {}, {}
+        interned = defaultdict(lambda: ({}, {}, {}))
         self.slices, self.instants, self.counters, self.unclosed = [], [], [], []
         self.flow_starts, self.flow_ends = Counter(), Counter()
-        open_by_track = defaultdict(list)
         self.snapshot = None
-        last_ts = 0
+        events = []
+        last_ts = {}
+        seqs = set()
         for p in self.packets:
-            assert p.trusted_packet_sequence_id == writer.SEQUENCE_ID
+            seq = p.trusted_packet_sequence_id
+            seqs.add(seq)
+            if p.sequence_flags & 1:
+                interned[seq] = ({}, {}, {})
+            names, cats, keys = interned[seq]
             if p.HasField("clock_snapshot"):
                 self.snapshot = p.clock_snapshot
             for e in p.interned_data.event_names:
@@ -85,21 +91,28 @@ class Parsed:
                 continue
             ev = p.track_event
             assert ev.track_uuid in self.tracks, "every event's track is described before it"
-            assert p.timestamp >= last_ts or ev.type == ev.TYPE_COUNTER or ev.track_uuid == self.metadata_uuid()
-            if ev.type != ev.TYPE_COUNTER:
-                last_ts = p.timestamp
+            if ev.type not in (ev.TYPE_COUNTER,) and self.tracks[ev.track_uuid].name != writer.METADATA_TRACK:
+                assert p.timestamp >= last_ts.get(seq, 0), "a sequence's events come in time order"
+                last_ts[seq] = p.timestamp
+            events.append((p.timestamp, len(events), ev, names, cats, keys))
+        if sequences is not None:
+            assert len(seqs) == sequences
+        if len(seqs) > 1:
+            events.sort(key=lambda e: (e[0], e[1]))
+        open_by_track = defaultdict(list)
+        for ts, _, ev, names, cats, keys in events:
             if ev.type == ev.TYPE_SLICE_END:
                 begin = open_by_track[ev.track_uuid].pop()
-                self.slices.append({**begin, "end": p.timestamp})
+                self.slices.append({**begin, "end": ts})
                 continue
             if ev.type == ev.TYPE_COUNTER:
-                self.counters.append((self.tracks[ev.track_uuid].name, p.timestamp, ev.double_counter_value))
+                self.counters.append((self.tracks[ev.track_uuid].name, ts, ev.double_counter_value))
                 continue
             item = {
                 "track": ev.track_uuid,
                 "name": names[ev.name_iid] if ev.name_iid else ev.name,
                 "cat": [cats[i] for i in ev.category_iids],
-                "start": p.timestamp,
+                "start": ts,
                 "args": {keys[a.name_iid]: annotation_value(a) for a in ev.debug_annotations},
                 "flows": list(ev.flow_ids),
                 "terminating": list(ev.terminating_flow_ids),

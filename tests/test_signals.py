@@ -260,3 +260,40 @@ def test_a_stopped_profiles_spill_holds_every_row_until_a_trace_is_written(tmp_p
     assert trace.metadata["polyprof"]["partial"]["missing"].startswith("nothing")
     prof.export_chrome_trace(str(tmp_path / "t.json"))
     assert not path.exists(), "the spill goes once a trace is written"
+
+
+def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
+    """For a .pftrace output the spill is appended as Perfetto packets: after SIGKILL it opens as a
+    trace (read here with the perfetto package's classes), cut at any byte it still recovers."""
+    pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (test extra)")
+    from test_export_perfetto import Parsed
+
+    from polyprof.engine.recover import recover_trace
+
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent(SLOW_SCRIPT))
+    out = tmp_path / "t.pftrace"
+    env = {**os.environ, "POLYPROF_BACKENDS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    assert proc.stdout.readline().strip() == "forty"
+    time.sleep(2.5)
+    proc.kill()
+    proc.communicate(timeout=60)
+    spill = tmp_path / ".t.spill.pftrace"
+    assert not out.exists() and spill.exists() and oct(spill.stat().st_mode & 0o777) == "0o600"
+    data = spill.read_bytes()
+    parsed = Parsed(data, sequences=None)
+    names = {s["name"] for s in parsed.slices}
+    assert all(f"span {i}" in names for i in range(40)) and not parsed.unclosed
+    spill.write_bytes(data[: len(data) - 5])  # a write cut short by the kill
+    trace = recover_trace(str(spill))
+    assert {f"span {i}" for i in range(40)} <= {a.name for a in trace.activities}
+    assert trace.metadata["polyprof"]["partial"]["torn_bytes"] > 0
+    r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(spill), "-o", str(tmp_path / "r.pftrace")],
+                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert {f"span {i}" for i in range(40)} <= {s["name"] for s in Parsed((tmp_path / "r.pftrace").read_bytes()).slices}

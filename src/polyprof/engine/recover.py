@@ -20,6 +20,12 @@ from polyprof.model import Trace
 
 
 def recover_trace(path: str) -> Trace:
+    from polyprof.io.chrome import _read_bytes, max_trace_bytes
+    from polyprof.io.perfetto import looks_like_perfetto
+
+    data = _read_bytes(path, max_trace_bytes())
+    if looks_like_perfetto(data):
+        return _recover_perfetto(path, data)
     spill = read_spill(path)
     header = spill.header
     statuses = {}
@@ -81,3 +87,26 @@ def _not_in_it(windows: list[dict[str, Any]]) -> list[str]:
 def _all_windows_ended(windows: list[dict[str, Any]]) -> bool:
     starts = sum(1 for w in windows if "window_start" in w)
     return starts > 0 and starts == sum(1 for w in windows if "window_end" in w)
+
+
+def _recover_perfetto(path: str, data: bytes) -> Trace:
+    """A Perfetto spill (the spill of a .pftrace output): a trace as it is, less a torn last packet."""
+    from polyprof.io.perfetto import _Reader, read_with
+
+    reader = _Reader(path, tolerate_torn=True)
+    trace = read_with(reader, data)
+    trace.metadata["polyprof"] = {
+        **(trace.metadata.get("polyprof") or {}),
+        "version": __version__,
+        "partial": {
+            "ended": "without a clean end, or cleanly without its trace written (a Perfetto spill has no end marker)",
+            "spill": path,
+            "covered_epoch_ns": [trace.window[0] + trace.epoch_offset_ns, trace.window[1] + trace.epoch_offset_ns],
+            "chunks": len(reader.sequences),  # one packet sequence per append
+            "packets": reader.packet,
+            "torn_bytes": reader.torn_bytes,
+            "backends_flushed": [],  # a Perfetto spill does not carry the backends' status
+            "missing": "what was recorded after the last flush",
+        },
+    }
+    return trace

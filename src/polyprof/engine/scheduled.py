@@ -505,7 +505,7 @@ class Profile:
         warning, never the user's exception."""
         if self.spill_path is None:
             return
-        from polyprof.io.spill import SpillWriter
+        from polyprof.io.spill import open_spill
 
         handles = self._sessions.handles if self._sessions is not None else []
         info = {
@@ -516,7 +516,7 @@ class Profile:
         }
         try:
             if self._spill is None:
-                self._spill = SpillWriter.create(self.spill_path, self._spill_header())
+                self._spill = open_spill(self.spill_path, self._spill_header())
             self._spill.append_window(info)
         except OSError as exc:
             self._spill = None

@@ -21,7 +21,7 @@ import orjson
 
 from polyprof.errors import TraceFormatError
 from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.wire import LENGTH, WireError, as_double, as_int64, fields
+from polyprof.export.perfetto.wire import LENGTH, WireError, as_double, as_int64, fields, read_varint
 from polyprof.export.perfetto.writer import LAYOUT_KEY, METADATA_EVENT, METADATA_TRACK
 from polyprof.model import (
     FLOW_AC2G,
@@ -43,9 +43,16 @@ def looks_like_perfetto(data: bytes) -> bool:
     return bool(data) and data[:1] == b"\x0a" and not head.startswith((b"{", b"["))
 
 
-def parse_perfetto(data: bytes, path: str = "<trace>") -> Trace:
-    """A trace from Perfetto protobuf bytes (`path` names it in errors)."""
-    reader = _Reader(path)
+def parse_perfetto(data: bytes, path: str = "<trace>", *, tolerate_torn: bool = False) -> Trace:
+    """A trace from Perfetto protobuf bytes (`path` names it in errors). With `tolerate_torn` (a spill
+    whose writer was killed), a last packet cut short is left out (``reader.torn_bytes``) instead of
+    being an error."""
+    return read_with(_Reader(path, tolerate_torn), data)
+
+
+def read_with(reader: _Reader, data: bytes) -> Trace:
+    """`reader`'s trace of `data`, every surprise a one-line TraceFormatError."""
+    path = reader.path
     try:
         return reader.read(data)
     except TraceFormatError:
@@ -82,9 +89,12 @@ class _Track:
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, tolerate_torn: bool = False) -> None:
         self.path = path
+        self.tolerate_torn = tolerate_torn
+        self.torn_bytes = 0
         self.packet = 0
+        self.sequences: set[int] = set()
         self.tracks: dict[int, _Track] = {}
         self.interned: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (sequence, kind) -> iid -> str
         self.open: dict[int, list[dict]] = defaultdict(list)
@@ -96,11 +106,23 @@ class _Reader:
 
     # -- the packets ----------------------------------------------------------------------------
     def read(self, data: bytes) -> Trace:
-        for number, wire_type, value in fields(data):
-            if number != F.TRACE_PACKET or wire_type != LENGTH:
-                raise WireError(f"a Trace holds packets (field 1), not field {number}")
+        view, pos = memoryview(data), 0
+        while pos < len(view):
+            try:
+                key, body_at = read_varint(view, pos)
+                size, body_at = read_varint(view, body_at)
+                if key != (F.TRACE_PACKET << 3 | LENGTH):
+                    raise WireError(f"a Trace holds packets (field 1), not field {key >> 3}")
+                if body_at + size > len(view):
+                    raise WireError(f"packet {self.packet + 1} is {size} bytes long, past the end of the file")
+            except WireError:
+                if not self.tolerate_torn:
+                    raise
+                self.torn_bytes = len(view) - pos
+                break
             self.packet += 1
-            self._packet(_message(value, "a packet"))
+            self._packet(view[body_at : body_at + size])
+            pos = body_at + size
         if self.packet == 0:
             raise TraceFormatError(f"{self.path}: no packets (an empty or non-Perfetto file)")
         return self._trace()
@@ -123,6 +145,7 @@ class _Reader:
                 interned = _message(value, "interned_data")
             elif number == F.PACKET_CLOCK_SNAPSHOT:
                 snapshot = _message(value, "clock_snapshot")
+        self.sequences.add(seq)
         if flags & F.SEQ_INCREMENTAL_STATE_CLEARED:
             for key in [k for k in self.interned if k[0] == seq]:
                 del self.interned[key]

@@ -134,9 +134,27 @@ class SpillWriter:
 
 
 def spill_path(output: str) -> str:
-    """Where the spill of a trace written to `output` lives: a hidden file beside it."""
+    """Where the spill of a trace written to `output` lives: a hidden file beside it; for a Perfetto
+    output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.io.perfetto_spill`)."""
+    from polyprof.export.formats import format_of
+
     folder, name = os.path.split(os.path.abspath(output))
+    if format_of(output) == "perfetto":
+        stem = name[:-3] if name.endswith(".gz") else name
+        return os.path.join(folder, f".{os.path.splitext(stem)[0]}.spill.pftrace")
     return os.path.join(folder, f".{name}.spill")
+
+
+def open_spill(path: str, header: dict[str, Any]) -> Any:
+    """A new spill writer at `path`: polyprof's checksummed chunks, or Perfetto packets for a path in
+    a Perfetto format."""
+    from polyprof.export.formats import format_of
+
+    if format_of(path) == "perfetto":
+        from polyprof.io.perfetto_spill import PerfettoSpill
+
+        return PerfettoSpill.create(path, header)
+    return SpillWriter.create(path, header)
 
 
 # -- parts <-> bytes ---------------------------------------------------------------------------------

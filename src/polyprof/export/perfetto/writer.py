@@ -26,6 +26,7 @@ message.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import math
 import os
@@ -63,9 +64,14 @@ _WRITES_CORRELATION = np.ones(256, dtype=bool)
 _WRITES_CORRELATION[
     [int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION), int(ActivityKind.PYTHON_FUNCTION), int(ActivityKind.INSTANT)]
 ] = False
-_PACKET_HEAD = field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID) + field_varint(
-    F.PACKET_SEQUENCE_FLAGS, F.SEQ_NEEDS_INCREMENTAL_STATE
-)
+
+
+def packet_head(sequence_id: int = SEQUENCE_ID) -> bytes:
+    """What every event packet carries after its timestamp: its sequence and "uses interned data"."""
+    return field_varint(F.PACKET_SEQUENCE_ID, sequence_id) + field_varint(F.PACKET_SEQUENCE_FLAGS, F.SEQ_NEEDS_INCREMENTAL_STATE)
+
+
+_PACKET_HEAD = packet_head()
 
 
 def write_perfetto_trace(trace: Trace, path: str | os.PathLike) -> str:
@@ -151,31 +157,41 @@ def annotations(items: dict[str, Any], interned: _Interned) -> bytes:
 
 class _Tracks:
     """The track tree: uuids of device (process) tracks, row (thread) tracks, lanes and counter tracks,
-    and their descriptors."""
+    and their descriptors, on one packet sequence. With `stable`, a track's uuid comes from what it is
+    (device key, thread id, lane, counter name), so that traces appended to one file share their tracks
+    (the Perfetto spill); else uuids count up from 1."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, sequence_id: int = SEQUENCE_ID, stable: bool = False) -> None:
         self.trace = trace
+        self.sequence_id = sequence_id
+        self.head = packet_head(sequence_id)
+        self.stable = stable
         self.next_uuid = 1
-        self.device_uuid = [self._new() for _ in trace.devices]
-        self.resource_uuid = [self._new() for _ in trace.resources]
+        self.device_uuid = [self._new("device", d.key) for d in trace.devices]
+        self.resource_uuid = [self._new("row", trace.devices[r.device].key, r.id) for r in trace.resources]
         self.lanes: dict[tuple[int, int], int] = {}  # (resource, lane >= 1) -> uuid
         self.counters: dict[tuple[int, int, str], int] = {}
-        self.metadata_uuid = self._new()
+        self.metadata_uuid = self._new("metadata")
 
-    def _new(self) -> int:
+    def _new(self, *what: Any) -> int:
+        if self.stable:
+            digest = hashlib.blake2b(repr(what).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            return (int.from_bytes(digest, "little") >> 2) | 1  # below 2**62, never 0
         uuid, self.next_uuid = self.next_uuid, self.next_uuid + 1
         return uuid
 
     def lane(self, resource: int, lane: int) -> int:
         key = (resource, lane)
         if key not in self.lanes:
-            self.lanes[key] = self._new()
+            r = self.trace.resources[resource]
+            self.lanes[key] = self._new("lane", self.trace.devices[r.device].key, r.id, lane)
         return self.lanes[key]
 
     def counter(self, device: int, resource: int, name: str) -> int:
         key = (device, resource, name)
         if key not in self.counters:
-            self.counters[key] = self._new()
+            tid = self.trace.resources[resource].id if resource >= 0 else None
+            self.counters[key] = self._new("counter", self.trace.devices[device].key, tid, name)
         return self.counters[key]
 
     def descriptors(self) -> bytes:
@@ -218,20 +234,24 @@ class _Tracks:
         body = field_varint(F.TRACK_UUID, self.metadata_uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
         return self._descriptor(body)
 
-    @staticmethod
-    def _descriptor(body: bytes) -> bytes:
-        return packet(field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID) + field_bytes(F.PACKET_TRACK_DESCRIPTOR, body))
+    def _descriptor(self, body: bytes) -> bytes:
+        return packet(field_varint(F.PACKET_SEQUENCE_ID, self.sequence_id) + field_bytes(F.PACKET_TRACK_DESCRIPTOR, body))
 
 
-def iter_perfetto_chunks(trace: Trace) -> Iterator[bytes]:
+def iter_perfetto_chunks(
+    trace: Trace, *, sequence_id: int = SEQUENCE_ID, stable_tracks: bool = False, clock: bool = True, metadata: bool = True
+) -> Iterator[bytes]:
     """The trace file's bytes, in chunks: header and tracks, then the events CHUNK_EVENTS at a time,
-    then counters and the metadata event."""
+    then counters and the metadata event. Several traces written with distinct `sequence_id`s,
+    `stable_tracks` and one `clock` snapshot, one after the other, make one valid trace (the Perfetto
+    spill appends each flush that way)."""
     acts = trace.activities
     strings = acts.strings.strings
     interned = _Interned()
-    tracks = _Tracks(trace)
+    tracks = _Tracks(trace, sequence_id, stable_tracks)
     used = lambda column: np.flatnonzero(np.bincount(acts[column], minlength=len(strings))).tolist() if len(acts) else []  # noqa: E731
-    yield header(trace, [(code + 1, strings[code]) for code in used("name")], [(code + 1, strings[code]) for code in used("cat")])
+    names = [(code + 1, strings[code]) for code in used("name")]
+    yield header(trace, names, [(code + 1, strings[code]) for code in used("cat")], sequence_id, clock)
     yield tracks.descriptors()
     n = len(acts)
     if n:
@@ -250,36 +270,40 @@ def iter_perfetto_chunks(trace: Trace) -> Iterator[bytes]:
         flow_key = np.where((c["flow_id"] != 0) & np.isin(c["flow_type"], list(FLOW_NAMES)), c["flow_id"] * 4 + c["flow_type"], 0)
         rows = _RowEncoder(acts, interned, track, writes_corr, flow_key)
         for lo in range(0, len(events), CHUNK_EVENTS):
-            body = rows.encode(events[lo : lo + CHUNK_EVENTS])
+            body = rows.encode(events[lo : lo + CHUNK_EVENTS], tracks.head)
             new = interned.take_new()
-            yield (_interned_packet(new) if new else b"") + body
+            yield (_interned_packet(new, tracks.head) if new else b"") + body
     yield _counter_packets(trace, tracks)
-    meta = _metadata_packet(trace, tracks, interned)
-    yield _interned_packet(interned.take_new()) + meta
+    if metadata:
+        meta = _metadata_packet(trace, tracks, interned)
+        yield _interned_packet(interned.take_new(), tracks.head) + meta
 
 
-def header(trace: Trace, names: list[tuple[int, str]], categories: list[tuple[int, str]]) -> bytes:
-    """Clock snapshot, then the packet that starts the sequence: defaults (the clock) and the interned
-    event names and categories ((iid, text) pairs)."""
+def header(
+    trace: Trace, names: list[tuple[int, str]], categories: list[tuple[int, str]], sequence_id: int = SEQUENCE_ID,
+    clock: bool = True,
+) -> bytes:
+    """Clock snapshot (with `clock`), then the packet that starts the sequence: defaults (the clock)
+    and the interned event names and categories ((iid, text) pairs)."""
     t0 = max(0, int(trace.window[0]))
     clocks = field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_MONOTONIC) + field_varint(F.CLOCK_TIMESTAMP, t0))
     realtime = max(0, t0 + int(trace.epoch_offset_ns))
     clocks += field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_REALTIME) + field_varint(F.CLOCK_TIMESTAMP, realtime))
     snapshot = field_bytes(F.PACKET_CLOCK_SNAPSHOT, clocks + field_varint(F.SNAPSHOT_PRIMARY_CLOCK, F.CLOCK_MONOTONIC))
     snapshot += field_varint(F.PACKET_TIMESTAMP, t0) + field_varint(F.PACKET_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC)
-    snapshot += field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
+    snapshot += field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
     interned = b"".join(field_bytes(F.INTERNED_NAMES, _interned_entry(iid, name)) for iid, name in names)
     interned += b"".join(field_bytes(F.INTERNED_CATEGORIES, _interned_entry(iid, name)) for iid, name in categories)
-    start = field_varint(F.PACKET_SEQUENCE_ID, SEQUENCE_ID)
+    start = field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
     start += field_varint(F.PACKET_SEQUENCE_FLAGS, F.SEQ_INCREMENTAL_STATE_CLEARED | F.SEQ_NEEDS_INCREMENTAL_STATE)
     start += field_varint(F.PACKET_FIRST_ON_SEQUENCE, 1)
     start += field_bytes(F.PACKET_DEFAULTS, field_varint(F.DEFAULTS_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC))
     start += field_bytes(F.PACKET_INTERNED_DATA, interned)
-    return packet(snapshot) + packet(start)
+    return (packet(snapshot) if clock else b"") + packet(start)
 
 
-def _interned_packet(entries: bytes) -> bytes:
-    return packet(_PACKET_HEAD + field_bytes(F.PACKET_INTERNED_DATA, entries)) if entries else b""
+def _interned_packet(entries: bytes, head: bytes = _PACKET_HEAD) -> bytes:
+    return packet(head + field_bytes(F.PACKET_INTERNED_DATA, entries)) if entries else b""
 
 
 def _event_packet(ts: int, event: bytes, head: bytes = _PACKET_HEAD) -> bytes:
@@ -323,17 +347,18 @@ class _RowEncoder:
             i64(c["external_id"]), i64(c["correlation"]), i64(writes_corr), i64(flow_key), i64(c["flow_start"] != 0),
         )  # fmt: skip
 
-    def encode(self, events: np.ndarray) -> bytes:
-        return encode_events((np.ascontiguousarray(events, dtype=np.int64), self.cols, self.blobs, self.ext_iid, self.corr_iid))
+    def encode(self, events: np.ndarray, head: bytes) -> bytes:
+        work = (np.ascontiguousarray(events, dtype=np.int64), self.cols, self.blobs, self.ext_iid, self.corr_iid)
+        return encode_events(work, head)
 
 
-def encode_events(work: tuple[np.ndarray, tuple[np.ndarray, ...], list[bytes | None], int, int]) -> bytes:
+def encode_events(work: tuple[np.ndarray, tuple[np.ndarray, ...], list[bytes | None], int, int], head: bytes = _PACKET_HEAD) -> bytes:
     """The packets of (events, columns, blobs, External id iid, correlation iid): see
     ``_speedups.encode_events``; its Python twin when the extension is not built."""
     events, cols, blobs, ext_iid, corr_iid = work
     if speedups is not None:
-        return speedups.encode_events(events, cols, blobs, ext_iid, corr_iid, _PACKET_HEAD)
-    return encode_events_py(events, cols, blobs, ext_iid, corr_iid, _PACKET_HEAD)
+        return speedups.encode_events(events, cols, blobs, ext_iid, corr_iid, head)
+    return encode_events_py(events, cols, blobs, ext_iid, corr_iid, head)
 
 
 def encode_events_py(
@@ -376,7 +401,7 @@ def _counter_packets(trace: Trace, tracks: _Tracks) -> bytes:
             descriptors.append(tracks.counter_descriptor(tracks.counter(*key), device, name))
         event = field_varint(F.EVENT_TYPE, F.TYPE_COUNTER) + field_varint(F.EVENT_TRACK_UUID, tracks.counters[key])
         event += field_double(F.EVENT_DOUBLE_COUNTER_VALUE, float(cols["value"][i]))
-        events.append(_event_packet(int(cols["ts"][i]), event))
+        events.append(_event_packet(int(cols["ts"][i]), event, tracks.head))
     return b"".join(descriptors) + b"".join(events)
 
 
@@ -414,4 +439,4 @@ def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned) -> byte
     )
     event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, tracks.metadata_uuid)
     event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
-    return tracks.metadata_descriptor() + _event_packet(int(trace.window[0]), event)
+    return tracks.metadata_descriptor() + _event_packet(int(trace.window[0]), event, tracks.head)
