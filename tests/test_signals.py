@@ -82,23 +82,30 @@ while True:
 """
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
-def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
+def _killed_run(tmp_path, body, out, kill=True):
+    """`polyprof run -o out` of `body`, killed (SIGKILL) 2.5 s after its 40th span, or left to end
+    itself; returns the environment it ran in."""
     script = tmp_path / "s.py"
-    body = SLOW_SCRIPT if how == "SIGKILL" else SLOW_SCRIPT.replace('print("forty", flush=True)', 'time.sleep(1.5); os._exit(7)')
     script.write_text(textwrap.dedent(body))
-    out = tmp_path / "t.json.gz"
     env = {**os.environ, "POLYPROF_BACKENDS": ""}
     proc = subprocess.Popen(
         [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout.readline().strip() == "ready"
-    if how == "SIGKILL":
+    if kill:
         assert proc.stdout.readline().strip() == "forty"
         time.sleep(2.5)  # the spans before "forty" ended more than a flush interval (1 s) ago
         proc.kill()
     proc.communicate(timeout=60)
+    return env
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
+def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
+    body = SLOW_SCRIPT if how == "SIGKILL" else SLOW_SCRIPT.replace('print("forty", flush=True)', 'time.sleep(1.5); os._exit(7)')
+    out = tmp_path / "t.json.gz"
+    env = _killed_run(tmp_path, body, out, kill=how == "SIGKILL")
     assert not out.exists(), "the run never wrote its trace"
     spill = tmp_path / ".t.json.gz.spill"
     assert spill.exists() and oct(spill.stat().st_mode & 0o777) == "0o600"
@@ -270,19 +277,8 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
 
     from polyprof.engine.recover import recover_trace
 
-    script = tmp_path / "s.py"
-    script.write_text(textwrap.dedent(SLOW_SCRIPT))
     out = tmp_path / "t.pftrace"
-    env = {**os.environ, "POLYPROF_BACKENDS": ""}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout.readline().strip() == "ready"
-    assert proc.stdout.readline().strip() == "forty"
-    time.sleep(2.5)
-    proc.kill()
-    proc.communicate(timeout=60)
+    env = _killed_run(tmp_path, SLOW_SCRIPT, out)
     spill = tmp_path / ".t.spill.pftrace"
     assert not out.exists() and spill.exists() and oct(spill.stat().st_mode & 0o777) == "0o600"
     data = spill.read_bytes()

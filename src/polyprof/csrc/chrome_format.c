@@ -6,18 +6,6 @@
 #include <string.h>
 
 
-/* ---- output buffer: grown with PyMem_Raw*, so it is usable without the GIL ---------------------- */
-typedef struct { char *p; Py_ssize_t n, cap; } outbuf;
-
-static int ob_reserve(outbuf *b, Py_ssize_t more) {
-    if (b->n + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
-    while (cap < b->n + more) cap *= 2;
-    char *q = PyMem_RawRealloc(b->p, cap);
-    if (q == NULL) return -1;  /* the caller raises MemoryError once it holds the GIL */
-    b->p = q; b->cap = cap;
-    return 0;
-}
 
 static inline void ob_lit(outbuf *b, const char *s, Py_ssize_t len) { memcpy(b->p + b->n, s, len); b->n += len; }
 #define OB_LIT(b, s) ob_lit((b), (s), (Py_ssize_t)(sizeof(s) - 1))

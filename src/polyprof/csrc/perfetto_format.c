@@ -5,17 +5,7 @@
 
 #include <string.h>
 
-typedef struct { char *p; Py_ssize_t n, cap; } pbuf;
-
-static int pb_reserve(pbuf *b, Py_ssize_t more) {
-    if (b->n + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
-    while (cap < b->n + more) cap *= 2;
-    char *q = PyMem_RawRealloc(b->p, cap);
-    if (q == NULL) return -1;
-    b->p = q; b->cap = cap;
-    return 0;
-}
+typedef outbuf pbuf;
 
 static inline int varint_len(uint64_t v) {
     int n = 1;
@@ -211,7 +201,7 @@ static int encode_packets(pbuf *b, Py_ssize_t n_ev, const int64_t *events, const
     for (Py_ssize_t i = 0; i < n_ev; i++) {
         int64_t row = events[i] >> 2, phase = events[i] & 3;
         const blob_t *blob = &blobs[i];
-        if (pb_reserve(b, 512 + blob->n) < 0) return -1;
+        if (ob_reserve(b, 512 + blob->n) < 0) return -1;
         /* the TrackEvent, in scratch (its blob is appended straight to the output after it) */
         pbuf te = {scratch, 0, sizeof(scratch)};
         int64_t ts;

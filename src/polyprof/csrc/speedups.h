@@ -25,6 +25,19 @@ static inline long long pp_now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* An output buffer grown with PyMem_Raw*, so it is usable without the GIL (the writers' bytes). */
+typedef struct { char *p; Py_ssize_t n, cap; } outbuf;
+
+static inline int ob_reserve(outbuf *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->n + more) cap *= 2;
+    char *q = PyMem_RawRealloc(b->p, cap);
+    if (q == NULL) return -1;  /* the caller raises MemoryError once it holds the GIL */
+    b->p = q; b->cap = cap;
+    return 0;
+}
+
 /* The next process-wide correlation id (module.c); only touched with the GIL held. */
 extern unsigned long long pp_next_id;
 

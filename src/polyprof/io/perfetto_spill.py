@@ -15,36 +15,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 from typing import Any
 
 from polyprof.clock import base_time_ns
+from polyprof.io.spill import SpillFile
 from polyprof.model import CollectedPart
 
 
-class PerfettoSpill:
+class PerfettoSpill(SpillFile):
     def __init__(self, path: str, fd: int, header: dict[str, Any]) -> None:
-        self.path = path
-        self._file = os.fdopen(fd, "ab", buffering=0)
-        self._lock = threading.Lock()
+        super().__init__(path, fd)
         self._epoch = int(header.get("epoch_offset_ns", 0) or 0)
         self._sequence = 1
         self._clock_written = False
-        self.bytes = 0
-        self.rows = 0
-        self._awaiting = 0
-        self._close_asked = False
+        self._appending = threading.Lock()
 
     @classmethod
     def create(cls, path: str, header: dict[str, Any]) -> PerfettoSpill:
-        """A new spill at `path` (an old one is replaced; a symlink is not followed), this user's only."""
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        return cls(path, fd, header)
+        return cls(path, cls._open(path), header)
 
     def append_parts(self, parts: list[CollectedPart]) -> None:
         parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for p in parts if len(p.activities) or len(p.counters)]
@@ -58,44 +47,13 @@ class PerfettoSpill:
         counter_ts = [int(p.counters.columns["ts"].min()) for p in parts if len(p.counters)]
         window = (min(starts + counter_ts), max(ends + counter_ts + starts))
         trace = merge(parts, window=window, epoch_offset_ns=self._epoch, base_time_ns=base_time_ns(window[0] + self._epoch), metadata={})
-        with self._lock:
-            if self._file.closed:
-                return
+        with self._appending:  # one append at a time: the clock snapshot first in the file
             self._sequence += 1
-            data = b"".join(
-                iter_perfetto_chunks(trace, sequence_id=self._sequence, stable_tracks=True, clock=not self._clock_written, metadata=False)
+            chunks = iter_perfetto_chunks(
+                trace, sequence_id=self._sequence, stable_tracks=True, clock=not self._clock_written, metadata=False
             )
+            self._write(b"".join(chunks), len(trace.activities))
             self._clock_written = True
-            self._file.write(data)
-            os.fsync(self._file.fileno())
-            self.bytes += len(data)
-            self.rows += len(trace.activities)
 
     def append_window(self, info: dict[str, Any]) -> None:
         """Windows are not marked in a Perfetto spill (its slices carry their own times)."""
-
-    def window_ended(self) -> None:
-        with self._lock:
-            self._awaiting += 1
-
-    def window_collected(self, parts: list[CollectedPart], info: dict[str, Any]) -> None:
-        self.append_parts(parts)
-        with self._lock:
-            self._awaiting -= 1
-            close_now = self._awaiting <= 0 and self._close_asked
-        if close_now:
-            self.close(clean=True)
-
-    def close(self, clean: bool = True, remove: bool = False) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            if clean and not remove and self._awaiting > 0:
-                self._close_asked = True
-                return
-            self._file.close()
-        if remove:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass

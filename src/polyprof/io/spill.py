@@ -51,52 +51,48 @@ _CHUNK_HEAD = struct.Struct("<4scQI")
 HEADER, WINDOW, PART, END = b"H", b"W", b"P", b"E"
 
 
-class SpillWriter:
-    """Appends chunks to a spill; one lock, so that the flush thread and the engine can both write."""
+class SpillFile:
+    """What every spill does: created exclusively (0600, a planted name or symlink never followed),
+    appended under one lock (the flush thread and the engine both write), a clean close that waits for
+    the collects of windows that ended. Subclasses say how parts, windows and the end are written."""
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._file = os.fdopen(fd, "ab", buffering=0)
         self._lock = threading.Lock()
-        self.bytes = len(FILE_MAGIC)
+        self.bytes = 0
         self.rows = 0
         self._awaiting = 0  # windows that ended and whose collected rows are still to come
         self._close_asked = False
 
     @classmethod
-    def create(cls, path: str, header: dict[str, Any]) -> SpillWriter:
-        """A new spill at `path` (an old one there is replaced; a symlink is not followed), readable by
+    def _open(cls, path: str) -> int:
+        """A new file at `path` (an old one there is replaced; a symlink is not followed), readable by
         this user only."""
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        writer = cls(path, fd)
-        writer._file.write(FILE_MAGIC)
-        writer.append(HEADER, json_bytes(header))
-        return writer
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
 
-    def append(self, kind: bytes, payload: bytes) -> None:
-        chunk = _CHUNK_HEAD.pack(CHUNK_MAGIC, kind, len(payload), zlib.crc32(payload)) + payload
+    def _write(self, data: bytes, rows: int = 0) -> None:
+        """Append `data` durably (a chunk that is written survives a power cut)."""
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(chunk)
-            os.fsync(self._file.fileno())  # a chunk that is written survives a power cut
-            self.bytes += len(chunk)
-
-    def append_window(self, info: dict[str, Any]) -> None:
-        self.append(WINDOW, json_bytes(info))
-
-    def append_part(self, part: CollectedPart) -> None:
-        if len(part.activities) or len(part.counters):
-            self.append(PART, encode_part(part))
-            self.rows += len(part.activities)
+            self._file.write(data)
+            os.fsync(self._file.fileno())
+            self.bytes += len(data)
+            self.rows += rows
 
     def append_parts(self, parts: list[CollectedPart]) -> None:
-        for part in parts:
-            self.append_part(part)
+        raise NotImplementedError
+
+    def append_window(self, info: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _end_marker(self) -> bytes:
+        return b""
 
     def window_ended(self) -> None:
         """A window's collect is on its way (the background writer): a clean close waits for it."""
@@ -114,8 +110,8 @@ class SpillWriter:
             self.close(clean=True)
 
     def close(self, clean: bool = True, remove: bool = False) -> None:
-        """End the spill (``E`` when `clean`); a clean close without `remove` waits for the collects of
-        windows that ended (:meth:`window_ended`)."""
+        """End the spill (with its end marker when `clean`); a clean close without `remove` waits for
+        the collects of windows that ended (:meth:`window_ended`)."""
         with self._lock:
             if self._file.closed:
                 return
@@ -123,14 +119,41 @@ class SpillWriter:
                 self._close_asked = True
                 return
             if clean:
-                chunk = _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
-                self._file.write(chunk)
+                self._file.write(self._end_marker())
             self._file.close()
         if remove:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+class SpillWriter(SpillFile):
+    """polyprof's spill format (see the module docstring)."""
+
+    @classmethod
+    def create(cls, path: str, header: dict[str, Any]) -> SpillWriter:
+        writer = cls(path, cls._open(path))
+        writer._write(FILE_MAGIC)
+        writer.append(HEADER, json_bytes(header))
+        return writer
+
+    def append(self, kind: bytes, payload: bytes, rows: int = 0) -> None:
+        self._write(_CHUNK_HEAD.pack(CHUNK_MAGIC, kind, len(payload), zlib.crc32(payload)) + payload, rows)
+
+    def append_window(self, info: dict[str, Any]) -> None:
+        self.append(WINDOW, json_bytes(info))
+
+    def append_part(self, part: CollectedPart) -> None:
+        if len(part.activities) or len(part.counters):
+            self.append(PART, encode_part(part), len(part.activities))
+
+    def append_parts(self, parts: list[CollectedPart]) -> None:
+        for part in parts:
+            self.append_part(part)
+
+    def _end_marker(self) -> bytes:
+        return _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
 
 
 def spill_path(output: str) -> str:
