@@ -11,10 +11,60 @@ from typing import IO
 
 from polyprof.errors import OutputPathError
 
+PLACEHOLDERS = ("rank", "local_rank", "world_size", "host", "pid")
+
+
+class _Fields(dict):
+    def __missing__(self, key: str) -> str:
+        raise OutputPathError(
+            f"unknown placeholder {{{key}}} in the trace path; use {', '.join('{' + p + '}' for p in PLACEHOLDERS)} "
+            "({{ and }} for literal braces)"
+        )
+
+
+def _rank_fields() -> dict[str, int]:
+    """rank, local_rank and world_size: torch.distributed's when it is initialised, else the launcher's
+    (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), else a single process's (0, 0, 1)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+            return {"rank": dist.get_rank(), "local_rank": local, "world_size": dist.get_world_size()}
+    except Exception:  # a job in an odd state: fall back to the environment
+        pass
+
+    def env(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    return {"rank": env("RANK", 0), "local_rank": env("LOCAL_RANK", 0), "world_size": env("WORLD_SIZE", 1)}
+
+
+def expand_placeholders(path: str | os.PathLike) -> str:
+    """`path` with ``{rank}``, ``{local_rank}``, ``{world_size}``, ``{host}`` and ``{pid}`` filled in
+    (``traces/rank{rank}.json.gz``); a path without braces is returned as it is."""
+    text = os.fspath(path)
+    if "{" not in text and "}" not in text:
+        return text
+    import socket
+
+    fields = _Fields(_rank_fields(), host=socket.gethostname(), pid=os.getpid())
+    try:
+        return text.format_map(fields)
+    except OutputPathError:
+        raise
+    except (ValueError, IndexError, AttributeError) as exc:
+        raise OutputPathError(f"cannot fill in the trace path {text!r}: {exc} ({{{{ and }}}} for literal braces)") from None
+
 
 def check_output_path(path: str | os.PathLike) -> str:
-    """Fail now, not after a long run, when `path` cannot be written. Returns the absolute path."""
-    path = os.path.abspath(os.fspath(path))
+    """Fail now, not after a long run, when `path` cannot be written. Placeholders (``{rank}``...) are
+    filled in. Returns the absolute path."""
+    path = os.path.abspath(expand_placeholders(path))
     folder = os.path.dirname(path)
     if os.path.isdir(path):
         raise OutputPathError(

@@ -11,7 +11,7 @@ from typing import Any
 from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import bridge, observer
 from polyprof.backends.torch.collector import Collector
-from polyprof.backends.torch.distributed import distributed_info
+from polyprof.backends.torch.distributed import DistributedWatch
 from polyprof.backends.torch.import_hook import PostImportHook
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
@@ -50,6 +50,7 @@ class TorchSession:
         self.observed = -1  # ops recorded by the observer, once stopped
         self.stop_ns = 0
         self.torch_flag_before = False  # torch.autograd.profiler._is_profiler_enabled at start
+        self.distributed = DistributedWatch()
         self.flushed = False  # rows were handed over while recording: fwd->bwd links span hand-overs
         self.carry: dict[tuple[int, int], int] = {}  # forward ops waiting for their backward node
         self.reading = threading.Lock()  # one read-out of the observer at a time: a flush's, or stop's
@@ -76,6 +77,7 @@ class TorchSession:
                 self.ctx.report.error(f"enabling torch's profiler after `import torch` failed: {exc}")
 
     def _enable(self, torch: Any) -> None:
+        self.distributed.install()
         if torch_version(torch) < MIN_TORCH:
             self.ctx.report.error(
                 f"torch {torch.__version__} is older than the supported 2.4; no aten ops recorded"
@@ -132,6 +134,7 @@ class TorchSession:
 
     def stop(self) -> None:
         self.recording = False
+        self.distributed.remove()
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
@@ -177,6 +180,7 @@ class TorchSession:
     def flush(self, sink: Sink) -> None:
         """While recording: the operators the threads have completed (polyprof's observer only; torch's
         collector gives its events at stop)."""
+        self.distributed.note()
         with self.reading:
             obs = self.observer
             if obs is None or not self.enabled:
@@ -190,7 +194,8 @@ class TorchSession:
                 obs.release()
 
     def collect(self, sink: Sink) -> None:
-        info = distributed_info()
+        self.distributed.note()
+        info = self.distributed.info
         if info is not None:
             sink.add_metadata("distributedInfo", info)
         if self.observer is not None and self.observed >= 0:

@@ -1,0 +1,92 @@
+"""torch.distributed jobs under polyprof: real processes launched by torchrun (gloo on this CPU), DDP
+training, every rank's trace knowing its place."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
+
+TRAIN = """
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def step():
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    if rank == 2:
+        time.sleep(0.05)  # the slow rank
+
+MODE
+dist.destroy_process_group()
+"""
+
+UNDER_PROFILER = """
+import polyprof.profiler as pp
+out = sys.argv[1]
+with pp.profile(activities=[pp.ProfilerActivity.CPU], schedule=pp.schedule(wait=1, warmup=1, active=2),
+                on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(out, "rank{rank}.json"))) as prof:
+    for _ in range(5):
+        step()
+        prof.step()
+"""
+
+
+def _torchrun(tmp_path, *args):
+    env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _check_ranks(paths):
+    for rank, path in enumerate(paths):
+        doc = json.loads(path.read_text())
+        info = doc["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 4, "gloo"), path
+        names = {e.get("name") for e in doc["traceEvents"]}
+        assert "c10d::allreduce_" in names, "DDP's gradient all-reduce is recorded"
+        yield doc
+
+
+def test_ddp_under_polyprof_profiler_with_a_schedule_writes_one_trace_per_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN).replace("MODE", textwrap.dedent(UNDER_PROFILER)))
+    _torchrun(tmp_path, str(script), str(tmp_path))
+    for doc in _check_ranks([tmp_path / f"rank{r}.json" for r in range(4)]):
+        steps = sorted(e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+        assert steps == ["ProfilerStep#2", "ProfilerStep#3"], "every rank captured the same steps"
+
+
+def test_polyprof_run_under_torchrun_fills_the_rank_into_the_output_path(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TRAIN).replace("MODE", "for _ in range(3):\n    step()\n"))
+    out = tmp_path / "traces"
+    out.mkdir()
+    _torchrun(tmp_path, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o",
+              str(out / "run{rank}-of-{world_size}.json.gz"), str(script))  # fmt: skip
+    import gzip
+
+    paths = [out / f"run{r}-of-4.json.gz" for r in range(4)]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)
+    for p in paths:
+        p.with_suffix("").write_bytes(gzip.decompress(p.read_bytes()))
+    list(_check_ranks([p.with_suffix("") for p in paths]))
+
+
+def test_unknown_placeholders_are_refused_before_the_script_runs(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("open('ran', 'w').close()\n")
+    r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t{ranks}.json"), str(script)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "unknown placeholder {ranks}" in r.stderr and not (tmp_path / "ran").exists()
