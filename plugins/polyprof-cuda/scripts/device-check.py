@@ -246,6 +246,52 @@ def a_torch_after_polyprof(out):
     return trace_summary(_traced_torch_workload("torch", out))
 
 
+def _nccl_collectives(which: str, out: str) -> dict:
+    """A one-rank NCCL process group (single GPU): all_reduce and broadcast under [CPU, CUDA]; Kineto
+    writes record_param_comms ops with the collective's args (issue #16: polyprof's observer too)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        profiler = _profiler(which)
+        t = torch.ones(1 << 16, device="cuda")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        with profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                dist.all_reduce(t)
+                dist.broadcast(t, 0)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(out)
+    finally:
+        dist.destroy_process_group()
+    doc = load(out)
+    keys = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name", "Rank")
+    comms = [e for e in doc["traceEvents"] if e.get("name") == "record_param_comms"]
+    return {
+        "distributedInfo": doc.get("distributedInfo"),
+        "record_param_comms": len(comms),
+        "with_collective_args": sum(all(k in e.get("args", {}) for k in keys) for e in comms),
+        "collectives": sorted({e.get("args", {}).get("Collective name", "?") for e in comms}),
+        "nccl_kernels": sum(1 for e in doc["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower()),
+    }
+
+
+@part
+def d_nccl_polyprof(out):
+    return _nccl_collectives("polyprof", out)
+
+
+@part
+def d_nccl_torch(out):
+    return _nccl_collectives("torch", out)
+
+
 def _without_torch(result: dict) -> dict:
     result["torch_imported"] = "torch" in sys.modules
     return result

@@ -72,6 +72,9 @@ def _operators(
             args[i] = {**args.get(i, {}), **orjson.loads(b"{" + extra[i] + b"}")}
     else:
         args.update(flows.sequence_args(np.flatnonzero(seq >= 0), seq, fwd_tid))
+        for i, body in obs.extras().items():  # record_param_comms: the collective's args, as Kineto writes
+            if i < n:
+                args[i] = {**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}
     if config.extra.get("capture_overload_names"):
         name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
     for i in unfinished.tolist():

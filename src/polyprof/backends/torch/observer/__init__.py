@@ -34,7 +34,7 @@ from polyprof.backends.torch.observer.builder import BuildError, build, cached_l
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
 
@@ -86,6 +86,8 @@ class Observer:
         lib.polyprof_observer_fill.argtypes = [ctypes.c_void_p] * len(FIELDS)
         lib.polyprof_observer_arg_fragments.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.polyprof_observer_arg_fragments.restype = ctypes.c_void_p
+        lib.polyprof_observer_extras.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.polyprof_observer_extras.restype = ctypes.c_void_p
         lib.polyprof_observer_memory_count.restype = ctypes.c_int64
         lib.polyprof_observer_memory_fill.argtypes = [ctypes.c_void_p]
         lib.polyprof_torch_consumers.restype = ctypes.c_int
@@ -139,6 +141,15 @@ class Observer:
                 f"the observer wrote {len(fragments) - 1} arg fragments for {n} ops, not {k * n}"
             )
         return [fragments[i : k * n : k] for i in range(k - 1)], fragments[k - 1 : k * n : k]
+
+    def extras(self) -> dict[int, bytes]:
+        """The extra args of the operators that have any (collective args of ``record_param_comms``
+        always; kwargs, flops, Module Hierarchy with their options), by operator index: JSON object
+        bodies."""
+        size = ctypes.c_int64(0)
+        ptr = self.lib.polyprof_observer_extras(ctypes.byref(size))
+        pieces = ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
+        return {int(pieces[k]): pieces[k + 1] for k in range(0, len(pieces) - 1, 2)}
 
     def memory(self) -> dict[str, np.ndarray]:
         """The allocator reports recorded with PROFILE_MEMORY: one column per MEMORY_FIELDS."""

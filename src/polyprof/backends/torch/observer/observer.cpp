@@ -48,7 +48,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 5;
+constexpr int kAbiVersion = 6;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -385,6 +385,15 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
       append_json_string(body, joined);
     }
   }
+  if (fn.isNcclMeta()) {  // record_param_comms: Kineto's collective args, already JSON values
+    for (const auto& kv : torch::profiler::impl::saveNcclMeta(fn)) {
+      if (kv.second.empty()) continue;
+      if (!body.empty()) body += ", ";
+      append_json_string(body, kv.first);
+      body += ": ";
+      body += kv.second;
+    }
+  }
   if (body.empty()) return;
   op.extra = int64_t(b->extra.size());
   b->extra += body;
@@ -421,7 +430,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       op.shapes = -1;  // an input this torch cannot describe: the op is kept without shapes
     }
   }
-  if (g_options & (kRecordShapes | kWithFlops | kWithModules)) {
+  if ((g_options & (kRecordShapes | kWithFlops | kWithModules)) || fn.isNcclMeta()) {
     try {
       encode_extra(b, fn, op);
     } catch (...) {
@@ -778,6 +787,29 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
       }
       if (op.extra >= 0) out += b->extra.c_str() + op.extra;
       out.push_back('\0');
+    }
+  }
+  *size = int64_t(out.size());
+  return out.data();
+}
+
+// The extra args of the operators that have any (kwargs, flops, Module Hierarchy, collective args), for
+// a read-out without record_shapes: "index\0body\0" per such operator, index in fill order. The text
+// stays valid until the next call or polyprof_observer_reset.
+const char* polyprof_observer_extras(int64_t* size) {
+  static std::string out;
+  out.clear();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int64_t i = 0;
+  for (auto& b : g_taken) {
+    for (const Op& op : b->ops) {
+      if (op.extra >= 0) {
+        append_int(out, i);
+        out.push_back('\0');
+        out += b->extra.c_str() + op.extra;
+        out.push_back('\0');
+      }
+      ++i;
     }
   }
   *size = int64_t(out.size());
