@@ -17,6 +17,11 @@ if [ "${1:-}" = "--test" ]; then
   # The CPU build of torch (tests compare against torch.profiler). On Python 3.11 this machine kind has
   # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
   pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
+  # libfaketime gives one test rank another wall clock (tests/test_distributed.py): Debian, as root only
+  if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null 2>&1 \
+      || echo "setup: libfaketime not installed; the clock-offset test will be skipped"
+  fi
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
   .venv/bin/python -m polyprof.backends.torch.observer || echo "setup: the torch observer was not built"
   # the tools users read traces with, in their own environment (HTA needs pandas < 3):

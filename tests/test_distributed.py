@@ -90,3 +90,55 @@ def test_unknown_placeholders_are_refused_before_the_script_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t{ranks}.json"), str(script)],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 2 and "unknown placeholder {ranks}" in r.stderr and not (tmp_path / "ran").exists()
+
+
+FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
+                 if os.path.exists(p)), None)  # fmt: skip
+
+CLOCK_SCRIPT = """
+import os, sys, time, torch, torch.distributed as dist
+import polyprof
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+with polyprof.profile(["cpu"]) as prof:
+    with polyprof.record_function(f"rank {rank} work"):
+        t = torch.ones(4)
+        dist.all_reduce(t)
+    dist.barrier()
+prof.export_chrome_trace(os.path.join(sys.argv[1], f"rank{rank}.json"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (Debian's libfaketime) to give a rank another clock")
+def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tmp_path):
+    """Two ranks whose wall clocks differ by 5 s (libfaketime on rank 1, its monotonic clock left alone):
+    rank 1's trace records an offset of -5 s to rank 0 within the recorded uncertainty, at start and
+    stop; rank 0 records itself as the reference."""
+    import socket
+
+    script = tmp_path / "clock.py"
+    script.write_text(textwrap.dedent(CLOCK_SCRIPT))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
+    shifted = {**base, "LD_PRELOAD": FAKETIME, "FAKETIME": "+5s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+               "FAKETIME_DONT_RESET": "1"}  # fmt: skip
+    # launched as init_process_group's env:// expects (torchrun's elastic agent keeps wall-clock
+    # deadlines, which a 5 s jump on one node upsets)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(tmp_path)],
+                         env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"},
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for rank, env in ((0, base), (1, shifted))
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+    clocks = [json.loads((tmp_path / f"rank{r}.json").read_text())["polyprof"]["backends"]["torch"]["clock"]["to rank 0"]
+              for r in range(2)]  # fmt: skip
+    assert clocks[0]["offset_ns"] == 0 and clocks[0]["reference"] == "rank 0"
+    one = clocks[1]
+    assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
+    assert one["start"]["round_trips"] == 5 and "stop" in one and abs(one["drift_ns"]) < 100_000_000

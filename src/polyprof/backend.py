@@ -109,6 +109,10 @@ class Reporter:
         """Record how a device clock was mapped to the host clock (and how far off it may be)."""
         self.status.clock[device or "device"] = mapping.to_json()
 
+    def clock_offset(self, name: str, measurement: dict[str, Any]) -> None:
+        """Record a clock measured against another (``"to rank 0"``: this rank's epoch against rank 0's)."""
+        self.status.clock[name] = dict(measurement)
+
     # read access, for sessions and tests
     @property
     def errors(self) -> list[str]:

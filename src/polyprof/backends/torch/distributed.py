@@ -38,40 +38,75 @@ def distributed_info() -> dict[str, Any] | None:
 
 
 class DistributedWatch:
-    """The last ``distributedInfo`` of the job, kept while a profile records."""
+    """The last ``distributedInfo`` of the job, and this rank's clock against rank 0's (see
+    :mod:`.clock_sync`), kept while a profile records: measured when the profile starts in a running
+    job or right after ``init_process_group`` returns (every rank is past the rendezvous then), and
+    when the profile stops or right before ``destroy_process_group`` (then waited for: the store goes
+    with the group)."""
 
     def __init__(self) -> None:
         self.info: dict[str, Any] | None = None
+        self.sync_start: Any = None
+        self.sync_stop: Any = None
         self._dist: Any = None
-        self._original: Any = None
+        self._originals: dict[str, Any] = {}
 
     def note(self) -> None:
         info = distributed_info()
         if info is not None:
             self.info = info
 
+    def _measure(self, when: str) -> Any:
+        from polyprof.backends.torch.clock_sync import ClockSync
+
+        if when == "start" and self.sync_start is None:
+            self.sync_start = ClockSync.start_measuring("start")
+        elif when == "stop" and self.sync_stop is None and self.sync_start is not None:
+            self.sync_stop = ClockSync.start_measuring("stop")
+        return self.sync_start if when == "start" else self.sync_stop
+
     def install(self) -> None:
-        """Note the job now, and before its process group is destroyed."""
+        """Note the job now, after its process group is made and before it is destroyed."""
         self.note()
         try:
             import torch.distributed as dist
         except Exception:  # a torch without distributed support
             return
-        original = getattr(dist, "destroy_process_group", None)
-        if dist is None or original is None or self._original is not None:
+        if self._dist is not None or not hasattr(dist, "destroy_process_group"):
             return
+        if self.info is not None:
+            self._measure("start")
         watch = self
+        init, destroy = dist.init_process_group, dist.destroy_process_group
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            watch.note()
+            watch._measure("start")
+            return result
 
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             watch.note()
-            return original(*args, **kwargs)
+            sync = watch._measure("stop")
+            if sync is not None:
+                sync.result()  # the store goes with the group: measure first (a few ms; at most its limit)
+            return destroy(*args, **kwargs)
 
-        destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-        self._dist, self._original = dist, original
-        dist.destroy_process_group = destroy_process_group
+        init_process_group.__wrapped__ = init  # type: ignore[attr-defined]
+        destroy_process_group.__wrapped__ = destroy  # type: ignore[attr-defined]
+        self._dist, self._originals = dist, {"init_process_group": init, "destroy_process_group": destroy}
+        dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
 
     def remove(self) -> None:
         self.note()
-        if self._dist is not None and getattr(self._dist.destroy_process_group, "__wrapped__", None) is self._original:
-            self._dist.destroy_process_group = self._original
-        self._dist = self._original = None
+        if self.info is not None and distributed_info() is not None:
+            self._measure("stop")  # in the background: stopping does not wait for it
+        for name, original in self._originals.items():
+            if getattr(getattr(self._dist, name, None), "__wrapped__", None) is original:
+                setattr(self._dist, name, original)
+        self._dist, self._originals = None, {}
+
+    def clock_summary(self) -> dict[str, Any] | None:
+        from polyprof.backends.torch.clock_sync import summarize
+
+        return summarize(self.sync_start, self.sync_stop)

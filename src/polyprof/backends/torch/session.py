@@ -195,6 +195,9 @@ class TorchSession:
 
     def collect(self, sink: Sink) -> None:
         self.distributed.note()
+        clock = self.distributed.clock_summary()
+        if clock is not None:
+            self.ctx.report.clock_offset("to rank 0", clock)
         info = self.distributed.info
         if info is not None:
             sink.add_metadata("distributedInfo", info)

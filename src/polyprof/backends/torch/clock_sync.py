@@ -1,0 +1,138 @@
+"""Each rank's clock against rank 0's, measured over the job's own torch.distributed store.
+
+Every process maps its host clock to Unix epoch (``time.time_ns``); across hosts those epochs differ by
+NTP's error. At a profile's start and stop, rank r sends rank 0 a few pings through the default store
+(the TCPStore torchrun and ``init_process_group`` set up) and rank 0 answers each with its epoch time;
+the answer of the shortest round trip gives the offset (rank 0's epoch minus this rank's at the same
+instant) and its uncertainty (half that round trip)::
+
+    sync = ClockSync.start_measuring("start")    # background threads on every rank; never blocks
+    ...
+    sync.result()  # {"reference": "rank 0", "offset_ns": ..., "uncertainty_ns": ..., "round_trips": 5}
+
+Both sides run on daemon threads with a short time limit, so a rank that does not profile, or a store
+that is slow, costs a missing measurement (said in the result), never a stalled step. Ranks agree on
+the keys by counting their measurements, so ranks that start and stop their profiles together (a
+schedule, ``polyprof run``) pair up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+ROUND_TRIPS = 5
+TIME_LIMIT_S = 5.0
+_counter = 0
+_counter_lock = threading.Lock()
+
+
+def _store_and_rank() -> tuple[Any, int, int] | None:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        store = dist.distributed_c10d._get_default_store()
+        return store, dist.get_rank(), dist.get_world_size()
+    except Exception:  # no default store (a custom process group), or a job in an odd state
+        return None
+
+
+class ClockSync:
+    """One measurement (at a profile's start or stop) of this rank's clock against rank 0's."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+        self._result: dict[str, Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def start_measuring(cls, when: str) -> ClockSync | None:
+        """Start measuring in the background; None when there is no multi-rank job to measure in."""
+        job = _store_and_rank()
+        if job is None:
+            return None
+        global _counter
+        with _counter_lock:
+            _counter += 1
+            number = _counter
+        store, rank, world = job
+        sync = cls(when)
+        prefix = f"polyprof/clock/{number}"
+        target = sync._serve if rank == 0 else sync._ask
+        sync._thread = threading.Thread(
+            target=target, args=(store, prefix, rank, world), name=f"polyprof-clock-{when}", daemon=True
+        )
+        sync._thread.start()
+        return sync
+
+    def _serve(self, store: Any, prefix: str, rank: int, world: int) -> None:
+        """Rank 0: answer every rank's pings with this rank's epoch time."""
+        deadline = time.monotonic() + TIME_LIMIT_S
+        answered = 0
+        try:
+            for other in range(1, world):
+                for i in range(ROUND_TRIPS):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    store.wait([f"{prefix}/ping/{other}/{i}"], timedelta(seconds=left))
+                    store.set(f"{prefix}/pong/{other}/{i}", str(time.time_ns()))
+                    answered += 1
+        except Exception:  # a rank that does not profile: the others are still answered up to here
+            pass
+        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0, "answered": answered}
+
+    def _ask(self, store: Any, prefix: str, rank: int, world: int) -> None:
+        """Rank r: ping rank 0, keep the answer with the shortest round trip."""
+        deadline = time.monotonic() + TIME_LIMIT_S
+        best: tuple[int, int] | None = None  # (round trip, offset)
+        try:
+            for i in range(ROUND_TRIPS):
+                sent = time.time_ns()
+                store.set(f"{prefix}/ping/{rank}/{i}", str(sent))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                store.wait([f"{prefix}/pong/{rank}/{i}"], timedelta(seconds=left))
+                answer = int(store.get(f"{prefix}/pong/{rank}/{i}"))
+                back = time.time_ns()
+                trip = back - sent
+                if best is None or trip < best[0]:
+                    best = (trip, answer - (sent + back) // 2)
+        except Exception as exc:
+            if best is None:
+                self._result = {"reference": "rank 0", "when": self.when, "measured": False,
+                                "why": f"rank 0 did not answer within {TIME_LIMIT_S:g} s ({type(exc).__name__})"}  # fmt: skip
+                return
+        assert best is not None
+        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": best[1],
+                        "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}  # fmt: skip
+
+    def result(self, wait_s: float = TIME_LIMIT_S) -> dict[str, Any]:
+        """The measurement (waiting up to `wait_s` for it)."""
+        if self._thread is not None:
+            self._thread.join(wait_s)
+        if self._result is None:
+            return {"reference": "rank 0", "when": self.when, "measured": False, "why": "still measuring"}
+        return self._result
+
+
+def summarize(start: ClockSync | None, end: ClockSync | None) -> dict[str, Any] | None:
+    """What the trace records: the offset to rank 0 at start and at stop, and the drift between them."""
+    if start is None and end is None:
+        return None
+    out: dict[str, Any] = {"reference": "rank 0", "method": "pings through the torch.distributed store"}
+    for name, sync in (("start", start), ("stop", end)):
+        if sync is not None:
+            out[name] = {k: v for k, v in sync.result().items() if k not in ("reference", "when")}
+    a, b = out.get("start", {}), out.get("stop", {})
+    if "offset_ns" in a and "offset_ns" in b:
+        out["drift_ns"] = b["offset_ns"] - a["offset_ns"]
+    if "offset_ns" in a:
+        out["offset_ns"], out["uncertainty_ns"] = a["offset_ns"], a["uncertainty_ns"]
+    return out
