@@ -59,13 +59,57 @@ def _check_ranks(paths):
         yield doc
 
 
-def test_ddp_under_polyprof_profiler_with_a_schedule_writes_one_trace_per_rank(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(TRAIN).replace("MODE", textwrap.dedent(UNDER_PROFILER)))
-    _torchrun(tmp_path, str(script), str(tmp_path))
-    for doc in _check_ranks([tmp_path / f"rank{r}.json" for r in range(4)]):
+@pytest.fixture(scope="module")
+def ddp_traces(tmp_path_factory):
+    """The same 4-rank DDP job traced by polyprof.profiler (rank{r}.json) and by torch.profiler
+    (torch{r}.json), a schedule capturing steps 2 and 3."""
+    folder = tmp_path_factory.mktemp("ddp")
+    for which, prefix in (("polyprof.profiler", "rank"), ("torch.profiler", "torch")):
+        body = UNDER_PROFILER.replace("polyprof.profiler", which).replace('"rank{rank}.json"', f'"{prefix}" + str(rank) + ".json"')
+        script = folder / f"train_{prefix}.py"
+        script.write_text(textwrap.dedent(TRAIN).replace("MODE", textwrap.dedent(body)))
+        _torchrun(folder, str(script), str(folder))
+    return folder
+
+
+def test_ddp_under_polyprof_profiler_with_a_schedule_writes_one_trace_per_rank(ddp_traces):
+    for doc in _check_ranks([ddp_traces / f"rank{r}.json" for r in range(4)]):
         steps = sorted(e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
         assert steps == ["ProfilerStep#2", "ProfilerStep#3"], "every rank captured the same steps"
+
+
+def _events(doc):
+    return [e for e in doc["traceEvents"] if e.get("ph") in ("X", "i") and e.get("cat") != "Trace" and e.get("s") != "g"]
+
+
+@pytest.mark.parametrize("prefix", ["rank", "torch"])
+def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, prefix):
+    """polyprof's and torch.profiler's traces of the job: 4 ranks' processes with unique pids and
+    names, every event kept, every flow paired, polyprof's on rank 0's clock."""
+    from test_export_perfetto import Parsed
+
+    from polyprof.io import load_trace
+
+    inputs = [ddp_traces / f"{prefix}{r}.json" for r in range(4)]
+    r = subprocess.run([sys.executable, "-m", "polyprof", "merge", *map(str, inputs), "-o", str(tmp_path / "m.json")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "4 ranks" in r.stderr, r.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    assert len(names) == len(set(names.values())) and {n.split(" · ")[0] for n in names.values()} == {f"rank {i}" for i in range(4)}
+    assert len(_events(doc)) == sum(len(load_trace(p).activities) for p in inputs), "every event kept"
+    flows = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") in ("s", "f"):
+            flows.setdefault((e["cat"], e["id"]), []).append(e["ph"])
+    assert flows and all(sorted(v) == ["f", "s"] for v in flows.values()), "ids unique across ranks, every flow paired"
+    assert [x["rank"] for x in doc["ranks"]] == [0, 1, 2, 3]
+    assert all((x["clock_offset_ns"] is not None) == (prefix == "rank") for x in doc["ranks"])
+    subprocess.run([sys.executable, "-m", "polyprof", "merge", str(ddp_traces), "-o", str(tmp_path / "m.pftrace")],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    parsed = Parsed((tmp_path / "m.pftrace").read_bytes(), sequences=None)
+    assert not parsed.unclosed and parsed.flow_starts == parsed.flow_ends
+    assert len({t.process.pid for t in parsed.tracks.values() if t.HasField("process")}) == 8  # 4 ranks x 2 sets
 
 
 def test_polyprof_run_under_torchrun_fills_the_rank_into_the_output_path(tmp_path):

@@ -1,4 +1,4 @@
-"""``polyprof backends | run | summary | recover | convert``.
+"""``polyprof backends | run | summary | recover | convert | merge``.
 
 ::
 
@@ -7,6 +7,7 @@
     polyprof summary trace.json.gz                 # top activities per kind and device
     polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
     polyprof convert big.pt.trace.json big.pftrace # a trace too large to open, as Perfetto protobuf
+    polyprof merge traces/ -o job.pftrace          # every rank's trace on one timeline
 """
 
 from __future__ import annotations
@@ -347,6 +348,27 @@ def convert(input_file: str, output_file: str, out_format: str | None) -> None:
     click.echo(
         f"polyprof: {stats.events:,} activities, {stats.flows:,} flow ends, {stats.counters:,} counter samples "
         f"written to {stats.output} in {seconds:.1f} s ({stats.input_bytes / max(seconds, 1e-9) / 1e6:.1f} MB/s){skipped}",
+        err=True,
+    )
+
+
+@cli.command()
+@click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False))
+@click.option("-o", "--output", required=True, help="Merged trace to write (.json[.gz] or .pftrace[.gz]).")
+def merge(traces: tuple[str, ...], output: str) -> None:
+    """One timeline from many ranks' TRACES (files or folders; polyprof's or torch.profiler's): a
+    process per rank and device, ids kept unique, clocks put on rank 0's where the traces recorded it."""
+    from polyprof.io.ranks import merge_traces
+
+    started = time.perf_counter()
+    try:
+        stats = merge_traces(list(traces), output)
+    except (TraceFormatError, PolyprofError) as exc:
+        _fail(str(exc))
+    aligned = sum(r.offset_ns is not None for r in stats.ranks)
+    click.echo(
+        f"polyprof: {len(stats.ranks)} ranks, {stats.events:,} activities merged into {stats.output} in "
+        f"{time.perf_counter() - started:.1f} s ({aligned} of {len(stats.ranks)} with a recorded clock offset to rank 0)",
         err=True,
     )
 

@@ -24,21 +24,28 @@ from datetime import timedelta
 from typing import Any
 
 ROUND_TRIPS = 5
-TIME_LIMIT_S = 5.0
+TIME_LIMIT_S = 3.0
 _counter = 0
 _counter_lock = threading.Lock()
 
 
 def _store_and_rank() -> tuple[Any, int, int] | None:
+    """A store client of this measurement's own (the job's TCPStore at MASTER_ADDR:MASTER_PORT, so the
+    job's own client is never shared with a second thread), this rank and the world size."""
+    import os
     import sys
 
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
             return None
-        store = dist.distributed_c10d._get_default_store()
-        return store, dist.get_rank(), dist.get_world_size()
-    except Exception:  # no default store (a custom process group), or a job in an odd state
+        rank, world = dist.get_rank(), dist.get_world_size()
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not addr or not port:
+            return None  # a job rendezvoused some other way: no store polyprof can reach on its own
+        store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=TIME_LIMIT_S))
+        return store, rank, world
+    except Exception:  # a job in an odd state, or its store is gone
         return None
 
 
@@ -53,13 +60,13 @@ class ClockSync:
     @classmethod
     def start_measuring(cls, when: str) -> ClockSync | None:
         """Start measuring in the background; None when there is no multi-rank job to measure in."""
+        global _counter
+        with _counter_lock:  # counted on every rank alike, whether or not this one can measure
+            _counter += 1
+            number = _counter
         job = _store_and_rank()
         if job is None:
             return None
-        global _counter
-        with _counter_lock:
-            _counter += 1
-            number = _counter
         store, rank, world = job
         sync = cls(when)
         prefix = f"polyprof/clock/{number}"
@@ -83,7 +90,7 @@ class ClockSync:
                     store.wait([f"{prefix}/ping/{other}/{i}"], timedelta(seconds=left))
                     store.set(f"{prefix}/pong/{other}/{i}", str(time.time_ns()))
                     answered += 1
-        except Exception:  # a rank that does not profile: the others are still answered up to here
+        except BaseException:  # a rank that does not profile: the others are still answered up to here
             pass
         self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0, "answered": answered}
 
@@ -104,7 +111,7 @@ class ClockSync:
                 trip = back - sent
                 if best is None or trip < best[0]:
                     best = (trip, answer - (sent + back) // 2)
-        except Exception as exc:
+        except BaseException as exc:
             if best is None:
                 self._result = {"reference": "rank 0", "when": self.when, "measured": False,
                                 "why": f"rank 0 did not answer within {TIME_LIMIT_S:g} s ({type(exc).__name__})"}  # fmt: skip

@@ -100,7 +100,9 @@ class DistributedWatch:
     def remove(self) -> None:
         self.note()
         if self.info is not None and distributed_info() is not None:
-            self._measure("stop")  # in the background: stopping does not wait for it
+            sync = self._measure("stop")
+            if sync is not None:  # every rank stops here together: a few ms (at most its time limit),
+                sync.result()  # and no thread is left talking to a store the job may tear down next
         for name, original in self._originals.items():
             if getattr(getattr(self._dist, name, None), "__wrapped__", None) is original:
                 setattr(self._dist, name, original)

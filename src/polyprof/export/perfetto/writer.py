@@ -239,12 +239,19 @@ class _Tracks:
 
 
 def iter_perfetto_chunks(
-    trace: Trace, *, sequence_id: int = SEQUENCE_ID, stable_tracks: bool = False, clock: bool = True, metadata: bool = True
+    trace: Trace,
+    *,
+    sequence_id: int = SEQUENCE_ID,
+    stable_tracks: bool = False,
+    clock: bool = True,
+    metadata: bool = True,
+    layout: bool = True,
 ) -> Iterator[bytes]:
     """The trace file's bytes, in chunks: header and tracks, then the events CHUNK_EVENTS at a time,
     then counters and the metadata event. Several traces written with distinct `sequence_id`s,
     `stable_tracks` and one `clock` snapshot, one after the other, make one valid trace (the Perfetto
-    spill appends each flush that way)."""
+    spill appends each flush that way, ``polyprof merge`` each rank; without `layout` a reader places
+    rows by the track descriptors)."""
     acts = trace.activities
     strings = acts.strings.strings
     interned = _Interned()
@@ -275,7 +282,7 @@ def iter_perfetto_chunks(
             yield (_interned_packet(new, tracks.head) if new else b"") + body
     yield _counter_packets(trace, tracks)
     if metadata:
-        meta = _metadata_packet(trace, tracks, interned)
+        meta = _metadata_packet(trace, tracks, interned, layout)
         yield _interned_packet(interned.take_new(), tracks.head) + meta
 
 
@@ -427,12 +434,13 @@ def layout(trace: Trace, tracks: _Tracks) -> dict[str, Any]:
     }
 
 
-def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned) -> bytes:
+def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_layout: bool = True) -> bytes:
     """The metadata track and its one instant: the JSON's top-level keys as JSON-valued annotations."""
     values: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": device_properties(trace)}
     values.update(trace_metadata(trace))
     values["baseTimeNanoseconds"] = int(trace.base_time_ns)
-    values[LAYOUT_KEY] = layout(trace, tracks)
+    if with_layout:
+        values[LAYOUT_KEY] = layout(trace, tracks)
     body = b"".join(
         field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, interned.iid(str(k))) + _json_value(v))
         for k, v in values.items()

@@ -1,0 +1,193 @@
+"""``polyprof merge``: one timeline from many ranks' traces (polyprof's and torch.profiler's alike).
+
+::
+
+    from polyprof.io.ranks import merge_traces
+    merge_traces(["traces/rank0.json.gz", "traces/rank1.json.gz"], "job.pftrace")   # or a folder
+
+Each rank becomes its own processes, named ``rank R · host · <device>``, ordered rank by rank; process
+ids, flow ids, correlation and External ids are made unique per rank; times are put on rank 0's clock
+with the offset each polyprof trace recorded (the torch backend's clock ``to rank 0``); traces without
+one (torch.profiler's) are merged on their own epoch, which the merged trace says. Every rank's
+top-level metadata is kept under ``ranks``. The ranks are read and written one at a time, so memory is
+about one rank's trace, never the sum of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from polyprof.clock import base_time_ns
+from polyprof.errors import ConfigError
+from polyprof.export.formats import format_of
+from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.model import ActivityTable, Counters, Trace
+
+ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
+PID_STRIDE = 1000
+TRACE_SUFFIXES = (".json", ".json.gz", ".pftrace", ".pftrace.gz", ".perfetto-trace", ".perfetto-trace.gz")
+
+
+@dataclass
+class RankInput:
+    path: str
+    rank: int
+    host: str
+    offset_ns: int | None  # to rank 0's clock; None: not recorded
+    uncertainty_ns: int | None
+
+
+@dataclass
+class MergeStats:
+    ranks: list[RankInput] = field(default_factory=list)
+    events: int = 0
+    output: str = ""
+
+
+def trace_files(paths: list[str]) -> list[str]:
+    """The trace files named, folders expanded to the traces in them (sorted)."""
+    out: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            out += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(TRACE_SUFFIXES))
+        else:
+            out.append(p)
+    if not out:
+        raise ConfigError("polyprof merge: no trace files given (or none in the folders named)")
+    return out
+
+
+def _rank_of(trace: Trace, fallback: int) -> int:
+    info = trace.metadata.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else fallback
+
+
+def _offset_of(trace: Trace) -> tuple[int | None, int | None]:
+    for status in trace.backends.values():
+        sync = status.clock.get("to rank 0")
+        if isinstance(sync, dict) and isinstance(sync.get("offset_ns"), int):
+            return sync["offset_ns"], sync.get("uncertainty_ns")
+    return None, None
+
+
+def _describe(path: str, position: int) -> tuple[RankInput, Trace]:
+    from polyprof.io import load_trace
+
+    trace = load_trace(path)
+    offset, uncertainty = _offset_of(trace)
+    host = str(trace.metadata.get("host_name") or (trace.metadata.get("polyprof") or {}).get("host") or "")
+    return RankInput(path, _rank_of(trace, position), host, offset, uncertainty), trace
+
+
+def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
+    """`trace` as rank `rank.rank` of the merged timeline (see the module docstring)."""
+    r = rank.rank
+    devices = [
+        dataclasses.replace(
+            d, key=f"rank{r}/{d.key}", pid=(r + 1) * PID_STRIDE + i, sort_index=r * PID_STRIDE + i,
+            name=" · ".join(x for x in (f"rank {r}", rank.host, d.label or d.name) if x),
+        )
+        for i, d in enumerate(trace.devices)
+    ]  # fmt: skip
+    acts = trace.activities
+    cols = dict(acts.columns)
+    for name in ("flow_id", "correlation", "external_id"):
+        column = cols[name].astype(np.int64)
+        cols[name] = np.where(column != 0, column + r * ID_STRIDE, 0)
+    # every rank's times onto one timeline: ns since `base` on rank 0's epoch (the rank's own host clock
+    # is unrelated to another host's)
+    delta = trace.epoch_offset_ns + (rank.offset_ns or 0) - base
+    cols["start"], cols["end"] = cols["start"] + delta, cols["end"] + delta
+    counters = trace.counters.columns
+    shifted = Counters.from_columns(trace.counters.strings, {**counters, "ts": counters["ts"] + delta})
+    return dataclasses.replace(
+        trace,
+        activities=ActivityTable(acts.strings, cols, acts.args),
+        devices=devices,
+        counters=shifted,
+        epoch_offset_ns=base,
+        base_time_ns=base,
+        window=(trace.window[0] + delta, trace.window[1] + delta),
+    )
+
+
+def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | None = None) -> MergeStats:
+    """Merge the ranks' trace files `paths` (files or folders) into `output`."""
+    files = trace_files([os.fspath(p) for p in paths])
+    output = check_output_path(output)
+    if output in {os.path.abspath(f) for f in files}:
+        raise ConfigError(f"polyprof merge: the output {output} is one of the inputs; give another name")
+    stats = MergeStats(output=output)
+    starts = []
+    for position, path in enumerate(files):  # a first pass for the ranks, their clocks and the base time
+        rank, trace = _describe(path, position)
+        stats.ranks.append(rank)
+        starts.append(trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0))
+        del trace
+    seen = [r.rank for r in stats.ranks]
+    if len(set(seen)) != len(seen):  # traces that do not say their rank (or say the same): file order
+        for position, r in enumerate(stats.ranks):
+            r.rank = position
+    base = base_time_ns(min(starts))
+    order = sorted(range(len(files)), key=lambda i: stats.ranks[i].rank)
+    with atomic_output(output) as raw:
+        out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
+        if format_of(output, format) == "perfetto":
+            _write_perfetto(out, files, stats, order, base)
+        else:
+            _write_json(out, files, stats, order, base)
+        if out is not raw:
+            out.close()
+    return stats
+
+
+def _rank_metadata(rank: RankInput, trace: Trace) -> dict[str, Any]:
+    from polyprof.export.chrome import trace_metadata
+
+    return {"rank": rank.rank, "host": rank.host, "file": rank.path, "clock_offset_ns": rank.offset_ns,
+            "clock_uncertainty_ns": rank.uncertainty_ns,
+            "clock": "shifted onto rank 0's by the recorded offset" if rank.offset_ns is not None
+            else "its own epoch (no offset recorded: merged as written)",
+            "metadata": trace_metadata(trace)}  # fmt: skip
+
+
+def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
+    from polyprof.export.chrome import iter_event_chunks
+    from polyprof.export.jsonsafe import json_bytes
+    from polyprof.io import load_trace
+
+    out.write(b'{\n  "schemaVersion": 1,\n  "displayTimeUnit": "ms",\n')
+    out.write(b'  "baseTimeNanoseconds": %d,\n  "traceEvents": [\n' % base)
+    first, ranks = True, []
+    for i in order:
+        rank = stats.ranks[i]
+        trace = _placed(load_trace(files[i]), rank, base)
+        for chunk in iter_event_chunks(trace):
+            if chunk:
+                out.write(chunk if first else b",\n" + chunk)
+                first = False
+        stats.events += len(trace.activities)
+        ranks.append(_rank_metadata(rank, trace))
+        del trace
+    out.write(b'\n  ],\n  "ranks": ' + json_bytes(ranks) + b',\n  "traceName": "polyprof merge"\n}\n')
+
+
+def _write_perfetto(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
+    from polyprof.export.perfetto.writer import iter_perfetto_chunks
+    from polyprof.io import load_trace
+
+    for n, i in enumerate(order):
+        rank = stats.ranks[i]
+        trace = _placed(load_trace(files[i]), rank, base)
+        trace.metadata = {"rank": _rank_metadata(rank, trace)}
+        for chunk in iter_perfetto_chunks(trace, sequence_id=n + 1, stable_tracks=True, clock=n == 0, layout=False):
+            out.write(chunk)
+        stats.events += len(trace.activities)
+        del trace
