@@ -186,3 +186,19 @@ def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tm
     one = clocks[1]
     assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
     assert one["start"]["round_trips"] == 5 and "stop" in one and abs(one["drift_ns"]) < 100_000_000
+
+
+@pytest.mark.parametrize("prefix", ["rank", "torch"])
+def test_the_rank_view_names_the_slow_rank_and_the_ranks_that_waited(ddp_traces, prefix):
+    """Rank 2 sleeps 50 ms in every step: it is the slowest of every captured step, and the others
+    wait for it in DDP's all-reduce."""
+    from polyprof.analysis import rank_view
+
+    view = rank_view([ddp_traces / f"{prefix}{r}.json" for r in range(4)])
+    assert [s.step for s in view.steps] == [2, 3] and all(s.slowest == 2 for s in view.steps)
+    assert view.slowest_rank == 2 and all(s.behind_ns > 30_000_000 for s in view.steps)
+    by_rank = {r.rank: r for r in view.ranks}
+    assert by_rank[2].waited_ns < min(by_rank[r].waited_ns for r in (0, 1, 3)), "the others waited for rank 2"
+    r = subprocess.run([sys.executable, "-m", "polyprof", "summary", *[str(ddp_traces / f"{prefix}{i}.json") for i in range(4)]],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "slowest rank: 2" in r.stdout, r.stderr

@@ -314,18 +314,29 @@ def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:
 
 
 @cli.command()
-@click.argument("trace_file", type=click.Path(dir_okay=True))
+@click.argument("trace_files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device.")
-def summary(trace_file: str, top: int) -> None:
-    """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz)."""
-    from polyprof.cli.render import print_summary
+def summary(trace_files: tuple[str, ...], top: int) -> None:
+    """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
+    with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
+    time in collectives and who waited."""
+    from polyprof.cli.render import print_rank_view, print_summary
     from polyprof.io import load_trace
 
+    if len(trace_files) > 1 or os.path.isdir(trace_files[0]):
+        from polyprof.analysis.ranks import rank_view
+
+        try:
+            view = rank_view(trace_files)
+        except (TraceFormatError, PolyprofError) as exc:
+            _fail(str(exc))
+        print_rank_view(view, _console())
+        return
     try:
-        trace = load_trace(trace_file)
+        trace = load_trace(trace_files[0])
     except TraceFormatError as exc:
         _fail(str(exc))
-    print_summary(trace, _console(), top, f"polyprof summary: {trace_file}")
+    print_summary(trace, _console(), top, f"polyprof summary: {trace_files[0]}")
 
 
 @cli.command()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -71,3 +73,37 @@ def print_summary(trace: Trace, console: Console, top: int, title: str) -> None:
         console.print(f"{title}: no activities recorded")
     for line in backend_status_lines(trace):
         console.print(f"  backend {line}", highlight=False, markup=False)  # reasons hold [extras]
+
+
+def print_rank_view(view: object, console: Console) -> None:
+    """The rank view of a job (polyprof.analysis.ranks.RankView): per rank, per step, the slowest."""
+    ranks = Table(title="polyprof summary: ranks", title_justify="left")
+    for col in ("Rank", "Steps", "Mean step", "In collectives", "Waited", "Trace"):
+        ranks.add_column(col, justify="left" if col == "Trace" else "right", overflow="fold")
+    for r in view.ranks:  # type: ignore[attr-defined]
+        ranks.add_row(str(r.rank), str(r.steps), format_ns(r.mean_step_ns), format_ns(r.collective_ns),
+                      format_ns(r.waited_ns), escape(r.source))  # fmt: skip
+    console.print(ranks)
+    if not view.steps:  # type: ignore[attr-defined]
+        console.print("no ProfilerStep#N spans: call prof.step() once per step to compare ranks by step")
+        return
+    steps = Table(title="polyprof summary: steps", title_justify="left")
+    steps.add_column("Step", justify="right")
+    rank_ids = [r.rank for r in view.ranks]  # type: ignore[attr-defined]
+    for rank in rank_ids:
+        steps.add_column(f"rank {rank}", justify="right")
+    steps.add_column("Slowest", justify="right")
+    steps.add_column("Busy above median", justify="right")
+    for s in view.steps:  # type: ignore[attr-defined]
+        cells = [f"{format_ns(s.times_ns[r])} ({format_ns(s.busy_ns[r])} busy)" if r in s.times_ns else "-" for r in rank_ids]
+        steps.add_row(str(s.step), *cells, f"rank {s.slowest}", format_ns(s.behind_ns))
+    console.print(steps)
+    slowest = view.slowest_rank  # type: ignore[attr-defined]
+    lagging = [s for s in view.steps if s.slowest == slowest]  # type: ignore[attr-defined]
+    waited = sorted(view.ranks, key=lambda r: -r.waited_ns)  # type: ignore[attr-defined]
+    console.print(
+        f"slowest rank: {slowest} (slowest in {len(lagging)} of {len(view.steps)} steps, "  # type: ignore[attr-defined]
+        f"{format_ns(statistics.fmean(s.behind_ns for s in lagging))} busier than the median on average); "
+        f"waited longest in collectives: rank {waited[0].rank} ({format_ns(waited[0].waited_ns)} more than the least)",
+        highlight=False,
+    )
