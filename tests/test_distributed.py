@@ -202,3 +202,68 @@ def test_the_rank_view_names_the_slow_rank_and_the_ranks_that_waited(ddp_traces,
     r = subprocess.run([sys.executable, "-m", "polyprof", "summary", *[str(ddp_traces / f"{prefix}{i}.json") for i in range(4)]],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0 and "slowest rank: 2" in r.stdout, r.stderr
+
+
+def _netns_pair(tag):
+    """Two network namespaces joined by a veth pair (10.77.x.1 and .2), or a reason they cannot be."""
+    import shutil as sh
+
+    if os.geteuid() != 0 or sh.which("ip") is None:
+        return None, "needs root and iproute2 to make two network namespaces (CI runs as root)"
+    names = (f"pp{tag}a", f"pp{tag}b")
+    net = 1 + tag % 250
+    steps = [
+        ["ip", "netns", "add", names[0]], ["ip", "netns", "add", names[1]],
+        ["ip", "link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b"],
+        ["ip", "link", "set", f"v{tag}a", "netns", names[0]], ["ip", "link", "set", f"v{tag}b", "netns", names[1]],
+        ["ip", "-n", names[0], "addr", "add", f"10.77.{net}.1/24", "dev", f"v{tag}a"],
+        ["ip", "-n", names[1], "addr", "add", f"10.77.{net}.2/24", "dev", f"v{tag}b"],
+        ["ip", "-n", names[0], "link", "set", f"v{tag}a", "up"], ["ip", "-n", names[1], "link", "set", f"v{tag}b", "up"],
+        ["ip", "-n", names[0], "link", "set", "lo", "up"], ["ip", "-n", names[1], "link", "set", "lo", "up"],
+    ]  # fmt: skip
+    for cmd in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            for n in names:
+                subprocess.run(["ip", "netns", "del", n], capture_output=True)
+            return None, f"cannot make network namespaces here ({' '.join(cmd)}: {r.stderr.strip()})"
+    return (names, f"10.77.{net}.1", (f"v{tag}a", f"v{tag}b")), ""
+
+
+@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (Debian's libfaketime) to give a host another clock")
+def test_two_hosts_with_different_clocks_merge_onto_rank_0s(tmp_path):
+    """Two hosts as network namespaces joined by a veth pair, `torchrun --nnodes 2` with one node in
+    each, the second node's wall clock 5 s ahead (libfaketime on its worker): its trace records the
+    offset, and in the merged timeline the ranks' all-reduce ends together (within the recorded
+    uncertainty plus scheduling), not 5 s apart."""
+    pair, why = _netns_pair(os.getpid() % 10_000)
+    if pair is None:
+        pytest.skip(why)
+    (ns0, ns1), master, (if0, if1) = pair
+    try:
+        script = tmp_path / "clock.py"
+        script.write_text(textwrap.dedent(CLOCK_SCRIPT))
+        env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
+        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--master-addr", master, "--master-port", "29613"]  # fmt: skip
+        shifted = ["--no-python", "env", f"LD_PRELOAD={FAKETIME}", "FAKETIME=+5s", "FAKETIME_DONT_FAKE_MONOTONIC=1", sys.executable]
+        procs = [
+            subprocess.Popen(["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={iface}", *run, "--node-rank", str(node),
+                              *extra, str(script), str(tmp_path)],
+                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            for node, ns, iface, extra in ((0, ns0, if0, []), (1, ns1, if1, shifted))
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=180)
+            assert p.returncode == 0, err[-3000:]
+    finally:
+        for ns in (ns0, ns1):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    one = json.loads((tmp_path / "rank1.json").read_text())["polyprof"]["backends"]["torch"]["clock"]["to rank 0"]
+    assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
+    from polyprof.io.ranks import merge_traces
+
+    merge_traces([tmp_path / "rank0.json", tmp_path / "rank1.json"], tmp_path / "merged.json")
+    doc = json.loads((tmp_path / "merged.json").read_text())
+    ends = {e["name"]: e["ts"] + e["dur"] for e in doc["traceEvents"] if str(e.get("name", "")).endswith(" work")}
+    assert abs(ends["rank 0 work"] - ends["rank 1 work"]) < 500_000, ends  # µs: aligned, not 5 s apart
