@@ -267,3 +267,36 @@ def test_two_hosts_with_different_clocks_merge_onto_rank_0s(tmp_path):
     doc = json.loads((tmp_path / "merged.json").read_text())
     ends = {e["name"]: e["ts"] + e["dur"] for e in doc["traceEvents"] if str(e.get("name", "")).endswith(" work")}
     assert abs(ends["rank 0 work"] - ends["rank 1 work"]) < 500_000, ends  # µs: aligned, not 5 s apart
+
+
+SYNCED = """
+import os, time, torch, torch.distributed as dist
+import polyprof
+if int(os.environ["RANK"]) == 1:
+    time.sleep(1.0)  # this rank reaches the rendezvous (and its first step) a second late
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(60):
+    with polyprof.record_function(f"step {i}"):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    time.sleep(0.01)
+dist.destroy_process_group()
+"""
+
+
+def test_a_duration_window_under_torchrun_starts_at_the_same_step_on_every_rank(tmp_path):
+    script = tmp_path / "synced.py"
+    script.write_text(textwrap.dedent(SYNCED))
+    _torchrun(tmp_path, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "--duration", "0.3",
+              "-o", str(tmp_path / "r{rank}.json"), str(script))  # fmt: skip
+    firsts = []
+    for rank in range(4):
+        doc = json.loads((tmp_path / f"r{rank}.json").read_text())
+        steps = sorted(int(e["name"].split()[1]) for e in doc["traceEvents"] if str(e.get("name", "")).startswith("step "))
+        assert steps, f"rank {rank} recorded steps"
+        firsts.append(steps[0])
+        assert doc["polyprofRun"]["started_after_optimizer_step"] == 1 and not doc["polyprofRun"]["problem"]
+    assert firsts == [1, 1, 1, 1], "every rank's window starts right after optimizer step 1 (inside step 0)"

@@ -103,7 +103,8 @@ def backends() -> None:
     "--duration",
     type=float,
     default=None,
-    help="Stop profiling after this many seconds (the script runs on).",
+    help="Stop profiling after this many seconds (the script runs on). Under torchrun the window starts "
+    "right after the same optimizer step on every rank (agreed through the job's store).",
 )
 @click.option(
     "--summary/--no-summary", default=True, show_default=True, help="Print the top activities when done."
@@ -206,9 +207,26 @@ def run(
             click.echo(f"polyprof: SIGUSR2: no dump ({exc})", err=True)
 
     previous_usr2 = signal.signal(signal.SIGUSR2, dump_now) if hasattr(signal, "SIGUSR2") else None
-    with CleanStop() as stop:
+    alarm: list[Callable[[], None]] = []
+    synced = None
+
+    def begin() -> None:
+        """Start the window (and its --duration alarm)."""
+        if synced is not None:
+            prof.add_metadata("polyprofRun", {"started_after_optimizer_step": synced.agreed_step,
+                                              "agreed_through": "the job's store", "problem": synced.problem})  # fmt: skip
         prof.start()
-        alarm = _stop_after(duration, finish) if duration is not None else None
+        if duration is not None:
+            alarm.append(_stop_after(duration, finish))
+
+    with CleanStop() as stop:
+        from polyprof.backends.torch.steps import SyncedStart, distributed_launch
+
+        if duration is not None and distributed_launch():  # every rank's window starts at the same step
+            synced = SyncedStart(on_start=begin)
+            synced.install()
+        else:
+            begin()
         try:
             runpy.run_path(script_path, run_name="__main__")
         except SystemExit as exc:
@@ -225,8 +243,16 @@ def run(
             traceback.print_exc()
             exit_code = 1
         finally:
-            if alarm is not None:
-                alarm()
+            for cancel in alarm:
+                cancel()
+            if synced is not None:
+                synced.remove()
+                if not synced.started:
+                    done["error"] = (
+                        "--duration under torchrun starts right after an optimizer step every rank agrees on; "
+                        "the script made none after init_process_group, so nothing was recorded "
+                        "(run without --duration to profile the whole script)"
+                    )
             try:
                 finish()
             except Signalled:  # came while the trace was written: it is written; exit as it asks below
