@@ -35,3 +35,34 @@ def per_call_ns(fn: Callable[[int], None], n: int, repeats: int) -> float:
 
 def report(name: str, results: dict) -> None:
     print(json.dumps({"benchmark": name, "machine": machine(), **results}, indent=2))
+
+
+_MEASURED = """
+import atexit, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                print("POLYPROF_BENCH_PEAK_KB", line.split()[1], file=sys.stderr, flush=True)
+atexit.register(_peak)
+sys.argv = ["polyprof", *sys.argv[1:]]
+from polyprof.cli.main import main
+main()
+"""
+
+
+def run_polyprof_measured(args: list[str]) -> tuple[float, int, str]:
+    """Run `polyprof ARGS` in a child process; (wall seconds, its peak RSS in bytes, its stderr). The
+    peak is the child's own high-water mark (/proc/self/status VmHWM), not getrusage's, which counts
+    the RSS the child inherited from this process at fork."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise SystemExit(run.stderr)
+    peak = [int(line.split()[1]) * 1024 for line in run.stderr.splitlines() if line.startswith("POLYPROF_BENCH_PEAK_KB")]
+    said = "\n".join(line for line in run.stderr.splitlines() if not line.startswith("POLYPROF_BENCH_PEAK_KB"))
+    return seconds, peak[-1] if peak else 0, said

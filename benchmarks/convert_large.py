@@ -6,21 +6,18 @@ Generates a Kineto-dialect trace of about `--gb` GB as torch.profiler writes it 
 step (aten ops with record_shapes args, cuda_runtime launches with ac2g flows to kernels on two
 streams, Kineto's metadata rows and top-level keys), then runs `python -m polyprof convert IN
 OUT.pftrace` in a child process and reports wall time, MB/s of input and the child's peak RSS
-(getrusage). Target (issue #15): peak RSS at most 1/2 of the input size.
+(its VmHWM). Target (issue #15): peak RSS at most 1/2 of the input size.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 
 import orjson
-from _common import report
+from _common import report, run_polyprof_measured
 
 
 def write_kineto_json(path: str, target_bytes: int) -> int:
@@ -87,12 +84,7 @@ def main() -> None:
         events = write_kineto_json(src, int(args.gb * 1e9))
         generated = time.perf_counter() - t0
         size = os.path.getsize(src)
-        t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "polyprof", "convert", src, dst], capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-        if run.returncode != 0:
-            raise SystemExit(run.stderr)
+        seconds, peak, said = run_polyprof_measured(["convert", src, dst])
         report(
             "convert_large",
             {
@@ -107,7 +99,7 @@ def main() -> None:
                 "output_over_input": round(os.path.getsize(dst) / size, 3),
                 "target_peak_rss_over_input_max": 0.5,
                 "meets_target": peak <= size / 2,
-                "convert_said": run.stderr.strip().splitlines()[-1],
+                "convert_said": said.strip().splitlines()[-1],
             },
         )
 

@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
-import sys
 import tempfile
-import time
 
-from _common import report
+from _common import report, run_polyprof_measured
 from export_throughput import synthetic_trace
 
 from polyprof.export import write_trace
@@ -40,12 +36,7 @@ def main() -> None:
             paths.append(write_trace(trace, os.path.join(folder, f"rank{r}.{args.format}")))
             del trace
         out = os.path.join(folder, f"merged.{args.format}")
-        t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "polyprof", "merge", *paths, "-o", out], capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        if run.returncode != 0:
-            raise SystemExit(run.stderr)
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        seconds, peak, _ = run_polyprof_measured(["merge", *paths, "-o", out])
         largest = max(os.path.getsize(p) for p in paths)
         events = args.ranks * args.events
         report(

@@ -37,7 +37,7 @@ from polyprof.export.perfetto.order import slice_events
 from polyprof.io.chrome import _FLOW_TYPES, ENVELOPE_PIDS, _hashable, _metadata_row, _ns
 from polyprof.model import FLOW_AC2G, Counters, Device, Resource, Trace
 
-EDGE_BYTES = 16 << 20  # how much of the head and the tail is searched for the top-level keys
+EDGE_BYTES = 4 << 20  # how much of the head and the tail is searched for the top-level keys
 
 
 @dataclass
@@ -111,22 +111,34 @@ def top_level_keys(path: str) -> dict[str, Any]:
             keys.update(parsed if isinstance(parsed, dict) else {})
         except orjson.JSONDecodeError:
             pass
-    # the array's closing bracket is the leftmost "]" after which the rest reads as ", key: value ... }"
-    # (a "]" further right, inside a later value, may read too; one inside the events never does)
-    end, after = len(tail), None
-    for _ in range(4096):
-        end = tail.rfind(b"]", 0, end)
-        if end < 0:
-            break
-        rest = tail[end + 1 :].strip().lstrip(b",")
-        try:
-            parsed = orjson.loads(b"{" + rest if rest != b"}" else b"{}")
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(parsed, dict):
-            after = parsed
-    keys.update(after or {})
+    keys.update(_keys_after_events(tail))
     return keys
+
+
+def _keys_after_events(tail: bytes) -> dict[str, Any]:
+    """The keys after the traceEvents array, from the end of the file. The array's closing bracket is
+    the leftmost "]" after which the rest reads as ", key: value ... }" (a "]" further right, inside a
+    later value, may read too; one inside the events never does). Searched in the last 64 KB first, where
+    it nearly always is, then in more."""
+    for size in (1 << 16, 1 << 20, len(tail)):
+        region = tail[-size:]
+        end, after = len(region), None
+        for _ in range(4096):
+            end = region.rfind(b"]", 0, end)
+            if end < 0:
+                break
+            rest = region[end + 1 :].strip()
+            if not rest.startswith((b",", b"}")):
+                continue  # what follows the array is "," or the closing "}"
+            try:
+                parsed = orjson.loads(b"{" + rest.lstrip(b",") if rest != b"}" else b"{}")
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(parsed, dict):
+                after = parsed
+        if after is not None or size >= len(tail):
+            return after or {}
+    return {}
 
 
 def _events(stream: IO[bytes], bare: bool) -> Any:

@@ -9,8 +9,10 @@ Each rank becomes its own processes, named ``rank R · host · <device>``, order
 ids, flow ids, correlation and External ids are made unique per rank; times are put on rank 0's clock
 with the offset each polyprof trace recorded (the torch backend's clock ``to rank 0``); traces without
 one (torch.profiler's) are merged on their own epoch, which the merged trace says. Every rank's
-top-level metadata is kept under ``ranks``. The ranks are read and written one at a time, so memory is
-about one rank's trace, never the sum of them.
+top-level metadata is kept under ``ranks``. JSON to JSON streams: each event is read (ijson), its pid,
+times and ids rewritten, and written, so memory stays flat whatever the sizes. Otherwise (a .pftrace in
+or out) the ranks are read into the model and written one at a time: memory is about one rank's trace,
+never the sum of them.
 """
 
 from __future__ import annotations
@@ -125,20 +127,30 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
     if output in {os.path.abspath(f) for f in files}:
         raise ConfigError(f"polyprof merge: the output {output} is one of the inputs; give another name")
     stats = MergeStats(output=output)
+    from polyprof.io.convert import _is_perfetto
+
+    if format_of(output, format) == "json" and not any(_is_perfetto(f) for f in files):
+        described = [_json_rank(f, position) for position, f in enumerate(files)]
+        stats.ranks = [d[0] for d in described]
+        _unique_ranks(stats)
+        base = base_time_ns(min(b + min(r.offset_ns or 0, 0) for r, b, _ in described))
+        with atomic_output(output) as raw:
+            out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
+            _stream_json(out, files, stats, [b for _, b, _ in described], [t for _, _, t in described], base)
+            if out is not raw:
+                out.close()
+        return stats
     starts = []
     for position, path in enumerate(files):  # a first pass for the ranks, their clocks and the base time
         rank, trace = _describe(path, position)
         stats.ranks.append(rank)
         starts.append(trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0))
         del trace
-    seen = [r.rank for r in stats.ranks]
-    if len(set(seen)) != len(seen):  # traces that do not say their rank (or say the same): file order
-        for position, r in enumerate(stats.ranks):
-            r.rank = position
+    _unique_ranks(stats)
     base = base_time_ns(min(starts))
     order = sorted(range(len(files)), key=lambda i: stats.ranks[i].rank)
     with atomic_output(output) as raw:
-        out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
+        out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
         if format_of(output, format) == "perfetto":
             _write_perfetto(out, files, stats, order, base)
         else:
@@ -146,6 +158,13 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
         if out is not raw:
             out.close()
     return stats
+
+
+def _unique_ranks(stats: MergeStats) -> None:
+    seen = [r.rank for r in stats.ranks]
+    if len(set(seen)) != len(seen):  # traces that do not say their rank (or say the same): file order
+        for position, r in enumerate(stats.ranks):
+            r.rank = position
 
 
 def _rank_metadata(rank: RankInput, trace: Trace) -> dict[str, Any]:
@@ -191,3 +210,92 @@ def _write_perfetto(out: IO[bytes], files: list[str], stats: MergeStats, order: 
             out.write(chunk)
         stats.events += len(trace.activities)
         del trace
+
+
+# -- JSON to JSON, streaming: each event rewritten as it is read (pid, times, ids), nothing held ------
+_PROCESS_ROWS = ("process_name", "process_labels", "process_sort_index")
+
+
+def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]]:
+    """A JSON rank's place from its top-level keys alone (head and tail of the file)."""
+    from polyprof.io.convert import top_level_keys
+
+    top = top_level_keys(path)
+    info = top.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    rank = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else position
+    offset = uncertainty = None
+    backends = (top.get("polyprof") or {}).get("backends") if isinstance(top.get("polyprof"), dict) else None
+    for status in (backends or {}).values():
+        sync = (status.get("clock") or {}).get("to rank 0") if isinstance(status, dict) else None
+        if isinstance(sync, dict) and isinstance(sync.get("offset_ns"), int):
+            offset, uncertainty = sync["offset_ns"], sync.get("uncertainty_ns")
+    base = top.get("baseTimeNanoseconds", 0)
+    return RankInput(path, rank, str(top.get("host_name") or ""), offset, uncertainty), base if isinstance(base, int) else 0, top
+
+
+def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: list[int], tops: list[dict], base: int) -> None:
+    import orjson
+
+    from polyprof.export.jsonsafe import json_bytes
+    from polyprof.io.chrome import ENVELOPE_PIDS, _hashable
+    from polyprof.io.convert import _events, _open
+
+    out.write(b'{\n  "schemaVersion": 1,\n  "displayTimeUnit": "ms",\n')
+    out.write(b'  "baseTimeNanoseconds": %d,\n  "traceEvents": [\n' % base)
+    first, ranks = True, []
+    for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
+        rank = stats.ranks[i]
+        r, shift_us = rank.rank, (bases[i] + (rank.offset_ns or 0) - base) / 1000.0
+        pids: dict[Any, int] = {}
+        processes: dict[Any, dict[str, Any]] = {}
+        buf: list[bytes] = []
+        with _open(files[i]) as stream:
+            head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
+            for ev in _events(stream, head.lstrip().startswith(b"[")):
+                if not isinstance(ev, dict):
+                    continue
+                ph, pid = ev.get("ph"), _hashable(ev.get("pid"))
+                if ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or (ph == "i" and ev.get("s") == "g"):
+                    continue  # each rank's Kineto envelope: the merged trace is not one profile
+                if ph == "M" and ev.get("name") in _PROCESS_ROWS:
+                    processes.setdefault(pid, {})[ev["name"]] = (ev.get("args") or {})
+                    pids.setdefault(pid, (r + 1) * PID_STRIDE + len(pids))
+                    continue
+                ev["pid"] = pids.setdefault(pid, (r + 1) * PID_STRIDE + len(pids))
+                ts = ev.get("ts")
+                if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                    ev["ts"] = round(ts + shift_us, 3)
+                if ph in ("s", "f", "t") and isinstance(ev.get("id"), int):
+                    ev["id"] += r * ID_STRIDE
+                args = ev.get("args")
+                if isinstance(args, dict):
+                    for key in ("External id", "correlation"):
+                        v = args.get(key)
+                        if isinstance(v, int) and not isinstance(v, bool) and v:
+                            args[key] = v + r * ID_STRIDE
+                if ph in ("X", "i", "I"):
+                    stats.events += 1
+                buf.append(orjson.dumps(ev, default=str))
+                if len(buf) >= 8192:
+                    out.write((b"" if first else b",\n") + b",\n".join(buf))
+                    first, buf = False, []
+        for old, new in pids.items():
+            rows = processes.get(old, {})
+            name = str((rows.get("process_name") or {}).get("name", f"process {old}"))
+            label = str((rows.get("process_labels") or {}).get("labels", ""))
+            full = " · ".join(x for x in (f"rank {r}", rank.host, label or name) if x)
+            buf.append(orjson.dumps({"name": "process_name", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"name": full}}))
+            if label:
+                buf.append(orjson.dumps({"name": "process_labels", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"labels": label}}))
+            sort = r * PID_STRIDE + (new - (r + 1) * PID_STRIDE)
+            buf.append(orjson.dumps({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"sort_index": sort}}))
+        if buf:
+            out.write((b"" if first else b",\n") + b",\n".join(buf))
+            first = False
+        top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
+        ranks.append({"rank": r, "host": rank.host, "file": rank.path, "clock_offset_ns": rank.offset_ns,
+                      "clock_uncertainty_ns": rank.uncertainty_ns,
+                      "clock": "shifted onto rank 0's by the recorded offset" if rank.offset_ns is not None
+                      else "its own epoch (no offset recorded: merged as written)", "metadata": top})  # fmt: skip
+    out.write(b'\n  ],\n  "ranks": ' + json_bytes(ranks) + b',\n  "traceName": "polyprof merge"\n}\n')
