@@ -15,7 +15,7 @@ the JSON's top-level metadata (backends' status included) and the clock. Anythin
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -75,6 +75,18 @@ def _text(value: Any) -> str:
     return bytes(_message(value, "a string")).decode("utf-8", "replace")
 
 
+class _Event(NamedTuple):
+    """A slice's begin or an instant as read (a tuple: a large trace holds millions)."""
+
+    track: int
+    ts: int
+    name: str
+    cat: str
+    args: dict[str, Any] | None
+    flows: list[tuple[int, bool]] | None
+    instant: bool
+
+
 class _Track:
     __slots__ = ("uuid", "parent", "name", "pid", "tid", "process_name", "labels", "sort_index", "is_counter")
 
@@ -97,9 +109,9 @@ class _Reader:
         self.sequences: set[int] = set()
         self.tracks: dict[int, _Track] = {}
         self.interned: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (sequence, kind) -> iid -> str
-        self.open: dict[int, list[dict]] = defaultdict(list)
-        self.slices: list[tuple[dict, int]] = []  # (begin, end ts)
-        self.instants: list[dict] = []
+        self.open: dict[int, list[_Event]] = defaultdict(list)
+        self.slices: list[tuple[_Event, int]] = []  # (begin, end ts)
+        self.instants: list[_Event] = []
         self.counter_samples: list[tuple[int, int, float]] = []  # (track, ts, value)
         self.snapshot: dict[int, int] = {}
         self.metadata: dict[str, Any] | None = None
@@ -254,8 +266,7 @@ class _Reader:
             if value_counter is not None:
                 self.counter_samples.append((track, ts, value_counter))
             return
-        item = {"track": track, "ts": ts, "name": name, "cat": cats[0] if cats else "", "args": args, "flows": flows,
-                "instant": kind == F.TYPE_INSTANT}  # fmt: skip
+        item = _Event(track, ts, name, cats[0] if cats else "", args or None, flows or None, kind == F.TYPE_INSTANT)
         if kind == F.TYPE_SLICE_BEGIN:
             self.open[track].append(item)
         elif kind == F.TYPE_INSTANT:
@@ -271,25 +282,25 @@ class _Reader:
         devices, resources, row_of_track, device_of_track = self._places(layout)
         builder = ActivityBuilder()
         unclosed = [(item, None) for stack in self.open.values() for item in stack]
-        rows = [(item, end) for item, end in self.slices] + [(i, i["ts"]) for i in self.instants] + unclosed
-        rows.sort(key=lambda r: (r[0]["ts"], -(r[1] if r[1] is not None else r[0]["ts"])))
+        rows = [(item, end) for item, end in self.slices] + [(i, i.ts) for i in self.instants] + unclosed
+        rows.sort(key=lambda r: (r[0].ts, -(r[1] if r[1] is not None else r[0].ts)))
         last = max([end for _, end in rows if end is not None] + [0])
         for item, end in rows:
-            track = item["track"]
+            track = item.track
             res = row_of_track.get(track)
             if res is None:
                 res = row_of_track[track] = self._lone_row(track, devices, resources, device_of_track)
-            args = dict(item["args"])
+            args = dict(item.args) if item.args else {}
             ext = args.pop("External id", 0)
             corr = args.get("correlation", 0)
-            kind = ActivityKind.INSTANT if item["instant"] else kind_from_category(item["cat"])
+            kind = ActivityKind.INSTANT if item.instant else kind_from_category(item.cat)
             if end is None:  # a begin without its end: open until the trace's last time
-                args["finished"], end = False, max(last, item["ts"])
+                args["finished"], end = False, max(last, item.ts)
             row = builder.append(
-                kind, item["cat"], item["name"], resources[res].device, res, item["ts"], end,
+                kind, item.cat, item.name, resources[res].device, res, item.ts, end,
                 _int64(corr), _int64(ext), args=args or None,
             )  # fmt: skip
-            for key, is_start in item["flows"][:1]:
+            for key, is_start in (item.flows or ())[:1]:
                 cols = builder._cols
                 cols["flow_id"][row], cols["flow_type"][row] = key >> 2, (key & 3) or FLOW_AC2G
                 cols["flow_start"][row] = 1 if is_start else 0
