@@ -425,9 +425,14 @@ def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill
                 loss.backward()
                 opt.step()
                 time.sleep(0.004)
-            if "spill" in kwargs:
-                time.sleep(0.1)
-                spilled = recover_trace(kwargs["spill"])
+            if "spill" in kwargs:  # the flush thread hands the ops over while the profile still records
+                deadline = time.monotonic() + 30
+                while True:
+                    spilled = recover_trace(kwargs["spill"])
+                    addmm = sum(1 for a in spilled.activities if a.name == "aten::addmm")
+                    if addmm >= 20 or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
         prof.export_chrome_trace(str(tmp_path / "t.json"))
         doc = json.loads((tmp_path / "t.json").read_text())
         return prof, doc, (spilled if "spill" in kwargs else None)

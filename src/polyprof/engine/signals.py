@@ -97,6 +97,9 @@ class CleanStop:
         if self.signum is None:
             return
         self.__exit__()
+        for other in (*HANDLED, INTERRUPT):  # a further signal (a second Ctrl-C) must not cut the exit short
+            if other != self.signum and threading.current_thread() is threading.main_thread():
+                signal.signal(other, signal.SIG_IGN)
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(self.signum, signal.SIG_DFL)

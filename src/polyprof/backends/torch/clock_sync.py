@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 ROUND_TRIPS = 5
-TIME_LIMIT_S = 3.0
+TIME_LIMIT_S = 10.0  # a limit for a job in trouble: the pings take milliseconds
 _counter = 0
 _counter_lock = threading.Lock()
 
