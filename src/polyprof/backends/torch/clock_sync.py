@@ -18,6 +18,7 @@ schedule, ``polyprof run``) pair up.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from datetime import timedelta
@@ -25,8 +26,34 @@ from typing import Any
 
 ROUND_TRIPS = 5
 TIME_LIMIT_S = 10.0  # a limit for a job in trouble: the pings take milliseconds
+POLL_S = 0.25  # waits are this short, so that the threads end soon when the process does
 _counter = 0
 _counter_lock = threading.Lock()
+_ending = threading.Event()
+_threads: list[threading.Thread] = []
+
+
+@atexit.register
+def _end_measurements() -> None:
+    """At exit, no measuring thread is left inside a store call (a daemon thread there can abort the
+    interpreter's shutdown)."""
+    _ending.set()
+    for thread in list(_threads):
+        thread.join(2 * POLL_S)
+
+
+def _wait(store: Any, key: str, deadline: float) -> None:
+    """Wait for `key` until `deadline` (monotonic), in short waits; TimeoutError when it does not come."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or _ending.is_set():
+            raise TimeoutError(key)
+        try:
+            store.wait([key], timedelta(seconds=min(POLL_S, left)))
+            return
+        except Exception:  # the store's timeout: look again until the deadline
+            if time.monotonic() >= deadline:
+                raise
 
 
 def _store_and_rank() -> tuple[Any, int, int] | None:
@@ -74,25 +101,31 @@ class ClockSync:
         sync._thread = threading.Thread(
             target=target, args=(store, prefix, rank, world), name=f"polyprof-clock-{when}", daemon=True
         )
+        _threads[:] = [t for t in _threads if t.is_alive()] + [sync._thread]
         sync._thread.start()
         return sync
 
     def _serve(self, store: Any, prefix: str, rank: int, world: int) -> None:
-        """Rank 0: answer every rank's pings with this rank's epoch time."""
+        """Rank 0: answer every rank's pings with this rank's epoch time, whichever rank comes first (a
+        rank that reaches its stop late must not hold up the others)."""
+        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0}
         deadline = time.monotonic() + TIME_LIMIT_S
-        answered = 0
+        next_ping = dict.fromkeys(range(1, world), 0)  # rank -> its next ping to answer
         try:
-            for other in range(1, world):
-                for i in range(ROUND_TRIPS):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError
-                    store.wait([f"{prefix}/ping/{other}/{i}"], timedelta(seconds=left))
-                    store.set(f"{prefix}/pong/{other}/{i}", str(time.time_ns()))
-                    answered += 1
-        except BaseException:  # a rank that does not profile: the others are still answered up to here
+            while next_ping and time.monotonic() < deadline and not _ending.is_set():
+                answered = False
+                for other, i in list(next_ping.items()):
+                    key = f"{prefix}/ping/{other}/{i}"
+                    if store.check([key]):
+                        store.set(f"{prefix}/pong/{other}/{i}", str(time.time_ns()))
+                        answered = True
+                        next_ping[other] = i + 1
+                        if i + 1 == ROUND_TRIPS:
+                            del next_ping[other]
+                if not answered:
+                    time.sleep(0.0005)
+        except BaseException:  # the store went away: the ranks that asked in time were answered
             pass
-        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0, "answered": answered}
 
     def _ask(self, store: Any, prefix: str, rank: int, world: int) -> None:
         """Rank r: ping rank 0, keep the answer with the shortest round trip."""
@@ -102,10 +135,7 @@ class ClockSync:
             for i in range(ROUND_TRIPS):
                 sent = time.time_ns()
                 store.set(f"{prefix}/ping/{rank}/{i}", str(sent))
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                store.wait([f"{prefix}/pong/{rank}/{i}"], timedelta(seconds=left))
+                _wait(store, f"{prefix}/pong/{rank}/{i}", deadline)
                 answer = int(store.get(f"{prefix}/pong/{rank}/{i}"))
                 back = time.time_ns()
                 trip = back - sent
@@ -121,22 +151,23 @@ class ClockSync:
                         "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}  # fmt: skip
 
     def result(self, wait_s: float = TIME_LIMIT_S) -> dict[str, Any]:
-        """The measurement (waiting up to `wait_s` for it)."""
-        if self._thread is not None:
+        """The measurement (waiting up to `wait_s` for it; rank 0, the reference, has it at once while
+        it goes on answering the others)."""
+        if self._thread is not None and self._result is None:
             self._thread.join(wait_s)
         if self._result is None:
             return {"reference": "rank 0", "when": self.when, "measured": False, "why": "still measuring"}
         return self._result
 
 
-def summarize(start: ClockSync | None, end: ClockSync | None) -> dict[str, Any] | None:
+def summarize(start: ClockSync | None, end: ClockSync | None, wait_s: float = TIME_LIMIT_S) -> dict[str, Any] | None:
     """What the trace records: the offset to rank 0 at start and at stop, and the drift between them."""
     if start is None and end is None:
         return None
     out: dict[str, Any] = {"reference": "rank 0", "method": "pings through the torch.distributed store"}
     for name, sync in (("start", start), ("stop", end)):
         if sync is not None:
-            out[name] = {k: v for k, v in sync.result().items() if k not in ("reference", "when")}
+            out[name] = {k: v for k, v in sync.result(wait_s).items() if k not in ("reference", "when")}
     a, b = out.get("start", {}), out.get("stop", {})
     if "offset_ns" in a and "offset_ns" in b:
         out["drift_ns"] = b["offset_ns"] - a["offset_ns"]

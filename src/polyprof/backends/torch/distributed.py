@@ -41,8 +41,8 @@ class DistributedWatch:
     """The last ``distributedInfo`` of the job, and this rank's clock against rank 0's (see
     :mod:`.clock_sync`), kept while a profile records: measured when the profile starts in a running
     job or right after ``init_process_group`` returns (every rank is past the rendezvous then), and
-    when the profile stops or right before ``destroy_process_group`` (then waited for: the store goes
-    with the group)."""
+    when the profile stops (in the background) or right before ``destroy_process_group`` (waited for
+    there: every rank is done with its collectives)."""
 
     def __init__(self) -> None:
         self.info: dict[str, Any] | None = None
@@ -100,15 +100,17 @@ class DistributedWatch:
     def remove(self) -> None:
         self.note()
         if self.info is not None and distributed_info() is not None:
-            sync = self._measure("stop")
-            if sync is not None:  # every rank stops here together: a few ms (at most its time limit),
-                sync.result()  # and no thread is left talking to a store the job may tear down next
+            # in the background: a rank waiting here could hold up a collective that another rank must
+            # finish before it stops too (the result is read at collect, on the background writer)
+            self._measure("stop")
         for name, original in self._originals.items():
             if getattr(getattr(self._dist, name, None), "__wrapped__", None) is original:
                 setattr(self._dist, name, original)
         self._dist, self._originals = None, {}
 
-    def clock_summary(self) -> dict[str, Any] | None:
+    def clock_summary(self, wait_s: float = 1.0) -> dict[str, Any] | None:
+        """The offsets measured; a measurement still going after `wait_s` is said to be (collect may
+        run on the training thread, which must not wait on other ranks)."""
         from polyprof.backends.torch.clock_sync import summarize
 
-        return summarize(self.sync_start, self.sync_stop)
+        return summarize(self.sync_start, self.sync_stop, wait_s)
