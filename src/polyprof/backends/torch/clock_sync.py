@@ -33,10 +33,17 @@ _ending = threading.Event()
 _threads: list[threading.Thread] = []
 
 
+EXIT_GRACE_S = 3.0
+
+
 @atexit.register
 def _end_measurements() -> None:
-    """At exit, no measuring thread is left inside a store call (a daemon thread there can abort the
+    """At exit: let measurements still going (rank 0 answering slower ranks) finish for a moment, then
+    end them, so that no thread is left inside a store call (a daemon thread there can abort the
     interpreter's shutdown)."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for thread in list(_threads):
+        thread.join(max(0.0, deadline - time.monotonic()))
     _ending.set()
     for thread in list(_threads):
         thread.join(2 * POLL_S)
@@ -149,6 +156,11 @@ class ClockSync:
         assert best is not None
         self._result = {"reference": "rank 0", "when": self.when, "offset_ns": best[1],
                         "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}  # fmt: skip
+
+    def finish(self, wait_s: float = TIME_LIMIT_S) -> None:
+        """Wait (up to `wait_s`) until this rank's part is done: rank 0 has answered every rank."""
+        if self._thread is not None:
+            self._thread.join(wait_s)
 
     def result(self, wait_s: float = TIME_LIMIT_S) -> dict[str, Any]:
         """The measurement (waiting up to `wait_s` for it; rank 0, the reference, has it at once while

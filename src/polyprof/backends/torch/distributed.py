@@ -88,8 +88,8 @@ class DistributedWatch:
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             watch.note()
             sync = watch._measure("stop")
-            if sync is not None:
-                sync.result()  # the store goes with the group: measure first (a few ms; at most its limit)
+            if sync is not None:  # every rank is done with its collectives: measure before the group goes
+                sync.finish()  # (rank 0 until it has answered every rank; a few ms, at most the time limit)
             return destroy(*args, **kwargs)
 
         init_process_group.__wrapped__ = init  # type: ignore[attr-defined]
