@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
 import stat
 import tempfile
@@ -79,6 +80,20 @@ def check_output_path(path: str | os.PathLike) -> str:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OutputPathError(f"cannot write the trace to {path}: the existing file is not writable")
     return path
+
+
+GZIP_LEVEL = 3  # ~2x faster than the default 9 for a few percent more bytes
+
+
+@contextlib.contextmanager
+def trace_output(path: str) -> Iterator[IO[bytes]]:
+    """:func:`atomic_output`, through gzip when `path` ends in ``.gz``: where every trace writer writes."""
+    with atomic_output(path) as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                yield gz
+        else:
+            yield raw
 
 
 def _new_file_mode() -> int:

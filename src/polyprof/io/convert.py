@@ -31,7 +31,7 @@ import orjson
 
 from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.export.formats import format_of, write_trace
-from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.export.paths import check_output_path, trace_output
 from polyprof.export.perfetto import writer as W
 from polyprof.export.perfetto.order import slice_events
 from polyprof.io.chrome import _FLOW_TYPES, ENVELOPE_PIDS, _hashable, _metadata_row, _ns
@@ -295,11 +295,8 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
             window=(int(cols["start"].min()), int(cols["end"].max())) if len(cols["start"]) else (0, 0),
         )  # fmt: skip
         stats.events = len(cols["start"])
-        with atomic_output(dst) as out:
-            target: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=3, mtime=0) if dst.endswith(".gz") else out
-            _write_packets(target, trace, interned, names, cats, bodies.fileno(), cols, loose)
-            if target is not out:
-                target.close()
+        with trace_output(dst) as out:
+            _write_packets(out, trace, interned, names, cats, bodies.fileno(), cols, loose)
     return stats
 
 

@@ -18,7 +18,6 @@ never the sum of them.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import os
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -27,8 +26,10 @@ import numpy as np
 
 from polyprof.clock import base_time_ns
 from polyprof.errors import ConfigError
+from polyprof.export.chrome import trace_metadata
 from polyprof.export.formats import format_of
-from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.export.jsonsafe import json_bytes
+from polyprof.export.paths import check_output_path, trace_output
 from polyprof.model import ActivityTable, Counters, Trace
 
 ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
@@ -134,11 +135,8 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
         stats.ranks = [d[0] for d in described]
         _unique_ranks(stats)
         base = base_time_ns(min(b + min(r.offset_ns or 0, 0) for r, b, _ in described))
-        with atomic_output(output) as raw:
-            out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
+        with trace_output(output) as out:
             _stream_json(out, files, stats, [b for _, b, _ in described], [t for _, _, t in described], base)
-            if out is not raw:
-                out.close()
         return stats
     starts = []
     for position, path in enumerate(files):  # a first pass for the ranks, their clocks and the base time
@@ -149,14 +147,11 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
     _unique_ranks(stats)
     base = base_time_ns(min(starts))
     order = sorted(range(len(files)), key=lambda i: stats.ranks[i].rank)
-    with atomic_output(output) as raw:
-        out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=3, mtime=0) if output.endswith(".gz") else raw
+    with trace_output(output) as out:
         if format_of(output, format) == "perfetto":
             _write_perfetto(out, files, stats, order, base)
         else:
             _write_json(out, files, stats, order, base)
-        if out is not raw:
-            out.close()
     return stats
 
 
@@ -167,23 +162,30 @@ def _unique_ranks(stats: MergeStats) -> None:
             r.rank = position
 
 
-def _rank_metadata(rank: RankInput, trace: Trace) -> dict[str, Any]:
-    from polyprof.export.chrome import trace_metadata
-
+def _rank_metadata(rank: RankInput, metadata: dict[str, Any]) -> dict[str, Any]:
+    """What the merged trace keeps of a rank: its place, its clock, its top-level metadata."""
     return {"rank": rank.rank, "host": rank.host, "file": rank.path, "clock_offset_ns": rank.offset_ns,
             "clock_uncertainty_ns": rank.uncertainty_ns,
             "clock": "shifted onto rank 0's by the recorded offset" if rank.offset_ns is not None
             else "its own epoch (no offset recorded: merged as written)",
-            "metadata": trace_metadata(trace)}  # fmt: skip
+            "metadata": metadata}  # fmt: skip
+
+
+def _json_head(out: IO[bytes], base: int) -> None:
+    out.write(b'{\n  "schemaVersion": 1,\n  "displayTimeUnit": "ms",\n')
+    out.write(b'  "baseTimeNanoseconds": %d,\n  "traceEvents": [\n' % base)
+
+
+def _json_tail(out: IO[bytes], ranks: list[dict[str, Any]]) -> None:
+    """After the events: every rank's place and metadata, and the merged trace's name."""
+    out.write(b'\n  ],\n  "ranks": ' + json_bytes(ranks) + b',\n  "traceName": "polyprof merge"\n}\n')
 
 
 def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
     from polyprof.export.chrome import iter_event_chunks
-    from polyprof.export.jsonsafe import json_bytes
     from polyprof.io import load_trace
 
-    out.write(b'{\n  "schemaVersion": 1,\n  "displayTimeUnit": "ms",\n')
-    out.write(b'  "baseTimeNanoseconds": %d,\n  "traceEvents": [\n' % base)
+    _json_head(out, base)
     first, ranks = True, []
     for i in order:
         rank = stats.ranks[i]
@@ -193,9 +195,9 @@ def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list
                 out.write(chunk if first else b",\n" + chunk)
                 first = False
         stats.events += len(trace.activities)
-        ranks.append(_rank_metadata(rank, trace))
+        ranks.append(_rank_metadata(rank, trace_metadata(trace)))
         del trace
-    out.write(b'\n  ],\n  "ranks": ' + json_bytes(ranks) + b',\n  "traceName": "polyprof merge"\n}\n')
+    _json_tail(out, ranks)
 
 
 def _write_perfetto(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
@@ -205,7 +207,7 @@ def _write_perfetto(out: IO[bytes], files: list[str], stats: MergeStats, order: 
     for n, i in enumerate(order):
         rank = stats.ranks[i]
         trace = _placed(load_trace(files[i]), rank, base)
-        trace.metadata = {"rank": _rank_metadata(rank, trace)}
+        trace.metadata = {"rank": _rank_metadata(rank, trace_metadata(trace))}
         for chunk in iter_perfetto_chunks(trace, sequence_id=n + 1, stable_tracks=True, clock=n == 0, layout=False):
             out.write(chunk)
         stats.events += len(trace.activities)
@@ -237,12 +239,10 @@ def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]
 def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: list[int], tops: list[dict], base: int) -> None:
     import orjson
 
-    from polyprof.export.jsonsafe import json_bytes
     from polyprof.io.chrome import ENVELOPE_PIDS, _hashable
     from polyprof.io.convert import _events, _open
 
-    out.write(b'{\n  "schemaVersion": 1,\n  "displayTimeUnit": "ms",\n')
-    out.write(b'  "baseTimeNanoseconds": %d,\n  "traceEvents": [\n' % base)
+    _json_head(out, base)
     first, ranks = True, []
     for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
         rank = stats.ranks[i]
@@ -294,8 +294,5 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
             out.write((b"" if first else b",\n") + b",\n".join(buf))
             first = False
         top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
-        ranks.append({"rank": r, "host": rank.host, "file": rank.path, "clock_offset_ns": rank.offset_ns,
-                      "clock_uncertainty_ns": rank.uncertainty_ns,
-                      "clock": "shifted onto rank 0's by the recorded offset" if rank.offset_ns is not None
-                      else "its own epoch (no offset recorded: merged as written)", "metadata": top})  # fmt: skip
-    out.write(b'\n  ],\n  "ranks": ' + json_bytes(ranks) + b',\n  "traceName": "polyprof merge"\n}\n')
+        ranks.append(_rank_metadata(rank, top))
+    _json_tail(out, ranks)

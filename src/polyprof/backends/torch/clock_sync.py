@@ -64,21 +64,18 @@ def _wait(store: Any, key: str, deadline: float) -> None:
 
 
 def _store_and_rank() -> tuple[Any, int, int] | None:
-    """A store client of this measurement's own (the job's TCPStore at MASTER_ADDR:MASTER_PORT, so the
-    job's own client is never shared with a second thread), this rank and the world size."""
-    import os
+    """A store client of this measurement's own (:func:`.distributed.job_store`), this rank and the
+    world size."""
     import sys
+
+    from polyprof.backends.torch.distributed import job_store
 
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
             return None
-        rank, world = dist.get_rank(), dist.get_world_size()
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not addr or not port:
-            return None  # a job rendezvoused some other way: no store polyprof can reach on its own
-        store = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=TIME_LIMIT_S))
-        return store, rank, world
+        store = job_store(TIME_LIMIT_S)  # None: a job rendezvoused some other way, no store to reach
+        return None if store is None else (store, dist.get_rank(), dist.get_world_size())
     except Exception:  # a job in an odd state, or its store is gone
         return None
 

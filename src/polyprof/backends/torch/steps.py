@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from polyprof.backends.torch.distributed import job_store
 from polyprof.backends.torch.import_hook import PostImportHook
 
 AGREE_TIMEOUT_S = 60.0
@@ -80,8 +81,9 @@ class SyncedStart:
         """Rank 0 names the step to start after (its next); the others read it from the store."""
         key = f"polyprof/run/start_step/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         try:
-            addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-            store = dist.TCPStore(addr, int(port or 0), is_master=False, timeout=timedelta(seconds=AGREE_TIMEOUT_S))
+            store = job_store(AGREE_TIMEOUT_S)
+            if store is None:
+                raise RuntimeError("MASTER_ADDR/MASTER_PORT do not say where the job's store is")
             if dist.get_rank() == 0:
                 store.set(key, str(self.steps + 1))
             store.wait([key], timedelta(seconds=AGREE_TIMEOUT_S))

@@ -25,7 +25,6 @@ message.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import itertools
 import math
@@ -38,9 +37,9 @@ import orjson
 
 from polyprof._accel import speedups
 from polyprof._version import __version__
-from polyprof.export.chrome import GZIP_LEVEL, device_properties, trace_metadata
+from polyprof.export.chrome import device_properties, trace_metadata
 from polyprof.export.jsonsafe import json_bytes, safe_str
-from polyprof.export.paths import atomic_output, check_output_path
+from polyprof.export.paths import check_output_path, trace_output
 from polyprof.export.perfetto import fields as F
 from polyprof.export.perfetto.order import BEGIN, END, slice_events
 from polyprof.export.perfetto.wire import (
@@ -78,12 +77,8 @@ def write_perfetto_trace(trace: Trace, path: str | os.PathLike) -> str:
     """Write `trace` to `path` atomically as a Perfetto protobuf trace (gzip when it ends in ``.gz``).
     Returns the path."""
     path = check_output_path(path)
-    with atomic_output(path) as raw:
-        if path.endswith(".gz"):
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                _write(trace, gz)
-        else:
-            _write(trace, raw)
+    with trace_output(path) as out:
+        _write(trace, out)
     return path
 
 
