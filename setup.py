@@ -11,7 +11,8 @@ from setuptools import Extension, setup
 
 ext_modules = []
 if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
-    sources = [f"src/polyprof/csrc/{name}.c" for name in ("module", "recorder", "chrome_format", "columns", "perfetto_format")]
+    files = ("module", "recorder", "chrome_format", "columns", "perfetto_format", "merge_events")
+    sources = [f"src/polyprof/csrc/{name}.c" for name in files]
     ext_modules.append(
         Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h"], optional=True)
     )

@@ -6,6 +6,7 @@
  *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
+ *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
  *
  * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
  * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
@@ -46,6 +47,7 @@ extern PyMethodDef pp_recorder_methods[];
 extern PyMethodDef pp_format_methods[];
 extern PyMethodDef pp_columns_methods[];
 extern PyMethodDef pp_perfetto_methods[];
+extern PyMethodDef pp_merge_methods[];
 int pp_recorder_add_types(PyObject *module);
 
 #endif

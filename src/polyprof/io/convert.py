@@ -94,6 +94,11 @@ def top_level_keys(path: str) -> dict[str, Any]:
     with _open(path) as f:
         head = f.read(EDGE_BYTES)
         tail = head[-EDGE_BYTES:]
+        if not isinstance(f, gzip.GzipFile):  # a plain file seeks to its tail
+            size = os.fstat(f.fileno()).st_size
+            if size > 2 * EDGE_BYTES:
+                f.seek(size - EDGE_BYTES)
+                tail = b""
         while True:  # to the end: a gzip stream cannot seek there
             block = f.read(EDGE_BYTES)
             if not block:

@@ -9,8 +9,9 @@ Each rank becomes its own processes, named ``rank R · host · <device>``, order
 ids, flow ids, correlation and External ids are made unique per rank; times are put on rank 0's clock
 with the offset each polyprof trace recorded (the torch backend's clock ``to rank 0``); traces without
 one (torch.profiler's) are merged on their own epoch, which the merged trace says. Every rank's
-top-level metadata is kept under ``ranks``. JSON to JSON streams: each event is read (ijson), its pid,
-times and ids rewritten, and written, so memory stays flat whatever the sizes. Otherwise (a .pftrace in
+top-level metadata is kept under ``ranks``. JSON to JSON streams: each event's pid, times and ids are
+rewritten byte by byte as the file is read, the rest copied (``csrc/merge_events.c``; its pure-Python
+twin reads with ijson), so memory stays flat whatever the sizes. Otherwise (a .pftrace in
 or out) the ranks are read into the model and written one at a time: memory is about one rank's trace,
 never the sum of them.
 """
@@ -25,7 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 from polyprof.clock import base_time_ns
-from polyprof.errors import ConfigError
+from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.export.chrome import trace_metadata
 from polyprof.export.formats import format_of
 from polyprof.export.jsonsafe import json_bytes
@@ -237,62 +238,171 @@ def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]
 
 
 def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: list[int], tops: list[dict], base: int) -> None:
+    from polyprof._accel import speedups
+
+    rewrite = _rank_events_c if speedups is not None else _rank_events_py
+    _json_head(out, base)
+    ranks = []
+    with _Separated(out) as events:
+        for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
+            rank = stats.ranks[i]
+            r = rank.rank
+            pids: dict[Any, int] = {}
+            rows: list[tuple[Any, str, Any]] = []
+            shift_ns = bases[i] + (rank.offset_ns or 0) - base
+            stats.events += rewrite(files[i], events.write, shift_ns, r * ID_STRIDE, (r + 1) * PID_STRIDE, pids, rows)
+            events.write(_process_rows(rank, pids, rows))
+            top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
+            ranks.append(_rank_metadata(rank, top))
+    _json_tail(out, ranks)
+
+
+class _Separated:
+    """Writes chunks of events that each start with ``,\\n`` (all but the first separator kept) from a
+    thread of its own, so that writing (and compressing) overlaps the rewriting; at most `depth` chunks
+    wait. Use as a context manager: leaving it waits for the last write and raises what writing raised."""
+
+    def __init__(self, out: IO[bytes], depth: int = 4) -> None:
+        import queue
+        import threading
+
+        self.out, self.first, self.error = out, True, None
+        self.queue: queue.Queue[bytes | None] = queue.Queue(depth)
+        self.thread = threading.Thread(target=self._drain, name="polyprof-merge-writer", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.out.write(chunk)
+                except BaseException as exc:  # handed to the merging thread at its next write
+                    self.error = exc
+
+    def write(self, chunk: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        if chunk:
+            self.queue.put(chunk[2:] if self.first else chunk)
+            self.first = False
+
+    def __enter__(self) -> _Separated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
+
+
+def _process_rows(rank: RankInput, pids: dict[Any, int], rows: list[tuple[Any, str, Any]]) -> bytes:
+    """The rank's processes under their merged pids, named ``rank R · host · <its name or label>``."""
+    import orjson
+
+    processes: dict[Any, dict[str, Any]] = {}
+    for key, name, args in rows:
+        value = (orjson.loads(args) if args else {}) if isinstance(args, bytes) else args
+        processes.setdefault(key, {})[name] = value if isinstance(value, dict) else {}
+    r, out = rank.rank, []
+    for key, new in pids.items():
+        fields = processes.get(key, {})
+        old = orjson.loads(key) if isinstance(key, bytes) else key
+        name = str((fields.get("process_name") or {}).get("name", f"process {old}"))
+        label = str((fields.get("process_labels") or {}).get("labels", ""))
+        full = " · ".join(x for x in (f"rank {r}", rank.host, label or name) if x)
+        out.append({"name": "process_name", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"name": full}})
+        if label:
+            out.append({"name": "process_labels", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"labels": label}})
+        sort = r * PID_STRIDE + (new - (r + 1) * PID_STRIDE)
+        out.append({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"sort_index": sort}})
+    return b"".join(b",\n" + orjson.dumps(row) for row in out)
+
+
+READ_BYTES = 4 << 20  # what the C rewriter is handed at a time: memory stays a few of these
+
+
+def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
+    """One rank's events rewritten by the C scanner (merge_events.c), `READ_BYTES` at a time, read
+    straight into one buffer; the number of X/i/I events."""
+    from polyprof._accel import speedups
+    from polyprof.io.convert import _open
+
+    assert speedups is not None
+    pending, filled, events = bytearray(2 * READ_BYTES), 0, 0  # read, not yet rewritten: pending[:filled]
+    with _open(path) as stream:
+
+        def read() -> int:
+            nonlocal filled
+            if len(pending) < filled + READ_BYTES:  # an event longer than the buffer
+                pending.extend(bytes(filled + READ_BYTES - len(pending)))
+            with memoryview(pending) as view, view[filled : filled + READ_BYTES] as free:
+                got = stream.readinto(free)
+            filled += got
+            return got
+
+        while (start := speedups.events_array_start(memoryview(pending)[:filled])) == -1:
+            if not read():
+                raise TraceFormatError(f"{path}: the file ends before its traceEvents list does")
+        if start == -3:
+            raise TraceFormatError(f"{path}: not a Chrome trace JSON (an object with traceEvents, or a list of events)")
+        if start == -2:
+            return 0  # no traceEvents: nothing of this rank to merge
+        used = start
+        while True:
+            pending[: filled - used] = pending[used:filled]  # what is left of a cut event, to the front
+            filled -= used
+            got = read()
+            with memoryview(pending) as view, view[:filled] as data:
+                try:
+                    out, used, n, done = speedups.rewrite_rank_events(data, 0, not got, shift_ns, id_shift, pid_base, pids, rows)
+                except ValueError as exc:
+                    raise TraceFormatError(f"{path}: {exc}") from None
+            emit(out)
+            events += n
+            if done or not got:
+                return events
+
+
+def _rank_events_py(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
+    """The pure-Python twin of `_rank_events_c`: ijson, event by event, the same rewrite."""
     import orjson
 
     from polyprof.io.chrome import ENVELOPE_PIDS, _hashable
     from polyprof.io.convert import _events, _open
 
-    _json_head(out, base)
-    first, ranks = True, []
-    for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
-        rank = stats.ranks[i]
-        r, shift_us = rank.rank, (bases[i] + (rank.offset_ns or 0) - base) / 1000.0
-        pids: dict[Any, int] = {}
-        processes: dict[Any, dict[str, Any]] = {}
-        buf: list[bytes] = []
-        with _open(files[i]) as stream:
-            head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
-            for ev in _events(stream, head.lstrip().startswith(b"[")):
-                if not isinstance(ev, dict):
-                    continue
-                ph, pid = ev.get("ph"), _hashable(ev.get("pid"))
-                if ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or (ph == "i" and ev.get("s") == "g"):
-                    continue  # each rank's Kineto envelope: the merged trace is not one profile
-                if ph == "M" and ev.get("name") in _PROCESS_ROWS:
-                    processes.setdefault(pid, {})[ev["name"]] = (ev.get("args") or {})
-                    pids.setdefault(pid, (r + 1) * PID_STRIDE + len(pids))
-                    continue
-                ev["pid"] = pids.setdefault(pid, (r + 1) * PID_STRIDE + len(pids))
-                ts = ev.get("ts")
-                if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-                    ev["ts"] = round(ts + shift_us, 3)
-                if ph in ("s", "f", "t") and isinstance(ev.get("id"), int):
-                    ev["id"] += r * ID_STRIDE
-                args = ev.get("args")
-                if isinstance(args, dict):
-                    for key in ("External id", "correlation"):
-                        v = args.get(key)
-                        if isinstance(v, int) and not isinstance(v, bool) and v:
-                            args[key] = v + r * ID_STRIDE
-                if ph in ("X", "i", "I"):
-                    stats.events += 1
-                buf.append(orjson.dumps(ev, default=str))
-                if len(buf) >= 8192:
-                    out.write((b"" if first else b",\n") + b",\n".join(buf))
-                    first, buf = False, []
-        for old, new in pids.items():
-            rows = processes.get(old, {})
-            name = str((rows.get("process_name") or {}).get("name", f"process {old}"))
-            label = str((rows.get("process_labels") or {}).get("labels", ""))
-            full = " · ".join(x for x in (f"rank {r}", rank.host, label or name) if x)
-            buf.append(orjson.dumps({"name": "process_name", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"name": full}}))
-            if label:
-                buf.append(orjson.dumps({"name": "process_labels", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"labels": label}}))
-            sort = r * PID_STRIDE + (new - (r + 1) * PID_STRIDE)
-            buf.append(orjson.dumps({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"sort_index": sort}}))
-        if buf:
-            out.write((b"" if first else b",\n") + b",\n".join(buf))
-            first = False
-        top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
-        ranks.append(_rank_metadata(rank, top))
-    _json_tail(out, ranks)
+    buf: list[bytes] = []
+    events, shift_us = 0, shift_ns / 1000.0
+    with _open(path) as stream:
+        head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
+        for ev in _events(stream, head.lstrip().startswith(b"[")):
+            if not isinstance(ev, dict):
+                continue
+            ph, pid = ev.get("ph"), _hashable(ev.get("pid"))
+            if ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or (ph == "i" and ev.get("s") == "g"):
+                continue  # each rank's Kineto envelope: the merged trace is not one profile
+            if ph == "M" and ev.get("name") in _PROCESS_ROWS:
+                rows.append((pid, ev["name"], ev.get("args") or {}))
+                pids.setdefault(pid, pid_base + len(pids))
+                continue
+            if "pid" in ev:
+                ev["pid"] = pids.setdefault(pid, pid_base + len(pids))
+            ts = ev.get("ts")
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+                ev["ts"] = round(ts + shift_us, 3)
+            if ph in ("s", "f", "t") and isinstance(ev.get("id"), int):
+                ev["id"] += id_shift
+            args = ev.get("args")
+            if isinstance(args, dict):
+                for key in ("External id", "correlation"):
+                    v = args.get(key)
+                    if isinstance(v, int) and not isinstance(v, bool) and v:
+                        args[key] = v + id_shift
+            if ph in ("X", "i", "I"):
+                events += 1
+            buf.append(b",\n" + orjson.dumps(ev, default=str))
+            if len(buf) >= 8192:
+                emit(b"".join(buf))
+                buf = []
+    emit(b"".join(buf))
+    return events
