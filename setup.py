@@ -1,13 +1,46 @@
-"""Only the optional C extension is declared here; everything else is in pyproject.toml.
+"""Only what pyproject.toml cannot say is here: the optional C extension and the on-demand .pth file.
 
 The extension (src/polyprof/csrc, one file per job) speeds up record_function, the Chrome writer and
 the host backend's conversion; when it cannot be built (no C compiler, non-Linux clock),
 installation still succeeds and polyprof uses its pure-Python implementation.
+
+``polyprof-on-demand.pth`` goes to site-packages itself (a .pth file works only there): at interpreter
+start it makes the process capturable when POLYPROF_ON_DEMAND is set, and does nothing else
+(src/polyprof/ondemand). Editable installs get it too.
 """
 
+import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+PTH = "polyprof-on-demand.pth"
+PTH_SOURCE = os.path.join("src", "polyprof", "ondemand", PTH)
+
+
+class build_py_with_pth(build_py):
+    """build_py, plus the .pth file at the top of what is installed."""
+
+    def run(self):
+        super().run()
+        os.makedirs(self.build_lib, exist_ok=True)
+        shutil.copyfile(PTH_SOURCE, os.path.join(self.build_lib, PTH))
+        if getattr(self, "editable_mode", False):
+            # an editable wheel takes packages from the source tree and only what is written to its
+            # unpacked folder (install_lib there) besides: the .pth goes there
+            unpacked = self.distribution.get_command_obj("install").install_lib
+            if unpacked:
+                shutil.copyfile(PTH_SOURCE, os.path.join(unpacked, PTH))
+
+    def get_outputs(self, *args, **kwargs):
+        return [*super().get_outputs(*args, **kwargs), os.path.join(self.build_lib, PTH)]
+
+    def get_output_mapping(self):
+        mapping = super().get_output_mapping()
+        mapping[os.path.join(self.build_lib, PTH)] = PTH_SOURCE
+        return mapping
 
 ext_modules = []
 if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
@@ -17,4 +50,4 @@ if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
         Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h"], optional=True)
     )
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=ext_modules, cmdclass={"build_py": build_py_with_pth})

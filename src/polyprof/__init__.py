@@ -56,6 +56,7 @@ _LAZY = {
     "write_perfetto_trace": "polyprof.export",
     "write_trace": "polyprof.export",
     "ProfilerActivity": "polyprof.profiler",
+    "listen": "polyprof.ondemand",
 }
 
 

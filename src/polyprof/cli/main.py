@@ -1,4 +1,4 @@
-"""``polyprof backends | run | summary | recover | convert | merge``.
+"""``polyprof backends | run | summary | recover | convert | merge | ps | capture``.
 
 ::
 
@@ -8,6 +8,8 @@
     polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
     polyprof convert big.pt.trace.json big.pftrace # a trace too large to open, as Perfetto protobuf
     polyprof merge traces/ -o job.pftrace          # every rank's trace on one timeline
+    polyprof ps                                    # running processes that can be captured on demand
+    polyprof capture 4242 --steps 3                # capture one of them now (cli/ondemand.py)
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ def backends() -> None:
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Drop activities whose name matches (glob; repeatable).")
 @click.option("--exclude-kind", multiple=True, metavar="KIND", help="Drop activities of this kind, e.g. cpu_op, kernel (repeatable).")
 @click.option("--max-events", type=int, default=None, help="Keep each backend's earliest N activities; the rest are counted.")
+@click.option("--on-demand", is_flag=True, help="Record nothing now: run SCRIPT capturable on demand "
+              "(polyprof ps, polyprof capture PID), as POLYPROF_ON_DEMAND=1 does.")  # fmt: skip
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -147,6 +151,7 @@ def run(
     exclude: tuple[str, ...],
     exclude_kind: tuple[str, ...],
     max_events: int | None,
+    on_demand: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -158,6 +163,8 @@ def run(
 
     if not os.path.isfile(script):
         _fail(f"script {script} does not exist")
+    if on_demand:
+        _run_on_demand(script, script_args)
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         _fail(f"--duration must be a positive, finite number of seconds, got {duration}")
     if ring is not None and not (math.isfinite(ring) and ring > 0):
@@ -274,6 +281,28 @@ def run(
         signal.signal(signal.SIGUSR2, previous_usr2)
     stop.exit()
     sys.exit(exit_code)
+
+
+def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
+    """`polyprof run --on-demand`: the script runs as under python, capturable, recording nothing."""
+    from polyprof.ondemand import listen
+
+    try:
+        path = listen()
+    except (PolyprofError, OSError) as exc:
+        _fail(f"cannot listen for captures: {exc}")
+    click.echo(f"polyprof: pid {os.getpid()} is capturable (polyprof capture {os.getpid()} ...; socket {path})", err=True)
+    script_path = os.path.abspath(script)
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(script_path))
+    try:
+        runpy.run_path(script_path, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(1)
+    sys.exit(0)
 
 
 def _hint_leftover_spill(spill_file: str, output: str) -> None:
@@ -408,6 +437,16 @@ def merge(traces: tuple[str, ...], output: str) -> None:
         f"{time.perf_counter() - started:.1f} s ({aligned} of {len(stats.ranks)} with a recorded clock offset to rank 0)",
         err=True,
     )
+
+
+def _add_on_demand_commands() -> None:
+    from polyprof.cli.ondemand import capture, ps
+
+    cli.add_command(ps)
+    cli.add_command(capture)
+
+
+_add_on_demand_commands()
 
 
 def main() -> None:

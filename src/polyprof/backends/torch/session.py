@@ -142,7 +142,7 @@ class TorchSession:
             return
         self.enabled = False
         self._announce(self.torch, False)
-        if threading.get_native_id() != self.enabled_tid:
+        if threading.get_native_id() != self.enabled_tid and not self.config.extra.get("profile_all_threads"):
             self.ctx.report.error(
                 "torch's profiler was stopped from another thread than the one that started it; "
                 "stop the profile on the thread that started it to get aten ops"

@@ -1,0 +1,79 @@
+"""A whole torch.distributed job captured on demand: 2 ranks (gloo) under torchrun, started with
+POLYPROF_ON_DEMAND=1 and no polyprof import, captured by steps through one rank; the request reaches the
+other through the job's store."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from test_ondemand import _ask, _cli, _env, _steps
+
+torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
+
+JOB = r"""
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+stop_file, deadline = sys.argv[1], time.time() + 150
+while True:
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    flag = torch.tensor([float(os.path.exists(stop_file) or time.time() > deadline)])
+    dist.all_reduce(flag)  # every rank stops at the same step
+    if flag.item():
+        break
+    time.sleep(0.02)
+dist.destroy_process_group()
+"""
+
+
+def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    stop = tmp_path / "stop"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(stop)]
+    job = subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[dict] = []
+        while len(ranks) < 2:
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the ranks never listened and stepped"
+            found = [json.loads(line) for line in _cli(runtime, "ps", "--json").stdout.splitlines()]
+            ranks = [p for p in found if p.get("distributed") and p.get("steps", 0) > 3]
+            time.sleep(0.2)
+        assert sorted(p["rank"] for p in ranks) == [0, 1] and {p["world_size"] for p in ranks} == {2}
+        asked = next(p for p in ranks if p["rank"] == 1)  # any rank can be asked
+        r = _cli(runtime, "capture", str(asked["pid"]), "--job", "--steps", "3", "-o", str(tmp_path / "job.json"), timeout=180)
+        assert "on all 2 ranks" in r.stderr and "merged into" in r.stderr, r.stderr
+        steps = [_steps(tmp_path / f"job.rank{rank}.json") for rank in (0, 1)]
+        assert steps[0] == steps[1] and len(steps[0]) == 3, steps
+        merged = json.loads((tmp_path / "job.json").read_text())
+        assert [x["rank"] for x in merged["ranks"]] == [0, 1]
+        for rank in (0, 1):
+            doc = json.loads((tmp_path / f"job.rank{rank}.json").read_text())
+            assert doc["distributedInfo"]["rank"] == rank and doc["polyprofCapture"]["job"]["id"]
+        assert all(_ask(runtime, p["pid"], {"op": "status"})["capture"] is None for p in ranks)
+        # by duration, the window starts at the same agreed step on both ranks
+        r = _cli(runtime, "capture", str(asked["pid"]), "--job", "--duration", "0.5", "-o", str(tmp_path / "d.json"), timeout=180)
+        docs = [json.loads((tmp_path / f"d.rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert docs[0]["polyprofCapture"]["job"]["id"] == docs[1]["polyprofCapture"]["job"]["id"]
+        assert docs[0]["polyprofCaptureStart"]["after_step"] == docs[1]["polyprofCaptureStart"]["after_step"]
+        assert (tmp_path / "d.json").exists(), r.stderr
+    finally:
+        stop.touch()
+        try:
+            _, err = job.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            raise
+    assert job.returncode == 0, err[-3000:]
+    assert not os.listdir(runtime / "polyprof"), "every process removed its socket"
