@@ -77,3 +77,52 @@ def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
             raise
     assert job.returncode == 0, err[-3000:]
     assert not os.listdir(runtime / "polyprof"), "every process removed its socket"
+
+
+def test_a_rank_on_another_host_gets_the_request_through_the_store(tmp_path):
+    """Two hosts as network namespaces (a veth pair), `torchrun --nnodes 2`, one node in each; the
+    second node's processes have a socket folder of their own that the CLI does not see, as on another
+    machine: asked through rank 0, rank 1 captures the same steps all the same."""
+    from test_distributed import _netns_pair
+
+    pair, why = _netns_pair(os.getpid() % 10_000 + 1)
+    if pair is None:
+        pytest.skip(why)
+    (ns0, ns1), master, (if0, if1) = pair
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    stop = tmp_path / "stop"
+    here, there = tmp_path / "run0", tmp_path / "run1"
+    procs = []
+    try:
+        for folder in (here, there):
+            folder.mkdir(mode=0o700)
+        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--master-addr", master, "--master-port", "29614"]  # fmt: skip
+        for node, ns, iface, folder in ((0, ns0, if0, here), (1, ns1, if1, there)):
+            env = _env(folder, POLYPROF_ON_DEMAND="1", GLOO_SOCKET_IFNAME=iface)
+            procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *run, "--node-rank", str(node), str(script), str(stop)],
+                                          env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+        deadline = time.monotonic() + 120
+        rank0 = None
+        while rank0 is None:
+            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+            assert time.monotonic() < deadline, "rank 0 never listened and stepped"
+            found = [json.loads(line) for line in _cli(here, "ps", "--json").stdout.splitlines()]
+            rank0 = next((p for p in found if p.get("distributed") and p.get("steps", 0) > 3), None)
+            time.sleep(0.2)
+        assert not any(p.get("rank") == 1 for p in found), "rank 1 is out of this CLI's sight"
+        r = _cli(here, "capture", str(rank0["pid"]), "--job", "--steps", "3", "-o", str(tmp_path / "hosts.json"), timeout=180)
+        steps = [_steps(tmp_path / f"hosts.rank{rank}.json") for rank in (0, 1)]
+        assert steps[0] == steps[1] and len(steps[0]) == 3, (steps, r.stderr)
+    finally:
+        stop.touch()
+        errs = []
+        for p in procs:
+            try:
+                errs.append(p.communicate(timeout=120)[1])
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for ns in (ns0, ns1):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for e in errs]
