@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
+from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand.capture import Capture, CaptureSlot, Reply
 from polyprof.ondemand.protocol import CaptureRequest, error_reply
-from polyprof.ondemand.steps import tracker
 
 log = logging.getLogger("polyprof.ondemand")
 

@@ -22,11 +22,11 @@ import sys
 import threading
 from typing import Any
 
+from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand import channel
 from polyprof.ondemand.capture import Capture, CaptureSlot
 from polyprof.ondemand.job import JobLink
 from polyprof.ondemand.protocol import CaptureRequest, RequestError, StatusRequest, error_reply, parse_request
-from polyprof.ondemand.steps import tracker
 
 log = logging.getLogger("polyprof.ondemand")
 

@@ -21,9 +21,9 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from polyprof.backends.torch.steps import profiler_stepped
 from polyprof.engine.scheduled import Profile
 from polyprof.errors import ConfigError
-from polyprof.ondemand.steps import profiler_stepped
 from polyprof.profiler.options import experimental_settings, parse_activities
 
 TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
@@ -182,7 +182,7 @@ class profile(Profile):  # noqa: N801 - torch's name
 
     def step(self) -> None:
         super().step()
-        profiler_stepped()  # a step boundary for on-demand captures (polyprof.ondemand.steps)
+        profiler_stepped()  # a step boundary for on-demand captures (polyprof.backends.torch.steps)
         tracker = _step_tracker()
         if tracker is not None and os.environ.get("KINETO_USE_DAEMON", ""):
             tracker.increment_step(PROFILER_STEP_NAME)

@@ -1,11 +1,21 @@
-"""A capture that starts at the same training step on every rank.
+"""Training steps, counted without code changes, and a capture that starts at the same step on every rank.
+
+``tracker`` counts steps from two sources, as torch's ``KinetoStepTracker`` does: each optimizer's
+``step()`` (torch's global optimizer post-hook, installed now or when the program imports torch) and
+``polyprof.profiler.profile.step()``. Each source keeps its own count and the step is the largest of
+them, so a loop that does both, or steps two optimizers, still counts one step per iteration::
+
+    tracker.install()                  # once; cheap: one Python call per optimizer step
+    tracker.add_listener(on_step)      # on_step(step) runs on the training thread at each new step
+    tracker.step, tracker.sources      # steps so far; which sources have counted
 
 ``polyprof run --duration D`` under torchrun (``WORLD_SIZE`` > 1) does not start recording with the
 script: ranks reach the same step at different times (imports, data loading, the rendezvous), and a
 window that starts with each process would compare different steps. Instead, once
 ``init_process_group`` returns, rank 0 names the optimizer step to start after (the next one) through
 the job's store, every rank counts its optimizer steps (``torch.optim``'s global step post-hook, the
-same signal Kineto's on-demand tracing uses), and each starts recording right after that step::
+same signal Kineto's on-demand tracing uses, through ``tracker``), and each starts recording right after
+that step::
 
     start = SyncedStart(on_start=begin_window)   # begin_window() runs on the training thread
     start.install()                              # now, or when the script imports torch
@@ -15,8 +25,11 @@ same signal Kineto's on-demand tracing uses), and each starts recording right af
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -25,6 +38,84 @@ from polyprof.backends.torch.distributed import job_store
 from polyprof.backends.torch.import_hook import PostImportHook
 
 AGREE_TIMEOUT_S = 60.0
+
+log = logging.getLogger("polyprof.steps")
+
+
+class StepTracker:
+    def __init__(self) -> None:
+        self.step = 0
+        self.sources: set[str] = set()
+        self.seconds_per_step: float | None = None  # a running mean of the recent steps
+        self._counts: dict[Any, int] = {}
+        self._last = 0.0
+        self._listeners: list[Callable[[int], None]] = []
+        self._lock = threading.Lock()
+        self._installed = False
+        self._hook: Any = None
+
+    def install(self) -> None:
+        """Count optimizer steps from now on (at once when torch is imported, else when it is)."""
+        if self._installed:
+            return
+        self._installed = True
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "optim"):
+            self._with_torch(torch)
+        else:
+            self._hook = PostImportHook("torch", self._with_torch)
+            self._hook.install()
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def _with_torch(self, torch: Any) -> None:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except Exception as exc:  # a torch without the hook: profile.step() is the only source
+            log.warning("polyprof: optimizer steps cannot be counted (%s)", exc)
+            return
+        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self.increment(("optimizer", id(optimizer))))
+
+    def increment(self, source: Any) -> None:
+        """One step of `source` (an optimizer, or "ProfilerStep"); listeners hear of each new step."""
+        with self._lock:
+            count = self._counts.get(source, self.step) + 1  # a new source joins at the current step
+            self._counts[source] = count
+            self.sources.add(source[0] if isinstance(source, tuple) else str(source))
+            if count <= self.step:
+                return
+            self.step = count
+            now = time.monotonic()
+            if self._last:
+                took = now - self._last
+                self.seconds_per_step = took if self.seconds_per_step is None else 0.8 * self.seconds_per_step + 0.2 * took
+            self._last = now
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(count)
+            except Exception:  # never the training loop's problem
+                log.exception("polyprof: a step listener failed")
+
+    def add_listener(self, listener: Callable[[int], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[int], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+
+tracker = StepTracker()
+
+
+def profiler_stepped() -> None:
+    """``polyprof.profiler.profile.step()`` was called (counted once the tracker is installed)."""
+    if tracker.installed:
+        tracker.increment("ProfilerStep")
 
 
 def distributed_launch() -> bool:
@@ -39,14 +130,18 @@ class SyncedStart:
     def __init__(self, on_start: Callable[[], None]) -> None:
         self.on_start = on_start
         self.agreed_step: int | None = None
-        self.steps = 0
         self.started = False
         self.problem = ""
         self._hook: PostImportHook | None = None
-        self._handle: Any = None
         self._original_init: Any = None
 
+    @property
+    def steps(self) -> int:
+        return tracker.step
+
     def install(self) -> None:
+        tracker.install()
+        tracker.add_listener(self._stepped)
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "optim"):
             self._with_torch(torch)
@@ -57,11 +152,9 @@ class SyncedStart:
     def _with_torch(self, torch: Any) -> None:
         try:
             import torch.distributed as dist
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-        except Exception as exc:  # a torch without these: nothing to agree on
-            self.problem = f"torch has no optimizer step hook or distributed package ({exc})"
+        except Exception as exc:  # a torch without it: nothing to agree on
+            self.problem = f"torch has no distributed package ({exc})"
             return
-        self._handle = register_optimizer_step_post_hook(self._stepped)
         if dist.is_available() and dist.is_initialized():
             self._agree(dist)
             return
@@ -92,17 +185,14 @@ class SyncedStart:
             self.problem = f"the start step could not be agreed through the store ({type(exc).__name__}: {exc})"
             self.agreed_step = self.steps + 1
 
-    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.steps += 1
-        if not self.started and self.agreed_step is not None and self.steps >= self.agreed_step:
+    def _stepped(self, step: int) -> None:
+        if not self.started and self.agreed_step is not None and step >= self.agreed_step:
             self.started = True
             self.remove()
             self.on_start()
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        tracker.remove_listener(self._stepped)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
