@@ -141,10 +141,14 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
         return stats
     starts = []
     for position, path in enumerate(files):  # a first pass for the ranks, their clocks and the base time
-        rank, trace = _describe(path, position)
+        if _is_perfetto(path):
+            rank, trace = _describe(path, position)
+            starts.append(trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0))
+            del trace
+        else:  # a JSON rank says all that in its top-level keys: no need to read its events twice
+            rank, base_ns, _ = _json_rank(path, position)
+            starts.append(base_ns + (rank.offset_ns or 0))
         stats.ranks.append(rank)
-        starts.append(trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0))
-        del trace
     _unique_ranks(stats)
     base = base_time_ns(min(starts))
     order = sorted(range(len(files)), key=lambda i: stats.ranks[i].rank)
