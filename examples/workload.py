@@ -3,7 +3,8 @@
 Each step loads a batch (numpy), runs it through an OpenCL kernel chain on the default OpenCL device
 (PoCL's CPU device from ``pip install 'polyprof-opencl[pocl]'``, which ``scripts/demo.sh`` installs, or
 any GPU driver), and, where torch is installed, a small torch model. A background thread polls and
-counts. Run it under the profiler (``polyprof run examples/workload.py``) or on its own; without
+counts. Each step is a ``ProfilerStep#N`` span, as torch.profiler names steps, so that step analyses
+(``polyprof report``) find them. Run it under the profiler (``polyprof run examples/workload.py``) or on its own; without
 pyopencl or torch those stages are skipped and say so.
 """
 
@@ -120,7 +121,7 @@ def main(steps: int = 8, size: int = 128) -> float:
     total = 0.0
     try:
         for step in range(steps):
-            with polyprof.record_function(f"step {step}"):
+            with polyprof.record_function(f"ProfilerStep#{step}"):  # torch.profiler's name for a step
                 batch = load_batch(rng, size)
                 result = matmul_chain(batch, depth=3)
                 if opencl is not None:

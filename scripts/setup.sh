@@ -22,6 +22,11 @@ if [ "${1:-}" = "--test" ]; then
     { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null 2>&1 \
       || echo "setup: libfaketime not installed; the clock-offset test will be skipped"
   fi
+  # headless Chromium opens the HTML reports in tests/test_report.py (driven by Playwright): Debian, as root only
+  if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1 \
+      || echo "setup: chromium not installed; the report's browser tests will be skipped"
+  fi
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
   .venv/bin/python -m polyprof.backends.torch.observer || echo "setup: the torch observer was not built"
   # the tools users read traces with, in their own environment (HTA needs pandas < 3):
@@ -33,7 +38,7 @@ if [ "${1:-}" = "--test" ]; then
     "HolisticTraceAnalysis==0.5.0" "pandas<3" "torch-tb-profiler==0.4.3" 2> >(grep -v "^WARNING: Location" >&2) \
     || echo "setup: HTA / torch-tb-profiler not installed; their tests will be skipped"
 else
-  pip_install -e .
+  pip_install -e ".[report]"
 fi
 # Each plugin is its own distribution; install every one that is in the tree. For the tests, with the
 # plugin's "test" extra where it has one (polyprof-opencl's brings PoCL: a real OpenCL device on the CPU);

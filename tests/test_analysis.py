@@ -153,3 +153,25 @@ def test_tables_become_dataframes_where_pandas_is_installed():
     pandas = pytest.importorskip("pandas", reason="needs pandas for Table.to_pandas")
     frame = ov.kernels.to_pandas()
     assert isinstance(frame, pandas.DataFrame) and list(frame.columns) == list(ov.kernels.columns)
+
+
+def test_the_terminal_views_and_diff_show_the_same_numbers(tmp_path):
+    import subprocess
+    import sys
+
+    from polyprof.export import write_trace
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    write_trace(one_step(), str(before))
+    slower = one_step()
+    slower.activities.columns["end"][0] = 150 * US  # the step takes 150 us
+    write_trace(slower, str(after))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "polyprof", *a], capture_output=True, text=True, timeout=120)  # noqa: E731
+    for view, says in (("steps", "40.000 us"), ("kernels", "gemm"), ("ops", "aten::addmm"),
+                       ("idle", "kernel wait"), ("launch", "launches"), ("devices", "non compute"),
+                       ("backends", "Backends")):  # fmt: skip
+        r = run("summary", "--view", view, str(before))
+        assert r.returncode == 0 and says in r.stdout, (view, r.stdout, r.stderr)
+    r = run("diff", str(before), str(after), "-o", str(tmp_path / "diff.html"))
+    assert r.returncode == 0 and "mean step: 100.000 us before, 150.000 us after (+50.0%)" in r.stdout, r.stdout + r.stderr
+    assert "Diff against the baseline" in (tmp_path / "diff.html").read_text()

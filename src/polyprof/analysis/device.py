@@ -60,9 +60,9 @@ class DeviceWork:
         names = acts.strings.strings
         codes = acts["name"][self.rows].astype(np.int64) if len(self.rows) else np.zeros(0, np.int64)
         self.kind = kinds[self.rows]
-        cache: dict[tuple[int, int], str] = {}
-        self.type = np.array([cache.setdefault((c, k), work_type(names[c], k)) for c, k in zip(codes.tolist(), self.kind.tolist(), strict=True)],
-                             dtype=object)  # fmt: skip
+        pairs, inverse = np.unique(codes * 256 + self.kind, return_inverse=True)  # each (name, kind) once
+        types = np.array([work_type(names[int(p) // 256], int(p) % 256) for p in pairs.tolist()], dtype=object)
+        self.type = types[inverse] if len(pairs) else np.zeros(0, dtype=object)
         self.name = codes
         self.device = acts["device"][self.rows].astype(np.int64) if len(self.rows) else codes
         self.resource = acts["resource"][self.rows].astype(np.int64) if len(self.rows) else codes

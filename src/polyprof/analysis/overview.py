@@ -65,7 +65,7 @@ def overview(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None
     first = items[0]
     ov = Overview(
         traces=items, ranks=ranks,
-        steps=step_breakdown(items, ranks),
+        steps=step_breakdown(items, ranks, works),
         kernel_types=per(dev.kernel_types), kernels=per(dev.kernel_breakdown, top=top),
         temporal=per(dev.temporal_breakdown), idle=per(dev.idle_breakdown),
         launch=_tagged([t for t, _ in launch], ranks), launch_samples=samples, overlap=per(dev.overlap),
@@ -80,6 +80,13 @@ def overview(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None
         ov.rank_view = rank_view(items)
     ov.findings = findings(ov)
     return ov
+
+
+def _pct(share: float) -> str:
+    """A share as a percentage, never rounded up to 100% (or down to 0%) when it is not."""
+    if 0.995 <= share < 1 or 0 < share < 0.005:
+        return f"{share:.1%}"
+    return f"{share:.0%}"
 
 
 def _ms(ns: float) -> str:
@@ -106,32 +113,32 @@ def findings(ov: Overview) -> list[str]:
                    "other": ", mostly waiting on something other than the host (syncs, other streams)"}[top]  # fmt: skip
         host_only = sum(s["host_only_ns"] for s in mine) / span
         if idle + host_only >= 0.2:
-            split = f" ({host_only:.0%} while the host runs code, {idle:.0%} with neither busy)" if host_only >= 0.05 else ""
-            out.append(f"{d} has nothing to do {idle + host_only:.0%} of step time{split}{why}")
+            split = f" ({_pct(host_only)} while the host runs code, {_pct(idle)} with neither busy)" if host_only >= 0.05 else ""
+            out.append(f"{d} has nothing to do {_pct(idle + host_only)} of step time{split}{why}")
         comm = sum(s["communication_ns"] for s in mine) / span
         if comm >= 0.2:
-            out.append(f"{d} spends {comm:.0%} of step time in communication not hidden under computation")
+            out.append(f"{d} spends {_pct(comm)} of step time in communication not hidden under computation")
     if not steps and ov.temporal.rows:
         for r in ov.temporal.dicts():
             if r["idle_share"] >= 0.2:
-                out.append(f"{r['device']} idle {r['idle_share']:.0%} of its busy span (no ProfilerStep# spans to compare with)")
+                out.append(f"{r['device']} idle {_pct(r['idle_share'])} of its busy span (no ProfilerStep# spans to compare with)")
     kernels = ov.kernels.dicts()
     for d in {k["device"] for k in kernels}:
         first = max((k for k in kernels if k["device"] == d), key=lambda k: k["total_ns"])
         if first["share"] >= 0.25:
-            out.append(f"On {d}, {first['kernel']} takes {first['share']:.0%} of device time ({first['calls']} calls, {_ms(first['total_ns'])})")
+            out.append(f"On {d}, {first['kernel']} takes {_pct(first['share'])} of device time ({first['calls']} calls, {_ms(first['total_ns'])})")
     ops = ov.operators.dicts()
     total_self = sum(o["self_ns"] for o in ops) or 1
     if ops:
         top_op = max(ops, key=lambda o: o["self_ns"])
-        out.append(f"The largest host op by self time is {top_op['op']}: {top_op['self_ns'] / total_self:.0%} of all ops' "
+        out.append(f"The largest host op by self time is {top_op['op']}: {_pct(top_op['self_ns'] / total_self)} of all ops' "
                    f"self time ({top_op['calls']} calls, {_ms(top_op['self_ns'])})")  # fmt: skip
     for r in ov.launch.dicts():
         if r["p99_ns"] >= 1e6:
             out.append(f"Launches on {r['device']} wait long: p99 {_ms(r['p99_ns'])} from launch call to start (worst {r['worst']})")
     for r in ov.overlap.dicts():
         if r["overlap_share"] < 0.5:
-            out.append(f"Only {r['overlap_share']:.0%} of the communication on {r['device']} overlaps computation")
+            out.append(f"Only {_pct(r['overlap_share'])} of the communication on {r['device']} overlaps computation")
     if ov.rank_view is not None and ov.rank_view.steps:
         slow = ov.rank_view.slowest_rank
         lag = [s.behind_ns for s in ov.rank_view.steps if s.slowest == slow]

@@ -59,13 +59,15 @@ def steps_of(trace: Trace) -> dict[int, tuple[int, int]]:
     return {n: (int(acts["start"][r]), int(acts["end"][r])) for n, r in step_rows(trace).items()}
 
 
-def step_breakdown(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None) -> Table:
-    """The breakdown of every step of every trace given (one per rank)."""
+def step_breakdown(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None,
+                   works: Sequence[DeviceWork] | None = None) -> Table:  # fmt: skip
+    """The breakdown of every step of every trace given (one per rank; `works`: their DeviceWork, when
+    the caller has it already)."""
     items = [traces] if isinstance(traces, Trace) else list(traces)
     ranks = list(ranks) if ranks is not None else list(range(len(items)))
+    works = list(works) if works is not None else [DeviceWork(t) for t in items]
     rows = []
-    for rank, trace in zip(ranks, items, strict=True):
-        work = DeviceWork(trace)
+    for rank, trace, work in zip(ranks, items, works, strict=True):
         devices = work.devices() or [None]
         acts = trace.activities
         host = np.isin(acts["kind"], [int(k) for k in HOST_WORK]) if len(acts) else np.zeros(0, bool)

@@ -1,10 +1,13 @@
-"""``polyprof backends | run | summary | recover | convert | merge | ps | capture``.
+"""``polyprof backends | run | summary | report | diff | recover | convert | merge | ps | capture``.
 
 ::
 
     polyprof backends                              # what is installed, available, broken
     polyprof run -o trace.json script.py --lr 0.1  # profile a script, write the trace, print a summary
     polyprof summary trace.json.gz                 # top activities per kind and device
+    polyprof summary --view kernels trace.json.gz  # one analysis (steps, kernels, ops, idle, ranks, backends...)
+    polyprof report trace.json.gz -o report.html   # the self-contained HTML report
+    polyprof diff before.json.gz after.json.gz     # what changed
     polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
     polyprof convert big.pt.trace.json big.pftrace # a trace too large to open, as Perfetto protobuf
     polyprof merge traces/ -o job.pftrace          # every rank's trace on one timeline
@@ -368,30 +371,122 @@ def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:
     return timer.cancel
 
 
+VIEWS = ("top", "steps", "kernels", "ops", "idle", "ranks", "backends", "launch", "devices")
+
+
 @cli.command()
 @click.argument("trace_files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device.")
-def summary(trace_files: tuple[str, ...], top: int) -> None:
+@click.option("--view", type=click.Choice(VIEWS), default=None,
+              help="One analysis, with the numbers the report shows: steps (breakdown), kernels, ops, idle, ranks, "
+              "backends, launch (latency), devices (temporal breakdown and kinds of work); default: the top activities, "
+              "or the rank view for several traces.")  # fmt: skip
+def summary(trace_files: tuple[str, ...], top: int, view: str | None) -> None:
     """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
     time in collectives and who waited."""
     from polyprof.cli.render import print_rank_view, print_summary
     from polyprof.io import load_trace
 
-    if len(trace_files) > 1 or os.path.isdir(trace_files[0]):
+    several = len(trace_files) > 1 or os.path.isdir(trace_files[0])
+    if view not in (None, "top") and not (view == "ranks" and several):
+        _print_view(trace_files, view, max(top, 30))
+        return
+    if several:
         from polyprof.analysis.ranks import rank_view
 
         try:
-            view = rank_view(trace_files)
+            ranks = rank_view(trace_files)
         except (TraceFormatError, PolyprofError) as exc:
             _fail(str(exc))
-        print_rank_view(view, _console())
+        print_rank_view(ranks, _console())
         return
     try:
         trace = load_trace(trace_files[0])
     except TraceFormatError as exc:
         _fail(str(exc))
     print_summary(trace, _console(), top, f"polyprof summary: {trace_files[0]}")
+
+
+def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
+    from polyprof.analysis.overview import overview
+    from polyprof.cli.render import analysis_table, print_rank_view
+    from polyprof.report import _load
+
+    try:
+        traces, _, ranks = _load(list(trace_files))
+        ov = overview(traces, ranks, top=limit)
+    except (TraceFormatError, PolyprofError) as exc:
+        _fail(str(exc))
+    console = _console()
+    if view == "ranks":
+        console.print("one trace: no ranks to compare (give several ranks' traces, or a folder of them)")
+        return
+    tables = {"steps": [ov.steps], "kernels": [ov.kernels], "ops": [ov.operators], "idle": [ov.idle],
+              "backends": [ov.backends], "launch": [ov.launch], "devices": [ov.temporal, ov.kernel_types, ov.overlap]}[view]  # fmt: skip
+    for table in tables:
+        if table.rows:
+            console.print(analysis_table(table, limit=limit))
+        else:
+            console.print(f"{table.title}: nothing in this trace")
+    if ov.findings and view in ("steps", "devices", "idle"):
+        console.print("\n".join(f"- {f}" for f in ov.findings), highlight=False)
+    if ov.rank_view is not None and view == "steps":
+        print_rank_view(ov.rank_view, console)
+
+
+@cli.command()
+@click.argument("trace_files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@click.option("-o", "--output", default="polyprof-report.html", show_default=True, help="The HTML file to write.")
+@click.option("--baseline", default=None, type=click.Path(dir_okay=False), help="A trace to compare with (a diff section).")
+def report(trace_files: tuple[str, ...], output: str, baseline: str | None) -> None:
+    """One self-contained HTML report (opens offline) of TRACE_FILES: one trace, or several ranks' (or a
+    folder): what to look at, steps, devices, kernels, operators, launch latency, idle time, ranks,
+    counters, backends."""
+    from polyprof.report import write_report
+
+    started = time.perf_counter()
+    try:
+        written = write_report(list(trace_files), output, baseline=baseline)
+    except (TraceFormatError, PolyprofError) as exc:
+        _fail(str(exc))
+    size = os.path.getsize(written)
+    click.echo(f"polyprof: report written to {written} ({size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)", err=True)
+    click.echo(written)
+
+
+@cli.command(name="diff")
+@click.argument("before", type=click.Path(dir_okay=False))
+@click.argument("after", type=click.Path(dir_okay=False))
+@click.option("--top", type=int, default=15, show_default=True, help="Rows per table.")
+@click.option("-o", "--output", default=None, help="Also write AFTER's report with a diff section against BEFORE.")
+def diff_command(before: str, after: str, top: int, output: str | None) -> None:
+    """Compare two traces (before and after a change): step time, and the ops and kernels whose time
+    changed most, new and vanished ones."""
+    from polyprof.analysis.diff import diff
+    from polyprof.cli.render import analysis_table, format_ns
+    from polyprof.io import load_trace
+
+    try:
+        d = diff(load_trace(before), load_trace(after), top=top)
+    except (TraceFormatError, PolyprofError) as exc:
+        _fail(str(exc))
+    console = _console()
+    if d.step_ns:
+        b, a = d.step_ns
+        console.print(f"mean step: {format_ns(b)} before, {format_ns(a)} after ({(a - b) / (b or 1):+.1%})", highlight=False)
+    else:
+        console.print("no ProfilerStep# spans on both sides: times compared in total", highlight=False)
+    for table in (d.operators, d.kernels):
+        console.print(analysis_table(table, limit=top) if table.rows else f"{table.title}: none")
+    if output:
+        from polyprof.report import write_report
+
+        try:
+            written = write_report([after], output, baseline=before)
+        except (TraceFormatError, PolyprofError) as exc:
+            _fail(str(exc))
+        click.echo(f"polyprof: report with the diff written to {written}", err=True)
 
 
 @cli.command()

@@ -107,3 +107,28 @@ def print_rank_view(view: object, console: Console) -> None:
         f"waited longest in collectives: rank {waited[0].rank} ({format_ns(waited[0].waited_ns)} more than the least)",
         highlight=False,
     )
+
+
+def analysis_table(table: object, title: str | None = None, limit: int = 30) -> Table:
+    """A polyprof.analysis Table as a rich table: times formatted, shares as percentages."""
+    cols = table.columns  # type: ignore[attr-defined]
+    out = Table(title=title or table.title, title_justify="left")  # type: ignore[attr-defined]
+    for c in cols:
+        out.add_column(c.replace("_ns", "").replace("_", " "), justify="left" if c in ("device", "kernel", "op", "name",
+                       "stream", "cause", "kind", "backend", "state", "worst", "input_dims", "counter") else "right",
+                       overflow="fold")  # fmt: skip
+    for row in table.rows[:limit]:  # type: ignore[attr-defined]
+        cells = []
+        for c, v in zip(cols, row, strict=True):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and c.endswith("_ns"):
+                cells.append(format_ns(v))
+            elif isinstance(v, float) and c.endswith("share"):
+                cells.append(f"{v:.1%}")
+            elif isinstance(v, float):
+                cells.append(f"{v:.4g}")
+            else:
+                cells.append(escape(str(v)))
+        out.add_row(*cells)
+    if len(table.rows) > limit:  # type: ignore[attr-defined]
+        out.caption = f"the first {limit} of {len(table.rows)} rows"  # type: ignore[attr-defined]
+    return out
