@@ -47,9 +47,11 @@ def test_device_work_gets_the_enclosing_annotation_as_external_id_and_a_flow(reg
 
 
 def test_default_activities_are_everything_available(registry, sim):
+    """...but a backend that says on_by_default = False (the python tracer), which only runs when asked."""
     prof = polyprof.profile(registry=registry)
     available = {e.name for e in registry.entries() if not e.broken and registry.probe(e).available}
-    assert set(prof.backends) == available and {"host", "simdev"} <= available
+    opt_in = {e.name for e in registry.entries() if getattr(e.backend, "on_by_default", True) is False}
+    assert set(prof.backends) == available - opt_in and {"host", "simdev"} <= available and "python" in opt_in
 
 
 def test_devices_resources_and_metadata_in_trace(registry, sim):

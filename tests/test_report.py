@@ -110,3 +110,17 @@ def test_report_without_plotly_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.resources, "files", missing)
     with pytest.raises(ConfigError, match=r"pip install 'polyprof\[report\]'"):
         build_report([])
+
+
+def test_a_jobs_report_has_its_ranks(tmp_path):
+    """Two ranks' traces (rank 1 made slow): the report gets a Ranks section naming the straggler."""
+    from test_analysis import one_step
+
+    from polyprof.report import build_report
+
+    fast, slow = one_step(), one_step()
+    slow.activities.columns["end"][0] = 400 * 1000  # rank 1's step takes 4x as long, all of it busy host code
+    slow.activities.columns["end"][1] = 390 * 1000
+    fast.metadata["distributedInfo"], slow.metadata["distributedInfo"] = {"rank": 0}, {"rank": 1}
+    html = build_report([fast, slow])
+    assert '<section id="ranks">' in html and "Rank 1 is the slowest in 1 of 1 steps" in html

@@ -8,8 +8,9 @@ A backend is any object with::
     def probe(self) -> Availability: ...            # cheap, no side effects
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Session: ...
 
-and optionally ``options`` (an :class:`~polyprof.options.OptionSchema` the engine checks) and
-``check_options(options)``. A session has ``prepare()``, ``start()``, ``stop()``, ``collect(sink)``,
+and optionally ``options`` (an :class:`~polyprof.options.OptionSchema` the engine checks),
+``check_options(options)``, and ``on_by_default = False`` for a backend that costs enough to run only
+when its group is asked for by name (a profile of "every group available" leaves it out). A session has ``prepare()``, ``start()``, ``stop()``, ``collect(sink)``,
 ``close()`` (:class:`SessionBase` gives no-op ``prepare``/``close``) and, optionally, ``flush(sink)``
 (hand over completed rows while recording, from a background thread) and, if its device work can be
 attributed to host operations by the vendor library, ``push_correlation(id, kind)`` and
@@ -31,6 +32,8 @@ import numpy as np
 from polyprof import correlation, facilities
 from polyprof.clock import ClockMapping, host_ns
 from polyprof.model import BackendStatus
+
+BY_OPTION = "by option: "  # how the drops a user's options asked for are named in a backend's status
 
 if TYPE_CHECKING:
     from polyprof.sink import Sink
@@ -104,6 +107,10 @@ class Reporter:
 
     def dropped_records(self, count: int, what: str = "records") -> None:
         self.status.add_dropped(what, count)
+
+    def filtered_records(self, count: int, what: str) -> None:
+        """Rows left out because the backend's options asked for it: counted, never warned about."""
+        self.status.add_dropped(BY_OPTION + what, count)
 
     def clock_mapping(self, mapping: ClockMapping, device: str = "") -> None:
         """Record how a device clock was mapped to the host clock (and how far off it may be)."""

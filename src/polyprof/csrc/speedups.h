@@ -7,6 +7,7 @@
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
+ *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
  *
  * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
  * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
@@ -48,6 +49,8 @@ extern PyMethodDef pp_format_methods[];
 extern PyMethodDef pp_columns_methods[];
 extern PyMethodDef pp_perfetto_methods[];
 extern PyMethodDef pp_merge_methods[];
+extern PyMethodDef pp_pytrace_methods[];
+int pp_pytrace_add_types(PyObject *module);
 int pp_recorder_add_types(PyObject *module);
 
 #endif

@@ -47,7 +47,7 @@ from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
 from polyprof.engine.limits import Limits
-from polyprof.engine.merge import CHOSEN_DROPS, RING, merge
+from polyprof.engine.merge import RING, chosen_drop, merge
 from polyprof.engine.schedule import (
     PREPARE,
     READY,
@@ -685,7 +685,7 @@ class Profile:
                 problems.append(
                     f"{st.rejected} malformed rows rejected ({', '.join(f'{k}: {v}' for k, v in st.rejected_reasons.items())})"
                 )
-            problems += [f"dropped {n} {what}" for what, n in st.dropped.items() if what not in CHOSEN_DROPS]
+            problems += [f"dropped {n} {what}" for what, n in st.dropped.items() if not chosen_drop(what)]
             out += [f"polyprof backend {st.name!r}: {msg}" for msg in problems]
         return out
 

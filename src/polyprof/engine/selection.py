@@ -80,7 +80,8 @@ def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Sel
 
 
 def _select(registry: Registry, activities: Iterable[Any] | None) -> Selection:
-    """None: every group whose backend is available here. Groups asked for explicitly whose backends are
+    """None: every group whose backend is available here (but those whose backend says
+    ``on_by_default = False``). Groups asked for explicitly whose backends are
     all unavailable raise BackendUnavailableError with their reasons; no group at all is an error."""
     out = Selection()
     out.broken = [e for e in registry.entries(load=False) if e.error and e.origin in (ORIGIN_ENV, ORIGIN_EXPLICIT)]
@@ -91,6 +92,8 @@ def _select(registry: Registry, activities: Iterable[Any] | None) -> Selection:
             if entry.broken or entry.name in seen:
                 continue
             seen.add(entry.name)
+            if getattr(entry.backend, "on_by_default", True) is False:
+                continue  # a costly backend (the python tracer): only when its group is asked for
             chosen = Chosen(entry, registry.probe(entry))
             (out.selected if chosen.availability.available else out.unavailable).append(chosen)
             if chosen.availability.available:

@@ -43,6 +43,13 @@ RING = "older than the ring (ring_s)"
 CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING, *DROP_REASONS)
 
 
+def chosen_drop(what: str) -> bool:
+    """Whether rows were dropped because the user asked for it (not worth a warning)."""
+    from polyprof.backend import BY_OPTION
+
+    return what in CHOSEN_DROPS or what.startswith(BY_OPTION)
+
+
 def _select(
     part: CollectedPart,
     window: tuple[int, int],

@@ -1,0 +1,178 @@
+"""The ``python`` backend: every Python function call on every thread, as ``python_function`` slices on
+the same thread rows as annotations and ops (activity group PYTHON; asked for by name, never on by
+default: tracing every call costs time).
+
+::
+
+    with polyprof.profile(["cpu", "python"], backend_options={"python": {"min_duration_us": 1}}) as prof:
+        train()
+    polyprof run --activities cpu,python script.py
+
+The per-call work is C (``csrc/pytrace.c``, the interpreter's profile hook on every thread, and on new
+threads through ``threading.setprofile``): two clock reads and a few stores per call, into per-thread
+columns. A slice is named as torch.profiler names its Python events (``file.py(12): function``; C
+functions, with ``c_calls``, ``<built-in method ...>``). Slices nest strictly per thread (each is written
+when its function returns), so Perfetto keeps them all; a coroutine appears as one slice per resumption,
+inside the event loop's own frames. Options (``backend_options={"python": {...}}``):
+
+* ``min_duration_us`` (default 0): calls shorter than this are left out (counted as ``dropped``).
+* ``max_depth`` (default 128): frames deeper than this are left out (counted).
+* ``c_calls`` (default false): also calls into C functions (``len``, ``list.append``...).
+* ``fold_libraries`` (default true): a call into the standard library or site-packages is one slice,
+  without the library calls it makes (user code it calls back is kept): a large program's library
+  internals are folded away. polyprof's own frames and threads are never recorded.
+* ``include`` / ``exclude``: globs on the module's file path or the function's qualified name; a slice
+  is kept when it matches an include (if any) and no exclude.
+
+Uses the interpreter's profile hook, as cProfile and VizTracer do: while it records, another tool's
+hook (``sys.setprofile``) is replaced, and given back at stop.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import sysconfig
+import threading
+from typing import Any
+
+import numpy as np
+
+from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.model import ActivityKind, CodedStrings
+from polyprof.options import Option, OptionSchema
+from polyprof.sink import Sink
+
+OPTIONS = OptionSchema(
+    Option("min_duration_us", float, default=0.0, minimum=0, help="leave out calls shorter than this"),
+    Option("max_depth", int, default=128, minimum=1, help="leave out frames deeper than this"),
+    Option("c_calls", bool, default=False, help="also record calls into C functions"),
+    Option("fold_libraries", bool, default=True, help="a call into the standard library or site-packages is one slice"),
+    Option("include", list, items=str, help="globs on file path or function name to keep"),
+    Option("exclude", list, items=str, help="globs on file path or function name to drop"),
+)
+
+
+POLYPROF_FILES = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def library_prefixes() -> tuple[str, ...]:
+    """The folders of the standard library and installed packages, and frozen modules."""
+    paths = sysconfig.get_paths()
+    found = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return (*sorted(p.rstrip(os.sep) + os.sep for p in found if p), "<frozen ")
+
+
+def slice_name(obj: Any) -> str:
+    """torch.profiler's name for a Python event: ``path(line): qualname``, or ``<built-in ...>``."""
+    if isinstance(obj, str):  # a C function, named by the tracer (``append of list object``)
+        return f"<built-in method {obj}>"
+    if hasattr(obj, "co_filename"):
+        return f"{obj.co_filename}({obj.co_firstlineno}): {getattr(obj, 'co_qualname', obj.co_name)}"
+    return f"<built-in method {getattr(obj, '__qualname__', None) or getattr(obj, '__name__', repr(obj))}>"
+
+
+class PythonSession:
+    in_process = True  # polyprof's own: called directly, not on a guard thread
+
+    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
+        from polyprof._accel import speedups
+
+        self.ctx = ctx
+        self.opts = dict(ctx.options)
+        self.speedups = speedups
+        self.buffers: list[Any] = []
+        self.previous: Any = None
+        self.running = False
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        o = self.opts
+        fold = library_prefixes() if o.get("fold_libraries", True) else ()
+        self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
+        threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
+        self.speedups.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
+                                    bool(o.get("c_calls")), fold, (POLYPROF_FILES,), _thread_name)  # fmt: skip
+        self.running = True
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running = False
+        self.buffers = self.speedups.pytrace_stop()
+        threading.setprofile(self.previous)
+        sys.setprofile(None)  # this thread's Python-level hook, if the bootstrap left one
+
+    def collect(self, sink: Sink) -> None:
+        buffers, self.buffers = self.buffers, []
+        include, exclude = self.opts.get("include") or [], self.opts.get("exclude") or []
+        host = sink.host_device()
+        short = deep = 0
+        for buf in buffers:
+            tid, name, code, start, end, depth, is_c, objects, dropped_short, dropped_deep = buf.take()
+            if str(name).startswith("polyprof-"):
+                continue  # polyprof's own threads (writer, flusher, guard)
+            short, deep = short + dropped_short, deep + dropped_deep
+            code = np.frombuffer(code, np.int64)
+            if not len(code):
+                continue
+            by_id = {id(o): o for o in objects}
+            uniq, inverse = np.unique(code, return_inverse=True)
+            labels = [slice_name(by_id[int(u)]) for u in uniq.tolist()]
+            keep = np.ones(len(code), bool)
+            if include or exclude:
+                wanted = np.array([_wanted(by_id[int(u)], label, include, exclude) for u, label in zip(uniq.tolist(), labels, strict=True)])
+                keep = wanted[inverse]
+            rows = np.flatnonzero(keep)
+            sink.activities({
+                "kind": np.full(len(rows), int(ActivityKind.PYTHON_FUNCTION)),
+                "cat": ["python_function"] * len(rows),
+                "name": CodedStrings(inverse[rows], labels),
+                "device": np.full(len(rows), host),
+                "resource": np.full(len(rows), sink.host_thread(int(tid), name)),
+                "start": np.frombuffer(start, np.int64)[rows],
+                "end": np.frombuffer(end, np.int64)[rows],
+            })  # fmt: skip
+        if short:
+            self.ctx.report.filtered_records(short, "python calls shorter than min_duration_us")
+        if deep:
+            self.ctx.report.filtered_records(deep, "python frames deeper than max_depth")
+
+    def close(self) -> None:
+        self.stop()
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+def _wanted(obj: Any, label: str, include: list[str], exclude: list[str]) -> bool:
+    file = getattr(obj, "co_filename", "")
+    name = getattr(obj, "co_qualname", None) or getattr(obj, "co_name", None) or label
+    match = lambda pats: any(fnmatch.fnmatch(file, p) or fnmatch.fnmatch(name, p) for p in pats)  # noqa: E731
+    return (not include or match(include)) and not match(exclude)
+
+
+class PythonBackend:
+    name = "python"
+    api_version = API_VERSION
+    activities = frozenset({"PYTHON"})
+    options = OPTIONS
+    in_process = True
+    on_by_default = False  # tracing every call has a cost: only when asked for by name
+
+    def probe(self) -> Availability:
+        from polyprof._accel import speedups
+
+        if speedups is None or not hasattr(speedups, "pytrace_start"):
+            return Availability.no("needs polyprof's C extension (built when polyprof is installed with a C compiler)")
+        return Availability.yes(devices=["host process"], python=sys.version.split()[0])
+
+    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> PythonSession:
+        return PythonSession(config, ctx)
+
+
+backend = PythonBackend()

@@ -1,0 +1,387 @@
+/*
+ * The python backend's hot path: every Python function entry and exit (and, optionally, calls into C
+ * functions) through the interpreter's profile hook, appended to per-thread columns
+ * (polyprof.backends.python).
+ *
+ *   pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes, namer) -> None   every thread
+ *   pytrace_stop() -> list[TraceBuffer]                               unhook; every thread's buffer
+ *   pytrace_thread_hook(*args) -> None                                threading.setprofile's bootstrap
+ *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ...)   columns as bytes
+ *
+ * A thread's buffer is found through a thread-local pointer (no dict lookup per event). A slice is
+ * written when its function returns (or unwinds), so slices nest strictly per thread. Calls shorter
+ * than min_ns and frames deeper than max_depth are left out (counted); a library frame (its file starts
+ * with one of fold_prefixes) called from another library frame is left out, so that a call into a
+ * library is one slice while the user code it calls back is kept; a frame whose file starts with one
+ * of hide_prefixes (polyprof's own) is never kept.
+ */
+#include "speedups.h"
+
+#include <frameobject.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_STACK 1024
+#define CACHE_SLOTS 4096 /* per thread: code object -> its class, and whether the buffer holds it */
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long tid;
+    long long *start, *end, *code;
+    int *depth;
+    char *is_c;
+    Py_ssize_t n, cap;
+    PyObject *objects; /* set: every code / C function object named by a row (kept alive) */
+    PyObject *name;    /* the thread's name when its first call was traced (it may be gone by collect) */
+    /* the open calls */
+    long long stack_start[MAX_STACK];
+    void *stack_code[MAX_STACK];
+    char stack_c[MAX_STACK];
+    char stack_class[MAX_STACK]; /* USER, LIBRARY, HIDDEN, or SKIPPED (a library frame under another) */
+    int sp;            /* calls open (may exceed MAX_STACK: those deeper are not kept) */
+    void *cache_code[CACHE_SLOTS];
+    char cache_class[CACHE_SLOTS];
+    char cache_kept[CACHE_SLOTS]; /* in `objects` already */
+    long long dropped_short, dropped_deep;
+} TraceBufferObject;
+
+static PyTypeObject TraceBufferType;
+static PyObject *g_buffers = NULL;     /* list of every buffer of this recording */
+static unsigned long g_generation = 0; /* a new recording invalidates the thread-local pointers */
+static int g_running = 0;
+static long long g_min_ns = 0;
+static int g_max_depth = MAX_STACK;
+static int g_c_calls = 0;
+static PyObject *g_fold = NULL;        /* tuple of str prefixes: libraries */
+static PyObject *g_hide = NULL;        /* tuple of str prefixes: polyprof itself */
+static PyObject *g_fold_cache = NULL;  /* dict code -> int class */
+static PyObject *g_c_names = NULL;     /* dict (method def, self type) -> the C function's name (str) */
+static PyObject *g_namer = NULL;       /* () -> the current thread's name (threading's) */
+
+enum { USER = 0, LIBRARY = 1, HIDDEN = 2, SKIPPED = 3 };
+
+static _Thread_local TraceBufferObject *tl_buffer = NULL;
+static _Thread_local unsigned long tl_generation = 0;
+
+static int tb_grow(TraceBufferObject *b) {
+    Py_ssize_t cap = b->cap ? b->cap * 2 : 4096;
+    long long *s = PyMem_Realloc(b->start, cap * sizeof(long long));
+    if (s) b->start = s;
+    long long *e = s ? PyMem_Realloc(b->end, cap * sizeof(long long)) : NULL;
+    if (e) b->end = e;
+    long long *c = e ? PyMem_Realloc(b->code, cap * sizeof(long long)) : NULL;
+    if (c) b->code = c;
+    int *d = c ? PyMem_Realloc(b->depth, cap * sizeof(int)) : NULL;
+    if (d) b->depth = d;
+    char *k = d ? PyMem_Realloc(b->is_c, cap) : NULL;
+    if (k == NULL) return -1;
+    b->is_c = k;
+    b->cap = cap;
+    return 0;
+}
+
+static TraceBufferObject *this_thread_buffer(void) {
+    if (tl_generation == g_generation && tl_buffer != NULL) return tl_buffer;
+    TraceBufferObject *b = PyObject_GC_New(TraceBufferObject, &TraceBufferType);
+    if (b == NULL) return NULL;
+    b->tid = PyThread_get_thread_native_id();
+    b->start = b->end = b->code = NULL;
+    b->depth = NULL;
+    b->is_c = NULL;
+    b->n = b->cap = 0;
+    b->sp = 0;
+    memset(b->cache_code, 0, sizeof b->cache_code);
+    b->dropped_short = b->dropped_deep = 0;
+    b->objects = PySet_New(NULL);
+    b->name = g_namer ? PyObject_CallNoArgs(g_namer) : NULL; /* not traced: the hook is running */
+    if (b->name == NULL) {
+        PyErr_Clear();
+        b->name = Py_NewRef(Py_None);
+    }
+    PyObject_GC_Track(b);
+    if (b->objects == NULL || PyList_Append(g_buffers, (PyObject *)b) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    Py_DECREF(b); /* g_buffers holds it */
+    tl_buffer = b;
+    tl_generation = g_generation;
+    return b;
+}
+
+static int starts_with_any(PyObject *file, PyObject *prefixes) {
+    for (Py_ssize_t i = 0; file && prefixes && i < PyTuple_GET_SIZE(prefixes); i++)
+        if (PyUnicode_Tailmatch(file, PyTuple_GET_ITEM(prefixes, i), 0, PY_SSIZE_T_MAX, -1) == 1) return 1;
+    return 0;
+}
+
+/* A C function's name as a str that lives as long as the recording (the function object itself may be
+   a bound method made for this one call). */
+static PyObject *c_name(PyObject *fn) {
+    PyMethodDef *ml = NULL;
+    void *type = NULL;
+    if (PyCFunction_Check(fn)) {
+        ml = ((PyCFunctionObject *)fn)->m_ml;
+        PyObject *self = PyCFunction_GET_SELF(fn);
+        type = self && !PyModule_Check(self) ? (void *)Py_TYPE(self) : NULL;
+    } else if (Py_IS_TYPE(fn, &PyMethodDescr_Type)) {
+        ml = ((PyMethodDescrObject *)fn)->d_method;
+        type = ((PyDescrObject *)fn)->d_type;
+    }
+    if (ml == NULL) { /* another callable: named by its type */
+        PyObject *key = (PyObject *)Py_TYPE(fn);
+        PyObject *name = PyDict_GetItem(g_c_names, key);
+        if (name == NULL && (name = PyUnicode_FromFormat("%s object", Py_TYPE(fn)->tp_name)) != NULL) {
+            PyDict_SetItem(g_c_names, key, name);
+            Py_DECREF(name);
+        }
+        return name;
+    }
+    PyObject *key = Py_BuildValue("(nn)", (Py_ssize_t)(intptr_t)ml, (Py_ssize_t)(intptr_t)type);
+    if (key == NULL) return NULL;
+    PyObject *name = PyDict_GetItem(g_c_names, key);
+    if (name == NULL) {
+        name = type ? PyUnicode_FromFormat("%s of %s object", ml->ml_name, ((PyTypeObject *)type)->tp_name)
+                    : PyUnicode_FromString(ml->ml_name);
+        if (name != NULL) {
+            PyDict_SetItem(g_c_names, key, name);
+            Py_DECREF(name); /* the dict keeps it */
+        }
+    }
+    Py_DECREF(key);
+    return name;
+}
+
+static inline Py_ssize_t slot_of(void *p) { return (Py_ssize_t)(((uintptr_t)p >> 4) & (CACHE_SLOTS - 1)); }
+
+/* USER, LIBRARY or HIDDEN, by the code's file: cached per code object (the thread's slots first). */
+static int code_class_slow(PyCodeObject *code) {
+    PyObject *hit = PyDict_GetItem(g_fold_cache, (PyObject *)code);
+    if (hit != NULL) return (int)PyLong_AsLong(hit);
+    int cls = starts_with_any(code->co_filename, g_hide) ? HIDDEN : starts_with_any(code->co_filename, g_fold) ? LIBRARY : USER;
+    PyObject *v = PyLong_FromLong(cls);
+    if (v != NULL) {
+        PyDict_SetItem(g_fold_cache, (PyObject *)code, v);
+        Py_DECREF(v);
+    }
+    return cls;
+}
+
+static inline int code_class(TraceBufferObject *b, PyCodeObject *code) {
+    Py_ssize_t i = slot_of(code);
+    if (b->cache_code[i] == code) return b->cache_class[i];
+    int cls = code_class_slow(code);
+    b->cache_code[i] = code, b->cache_class[i] = (char)cls, b->cache_kept[i] = 0;
+    return cls;
+}
+
+static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
+    if (!g_running) return 0;
+    int is_call = what == PyTrace_CALL, is_c = 0;
+    void *target = NULL;
+    if (what == PyTrace_C_CALL || what == PyTrace_C_RETURN || what == PyTrace_C_EXCEPTION) {
+        if (!g_c_calls) return 0;
+        is_c = 1;
+        is_call = what == PyTrace_C_CALL;
+        target = is_call ? c_name(arg) : NULL;
+        if (is_call && target == NULL) { /* no memory for a name: the slice is kept unnamed */
+            PyErr_Clear();
+            target = Py_None;
+        }
+    } else if (what != PyTrace_CALL && what != PyTrace_RETURN) {
+        return 0;
+    }
+    long long now = pp_now_ns();
+    TraceBufferObject *b = this_thread_buffer();
+    if (b == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (is_call) {
+        int depth = b->sp++;
+        if (depth >= MAX_STACK) return 0;
+        if (!is_c) target = PyFrame_GetCode(frame), Py_DECREF(target); /* borrowed: the frame keeps it */
+        b->stack_start[depth] = now;
+        b->stack_code[depth] = target;
+        b->stack_c[depth] = (char)is_c;
+        int cls, parent = depth ? b->stack_class[depth - 1] : USER;
+        if (is_c) { /* by the frame that calls it: polyprof's hides it, a library's folds it */
+            PyCodeObject *caller = PyFrame_GetCode(frame);
+            int by = code_class(b, caller);
+            Py_DECREF(caller);
+            cls = by == HIDDEN ? HIDDEN : (by == LIBRARY && g_fold && PyTuple_GET_SIZE(g_fold)) ? SKIPPED : LIBRARY;
+        } else {
+            cls = code_class(b, (PyCodeObject *)target);
+            if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
+            if (parent == HIDDEN && cls != USER) cls = HIDDEN; /* what polyprof's own code calls */
+        }
+        b->stack_class[depth] = (char)cls;
+        return 0;
+    }
+    if (b->sp == 0) return 0; /* a return from a frame entered before the hook was set */
+    int depth = --b->sp;
+    if (depth >= MAX_STACK) return 0;
+    if (b->stack_class[depth] == SKIPPED || b->stack_class[depth] == HIDDEN) return 0;
+    if (depth >= g_max_depth) {
+        b->dropped_deep++;
+        return 0;
+    }
+    long long start = b->stack_start[depth];
+    if (now - start < g_min_ns) {
+        b->dropped_short++;
+        return 0;
+    }
+    if (b->n == b->cap && tb_grow(b) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *o = (PyObject *)b->stack_code[depth];
+    Py_ssize_t slot = slot_of(o);
+    if (!(b->cache_code[slot] == o && b->cache_kept[slot])) { /* first row naming it (for this slot) */
+        if (PySet_Add(b->objects, o) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (b->cache_code[slot] == o) b->cache_kept[slot] = 1;
+    }
+    Py_ssize_t i = b->n++;
+    b->start[i] = start;
+    b->end[i] = now;
+    b->code[i] = (long long)(intptr_t)o;
+    b->depth[i] = depth;
+    b->is_c[i] = b->stack_c[depth];
+    return 0;
+}
+
+/* Set (or clear) the hook on every thread of the interpreter. */
+static void hook_all_threads(int on) {
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
+#if PY_VERSION_HEX >= 0x030C0000
+        (void)ts;
+#else
+        _PyEval_SetProfile(ts, on ? profile_hook : NULL, NULL);
+#endif
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyEval_SetProfileAllThreads(on ? profile_hook : NULL, NULL);
+#endif
+}
+
+static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
+    long long min_ns;
+    int max_depth, c_calls;
+    PyObject *fold, *hide, *namer;
+    if (!PyArg_ParseTuple(args, "LipO!O!O", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type, &hide,
+                          &namer))
+        return NULL;
+    Py_INCREF(namer);
+    Py_XSETREF(g_namer, namer);
+    if (g_running) {
+        PyErr_SetString(PyExc_RuntimeError, "python tracing is already running");
+        return NULL;
+    }
+    Py_XSETREF(g_buffers, PyList_New(0));
+    Py_XSETREF(g_fold_cache, PyDict_New());
+    Py_XSETREF(g_c_names, PyDict_New());
+    Py_INCREF(fold);
+    Py_XSETREF(g_fold, fold);
+    Py_INCREF(hide);
+    Py_XSETREF(g_hide, hide);
+    if (g_buffers == NULL || g_fold_cache == NULL || g_c_names == NULL) return NULL;
+    g_min_ns = min_ns;
+    g_max_depth = max_depth < MAX_STACK ? max_depth : MAX_STACK;
+    g_c_calls = c_calls;
+    g_generation++;
+    g_running = 1;
+    hook_all_threads(1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sp_pytrace_thread_hook(PyObject *m, PyObject *args) {
+    /* threading.setprofile's function, called once in each new thread: put the C hook in its place (or,
+       once the recording is over, take itself away) */
+    PyEval_SetProfile(g_running ? profile_hook : NULL, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sp_pytrace_stop(PyObject *m, PyObject *unused) {
+    if (!g_running) return PyList_New(0);
+    g_running = 0;
+    hook_all_threads(0);
+    PyObject *out = g_buffers;
+    g_buffers = NULL;
+    g_generation++;
+    Py_CLEAR(g_fold_cache);
+    Py_CLEAR(g_c_names);  /* the names a buffer uses stay alive in its `objects` */
+    return out ? out : PyList_New(0);
+}
+
+static PyObject *tb_take(TraceBufferObject *b, PyObject *unused) {
+    static const char none[1] = {0}; /* y# of NULL is None: an empty buffer's columns are b"" */
+#define COL(p) ((p) ? (const char *)(p) : none)
+    PyObject *out = Py_BuildValue(
+        "(kOy#y#y#y#y#OLL)", b->tid, b->name, COL(b->code), b->n * (Py_ssize_t)sizeof(long long),
+        COL(b->start), b->n * (Py_ssize_t)sizeof(long long), COL(b->end),
+        b->n * (Py_ssize_t)sizeof(long long), COL(b->depth), b->n * (Py_ssize_t)sizeof(int),
+        COL(b->is_c), b->n, b->objects, b->dropped_short, b->dropped_deep);
+#undef COL
+    if (out == NULL) return NULL;
+    b->n = 0;
+    return out;
+}
+
+static void tb_dealloc(TraceBufferObject *b) {
+    PyObject_GC_UnTrack(b);
+    PyMem_Free(b->start);
+    PyMem_Free(b->end);
+    PyMem_Free(b->code);
+    PyMem_Free(b->depth);
+    PyMem_Free(b->is_c);
+    Py_CLEAR(b->objects);
+    Py_CLEAR(b->name);
+    PyObject_GC_Del(b);
+}
+
+static int tb_traverse(TraceBufferObject *b, visitproc visit, void *arg) {
+    Py_VISIT(b->objects);
+    Py_VISIT(b->name);
+    return 0;
+}
+
+static int tb_clear_refs(TraceBufferObject *b) {
+    Py_CLEAR(b->objects);
+    Py_CLEAR(b->name);
+    return 0;
+}
+
+static PyMethodDef tb_methods[] = {
+    {"take", (PyCFunction)tb_take, METH_NOARGS,
+     "take() -> (tid, name, code, start, end, depth, is_c, objects, dropped_short, dropped_deep): columns as bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TraceBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "polyprof._speedups.TraceBuffer",
+    .tp_basicsize = sizeof(TraceBufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)tb_dealloc,
+    .tp_traverse = (traverseproc)tb_traverse,
+    .tp_clear = (inquiry)tb_clear_refs,
+    .tp_methods = tb_methods,
+    .tp_doc = "One thread's traced Python calls (polyprof.backends.python).",
+};
+
+int pp_pytrace_add_types(PyObject *module) {
+    if (PyType_Ready(&TraceBufferType) < 0) return -1;
+    Py_INCREF(&TraceBufferType);
+    return PyModule_AddObject(module, "TraceBuffer", (PyObject *)&TraceBufferType);
+}
+
+PyMethodDef pp_pytrace_methods[] = {
+    {"pytrace_start", sp_pytrace_start, METH_VARARGS,
+     "pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes): trace every thread's Python calls"},
+    {"pytrace_stop", sp_pytrace_stop, METH_NOARGS, "pytrace_stop() -> list of every thread's TraceBuffer"},
+    {"pytrace_thread_hook", sp_pytrace_thread_hook, METH_VARARGS, "threading.setprofile's bootstrap for new threads"},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,153 @@
+"""The python backend: every Python call as a python_function slice, strictly nested per thread."""
+
+import asyncio
+import json
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import polyprof
+from polyprof._accel import speedups
+from polyprof.model import ActivityKind
+
+pytestmark = pytest.mark.skipif(speedups is None, reason="needs polyprof's C extension (the tracer is C)")
+
+
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+class Shape:
+    def area(self):
+        return 0
+
+
+class Square(Shape):
+    def __init__(self, side):
+        self.side = side
+
+    def area(self):
+        return self.side * super().area() + self.side**2
+
+
+def _python_rows(prof):
+    acts = prof.trace.activities
+    keep = acts["kind"] == int(ActivityKind.PYTHON_FUNCTION)
+    names = acts.names()[keep]
+    return names, acts["start"][keep], acts["end"][keep], acts["resource"][keep]
+
+
+def _strictly_nested(starts, ends):
+    order = np.lexsort((-ends, starts))
+    stack = []
+    for s, e in zip(starts[order].tolist(), ends[order].tolist(), strict=True):
+        while stack and s >= stack[-1]:
+            stack.pop()
+        if stack and e > stack[-1]:
+            return False
+        stack.append(e)
+    return True
+
+
+def test_every_call_on_every_thread_nested_and_named_as_torch_does():
+    with polyprof.profile(["cpu", "python"]) as prof:
+        with polyprof.record_function("region"):
+            fib(10)
+            Square(3).area()
+        worker = threading.Thread(target=fib, args=(6,), name="worker")
+        worker.start()
+        worker.join()
+    names, starts, ends, rows = _python_rows(prof)
+    here = __file__
+    assert sum(n == f"{here}({fib.__code__.co_firstlineno}): fib" for n in names) == 177 + 25, "fib(10) and fib(6): every call"
+    assert f"{here}({Square.area.__code__.co_firstlineno}): Square.area" in set(names)
+    assert f"{here}({Shape.area.__code__.co_firstlineno}): Shape.area" in set(names)
+    threads = {prof.trace.resources[r].name for r in set(rows.tolist())}
+    assert any("worker" in t for t in threads) and not any("polyprof-" in t for t in threads)
+    for r in set(rows.tolist()):
+        mine = rows == r
+        assert _strictly_nested(starts[mine], ends[mine]), "slices nest per thread (Perfetto drops those that do not)"
+    acts = prof.trace.activities
+    region = np.flatnonzero(acts.names() == "region")[0]
+    inside = (starts >= acts["start"][region]) & (ends <= acts["end"][region]) & (rows == acts["resource"][region])
+    assert inside.sum() >= 177 + 3, "on the same thread row as the annotation, inside it"
+    assert not any("polyprof/" in str(n) for n in names), "polyprof's own frames are not traced"
+
+
+def test_it_is_never_on_unless_asked_for():
+    with polyprof.profile() as prof:
+        fib(5)
+    assert "python" not in prof.backends
+    assert not (prof.trace.activities["kind"] == int(ActivityKind.PYTHON_FUNCTION)).any()
+
+
+def test_filters_depth_duration_c_calls_and_folding():
+    opts = {"python": {"max_depth": 3, "c_calls": True}}
+    with polyprof.profile(["python"], backend_options=opts) as prof:
+        fib(8)
+        len([1, 2])
+        json.dumps({"a": [1, 2, 3]})
+    names = list(_python_rows(prof)[0])
+    assert sum("): fib" in n for n in names) == 1 + 2 + 4, "depth 0 is the test's frame (entered before): fib at 1..3"
+    assert "<built-in method len>" in names
+    status = prof.trace.backends["python"]
+    assert status.dropped["by option: python frames deeper than max_depth"] > 0
+    dumps = [n for n in names if n.endswith(": dumps")]
+    assert len(dumps) == 1 and not any("json/encoder.py" in n for n in names), "a library call is one slice"
+    with polyprof.profile(["python"], backend_options={"python": {"fold_libraries": False}}) as prof:
+        json.dumps({"a": [1, 2, 3]})
+    assert any("json/encoder.py" in n for n in _python_rows(prof)[0]), "unfolded, the library's own calls show"
+    with polyprof.profile(["python"], backend_options={"python": {"min_duration_us": 1000}}) as prof:
+        fib(8)
+    assert not any("): fib" in n for n in _python_rows(prof)[0])
+    assert prof.trace.backends["python"].dropped["by option: python calls shorter than min_duration_us"] >= 67
+    with polyprof.profile(["python"], backend_options={"python": {"exclude": ["*Shape*"]}}) as prof:
+        Square(2).area()
+    names = set(_python_rows(prof)[0])
+    assert any(n.endswith("Square.area") for n in names) and not any(n.endswith("Shape.area") for n in names)
+
+
+def test_user_code_called_back_by_a_library_is_kept():
+    def key(x):
+        return -x
+
+    with polyprof.profile(["python"]) as prof:
+        sorted([3, 1, 2], key=key)  # C calls back user code
+        asyncio.run(asyncio.sleep(0))  # the stdlib: folded
+    names = list(_python_rows(prof)[0])
+    assert sum(n.endswith("key") for n in names) == 3
+    assert sum("asyncio" in n for n in names) <= 2, "asyncio.run and its internals fold into a slice or two"
+
+
+def test_coroutines_are_one_slice_per_resumption_and_nest():
+    async def step(n):
+        for _ in range(3):
+            await asyncio.sleep(0)
+            fib(n)
+
+    async def main():
+        await asyncio.gather(step(4), step(5))
+
+    with polyprof.profile(["python"], backend_options={"python": {"fold_libraries": False}}) as prof:
+        asyncio.run(main())
+    names, starts, ends, rows = _python_rows(prof)
+    assert sum(n.endswith("step") for n in names) == 8, "each task: started, resumed three times"
+    assert _strictly_nested(starts, ends)
+
+
+def test_another_tools_profile_hook_is_given_back():
+    calls = []
+
+    def other(frame, event, arg):
+        calls.append(event)
+
+    threading.setprofile(other)
+    try:
+        with polyprof.profile(["python"]):
+            fib(3)
+        assert threading.getprofile() is other
+    finally:
+        threading.setprofile(None)
+    assert sys.getprofile() is None
