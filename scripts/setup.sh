@@ -38,7 +38,7 @@ if [ "${1:-}" = "--test" ]; then
     "HolisticTraceAnalysis==0.5.0" "pandas<3" "torch-tb-profiler==0.4.3" 2> >(grep -v "^WARNING: Location" >&2) \
     || echo "setup: HTA / torch-tb-profiler not installed; their tests will be skipped"
 else
-  pip_install -e ".[report]"
+  pip_install -e ".[report,counters]"
 fi
 # Each plugin is its own distribution; install every one that is in the tree. For the tests, with the
 # plugin's "test" extra where it has one (polyprof-opencl's brings PoCL: a real OpenCL device on the CPU);

@@ -111,7 +111,7 @@ def test_duration_stops_profiling_while_the_script_goes_on(script, tmp_path):
 def test_backends_lists_host_as_available():
     r = run(["backends"])
     assert r.returncode == 0
-    line = next(line for line in r.stdout.splitlines() if "host" in line)
+    line = next(line for line in r.stdout.splitlines() if line.split("│")[1:2] == [" host "] or line.startswith("│ host "))
     assert "available" in line and "CPU" in line and "polyprof" in line
 
 

@@ -185,7 +185,7 @@ def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tm
     assert clocks[0]["offset_ns"] == 0 and clocks[0]["reference"] == "rank 0"
     one = clocks[1]
     assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
-    assert one["start"]["round_trips"] == 5 and "stop" in one and abs(one["drift_ns"]) < 100_000_000
+    assert one["start"]["round_trips"] == 5 and "stop" in one and abs(one.get("drift_ns", 1e18)) < 100_000_000, one
 
 
 @pytest.mark.parametrize("prefix", ["rank", "torch"])
