@@ -36,7 +36,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--spill", action="store_true", help="profile with a spill (crash-safe capture) on")
+    ap.add_argument("--counters", action="store_true", help="also run the counters backend (psutil) at its default rate")
     args = ap.parse_args()
+    groups = ["cpu", "counters"] if args.counters else ["cpu"]
     import tempfile
 
     spill = os.path.join(tempfile.mkdtemp(), ".bench.spill") if args.spill else None
@@ -45,7 +47,7 @@ def main() -> None:
     results: dict = {"n_per_batch": n, "repeats": reps, "c_hot_path": speedups is not None}
     results["empty_loop_ns"] = round(per_call_ns(loop_empty, n, reps), 1)
     results["polyprof_not_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
-    with polyprof.profile(["cpu"], spill=spill) as prof:
+    with polyprof.profile(groups, spill=spill) as prof:
         results["polyprof_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
         if spill:  # let one more flush hand the measured spans to the spill (sized after the profile)
             import time
@@ -56,6 +58,7 @@ def main() -> None:
         results["spilled_events"] = spill_writer.rows
         results["spill_bytes_per_event"] = round(os.path.getsize(spill) / max(spill_writer.rows, 1), 1)
     results["spill"] = bool(spill)
+    results["counters"] = args.counters
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile, record_function
