@@ -18,7 +18,8 @@ use cannot disturb polyprof's) with a time limit, and a failing part is reported
       their kernels and copies appear, linked to their launches;
   (c) a launch-bound loop of 10,000 tiny kernels: wall time unprofiled, under torch.profiler, under
       polyprof, and the overhead ratio;
-  (d) stop-to-trace-written time for both, and polyprof's CUDA records processed per second at stop.
+  (d) stop-to-trace-written time for both, and polyprof's CUDA records processed per second at stop;
+  (e) GPU counters through NVML (polyprof-cuda[nvml]) under load, on the GPU's process.
 Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when given).
 """
 
@@ -620,6 +621,37 @@ def _coexist(order: str) -> dict:
         "torch_events": n_ops,
         "cuda": cuda.to_json(),
         "cupti_libraries": _cupti_maps(),
+    }
+
+
+@part
+def e_nvml(out):
+    """GPU counters through NVML (the nvml backend, nvidia-ml-py) while torch keeps the GPU busy: every
+    track sampled, SM utilisation above 0 under load, the tracks on the cuda backend's GPU process."""
+    import torch
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.randn(4096, 4096, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], backend_options={"nvml": {"interval_ms": 20}}) as prof:
+        end = time.time() + 1.0
+        while time.time() < end:
+            x = x @ x
+            x = x / x.norm()
+        torch.cuda.synchronize()
+    trace = prof.trace
+    cols, names = trace.counters.columns, trace.counters.strings.strings
+    tracks = {}
+    for code, dev, value in zip(cols["name"].tolist(), cols["device"].tolist(), cols["value"].tolist(), strict=True):
+        tracks.setdefault(f"{trace.devices[dev].key} {names[code]}", []).append(value)
+    kernels_on = {trace.devices[int(d)].key for d, k in zip(trace.activities["device"], trace.activities["kind"], strict=True) if int(k) == 3}
+    status = trace.backends.get("nvml")
+    return {
+        "tracks": {k: {"samples": len(v), "max": max(v)} for k, v in sorted(tracks.items())},
+        "sm_busy": max(tracks.get("cuda:0 SM utilisation %", [0])) > 0,
+        "same_process_as_kernels": "cuda:0" in kernels_on,
+        "unsupported": (status.details.get("unsupported") if status else "no nvml backend"),
+        "state": status.state if status else None,
     }
 
 

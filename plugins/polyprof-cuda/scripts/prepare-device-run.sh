@@ -29,7 +29,7 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --p
   --platform manylinux2014_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" -d .whl "cupti-python==${CUPTI_PYTHON_VERSION}" "orjson>=3.9"
-python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "cxxfilt>=0.3,<0.4"  # pure Python
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "cxxfilt>=0.3,<0.4" "nvidia-ml-py>=12"  # pure Python
 "$PY312" -m pip wheel -q --no-deps -w .whl . ./plugins/polyprof-cuda
 ls -l .whl
 du -sh .whl

@@ -1,0 +1,192 @@
+"""The ``nvml`` backend: NVIDIA GPU counters through NVML (``nvidia-ml-py``), as counter tracks on
+each GPU's process (activity group CUDA, beside the ``cuda`` backend's kernels).
+
+::
+
+    pip install './plugins/polyprof-cuda[nvml]'
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 backend_options={"nvml": {"interval_ms": 50}}) as prof: ...
+
+One daemon thread (``polyprof-nvml``) samples every ``interval_ms`` (default 100) while the profile
+records: ``SM utilisation %``, ``memory utilisation %``, ``memory used (MB)``, ``power (W)``, ``SM clock
+(MHz)``, ``temperature (C)``, ``PCIe TX (MB/s)`` / ``PCIe RX (MB/s)``, and ``NVLink TX (MB/s)`` /
+``NVLink RX (MB/s)`` where the device counts them (the first read of a counter a device does not
+support drops that counter for it, said in the backend's status under ``unsupported``). The GPUs are
+named ``cuda:N`` in NVML's order (PCI bus order): with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (or one GPU)
+that is CUDA's order too, so the tracks land on the ``cuda`` backend's GPU processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from polyprof.plugin import (
+    API_VERSION,
+    Availability,
+    Option,
+    OptionSchema,
+    ProfileConfig,
+    SessionContext,
+    Sink,
+    host_ns,
+)
+
+THREAD_NAME = "polyprof-nvml"
+MB = 1e6
+
+
+def _import_nvml() -> Any:
+    import pynvml  # nvidia-ml-py
+
+    return pynvml
+
+
+def counters_of(nvml: Any) -> list[tuple[str, Callable[[Any], float]]]:
+    """(track name, read(handle) -> value) for every counter this backend samples."""
+    field_ids = [getattr(nvml, n, None) for n in ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")]
+
+    def nvlink(which: int) -> Callable[[Any], float]:
+        def read(h: Any) -> float:
+            if field_ids[which] is None:
+                raise nvml.NVMLError(nvml.NVML_ERROR_NOT_SUPPORTED)
+            (value,) = nvml.nvmlDeviceGetFieldValues(h, [field_ids[which]])
+            if value.nvmlReturn != nvml.NVML_SUCCESS:
+                raise nvml.NVMLError(value.nvmlReturn)
+            return value.value.ullVal * 1024 / MB  # KiB counted since boot: turned into a rate by the sampler
+
+        return read
+
+    return [
+        ("SM utilisation %", lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
+        ("memory utilisation %", lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).memory)),
+        ("memory used (MB)", lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used / MB),
+        ("power (W)", lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        ("SM clock (MHz)", lambda h: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))),
+        ("temperature (C)", lambda h: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))),
+        ("PCIe TX (MB/s)", lambda h: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024 / MB),
+        ("PCIe RX (MB/s)", lambda h: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024 / MB),
+        ("NVLink TX (MB/s)", nvlink(0)),
+        ("NVLink RX (MB/s)", nvlink(1)),
+    ]
+
+
+RATES = ("NVLink TX (MB/s)", "NVLink RX (MB/s)")  # read as totals, written as rates
+
+
+class NvmlSession:
+    in_process = True
+
+    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
+        self.ctx = ctx
+        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
+        self.samples: list[tuple[int, int, str, float]] = []  # (gpu, ts, track, value)
+        self.unsupported: dict[int, list[str]] = {}
+        self.names: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.nvml: Any = None
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        self.nvml = _import_nvml()
+        self.nvml.nvmlInit()
+        handles = []
+        for i in range(self.nvml.nvmlDeviceGetCount()):
+            h = self.nvml.nvmlDeviceGetHandleByIndex(i)
+            name = self.nvml.nvmlDeviceGetName(h)
+            self.names[i] = name.decode() if isinstance(name, bytes) else str(name)
+            handles.append((i, h))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(handles, counters_of(self.nvml)), name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _run(self, handles: list[tuple[int, Any]], counters: list[tuple[str, Callable[[Any], float]]]) -> None:
+        live = {i: list(counters) for i, _ in handles}
+        last: dict[tuple[int, str], tuple[int, float]] = {}
+        while True:
+            for i, h in handles:
+                now = host_ns()
+                for name, read in list(live[i]):
+                    try:
+                        value = read(h)
+                    except self.nvml.NVMLError as exc:
+                        live[i].remove((name, read))
+                        why = "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
+                        self.unsupported.setdefault(i, []).append(f"{name}: {why}")
+                        continue
+                    if name in RATES:  # a running total: the rate since the last sample
+                        before = last.get((i, name))
+                        last[(i, name)] = (now, value)
+                        if before is None or now <= before[0]:
+                            continue
+                        value = (value - before[1]) / ((now - before[0]) / 1e9)
+                    self.samples.append((i, now, name, value))
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        nvml, self.nvml = self.nvml, None
+        if nvml is not None:  # once per nvmlInit (stop and close both come here)
+            try:
+                nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    def collect(self, sink: Sink) -> None:
+        samples, self.samples = self.samples, []
+        devices = {}
+        for i, name in self.names.items():
+            devices[i] = sink.device(f"cuda:{i}", type="cuda", index=i, name=name, pid=i, label=f"GPU {i}")
+        for i, ts, track, value in samples:
+            sink.counter(track, value, ts=ts, device=devices[i])
+        self.ctx.report.detail("samples", len(samples))
+        if self.unsupported:
+            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.unsupported.items()})
+
+    def close(self) -> None:
+        self.stop()
+
+
+class NvmlBackend:
+    name = "nvml"
+    api_version = API_VERSION
+    activities = frozenset({"CUDA"})
+    options = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
+    in_process = True
+
+    def probe(self) -> Availability:
+        try:
+            nvml = _import_nvml()
+        except ImportError:
+            return Availability.no("needs nvidia-ml-py: pip install 'polyprof-cuda[nvml]'")
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            return Availability.no(f"NVML did not start ({exc}): no NVIDIA driver on this machine?")
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            names = []
+            for i in range(count):
+                n = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
+                names.append(n.decode() if isinstance(n, bytes) else str(n))
+            driver = nvml.nvmlSystemGetDriverVersion()
+        finally:
+            nvml.nvmlShutdown()
+        if not count:
+            return Availability.no("NVML sees no GPU")
+        return Availability.yes(devices=[f"GPU {i}: {n}" for i, n in enumerate(names)],
+                                driver=driver.decode() if isinstance(driver, bytes) else str(driver))  # fmt: skip
+
+    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> NvmlSession:
+        return NvmlSession(config, ctx)
+
+
+backend = NvmlBackend()
