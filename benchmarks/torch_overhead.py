@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--record-shapes", action="store_true", help="profile both with record_shapes=True")
     ap.add_argument("--spill", action="store_true", help="polyprof with a spill (crash-safe capture) on")
+    ap.add_argument("--with-stack", action="store_true", help="profile both with with_stack=True")
     args = ap.parse_args()
     import torch
     from torch import nn
@@ -51,7 +52,8 @@ def main() -> None:
 
     def run_torch(r: int) -> None:
         prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=args.record_shapes
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=args.record_shapes,
+            with_stack=args.with_stack,
         )
         prof.__enter__()
         t0 = time.perf_counter_ns()
@@ -67,7 +69,8 @@ def main() -> None:
 
     def run_polyprof(r: int) -> None:
         spill = os.path.join(folder, f".run{r}.spill") if args.spill else None
-        prof = pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes, spill=spill)
+        prof = pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes, spill=spill,
+                          with_stack=args.with_stack)
         prof.__enter__()
         t0 = time.perf_counter_ns()
         work()
@@ -94,6 +97,7 @@ def main() -> None:
         "torch_version": torch.__version__,
         "repeats": args.repeats,
         "record_shapes": args.record_shapes,
+        "with_stack": args.with_stack,
         "operators_per_run": ops,
         "wall_ms": {k: round(med[k] / 1e6, 3) for k in ("plain", "torch", "polyprof")},
         "added_ns_per_op": {"torch": round(added_torch), "polyprof": round(added_polyprof)},

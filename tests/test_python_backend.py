@@ -86,14 +86,21 @@ def test_it_is_never_on_unless_asked_for():
 def test_filters_depth_duration_c_calls_and_folding():
     opts = {"python": {"max_depth": 3, "c_calls": True}}
     with polyprof.profile(["python"], backend_options=opts) as prof:
-        fib(8)
+        worker = threading.Thread(target=fib, args=(8,))  # a fresh stack: fib is its first traced call
+        worker.start()
+        worker.join()
         len([1, 2])
         json.dumps({"a": [1, 2, 3]})
     names = list(_python_rows(prof)[0])
-    assert sum("): fib" in n for n in names) == 1 + 2 + 4, "depth 0 is the test's frame (entered before): fib at 1..3"
-    assert "<built-in method len>" in names
+    assert sum("): fib" in n for n in names) == 1 + 2 + 4, "fib at depths 0, 1 and 2 of the thread's stack"
+    assert "<built-in method len>" not in names, "the test's own frames are deeper than 3"
     status = prof.trace.backends["python"]
     assert status.dropped["by option: python frames deeper than max_depth"] > 0
+    with polyprof.profile(["python"], backend_options={"python": {"c_calls": True}}) as prof:
+        len([1, 2])
+        json.dumps({"a": [1, 2, 3]})
+    names = list(_python_rows(prof)[0])
+    assert "<built-in method len>" in names
     dumps = [n for n in names if n.endswith(": dumps")]
     assert len(dumps) == 1 and not any("json/encoder.py" in n for n in names), "a library call is one slice"
     with polyprof.profile(["python"], backend_options={"python": {"fold_libraries": False}}) as prof:
@@ -135,6 +142,28 @@ def test_coroutines_are_one_slice_per_resumption_and_nest():
     names, starts, ends, rows = _python_rows(prof)
     assert sum(n.endswith("step") for n in names) == 8, "each task: started, resumed three times"
     assert _strictly_nested(starts, ends)
+
+
+def test_frames_open_at_the_start_are_slices_until_they_return_or_the_stop():
+    release = threading.Event()
+
+    def parked():
+        release.wait()
+
+    worker = threading.Thread(target=parked, name="parked")
+    worker.start()
+    try:
+        with polyprof.profile(["python"]) as prof:
+            fib(3)
+    finally:
+        release.set()
+        worker.join()
+    names, starts, ends, rows = _python_rows(prof)
+    here = [n for n in names if n.endswith("test_frames_open_at_the_start_are_slices_until_they_return_or_the_stop")]
+    assert len(here) == 1, "this test's frame, open all along, ends at the stop"
+    assert any(n.endswith(".parked") for n in names), "a parked thread's open frames are on its row"
+    for r in set(rows.tolist()):
+        assert _strictly_nested(starts[rows == r], ends[rows == r])
 
 
 def test_another_tools_profile_hook_is_given_back():

@@ -234,14 +234,25 @@ def test_consecutive_profiles_each_get_only_their_own_ops():
     assert "aten::div" in names(second) and "aten::mul" not in names(second)
 
 
-def test_with_stack_uses_torchs_collector():
+def test_with_stack_takes_each_ops_python_stack_through_the_observer(tmp_path):
+    """pytorch#117515: the line each frame is at (not the function's first line); pytorch#100253:
+    export_stacks is not empty; the Python frames are on the timeline too (the python backend)."""
     from polyprof.profiler import ProfilerActivity, profile
 
+    def layer(x):
+        return x.sum()  # the line the stack names
+
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        torch.ones(4, 4).sum()
+        layer(torch.ones(4, 4))
     status = prof.trace.backends["torch"]
-    assert status.details["recorder"] == "torch collector (with_stack needs it)"
-    assert "aten::sum" in {a.name for a in prof.trace.activities}
+    assert status.details["recorder"] == "polyprof observer"
+    op = next(a for a in prof.trace.activities if a.name == "aten::sum" and "Call stack" in a.args)
+    first = op.args["Call stack"].split(";")[0]
+    assert first == f"{__file__}({layer.__code__.co_firstlineno + 1}): layer", first
+    assert not any("/polyprof/" in f for f in op.args["Call stack"].split(";"))
+    prof.export_stacks(str(tmp_path / "stacks.txt"), "self_cpu_time_total")
+    assert "layer" in (tmp_path / "stacks.txt").read_text()
+    assert any(a.kind == ActivityKind.PYTHON_FUNCTION and a.name.endswith(".layer") for a in prof.trace.activities)
 
 
 @pytest.mark.parametrize("option", ["profile_memory", "with_flops", "with_modules", "record_shapes"])

@@ -227,7 +227,8 @@ def a_torch(out):
 
 @part
 def a_polyprof_collector(out):
-    """with_stack=True: polyprof records ops through torch's collector (CPU only); CUPTI stays polyprof's."""
+    """with_stack=True: polyprof's observer takes each op's Python stack, the python backend the frames;
+    kernels must still reach polyprof with their flows."""
     doc = _traced_torch_workload("polyprof", out, graph=False, with_stack=True)
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
@@ -767,7 +768,7 @@ def build_report(res: dict) -> str:
             lines.append(f"- attributed only by torch: {_counter_diff(ta['attribution'], pa['attribution'])}")
     pc = res.get("a_polyprof_collector", {"error": "not run"})
     if "error" in pc:
-        lines += _error_lines("with_stack=True (torch's collector, CPU only)", pc)
+        lines += _error_lines("with_stack=True (the observer's stacks, the python backend's frames)", pc)
     else:
         lines.append(
             f"- with_stack=True (torch's collector records ops): {pc['n_kernels']} kernels reached polyprof, "

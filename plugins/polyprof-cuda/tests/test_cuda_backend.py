@@ -435,8 +435,8 @@ def test_a_running_torch_profiler_or_a_named_tool_still_refuses(monkeypatch):
 
 
 def test_beside_torchs_collector_cupti_is_taken_back_and_kinetos_external_ids_ignored():
-    """with_stack=True records ops through torch's collector, which (on a CUDA machine) registers its own
-    CUPTI buffer callbacks: the CUDA backend, started after it, registers again, and links launches to
+    """with_stack=True with profile_memory=True records ops through torch's collector (its memory timeline
+    walks torch's own event tree), which (on a CUDA machine) registers its own CUPTI buffer callbacks: the CUDA backend, started after it, registers again, and links launches to
     ops and annotations by time, not by the external ids Kineto pushes (they are Kineto's)."""
     pytest.importorskip("torch", reason="needs torch's collector")
     layer = RecordedLayer(subscriber=KINETO_SUBSCRIBER)
@@ -448,7 +448,7 @@ def test_beside_torchs_collector_cupti_is_taken_back_and_kinetos_external_ids_ig
             layer.launch_kernel("k")
             layer.c.stacks[custom0].pop()
 
-    trace = profile(layer, work, with_stack=True)
+    trace = profile(layer, work, with_stack=True, profile_memory=True)
     status = trace.backends["cuda"]
     assert trace.backends["torch"].details["recorder"].startswith("torch collector")
     assert layer.c.raw.registrations == 2, "registered at prepare, and again after torch's collector started"

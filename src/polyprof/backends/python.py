@@ -95,7 +95,8 @@ class PythonSession:
         self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
         threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
         self.speedups.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
-                                    bool(o.get("c_calls")), fold, (POLYPROF_FILES,), _thread_name)  # fmt: skip
+                                    bool(o.get("c_calls")), fold, (POLYPROF_FILES,), _thread_name,
+                                    {t.native_id: t.name for t in threading.enumerate() if t.native_id})  # fmt: skip
         self.running = True
 
     def stop(self) -> None:

@@ -3,13 +3,15 @@
  * functions) through the interpreter's profile hook, appended to per-thread columns
  * (polyprof.backends.python).
  *
- *   pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes, namer) -> None   every thread
+ *   pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes, namer, names) -> None
+ *       hook every thread, now and new; the frames open now become slices from now (names: tid -> name)
  *   pytrace_stop() -> list[TraceBuffer]                               unhook; every thread's buffer
  *   pytrace_thread_hook(*args) -> None                                threading.setprofile's bootstrap
  *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ...)   columns as bytes
  *
  * A thread's buffer is found through a thread-local pointer (no dict lookup per event). A slice is
- * written when its function returns (or unwinds), so slices nest strictly per thread. Calls shorter
+ * written when its function returns (or unwinds), or at the stop for those still open, so slices nest
+ * strictly per thread. Calls shorter
  * than min_ns and frames deeper than max_depth are left out (counted); a library frame (its file starts
  * with one of fold_prefixes) called from another library frame is left out, so that a call into a
  * library is one slice while the user code it calls back is kept; a frame whose file starts with one
@@ -80,11 +82,12 @@ static int tb_grow(TraceBufferObject *b) {
     return 0;
 }
 
-static TraceBufferObject *this_thread_buffer(void) {
-    if (tl_generation == g_generation && tl_buffer != NULL) return tl_buffer;
+static PyObject *g_pending = NULL;     /* dict native tid -> buffer seeded at start with its open frames */
+
+static TraceBufferObject *new_buffer(unsigned long tid, PyObject *name) {
     TraceBufferObject *b = PyObject_GC_New(TraceBufferObject, &TraceBufferType);
     if (b == NULL) return NULL;
-    b->tid = PyThread_get_thread_native_id();
+    b->tid = tid;
     b->start = b->end = b->code = NULL;
     b->depth = NULL;
     b->is_c = NULL;
@@ -93,17 +96,33 @@ static TraceBufferObject *this_thread_buffer(void) {
     memset(b->cache_code, 0, sizeof b->cache_code);
     b->dropped_short = b->dropped_deep = 0;
     b->objects = PySet_New(NULL);
-    b->name = g_namer ? PyObject_CallNoArgs(g_namer) : NULL; /* not traced: the hook is running */
-    if (b->name == NULL) {
-        PyErr_Clear();
-        b->name = Py_NewRef(Py_None);
-    }
+    b->name = name ? Py_NewRef(name) : Py_NewRef(Py_None);
     PyObject_GC_Track(b);
     if (b->objects == NULL || PyList_Append(g_buffers, (PyObject *)b) < 0) {
         Py_DECREF(b);
         return NULL;
     }
     Py_DECREF(b); /* g_buffers holds it */
+    return b;
+}
+
+static TraceBufferObject *this_thread_buffer(void) {
+    if (tl_generation == g_generation && tl_buffer != NULL) return tl_buffer;
+    unsigned long tid = PyThread_get_thread_native_id();
+    TraceBufferObject *b = NULL;
+    PyObject *key = PyLong_FromUnsignedLong(tid);
+    if (key != NULL && g_pending != NULL) {
+        b = (TraceBufferObject *)PyDict_GetItem(g_pending, key); /* seeded at start: its frames are open */
+        if (b != NULL) PyDict_DelItem(g_pending, key);         /* g_buffers still holds it */
+    }
+    Py_XDECREF(key);
+    if (b == NULL) {
+        PyObject *name = g_namer ? PyObject_CallNoArgs(g_namer) : NULL; /* not traced: the hook is running */
+        if (name == NULL) PyErr_Clear();
+        b = new_buffer(tid, name);
+        Py_XDECREF(name);
+        if (b == NULL) return NULL;
+    }
     tl_buffer = b;
     tl_generation = g_generation;
     return b;
@@ -268,12 +287,77 @@ static void hook_all_threads(int on) {
 #endif
 }
 
+/* Push a call onto `b`'s stack, classed as the hook does (a frame open when the recording starts, too). */
+static void push_call(TraceBufferObject *b, PyCodeObject *code, long long now) {
+    int depth = b->sp++;
+    if (depth >= MAX_STACK) return;
+    int parent = depth ? b->stack_class[depth - 1] : USER;
+    int cls = code_class(b, code);
+    if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
+    if (parent == HIDDEN && cls != USER) cls = HIDDEN;
+    b->stack_start[depth] = now;
+    b->stack_code[depth] = code;
+    b->stack_c[depth] = 0;
+    b->stack_class[depth] = (char)cls;
+}
+
+/* A thread's frames already open when the recording starts: they become slices from `now` (as
+   torch.profiler's with_stack shows them), ending when they return, or at the stop. */
+static void seed_thread(PyThreadState *ts, unsigned long tid, PyObject *names, long long now) {
+    PyFrameObject *frames[MAX_STACK];
+    int n = 0;
+    PyFrameObject *f = PyThreadState_GetFrame(ts);
+    while (f != NULL && n < MAX_STACK) {
+        frames[n++] = f;
+        f = PyFrame_GetBack(f);
+    }
+    Py_XDECREF(f);
+    if (n) {
+        PyObject *key = PyLong_FromUnsignedLong(tid);
+        PyObject *name = key && names ? PyDict_GetItem(names, key) : NULL;
+        TraceBufferObject *b = key ? new_buffer(tid, name) : NULL;
+        if (b != NULL && PyDict_SetItem(g_pending, key, (PyObject *)b) == 0) {
+            for (int i = n - 1; i >= 0; i--) { /* outermost first */
+                PyCodeObject *code = PyFrame_GetCode(frames[i]);
+                push_call(b, code, now);
+                Py_DECREF(code); /* the frame keeps it while it is open */
+            }
+        }
+        PyErr_Clear();
+        Py_XDECREF(key);
+    }
+    for (int i = 0; i < n; i++) Py_DECREF(frames[i]);
+}
+
+/* The calls still open at the stop: written as ending then (outermost first, so that they nest). */
+static void close_open_calls(TraceBufferObject *b, long long now) {
+    int open = b->sp < MAX_STACK ? b->sp : MAX_STACK;
+    for (int depth = 0; depth < open; depth++) {
+        int cls = b->stack_class[depth];
+        if (cls == SKIPPED || cls == HIDDEN || depth >= g_max_depth) continue;
+        if (now - b->stack_start[depth] < g_min_ns) continue;
+        if (b->n == b->cap && tb_grow(b) < 0) break;
+        PyObject *o = (PyObject *)b->stack_code[depth];
+        if (PySet_Add(b->objects, o) < 0) {
+            PyErr_Clear();
+            continue;
+        }
+        Py_ssize_t i = b->n++;
+        b->start[i] = b->stack_start[depth];
+        b->end[i] = now;
+        b->code[i] = (long long)(intptr_t)o;
+        b->depth[i] = depth;
+        b->is_c[i] = b->stack_c[depth];
+    }
+    b->sp = 0;
+}
+
 static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     long long min_ns;
     int max_depth, c_calls;
-    PyObject *fold, *hide, *namer;
-    if (!PyArg_ParseTuple(args, "LipO!O!O", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type, &hide,
-                          &namer))
+    PyObject *fold, *hide, *namer, *names;
+    if (!PyArg_ParseTuple(args, "LipO!O!OO!", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type, &hide,
+                          &namer, &PyDict_Type, &names))
         return NULL;
     Py_INCREF(namer);
     Py_XSETREF(g_namer, namer);
@@ -284,15 +368,26 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     Py_XSETREF(g_buffers, PyList_New(0));
     Py_XSETREF(g_fold_cache, PyDict_New());
     Py_XSETREF(g_c_names, PyDict_New());
+    Py_XSETREF(g_pending, PyDict_New());
     Py_INCREF(fold);
     Py_XSETREF(g_fold, fold);
     Py_INCREF(hide);
     Py_XSETREF(g_hide, hide);
-    if (g_buffers == NULL || g_fold_cache == NULL || g_c_names == NULL) return NULL;
+    if (g_buffers == NULL || g_fold_cache == NULL || g_c_names == NULL || g_pending == NULL) return NULL;
     g_min_ns = min_ns;
     g_max_depth = max_depth < MAX_STACK ? max_depth : MAX_STACK;
     g_c_calls = c_calls;
     g_generation++;
+    long long now = pp_now_ns();
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
+#if PY_VERSION_HEX >= 0x030B0000
+        unsigned long tid = ts->native_thread_id;
+#else
+        unsigned long tid = ts == PyThreadState_Get() ? PyThread_get_thread_native_id() : 0;
+#endif
+        if (tid) seed_thread(ts, tid, names, now);
+    }
     g_running = 1;
     hook_all_threads(1);
     Py_RETURN_NONE;
@@ -309,6 +404,10 @@ static PyObject *sp_pytrace_stop(PyObject *m, PyObject *unused) {
     if (!g_running) return PyList_New(0);
     g_running = 0;
     hook_all_threads(0);
+    long long now = pp_now_ns();
+    for (Py_ssize_t i = 0; g_buffers && i < PyList_GET_SIZE(g_buffers); i++)
+        close_open_calls((TraceBufferObject *)PyList_GET_ITEM(g_buffers, i), now);
+    Py_CLEAR(g_pending);
     PyObject *out = g_buffers;
     g_buffers = NULL;
     g_generation++;

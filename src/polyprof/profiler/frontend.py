@@ -30,6 +30,23 @@ TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_sta
 PROFILER_STEP_NAME = "ProfilerStep"
 
 
+def _with_python_frames(groups: list[Any] | None, registry: Any) -> list[Any] | None:
+    """with_stack records the Python frames too, as torch.profiler's does: the python backend's group
+    joins the ones asked for (all those available when none were named), where it is available."""
+    from polyprof.engine.selection import activity_group_name, select_backends
+    from polyprof.registry import default
+
+    registry = registry or default
+    entry = next((e for e in registry.entries() if e.name == "python" and not e.broken), None)
+    if entry is None or not registry.probe(entry).available:
+        return groups  # the ops' stacks still come from the observer
+    if groups is None:
+        groups = list(select_backends(registry, None).groups)
+    if "PYTHON" not in {activity_group_name(g) for g in groups}:
+        groups = [*groups, "PYTHON"]
+    return groups
+
+
 def _torch_installed() -> bool:
     try:
         return importlib.util.find_spec("torch") is not None
@@ -121,6 +138,8 @@ class profile(Profile):  # noqa: N801 - torch's name
                 f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
                 "pip install torch, or leave these options off to profile annotations and devices"
             )
+        if with_stack and not profile_memory:  # (with profile_memory, torch's collector records the frames)
+            groups = _with_python_frames(groups, polyprof_options.get("registry"))
         experimental_config, extra = experimental_settings(experimental_config, with_stack)
         self.experimental_config = experimental_config
         self.record_shapes = record_shapes or with_flops

@@ -4,7 +4,9 @@ recorded through PyTorch's RecordFunction callbacks, at the C++ level.
 * Two recorders. By default polyprof's own observer (:mod:`.observer`, C++ built once against the
   installed torch) appends each op to per-thread columns that are read in bulk after stop; it serves
   ``record_shapes``, ``profile_memory``, ``with_flops``, ``with_modules`` and the experimental
-  ``profile_all_threads`` and ``capture_overload_names``. With ``with_stack``, or when the observer
+  ``profile_all_threads``, ``capture_overload_names`` and ``with_stack`` (each op's ``Call stack``
+  from the op thread's Python frames, with the line each frame is at; torch's collector only with
+  ``profile_memory`` too, whose memory timeline walks torch's own tree). When the observer
   cannot be built (no C++ compiler; the backend warns and says how to fix it) or
   ``POLYPROF_TORCH_OBSERVER=0``, torch's own collector is used in CPU-only mode (:mod:`.collector`),
   which is slower to stop. The backend status's ``details.recorder`` says which ran, and why.

@@ -28,6 +28,7 @@ def observer_options(config: ProfileConfig) -> int:
         (config.with_modules, observer.WITH_MODULES),
         (bool(config.extra.get("profile_all_threads")), observer.ALL_THREADS),
         (bool(config.extra.get("capture_overload_names")), observer.OVERLOAD_NAMES),
+        (config.with_stack, observer.WITH_STACK),
     )
     return sum(flag for on, flag in flags if on)
 
@@ -128,8 +129,8 @@ class TorchSession:
                 f"the ops (same ops, slower stop): {exc}. POLYPROF_TORCH_OBSERVER=0 silences this."
             )
             return None, "the observer could not be built"
-        if self.config.with_stack:
-            return obs, "with_stack needs it"
+        if self.config.with_stack and self.config.profile_memory:
+            return obs, "with_stack with profile_memory: torch's memory timeline walks torch's own event tree"
         return obs, ""
 
     def stop(self) -> None:

@@ -36,7 +36,7 @@ __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"
 
 ABI_VERSION = 6
 # options of start() (the k* flags of observer.cpp)
-RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
+RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK = 1, 2, 4, 8, 16, 32, 64
 
 #: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments); the
 #: last fragment is an object body of the extra args (kwargs, flops, Module Hierarchy), not one key
@@ -100,7 +100,7 @@ class Observer:
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
-        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES."""
+        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK."""
         if self.lib.polyprof_observer_start(int(options)) != 0:
             raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
 

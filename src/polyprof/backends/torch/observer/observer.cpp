@@ -21,6 +21,9 @@
 // starts meanwhile waits the few microseconds the hand-over takes) and moves its contents out.
 // Everything read out (names, fill, fragments, memory) is the set last taken: by take, or by stop.
 
+#include <Python.h>  // with_stack: the Python frames of the thread that runs an op
+#include <frameobject.h>
+
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -57,6 +60,7 @@ constexpr int kWithFlops = 4;
 constexpr int kWithModules = 8;
 constexpr int kAllThreads = 16;
 constexpr int kOverloadNames = 32;
+constexpr int kWithStack = 64;
 
 // Input encodings in ThreadBuffer::shapes (record_shapes).
 enum InputTag : int64_t {
@@ -347,10 +351,81 @@ bool append_kwarg_value(std::string& out, const std::string& key, const c10::IVa
   return true;
 }
 
+// with_stack: "Call stack" as torch writes it ("file.py(line): function;..." innermost first), from the
+// Python frames of this thread, with each frame's current line; polyprof's own frames are left out. A
+// thread with no Python state (the autograd engine's workers) has none. torch's bindings release the
+// GIL before they dispatch an op, so the callback takes it back for the walk (on this thread only:
+// its frames cannot change while it is in here).
+void append_python_stack(std::string& body) {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return;
+  // an op's stack is nearly always one seen before (a loop calling the same code): each distinct
+  // (code, instruction) sequence is formatted once per thread, then copied
+  thread_local std::unordered_map<uint64_t, std::string> cache;
+  struct Frame {
+    PyCodeObject* code;
+    int lasti;
+  };
+  Frame frames[128];
+  int n = 0;
+  uint64_t hash = 1469598103934665603ull;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f != nullptr && n < 128) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(f);
+#else
+    int lasti = f->f_lasti;
+#endif
+    frames[n++] = {code, lasti};  // kept (a reference) until formatted or found
+    hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(code))) * 1099511628211ull;
+    hash = (hash ^ uint64_t(lasti)) * 1099511628211ull;
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  auto hit = cache.find(hash);
+  if (hit == cache.end()) {
+    std::string stack;
+    for (int i = 0; i < n; i++) {
+      PyCodeObject* code = frames[i].code;
+      const char* file = PyUnicode_AsUTF8(code->co_filename);
+      const char* name = PyUnicode_AsUTF8(code->co_name);
+      if (file == nullptr || name == nullptr) {
+        PyErr_Clear();
+        continue;
+      }
+      if (std::strstr(file, "/polyprof/") != nullptr) continue;
+      if (!stack.empty()) stack += ";";
+      stack += file;
+      stack += "(";
+      stack += std::to_string(PyCode_Addr2Line(code, frames[i].lasti));
+      stack += "): ";
+      stack += name;
+    }
+    std::string field;
+    if (!stack.empty()) {
+      field = "\"Call stack\": ";
+      append_json_string(field, stack);
+    }
+    if (cache.size() > 65536) cache.clear();
+    hit = cache.emplace(hash, std::move(field)).first;
+  }
+  for (int i = 0; i < n; i++) Py_DECREF(frames[i].code);
+  PyGILState_Release(gil);
+  if (hit->second.empty()) return;
+  if (!body.empty()) body += ", ";
+  body += hit->second;
+}
+
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
-// the TorchScript module hierarchy (with_modules). Written as one NUL-terminated JSON object body.
+// the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
+// NUL-terminated JSON object body.
 void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
   std::string body;
+  if (g_options & kWithStack) append_python_stack(body);
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
     for (const auto& kv : fn.kwinputs()) {
       std::string value;
@@ -430,7 +505,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       op.shapes = -1;  // an input this torch cannot describe: the op is kept without shapes
     }
   }
-  if ((g_options & (kRecordShapes | kWithFlops | kWithModules)) || fn.isNcclMeta()) {
+  if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta()) {
     try {
       encode_extra(b, fn, op);
     } catch (...) {
