@@ -24,8 +24,8 @@ inside the event loop's own frames. Options (``backend_options={"python": {...}}
 * ``include`` / ``exclude``: globs on the module's file path or the function's qualified name; a slice
   is kept when it matches an include (if any) and no exclude.
 
-Uses the interpreter's profile hook, as cProfile and VizTracer do: while it records, another tool's
-hook (``sys.setprofile``) is replaced, and given back at stop.
+On 3.10/3.11 it uses the interpreter's profile hook, as cProfile and VizTracer do: while it records,
+another tool's hook (``sys.setprofile``) is replaced, and given back at stop.
 """
 
 from __future__ import annotations
@@ -73,6 +73,42 @@ def slice_name(obj: Any) -> str:
     return f"<built-in method {getattr(obj, '__qualname__', None) or getattr(obj, '__name__', repr(obj))}>"
 
 
+USE_MONITORING = sys.version_info >= (3, 12)  # sys.monitoring: every thread at once, no profile hook
+
+
+class Monitoring:
+    """The C callbacks under a sys.monitoring tool id of polyprof's own (the profiler id when free),
+    their events on only while recording."""
+
+    def __init__(self, speedups: Any, c_calls: bool) -> None:
+        self.mon = sys.monitoring  # type: ignore[attr-defined]
+        free = [t for t in (self.mon.PROFILER_ID, 0, 1, 3, 4) if self.mon.get_tool(t) is None]
+        if not free:
+            raise RuntimeError("every sys.monitoring tool id is taken by other tools")
+        self.tool = free[0]
+        e = self.mon.events
+        self.callbacks = {e.PY_START: speedups.pytrace_mon_py_start, e.PY_RESUME: speedups.pytrace_mon_py_start,
+                          e.PY_THROW: speedups.pytrace_mon_py_start, e.PY_RETURN: speedups.pytrace_mon_py_end,
+                          e.PY_YIELD: speedups.pytrace_mon_py_end, e.PY_UNWIND: speedups.pytrace_mon_py_end}  # fmt: skip
+        if c_calls:
+            self.callbacks.update({e.CALL: speedups.pytrace_mon_call, e.C_RETURN: speedups.pytrace_mon_c_end,
+                                   e.C_RAISE: speedups.pytrace_mon_c_end})  # fmt: skip
+
+    def on(self) -> None:
+        self.mon.use_tool_id(self.tool, "polyprof")
+        mask = 0
+        for event, fn in self.callbacks.items():
+            self.mon.register_callback(self.tool, event, fn)
+            mask |= event
+        self.mon.set_events(self.tool, mask)
+
+    def off(self) -> None:
+        self.mon.set_events(self.tool, 0)
+        for event in self.callbacks:
+            self.mon.register_callback(self.tool, event, None)
+        self.mon.free_tool_id(self.tool)
+
+
 class PythonSession:
     in_process = True  # polyprof's own: called directly, not on a guard thread
 
@@ -84,6 +120,7 @@ class PythonSession:
         self.speedups = speedups
         self.buffers: list[Any] = []
         self.previous: Any = None
+        self.monitor: Monitoring | None = None
         self.running = False
 
     def prepare(self) -> None:
@@ -92,20 +129,28 @@ class PythonSession:
     def start(self) -> None:
         o = self.opts
         fold = library_prefixes() if o.get("fold_libraries", True) else ()
-        self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
-        threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
+        self.monitor = Monitoring(self.speedups, bool(o.get("c_calls"))) if USE_MONITORING else None
+        if self.monitor is not None:
+            self.monitor.on()  # before the stacks are seeded: on()'s own return is not one of theirs
+        else:
+            self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
+            threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
         self.speedups.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
                                     bool(o.get("c_calls")), fold, (POLYPROF_FILES,), _thread_name,
-                                    {t.native_id: t.name for t in threading.enumerate() if t.native_id})  # fmt: skip
+                                    {t.native_id: t.name for t in threading.enumerate() if t.native_id},
+                                    self.monitor is not None)  # fmt: skip
         self.running = True
 
     def stop(self) -> None:
         if not self.running:
             return
         self.running = False
+        if self.monitor is not None:
+            self.monitor.off()
         self.buffers = self.speedups.pytrace_stop()
-        threading.setprofile(self.previous)
-        sys.setprofile(None)  # this thread's Python-level hook, if the bootstrap left one
+        if self.monitor is None:
+            threading.setprofile(self.previous)
+            sys.setprofile(None)  # this thread's Python-level hook, if the bootstrap left one
 
     def collect(self, sink: Sink) -> None:
         buffers, self.buffers = self.buffers, []
@@ -146,8 +191,10 @@ class PythonSession:
         self.stop()
 
 
-def _thread_name() -> str:
-    return threading.current_thread().name
+def _thread_name() -> str | None:
+    """This thread's name, None while threading does not know it yet (its bootstrap's first frames)."""
+    thread = threading._active.get(threading.get_ident())  # type: ignore[attr-defined]
+    return thread.name if thread is not None else None
 
 
 def _wanted(obj: Any, label: str, include: list[str], exclude: list[str]) -> bool:

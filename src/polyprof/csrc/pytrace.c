@@ -7,6 +7,7 @@
  *       hook every thread, now and new; the frames open now become slices from now (names: tid -> name)
  *   pytrace_stop() -> list[TraceBuffer]                               unhook; every thread's buffer
  *   pytrace_thread_hook(*args) -> None                                threading.setprofile's bootstrap
+ *   pytrace_mon_*(...)                        the sys.monitoring callbacks (3.12+: monitoring=True)
  *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ...)   columns as bytes
  *
  * A thread's buffer is found through a thread-local pointer (no dict lookup per event). A slice is
@@ -54,6 +55,7 @@ static int g_running = 0;
 static long long g_min_ns = 0;
 static int g_max_depth = MAX_STACK;
 static int g_c_calls = 0;
+static int g_monitoring = 0;           /* 3.12+: sys.monitoring's callbacks, not the profile hook */
 static PyObject *g_fold = NULL;        /* tuple of str prefixes: libraries */
 static PyObject *g_hide = NULL;        /* tuple of str prefixes: polyprof itself */
 static PyObject *g_fold_cache = NULL;  /* dict code -> int class */
@@ -194,72 +196,56 @@ static inline int code_class(TraceBufferObject *b, PyCodeObject *code) {
     return cls;
 }
 
-static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
-    if (!g_running) return 0;
-    int is_call = what == PyTrace_CALL, is_c = 0;
-    void *target = NULL;
-    if (what == PyTrace_C_CALL || what == PyTrace_C_RETURN || what == PyTrace_C_EXCEPTION) {
-        if (!g_c_calls) return 0;
-        is_c = 1;
-        is_call = what == PyTrace_C_CALL;
-        target = is_call ? c_name(arg) : NULL;
-        if (is_call && target == NULL) { /* no memory for a name: the slice is kept unnamed */
-            PyErr_Clear();
-            target = Py_None;
-        }
-    } else if (what != PyTrace_CALL && what != PyTrace_RETURN) {
-        return 0;
+/* A call begins: pushed with its class (a C function is classed by the code that calls it: polyprof's
+   hides it, a library's folds it). */
+static void on_call(TraceBufferObject *b, long long now, void *target, int is_c, PyCodeObject *caller) {
+    int depth = b->sp++;
+    if (depth >= MAX_STACK) return;
+    b->stack_start[depth] = now;
+    b->stack_code[depth] = target;
+    b->stack_c[depth] = (char)is_c;
+    int cls, parent = depth ? b->stack_class[depth - 1] : USER;
+    if (is_c) {
+        int by = caller ? code_class(b, caller) : USER;
+        cls = by == HIDDEN ? HIDDEN : (by == LIBRARY && g_fold && PyTuple_GET_SIZE(g_fold)) ? SKIPPED : LIBRARY;
+    } else {
+        cls = code_class(b, (PyCodeObject *)target);
+        if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
+        if (parent == HIDDEN && cls != USER) cls = HIDDEN; /* what polyprof's own code calls */
     }
-    long long now = pp_now_ns();
-    TraceBufferObject *b = this_thread_buffer();
-    if (b == NULL) {
-        PyErr_Clear();
-        return 0;
+    b->stack_class[depth] = (char)cls;
+}
+
+/* The innermost open call ends: written as a row unless it is left out. */
+static void on_return(TraceBufferObject *b, long long now) {
+    if (b->name == Py_None && g_namer != NULL) { /* a thread not yet known to threading when first seen */
+        PyObject *name = PyObject_CallNoArgs(g_namer);
+        if (name == NULL) PyErr_Clear();
+        else Py_SETREF(b->name, name);
     }
-    if (is_call) {
-        int depth = b->sp++;
-        if (depth >= MAX_STACK) return 0;
-        if (!is_c) target = PyFrame_GetCode(frame), Py_DECREF(target); /* borrowed: the frame keeps it */
-        b->stack_start[depth] = now;
-        b->stack_code[depth] = target;
-        b->stack_c[depth] = (char)is_c;
-        int cls, parent = depth ? b->stack_class[depth - 1] : USER;
-        if (is_c) { /* by the frame that calls it: polyprof's hides it, a library's folds it */
-            PyCodeObject *caller = PyFrame_GetCode(frame);
-            int by = code_class(b, caller);
-            Py_DECREF(caller);
-            cls = by == HIDDEN ? HIDDEN : (by == LIBRARY && g_fold && PyTuple_GET_SIZE(g_fold)) ? SKIPPED : LIBRARY;
-        } else {
-            cls = code_class(b, (PyCodeObject *)target);
-            if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
-            if (parent == HIDDEN && cls != USER) cls = HIDDEN; /* what polyprof's own code calls */
-        }
-        b->stack_class[depth] = (char)cls;
-        return 0;
-    }
-    if (b->sp == 0) return 0; /* a return from a frame entered before the hook was set */
+    if (b->sp == 0) return; /* a return from a frame entered before the recording began */
     int depth = --b->sp;
-    if (depth >= MAX_STACK) return 0;
-    if (b->stack_class[depth] == SKIPPED || b->stack_class[depth] == HIDDEN) return 0;
+    if (depth >= MAX_STACK) return;
+    if (b->stack_class[depth] == SKIPPED || b->stack_class[depth] == HIDDEN) return;
     if (depth >= g_max_depth) {
         b->dropped_deep++;
-        return 0;
+        return;
     }
     long long start = b->stack_start[depth];
     if (now - start < g_min_ns) {
         b->dropped_short++;
-        return 0;
+        return;
     }
     if (b->n == b->cap && tb_grow(b) < 0) {
         PyErr_Clear();
-        return 0;
+        return;
     }
     PyObject *o = (PyObject *)b->stack_code[depth];
     Py_ssize_t slot = slot_of(o);
     if (!(b->cache_code[slot] == o && b->cache_kept[slot])) { /* first row naming it (for this slot) */
         if (PySet_Add(b->objects, o) < 0) {
             PyErr_Clear();
-            return 0;
+            return;
         }
         if (b->cache_code[slot] == o) b->cache_kept[slot] = 1;
     }
@@ -269,7 +255,100 @@ static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject 
     b->code[i] = (long long)(intptr_t)o;
     b->depth[i] = depth;
     b->is_c[i] = b->stack_c[depth];
+}
+
+/* A Python function returns: its innermost open call ends, and with it any call above it whose return
+   was not seen (3.12+ reports no return for a frame that began before the recording and never passed a
+   resume point since: those seeded frames end here). A return of a frame never pushed is ignored. */
+static void on_return_of(TraceBufferObject *b, long long now, void *code) {
+    if (b->sp > MAX_STACK) { /* the deepest calls are not stored: trust the order */
+        on_return(b, now);
+        return;
+    }
+    int i = b->sp - 1;
+    while (i >= 0 && !(b->stack_code[i] == code && !b->stack_c[i])) i--;
+    if (i < 0) return;
+    while (b->sp - 1 > i) on_return(b, now);
+    on_return(b, now);
+}
+
+static void *named_c_function(PyObject *fn) {
+    void *target = c_name(fn);
+    if (target == NULL) { /* no memory for a name: the slice is kept unnamed */
+        PyErr_Clear();
+        target = Py_None;
+    }
+    return target;
+}
+
+/* Python <= 3.11 (and 3.12+ when sys.monitoring is not used): the interpreter's profile hook. */
+static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
+    if (!g_running) return 0;
+    int is_c = what == PyTrace_C_CALL || what == PyTrace_C_RETURN || what == PyTrace_C_EXCEPTION;
+    if (is_c ? !g_c_calls : (what != PyTrace_CALL && what != PyTrace_RETURN)) return 0;
+    long long now = pp_now_ns();
+    TraceBufferObject *b = this_thread_buffer();
+    if (b == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (what == PyTrace_CALL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        Py_DECREF(code); /* borrowed: the frame keeps it */
+        on_call(b, now, code, 0, NULL);
+    } else if (what == PyTrace_C_CALL) {
+        PyCodeObject *caller = PyFrame_GetCode(frame);
+        on_call(b, now, named_c_function(arg), 1, caller);
+        Py_DECREF(caller);
+    } else if (what == PyTrace_RETURN) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        Py_DECREF(code);
+        on_return_of(b, now, code);
+    } else {
+        on_return(b, now);
+    }
     return 0;
+}
+
+/* Python 3.12+: sys.monitoring callbacks (registered by polyprof.backends.python under a tool id of
+   its own; the events are on only while recording). */
+static inline TraceBufferObject *monitored_buffer(void) {
+    if (!g_running) return NULL;
+    TraceBufferObject *b = this_thread_buffer();
+    if (b == NULL) PyErr_Clear();
+    return b;
+}
+
+static PyObject *mon_py_start(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* PY_START, PY_RESUME, PY_THROW */
+    long long now = pp_now_ns();
+    TraceBufferObject *b = monitored_buffer();
+    if (b != NULL && n >= 1 && PyCode_Check(args[0])) on_call(b, now, args[0], 0, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mon_py_end(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* PY_RETURN, PY_YIELD, PY_UNWIND */
+    long long now = pp_now_ns();
+    TraceBufferObject *b = monitored_buffer();
+    if (b != NULL && n >= 1) on_return_of(b, now, args[0]);
+    Py_RETURN_NONE;
+}
+
+static int calls_c(PyObject *callable) { return !PyFunction_Check(callable) && !PyMethod_Check(callable); }
+
+static PyObject *mon_call(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* CALL(code, offset, callable, arg0) */
+    if (n < 3 || !g_c_calls || !calls_c(args[2])) Py_RETURN_NONE;
+    long long now = pp_now_ns();
+    TraceBufferObject *b = monitored_buffer();
+    if (b != NULL) on_call(b, now, named_c_function(args[2]), 1, PyCode_Check(args[0]) ? (PyCodeObject *)args[0] : NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mon_c_end(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* C_RETURN, C_RAISE */
+    if (n < 3 || !g_c_calls || !calls_c(args[2])) Py_RETURN_NONE;
+    long long now = pp_now_ns();
+    TraceBufferObject *b = monitored_buffer();
+    if (b != NULL) on_return(b, now);
+    Py_RETURN_NONE;
 }
 
 /* Set (or clear) the hook on every thread of the interpreter. */
@@ -285,20 +364,6 @@ static void hook_all_threads(int on) {
 #if PY_VERSION_HEX >= 0x030C0000
     PyEval_SetProfileAllThreads(on ? profile_hook : NULL, NULL);
 #endif
-}
-
-/* Push a call onto `b`'s stack, classed as the hook does (a frame open when the recording starts, too). */
-static void push_call(TraceBufferObject *b, PyCodeObject *code, long long now) {
-    int depth = b->sp++;
-    if (depth >= MAX_STACK) return;
-    int parent = depth ? b->stack_class[depth - 1] : USER;
-    int cls = code_class(b, code);
-    if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
-    if (parent == HIDDEN && cls != USER) cls = HIDDEN;
-    b->stack_start[depth] = now;
-    b->stack_code[depth] = code;
-    b->stack_c[depth] = 0;
-    b->stack_class[depth] = (char)cls;
 }
 
 /* A thread's frames already open when the recording starts: they become slices from `now` (as
@@ -319,7 +384,7 @@ static void seed_thread(PyThreadState *ts, unsigned long tid, PyObject *names, l
         if (b != NULL && PyDict_SetItem(g_pending, key, (PyObject *)b) == 0) {
             for (int i = n - 1; i >= 0; i--) { /* outermost first */
                 PyCodeObject *code = PyFrame_GetCode(frames[i]);
-                push_call(b, code, now);
+                on_call(b, now, code, 0, NULL);
                 Py_DECREF(code); /* the frame keeps it while it is open */
             }
         }
@@ -356,9 +421,11 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     long long min_ns;
     int max_depth, c_calls;
     PyObject *fold, *hide, *namer, *names;
-    if (!PyArg_ParseTuple(args, "LipO!O!OO!", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type, &hide,
-                          &namer, &PyDict_Type, &names))
+    int monitoring = 0;
+    if (!PyArg_ParseTuple(args, "LipO!O!OO!|p", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type,
+                          &hide, &namer, &PyDict_Type, &names, &monitoring))
         return NULL;
+    g_monitoring = monitoring;
     Py_INCREF(namer);
     Py_XSETREF(g_namer, namer);
     if (g_running) {
@@ -389,7 +456,7 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
         if (tid) seed_thread(ts, tid, names, now);
     }
     g_running = 1;
-    hook_all_threads(1);
+    if (!g_monitoring) hook_all_threads(1);
     Py_RETURN_NONE;
 }
 
@@ -403,7 +470,7 @@ static PyObject *sp_pytrace_thread_hook(PyObject *m, PyObject *args) {
 static PyObject *sp_pytrace_stop(PyObject *m, PyObject *unused) {
     if (!g_running) return PyList_New(0);
     g_running = 0;
-    hook_all_threads(0);
+    if (!g_monitoring) hook_all_threads(0);
     long long now = pp_now_ns();
     for (Py_ssize_t i = 0; g_buffers && i < PyList_GET_SIZE(g_buffers); i++)
         close_open_calls((TraceBufferObject *)PyList_GET_ITEM(g_buffers, i), now);
@@ -482,5 +549,9 @@ PyMethodDef pp_pytrace_methods[] = {
      "pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes): trace every thread's Python calls"},
     {"pytrace_stop", sp_pytrace_stop, METH_NOARGS, "pytrace_stop() -> list of every thread's TraceBuffer"},
     {"pytrace_thread_hook", sp_pytrace_thread_hook, METH_VARARGS, "threading.setprofile's bootstrap for new threads"},
+    {"pytrace_mon_py_start", (PyCFunction)(void (*)(void))mon_py_start, METH_FASTCALL, "sys.monitoring: PY_START/RESUME/THROW"},
+    {"pytrace_mon_py_end", (PyCFunction)(void (*)(void))mon_py_end, METH_FASTCALL, "sys.monitoring: PY_RETURN/YIELD/UNWIND"},
+    {"pytrace_mon_call", (PyCFunction)(void (*)(void))mon_call, METH_FASTCALL, "sys.monitoring: CALL"},
+    {"pytrace_mon_c_end", (PyCFunction)(void (*)(void))mon_c_end, METH_FASTCALL, "sys.monitoring: C_RETURN/C_RAISE"},
     {NULL, NULL, 0, NULL},
 };
