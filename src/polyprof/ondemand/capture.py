@@ -119,16 +119,22 @@ class Capture:
         if self.request.duration_s is not None:
             self._after(self.request.duration_s, self.finish)
 
-    def finish(self, error: str = "") -> None:
-        """Stop (once) and write the trace on a thread of its own; `error`: why the capture ends without
-        one, when it never started."""
+    def _claim_end(self) -> bool:
+        """The one caller that ends the capture (True), its step listener and timers gone."""
         with self._lock:
             if self._finished:
-                return
+                return False
             self._finished = True
         tracker.remove_listener(self._on_step)
         for timer in self._timers:
             timer.cancel()
+        return True
+
+    def finish(self, error: str = "") -> None:
+        """Stop (once) and write the trace on a thread of its own; `error`: why the capture ends without
+        one, when it never started."""
+        if not self._claim_end():
+            return
         if self.started_at is None:
             self._reply(error_reply(error or "the capture was cancelled before it started"))
             return
@@ -142,13 +148,8 @@ class Capture:
 
     def finish_at_exit(self) -> None:
         """The process is exiting mid-capture: stop and write the trace here, on the exiting thread."""
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-        tracker.remove_listener(self._on_step)
-        for timer in self._timers:
-            timer.cancel()
+        if not self._claim_end():
+            return
         if self.started_at is None:
             self._reply(error_reply("the process exited before the capture started"))
             return

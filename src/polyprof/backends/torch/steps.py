@@ -42,6 +42,18 @@ AGREE_TIMEOUT_S = 60.0
 log = logging.getLogger("polyprof.steps")
 
 
+def when_torch_is_imported(callback: Callable[[Any], None]) -> PostImportHook | None:
+    """Call `callback(torch)` now when the program has imported torch, else as it does (the hook returned,
+    to remove)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "optim"):
+        callback(torch)
+        return None
+    hook = PostImportHook("torch", callback)
+    hook.install()
+    return hook
+
+
 class StepTracker:
     def __init__(self) -> None:
         self.step = 0
@@ -59,12 +71,7 @@ class StepTracker:
         if self._installed:
             return
         self._installed = True
-        torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "optim"):
-            self._with_torch(torch)
-        else:
-            self._hook = PostImportHook("torch", self._with_torch)
-            self._hook.install()
+        self._hook = when_torch_is_imported(self._with_torch)
 
     @property
     def installed(self) -> bool:
@@ -142,12 +149,7 @@ class SyncedStart:
     def install(self) -> None:
         tracker.install()
         tracker.add_listener(self._stepped)
-        torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "optim"):
-            self._with_torch(torch)
-        else:
-            self._hook = PostImportHook("torch", self._with_torch)
-            self._hook.install()
+        self._hook = when_torch_is_imported(self._with_torch)
 
     def _with_torch(self, torch: Any) -> None:
         try:
