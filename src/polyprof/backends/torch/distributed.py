@@ -123,9 +123,11 @@ class DistributedWatch:
                 setattr(self._dist, name, original)
         self._dist, self._originals = None, {}
 
-    def clock_summary(self, wait_s: float = 1.0) -> dict[str, Any] | None:
+    def clock_summary(self, wait_s: float = 3.0) -> dict[str, Any] | None:
         """The offsets measured; a measurement still going after `wait_s` is said to be (collect may
-        run on the training thread, which must not wait on other ranks)."""
+        run on the training thread, which must not wait long on other ranks: the stop pings take
+        milliseconds when the ranks stop together, but a loaded machine can delay rank 0's answers
+        past a second)."""
         from polyprof.backends.torch.clock_sync import summarize
 
         return summarize(self.sync_start, self.sync_stop, wait_s)
