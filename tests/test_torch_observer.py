@@ -459,3 +459,24 @@ def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill
     assert fwdbwd_pairs(flushed) == fwdbwd_pairs(whole) and sum(fwdbwd_pairs(whole).values()) >= 30 * 4
     ops = Counter(a.name for a in spilled.activities if a.kind == ActivityKind.CPU_OP)
     assert ops["aten::addmm"] >= 20, "the ops of the steps that ended well before the stop are in the spill"
+
+
+def test_with_modules_in_eager_mode_names_the_module_classes_from_the_frames():
+    """torch gives a Module Hierarchy only for TorchScript; polyprof reads the eager nn.Modules whose
+    forward() an op runs under from the op thread's frames (classes, outermost first)."""
+    from polyprof.profiler import ProfilerActivity, profile
+
+    class Block(torch.nn.Module):
+        def __init__(me):  # the method's self, whatever it is called
+            super().__init__()
+            me.fc = torch.nn.Linear(8, 8)
+
+        def forward(me, x):
+            return torch.relu(me.fc(x))
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(8, 2))
+    with profile(activities=[ProfilerActivity.CPU], with_modules=True) as prof:
+        model(torch.randn(2, 8))
+    got = [(a.name, a.args.get("Module Hierarchy")) for a in prof.trace.activities if a.name in ("aten::addmm", "aten::relu")]
+    assert got == [("aten::addmm", "Sequential.Block.Linear"), ("aten::relu", "Sequential.Block"), ("aten::addmm", "Sequential.Linear")]
+    assert not any("Call stack" in a.args for a in prof.trace.activities), "stacks only with with_stack"

@@ -356,14 +356,54 @@ bool append_kwarg_value(std::string& out, const std::string& key, const c10::IVa
 // thread with no Python state (the autograd engine's workers) has none. torch's bindings release the
 // GIL before they dispatch an op, so the callback takes it back for the walk (on this thread only:
 // its frames cannot change while it is in here).
-void append_python_stack(std::string& body) {
+// with_modules in eager mode (no TorchScript hierarchy): the nn.Module classes whose forward() the op
+// runs under, outermost first ("Sequential.Linear"), from the same frames.
+static std::string module_of_frame(PyFrameObject* f, PyCodeObject* code) {
+  const char* name = PyUnicode_AsUTF8(code->co_name);
+  if (name == nullptr || std::strcmp(name, "forward") != 0) {
+    PyErr_Clear();
+    return "";
+  }
+#if PY_VERSION_HEX >= 0x030B0000
+  PyObject* locals = PyFrame_GetLocals(f);
+#else
+  PyObject* locals = PyObject_GetAttrString(reinterpret_cast<PyObject*>(f), "f_locals");
+#endif
+  std::string out;
+#if PY_VERSION_HEX >= 0x030B0000
+  PyObject* names = code->co_argcount > 0 ? PyCode_GetVarnames(code) : nullptr;  // the method's self
+#else
+  PyObject* names = code->co_argcount > 0 ? Py_NewRef(code->co_varnames) : nullptr;
+#endif
+  if (locals != nullptr && names != nullptr && PyTuple_Check(names) && PyTuple_GET_SIZE(names) > 0) {
+    PyObject* self = PyObject_GetItem(locals, PyTuple_GET_ITEM(names, 0));
+    if (self != nullptr) {
+      out = Py_TYPE(self)->tp_name;
+      Py_DECREF(self);
+    }
+  }
+  Py_XDECREF(names);
+  Py_XDECREF(locals);
+  PyErr_Clear();
+  return out;
+}
+
+// the Call stack (with_stack) and the module classes (with_modules, eager) of an op, formatted once per
+// distinct stack per thread
+struct StackFields {
+  std::string stack;
+  std::string modules;
+};
+
+void append_python_stack(std::string& body, bool want_stack, bool want_modules) {
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return;
   // an op's stack is nearly always one seen before (a loop calling the same code): each distinct
   // (code, instruction) sequence is formatted once per thread, then copied
-  thread_local std::unordered_map<uint64_t, std::string> cache;
+  thread_local std::unordered_map<uint64_t, StackFields> cache;
   struct Frame {
     PyCodeObject* code;
     int lasti;
+    PyFrameObject* frame;  // kept until the modules are read (a miss only needs them)
   };
   Frame frames[128];
   int n = 0;
@@ -378,17 +418,21 @@ void append_python_stack(std::string& body) {
 #else
     int lasti = f->f_lasti;
 #endif
-    frames[n++] = {code, lasti};  // kept (a reference) until formatted or found
+    frames[n++] = {code, lasti, f};  // code and frame kept (references) until formatted or found
     hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(code))) * 1099511628211ull;
     hash = (hash ^ uint64_t(lasti)) * 1099511628211ull;
-    PyFrameObject* back = PyFrame_GetBack(f);
-    Py_DECREF(f);
-    f = back;
+    f = PyFrame_GetBack(f);
   }
   Py_XDECREF(f);
   auto hit = cache.find(hash);
   if (hit == cache.end()) {
-    std::string stack;
+    std::string stack, modules;
+    for (int i = n - 1; i >= 0; i--) {  // outermost first (on a miss both are formatted: the cache outlives options)
+      std::string cls = module_of_frame(frames[i].frame, frames[i].code);
+      if (cls.empty()) continue;
+      if (!modules.empty()) modules += ".";
+      modules += cls;
+    }
     for (int i = 0; i < n; i++) {
       PyCodeObject* code = frames[i].code;
       const char* file = PyUnicode_AsUTF8(code->co_filename);
@@ -405,19 +449,28 @@ void append_python_stack(std::string& body) {
       stack += "): ";
       stack += name;
     }
-    std::string field;
+    StackFields fields;
     if (!stack.empty()) {
-      field = "\"Call stack\": ";
-      append_json_string(field, stack);
+      fields.stack = "\"Call stack\": ";
+      append_json_string(fields.stack, stack);
+    }
+    if (!modules.empty()) {
+      fields.modules = "\"Module Hierarchy\": ";
+      append_json_string(fields.modules, modules);
     }
     if (cache.size() > 65536) cache.clear();
-    hit = cache.emplace(hash, std::move(field)).first;
+    hit = cache.emplace(hash, std::move(fields)).first;
   }
-  for (int i = 0; i < n; i++) Py_DECREF(frames[i].code);
+  for (int i = 0; i < n; i++) {
+    Py_DECREF(frames[i].code);
+    Py_DECREF(frames[i].frame);
+  }
   PyGILState_Release(gil);
-  if (hit->second.empty()) return;
-  if (!body.empty()) body += ", ";
-  body += hit->second;
+  for (const std::string* field : {want_stack ? &hit->second.stack : nullptr, want_modules ? &hit->second.modules : nullptr}) {
+    if (field == nullptr || field->empty()) continue;
+    if (!body.empty()) body += ", ";
+    body += *field;
+  }
 }
 
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
@@ -425,7 +478,23 @@ void append_python_stack(std::string& body) {
 // NUL-terminated JSON object body.
 void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
   std::string body;
-  if (g_options & kWithStack) append_python_stack(body);
+  bool jit_modules = false;
+  if (g_options & kWithModules) {
+    auto hierarchy = torch::jit::currentModuleHierarchy();
+    if (!hierarchy.empty()) {
+      std::string joined;
+      for (const auto& level : hierarchy) {
+        joined += level;
+        joined += ".";
+      }
+      if (!body.empty()) body += ", ";
+      body += "\"Module Hierarchy\": ";
+      append_json_string(body, joined);
+      jit_modules = true;
+    }
+  }
+  bool eager_modules = (g_options & kWithModules) && !jit_modules;
+  if ((g_options & kWithStack) || eager_modules) append_python_stack(body, (g_options & kWithStack) != 0, eager_modules);
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
     for (const auto& kv : fn.kwinputs()) {
       std::string value;
@@ -445,19 +514,6 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
         body += "\"flops\": ";
         append_int(body, int64_t(flops));
       }
-    }
-  }
-  if (g_options & kWithModules) {
-    auto hierarchy = torch::jit::currentModuleHierarchy();
-    if (!hierarchy.empty()) {
-      std::string joined;
-      for (const auto& level : hierarchy) {
-        joined += level;
-        joined += ".";
-      }
-      if (!body.empty()) body += ", ";
-      body += "\"Module Hierarchy\": ";
-      append_json_string(body, joined);
     }
   }
   if (fn.isNcclMeta()) {  // record_param_comms: Kineto's collective args, already JSON values
