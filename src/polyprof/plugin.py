@@ -60,6 +60,7 @@ from polyprof.model.args import sorted_unique
 from polyprof.model.strings import code_strings
 from polyprof.options import Option, OptionSchema
 from polyprof.records import walk_tagged_records
+from polyprof.sampling import CounterSampler
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
 
 current_external_id = correlation.current_external_id
@@ -79,6 +80,7 @@ __all__ = [
     "Backend",
     "BackendContractError",
     "CUPTI",
+    "CounterSampler",
     "ClockMapping",
     "ClockPair",
     "ClockPairs",

@@ -16,50 +16,43 @@ Tracks: ``process cpu %`` (of one core), ``process rss (MB)``, ``process threads
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
-from polyprof.clock import host_ns
 from polyprof.options import Option, OptionSchema
+from polyprof.sampling import CounterSampler
 from polyprof.sink import Sink
 
 OPTIONS = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
 THREAD_NAME = "polyprof-counters"
 MB = 1 << 20
+RATES = ("process read (MB/s)", "process write (MB/s)")  # read as totals, written as rates
 
 
-class Sampler:
-    """What one sample reads (psutil), with the rates computed from the previous sample."""
+class ProcessCounters:
+    """What one sample reads (psutil); the I/O counters are running totals, turned into rates."""
 
     def __init__(self, psutil: Any) -> None:
         self.psutil = psutil
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # the first call starts the measurement
         psutil.cpu_percent(None)
-        self.io = self._io()
-        self.at = host_ns()
+        self.io = True
 
-    def _io(self) -> tuple[int, int] | None:
-        try:
-            c = self.process.io_counters()
-            return c.read_bytes, c.write_bytes
-        except (AttributeError, OSError, self.psutil.Error):
-            return None  # not counted here (macOS, some containers)
-
-    def sample(self) -> tuple[int, list[tuple[str, float]]]:
-        p, now = self.process, host_ns()
+    def read(self) -> list[tuple[str, str, float]]:
+        p = self.process
         with p.oneshot():
-            values = [("process cpu %", p.cpu_percent(None)), ("process rss (MB)", p.memory_info().rss / MB),
-                      ("process threads", float(p.num_threads()))]  # fmt: skip
-        io = self._io()
-        if io is not None and self.io is not None and now > self.at:
-            seconds = (now - self.at) / 1e9
-            values += [("process read (MB/s)", (io[0] - self.io[0]) / MB / seconds),
-                       ("process write (MB/s)", (io[1] - self.io[1]) / MB / seconds)]  # fmt: skip
-        self.io, self.at = io, now
-        values += [("system cpu %", self.psutil.cpu_percent(None)), ("system memory used %", self.psutil.virtual_memory().percent)]
-        return now, values
+            values = [("host", "process cpu %", p.cpu_percent(None)), ("host", "process rss (MB)", p.memory_info().rss / MB),
+                      ("host", "process threads", float(p.num_threads()))]  # fmt: skip
+        if self.io:
+            try:
+                c = p.io_counters()
+                values += [("host", "process read (MB/s)", c.read_bytes / MB), ("host", "process write (MB/s)", c.write_bytes / MB)]
+            except (AttributeError, OSError, self.psutil.Error):
+                self.io = False  # not counted here (macOS, some containers)
+        values += [("host", "system cpu %", self.psutil.cpu_percent(None)),
+                   ("host", "system memory used %", self.psutil.virtual_memory().percent)]  # fmt: skip
+        return values
 
 
 class CountersSession:
@@ -68,10 +61,7 @@ class CountersSession:
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
         self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
-        self.samples: list[tuple[int, list[tuple[str, float]]]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.errors = 0
+        self.sampler: CounterSampler | None = None
 
     def prepare(self) -> None:
         pass
@@ -79,32 +69,21 @@ class CountersSession:
     def start(self) -> None:
         import psutil
 
-        sampler = Sampler(psutil)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(sampler,), name=THREAD_NAME, daemon=True)
-        self._thread.start()
-
-    def _run(self, sampler: Sampler) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.samples.append(sampler.sample())
-            except Exception as exc:  # a process gone odd: say it once, keep sampling what can be read
-                self.errors += 1
-                if self.errors == 1:
-                    self.ctx.report.warning(f"a counter sample failed: {type(exc).__name__}: {exc}")
+        self.sampler = CounterSampler(THREAD_NAME, self.interval_s, ProcessCounters(psutil).read, rates=RATES)
+        self.sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self.sampler is not None:
+            self.sampler.stop()
 
     def collect(self, sink: Sink) -> None:
-        samples, self.samples = self.samples, []
-        for ts, values in samples:
-            for name, value in values:
-                sink.counter(name, value, ts=ts)
-        self.ctx.report.detail("samples", len(samples))
+        if self.sampler is None:
+            return
+        samples = self.sampler.take()
+        for _source, ts, track, value in samples:
+            sink.counter(track, value, ts=ts)
+        self.ctx.report.detail("samples", len({ts for _, ts, _, _ in samples}))
+        self.sampler.report(self.ctx.report)
 
     def close(self) -> None:
         self.stop()

@@ -18,19 +18,18 @@ that is CUDA's order too, so the tracks land on the ``cuda`` backend's GPU proce
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from polyprof.plugin import (
     API_VERSION,
     Availability,
+    CounterSampler,
     Option,
     OptionSchema,
     ProfileConfig,
     SessionContext,
     Sink,
-    host_ns,
 )
 
 THREAD_NAME = "polyprof-nvml"
@@ -54,7 +53,7 @@ def counters_of(nvml: Any) -> list[tuple[str, Callable[[Any], float]]]:
             (value,) = nvml.nvmlDeviceGetFieldValues(h, [field_ids[which]])
             if value.nvmlReturn != nvml.NVML_SUCCESS:
                 raise nvml.NVMLError(value.nvmlReturn)
-            return value.value.ullVal * 1024 / MB  # KiB counted since boot: turned into a rate by the sampler
+            return value.value.ullVal * 1024 / MB  # KiB counted since boot: written as a rate
 
         return read
 
@@ -75,17 +74,38 @@ def counters_of(nvml: Any) -> list[tuple[str, Callable[[Any], float]]]:
 RATES = ("NVLink TX (MB/s)", "NVLink RX (MB/s)")  # read as totals, written as rates
 
 
+class GpuReader:
+    """Every supported counter of every GPU; a counter a GPU does not support is dropped for it at its
+    first read (and named in `unsupported`)."""
+
+    def __init__(self, nvml: Any, handles: list[tuple[int, Any]]) -> None:
+        self.nvml = nvml
+        self.handles = handles
+        self.live = {i: counters_of(nvml) for i, _ in handles}
+        self.unsupported: dict[int, list[str]] = {}
+
+    def read(self) -> list[tuple[int, str, float]]:
+        out = []
+        for i, h in self.handles:
+            for name, read in list(self.live[i]):
+                try:
+                    out.append((i, name, read(h)))
+                except self.nvml.NVMLError as exc:
+                    self.live[i].remove((name, read))
+                    why = "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
+                    self.unsupported.setdefault(i, []).append(f"{name}: {why}")
+        return out
+
+
 class NvmlSession:
     in_process = True
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
         self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
-        self.samples: list[tuple[int, int, str, float]] = []  # (gpu, ts, track, value)
-        self.unsupported: dict[int, list[str]] = {}
         self.names: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.reader: GpuReader | None = None
+        self.sampler: CounterSampler | None = None
         self.nvml: Any = None
 
     def prepare(self) -> None:
@@ -100,39 +120,13 @@ class NvmlSession:
             name = self.nvml.nvmlDeviceGetName(h)
             self.names[i] = name.decode() if isinstance(name, bytes) else str(name)
             handles.append((i, h))
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(handles, counters_of(self.nvml)), name=THREAD_NAME, daemon=True)
-        self._thread.start()
-
-    def _run(self, handles: list[tuple[int, Any]], counters: list[tuple[str, Callable[[Any], float]]]) -> None:
-        live = {i: list(counters) for i, _ in handles}
-        last: dict[tuple[int, str], tuple[int, float]] = {}
-        while True:
-            for i, h in handles:
-                now = host_ns()
-                for name, read in list(live[i]):
-                    try:
-                        value = read(h)
-                    except self.nvml.NVMLError as exc:
-                        live[i].remove((name, read))
-                        why = "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
-                        self.unsupported.setdefault(i, []).append(f"{name}: {why}")
-                        continue
-                    if name in RATES:  # a running total: the rate since the last sample
-                        before = last.get((i, name))
-                        last[(i, name)] = (now, value)
-                        if before is None or now <= before[0]:
-                            continue
-                        value = (value - before[1]) / ((now - before[0]) / 1e9)
-                    self.samples.append((i, now, name, value))
-            if self._stop.wait(self.interval_s):
-                return
+        self.reader = GpuReader(self.nvml, handles)
+        self.sampler = CounterSampler(THREAD_NAME, self.interval_s, self.reader.read, rates=RATES)
+        self.sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self.sampler is not None:
+            self.sampler.stop()
         nvml, self.nvml = self.nvml, None
         if nvml is not None:  # once per nvmlInit (stop and close both come here)
             try:
@@ -141,15 +135,17 @@ class NvmlSession:
                 pass
 
     def collect(self, sink: Sink) -> None:
-        samples, self.samples = self.samples, []
-        devices = {}
-        for i, name in self.names.items():
-            devices[i] = sink.device(f"cuda:{i}", type="cuda", index=i, name=name, pid=i, label=f"GPU {i}")
+        if self.sampler is None or self.reader is None:
+            return
+        samples = self.sampler.take()
+        devices = {i: sink.device(f"cuda:{i}", type="cuda", index=i, name=name, pid=i, label=f"GPU {i}")
+                   for i, name in self.names.items()}  # fmt: skip
         for i, ts, track, value in samples:
             sink.counter(track, value, ts=ts, device=devices[i])
         self.ctx.report.detail("samples", len(samples))
-        if self.unsupported:
-            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.unsupported.items()})
+        if self.reader.unsupported:
+            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.reader.unsupported.items()})
+        self.sampler.report(self.ctx.report)
 
     def close(self) -> None:
         self.stop()
