@@ -1,5 +1,5 @@
 """Counters sampled on a thread of their own while a profile records, for backends that read numbers
-(psutil, NVML, amdsmi) rather than events::
+(process counters, a GPU vendor's management library) rather than events::
 
     sampler = CounterSampler("polyprof-nvml", interval_s=0.1, read=read_all)   # read() -> [(source, track, value)]
     sampler.start()      # in the session's start()
