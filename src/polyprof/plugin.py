@@ -60,7 +60,7 @@ from polyprof.model.args import sorted_unique
 from polyprof.model.strings import code_strings
 from polyprof.options import Option, OptionSchema
 from polyprof.records import walk_tagged_records
-from polyprof.sampling import CounterSampler
+from polyprof.sampling import CounterSampler, DeviceCounterSession
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
 
 current_external_id = correlation.current_external_id
@@ -81,6 +81,7 @@ __all__ = [
     "BackendContractError",
     "CUPTI",
     "CounterSampler",
+    "DeviceCounterSession",
     "ClockMapping",
     "ClockPair",
     "ClockPairs",

@@ -8,7 +8,8 @@
 
 `read` runs every `interval_s`; what it raises is counted (the first error kept in `first_error`) and
 sampling goes on. A track named in `rates` is read as a running total and written as its rate per
-second since the previous sample.
+second since the previous sample. :class:`DeviceCounterSession` is a whole backend session on top of it
+for a GPU vendor's management library (NVML, amdsmi).
 """
 
 from __future__ import annotations
@@ -78,3 +79,107 @@ class CounterSampler:
         """Tell the backend's status how sampling went (its errors, if any)."""
         if self.errors:
             reporter.warning(f"{self.errors} counter samples failed (first: {self.first_error})")
+
+
+Read = Callable[[Any], float]
+
+
+class DeviceCounters:
+    """The per-device counters of a vendor's management library: each `(track, read(handle))` of
+    `counters` on each `(index, handle)` of `devices`. A read that raises one of `errors` drops that
+    counter for that device (it does not support it), named with `why(exc)` in `unsupported`."""
+
+    def __init__(self, devices: list[tuple[int, Any]], counters: Callable[[], list[tuple[str, Read]]],
+                 errors: tuple[type[BaseException], ...], why: Callable[[BaseException], str]) -> None:  # fmt: skip
+        self.devices = devices
+        self.live = {i: counters() for i, _ in devices}
+        self.errors, self.why = errors, why
+        self.unsupported: dict[int, list[str]] = {}
+
+    def read(self) -> list[Sample]:
+        out: list[Sample] = []
+        for i, handle in self.devices:
+            for name, read in list(self.live[i]):
+                try:
+                    out.append((i, name, read(handle)))
+                except self.errors as exc:
+                    self.live[i].remove((name, read))
+                    self.unsupported.setdefault(i, []).append(f"{name}: {self.why(exc)}")
+        return out
+
+
+class DeviceCounterSession:
+    """A backend session that samples a vendor library's per-GPU counters while a profile records, as
+    counter tracks on each GPU's process. A subclass says how to reach the library::
+
+        class NvmlSession(DeviceCounterSession):
+            thread_name, device_prefix = "polyprof-nvml", "cuda"
+            def open(self): ...           # start the library; [(index, handle, name)] of its GPUs
+            def shut(self): ...           # end it (once per open)
+            def counters(self): ...       # [(track, read(handle) -> value)]
+            errors = (LibError,)          # what a counter a device lacks raises
+    """
+
+    in_process = True
+    thread_name = "polyprof-device-counters"
+    device_prefix = "gpu"  # GPU i is the device "<prefix>:i" (the tracing backend's key for it)
+    rates: tuple[str, ...] = ()  # tracks read as running totals, written as rates
+    errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, config: Any, ctx: Any) -> None:
+        self.ctx = ctx
+        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
+        self.names: dict[int, str] = {}
+        self.reader: DeviceCounters | None = None
+        self.sampler: CounterSampler | None = None
+        self._open = False
+
+    def open(self) -> list[tuple[int, Any, str]]:
+        raise NotImplementedError
+
+    def shut(self) -> None:
+        raise NotImplementedError
+
+    def counters(self) -> list[tuple[str, Read]]:
+        raise NotImplementedError
+
+    def why(self, exc: BaseException) -> str:
+        return f"{type(exc).__name__}: {exc}"
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        gpus = self.open()
+        self._open = True
+        self.names = {i: name for i, _, name in gpus}
+        self.reader = DeviceCounters([(i, h) for i, h, _ in gpus], self.counters, self.errors, self.why)
+        self.sampler = CounterSampler(self.thread_name, self.interval_s, self.reader.read, rates=self.rates)
+        self.sampler.start()
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self._open:  # once per open (stop and close both come here)
+            self._open = False
+            try:
+                self.shut()
+            except Exception:
+                pass
+
+    def collect(self, sink: Any) -> None:
+        if self.sampler is None or self.reader is None:
+            return
+        samples = self.sampler.take()
+        p = self.device_prefix
+        devices = {i: sink.device(f"{p}:{i}", type=p, index=i, name=name, pid=i, label=f"GPU {i}")
+                   for i, name in self.names.items()}  # fmt: skip
+        for i, ts, track, value in samples:
+            sink.counter(track, value, ts=ts, device=devices[i])
+        self.ctx.report.detail("samples", len(samples))
+        if self.reader.unsupported:
+            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.reader.unsupported.items()})
+        self.sampler.report(self.ctx.report)
+
+    def close(self) -> None:
+        self.stop()

@@ -24,12 +24,11 @@ from typing import Any
 from polyprof.plugin import (
     API_VERSION,
     Availability,
-    CounterSampler,
+    DeviceCounterSession,
     Option,
     OptionSchema,
     ProfileConfig,
     SessionContext,
-    Sink,
 )
 
 THREAD_NAME = "polyprof-nvml"
@@ -74,81 +73,28 @@ def counters_of(nvml: Any) -> list[tuple[str, Callable[[Any], float]]]:
 RATES = ("NVLink TX (MB/s)", "NVLink RX (MB/s)")  # read as totals, written as rates
 
 
-class GpuReader:
-    """Every supported counter of every GPU; a counter a GPU does not support is dropped for it at its
-    first read (and named in `unsupported`)."""
+class NvmlSession(DeviceCounterSession):
+    thread_name, device_prefix, rates = THREAD_NAME, "cuda", RATES
 
-    def __init__(self, nvml: Any, handles: list[tuple[int, Any]]) -> None:
-        self.nvml = nvml
-        self.handles = handles
-        self.live = {i: counters_of(nvml) for i, _ in handles}
-        self.unsupported: dict[int, list[str]] = {}
-
-    def read(self) -> list[tuple[int, str, float]]:
-        out = []
-        for i, h in self.handles:
-            for name, read in list(self.live[i]):
-                try:
-                    out.append((i, name, read(h)))
-                except self.nvml.NVMLError as exc:
-                    self.live[i].remove((name, read))
-                    why = "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
-                    self.unsupported.setdefault(i, []).append(f"{name}: {why}")
-        return out
-
-
-class NvmlSession:
-    in_process = True
-
-    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
-        self.ctx = ctx
-        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
-        self.names: dict[int, str] = {}
-        self.reader: GpuReader | None = None
-        self.sampler: CounterSampler | None = None
-        self.nvml: Any = None
-
-    def prepare(self) -> None:
-        pass
-
-    def start(self) -> None:
+    def open(self) -> list[tuple[int, Any, str]]:
         self.nvml = _import_nvml()
+        self.errors = (self.nvml.NVMLError,)
         self.nvml.nvmlInit()
-        handles = []
+        gpus = []
         for i in range(self.nvml.nvmlDeviceGetCount()):
             h = self.nvml.nvmlDeviceGetHandleByIndex(i)
             name = self.nvml.nvmlDeviceGetName(h)
-            self.names[i] = name.decode() if isinstance(name, bytes) else str(name)
-            handles.append((i, h))
-        self.reader = GpuReader(self.nvml, handles)
-        self.sampler = CounterSampler(THREAD_NAME, self.interval_s, self.reader.read, rates=RATES)
-        self.sampler.start()
+            gpus.append((i, h, name.decode() if isinstance(name, bytes) else str(name)))
+        return gpus
 
-    def stop(self) -> None:
-        if self.sampler is not None:
-            self.sampler.stop()
-        nvml, self.nvml = self.nvml, None
-        if nvml is not None:  # once per nvmlInit (stop and close both come here)
-            try:
-                nvml.nvmlShutdown()
-            except Exception:
-                pass
+    def shut(self) -> None:
+        self.nvml.nvmlShutdown()
 
-    def collect(self, sink: Sink) -> None:
-        if self.sampler is None or self.reader is None:
-            return
-        samples = self.sampler.take()
-        devices = {i: sink.device(f"cuda:{i}", type="cuda", index=i, name=name, pid=i, label=f"GPU {i}")
-                   for i, name in self.names.items()}  # fmt: skip
-        for i, ts, track, value in samples:
-            sink.counter(track, value, ts=ts, device=devices[i])
-        self.ctx.report.detail("samples", len(samples))
-        if self.reader.unsupported:
-            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.reader.unsupported.items()})
-        self.sampler.report(self.ctx.report)
+    def counters(self) -> list[tuple[str, Callable[[Any], float]]]:
+        return counters_of(self.nvml)
 
-    def close(self) -> None:
-        self.stop()
+    def why(self, exc: BaseException) -> str:
+        return "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
 
 
 class NvmlBackend:

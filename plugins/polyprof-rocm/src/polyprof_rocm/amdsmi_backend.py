@@ -21,12 +21,11 @@ from typing import Any
 from polyprof.plugin import (
     API_VERSION,
     Availability,
-    CounterSampler,
+    DeviceCounterSession,
     Option,
     OptionSchema,
     ProfileConfig,
     SessionContext,
-    Sink,
 )
 
 THREAD_NAME = "polyprof-amdsmi"
@@ -51,25 +50,6 @@ def counters_of(smi: Any) -> list[tuple[str, Callable[[Any], float]]]:
     ]  # fmt: skip
 
 
-class GpuReader:
-    def __init__(self, smi: Any, handles: list[tuple[int, Any]]) -> None:
-        self.smi = smi
-        self.handles = handles
-        self.live = {i: counters_of(smi) for i, _ in handles}
-        self.unsupported: dict[int, list[str]] = {}
-
-    def read(self) -> list[tuple[int, str, float]]:
-        out = []
-        for i, h in self.handles:
-            for name, read in list(self.live[i]):
-                try:
-                    out.append((i, name, read(h)))
-                except (self.smi.AmdSmiException, KeyError, TypeError, ValueError) as exc:  # ValueError: "N/A"
-                    self.live[i].remove((name, read))
-                    self.unsupported.setdefault(i, []).append(f"{name}: {type(exc).__name__}: {exc}")
-        return out
-
-
 def _names(smi: Any) -> list[tuple[Any, str]]:
     out = []
     for h in smi.amdsmi_get_processor_handles():
@@ -81,54 +61,20 @@ def _names(smi: Any) -> list[tuple[Any, str]]:
     return out
 
 
-class AmdSmiSession:
-    in_process = True
+class AmdSmiSession(DeviceCounterSession):
+    thread_name, device_prefix = THREAD_NAME, "rocm"
 
-    def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
-        self.ctx = ctx
-        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
-        self.names: dict[int, str] = {}
-        self.reader: GpuReader | None = None
-        self.sampler: CounterSampler | None = None
-        self.smi: Any = None
-
-    def prepare(self) -> None:
-        pass
-
-    def start(self) -> None:
+    def open(self) -> list[tuple[int, Any, str]]:
         self.smi = _import_amdsmi()
+        self.errors = (self.smi.AmdSmiException, KeyError, TypeError, ValueError)  # ValueError: "N/A"
         self.smi.amdsmi_init(self.smi.AmdSmiInitFlags.INIT_AMD_GPUS)
-        gpus = _names(self.smi)
-        self.names = {i: name for i, (_, name) in enumerate(gpus)}
-        self.reader = GpuReader(self.smi, [(i, h) for i, (h, _) in enumerate(gpus)])
-        self.sampler = CounterSampler(THREAD_NAME, self.interval_s, self.reader.read)
-        self.sampler.start()
+        return [(i, h, name) for i, (h, name) in enumerate(_names(self.smi))]
 
-    def stop(self) -> None:
-        if self.sampler is not None:
-            self.sampler.stop()
-        smi, self.smi = self.smi, None
-        if smi is not None:  # once per amdsmi_init (stop and close both come here)
-            try:
-                smi.amdsmi_shut_down()
-            except Exception:
-                pass
+    def shut(self) -> None:
+        self.smi.amdsmi_shut_down()
 
-    def collect(self, sink: Sink) -> None:
-        if self.sampler is None or self.reader is None:
-            return
-        samples = self.sampler.take()
-        devices = {i: sink.device(f"rocm:{i}", type="rocm", index=i, name=name, pid=i, label=f"GPU {i}")
-                   for i, name in self.names.items()}  # fmt: skip
-        for i, ts, track, value in samples:
-            sink.counter(track, value, ts=ts, device=devices[i])
-        self.ctx.report.detail("samples", len(samples))
-        if self.reader.unsupported:
-            self.ctx.report.detail("unsupported", {f"GPU {i}": v for i, v in self.reader.unsupported.items()})
-        self.sampler.report(self.ctx.report)
-
-    def close(self) -> None:
-        self.stop()
+    def counters(self) -> list[tuple[str, Callable[[Any], float]]]:
+        return counters_of(self.smi)
 
 
 class AmdSmiBackend:
