@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from polyprof.analysis.intervals import union_ns
+from polyprof.analysis.steps import step_rows
 from polyprof.model import Trace
 
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
 COLLECTIVE = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:)|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
 
 
@@ -68,62 +69,46 @@ class RankView:
         return max(counts, key=lambda r: (len(counts[r]), sum(counts[r])))
 
 
-def _union_ns(start: np.ndarray, end: np.ndarray, lo: int | None = None, hi: int | None = None) -> int:
-    """The time covered by the intervals (clipped to [lo, hi] when given)."""
-    if lo is not None and hi is not None:
-        start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    if not len(start):
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], np.maximum.accumulate(end[order])
-    gaps = np.maximum(s[1:] - e[:-1], 0)
-    return int(e[-1] - s[0] - gaps.sum())
-
-
-def _load(items: Iterable[Any]) -> list[tuple[str, Trace]]:
+def load_ranks(items: Iterable[Any]) -> tuple[list[Trace], list[str], list[int]]:
+    """The traces `items` name (loaded Traces, files, folders of rank traces), where each came from, and
+    each one's rank (its ``distributedInfo`` rank; their order when those are missing or repeated)."""
     from polyprof.io import load_trace
-    from polyprof.io.ranks import trace_files
+    from polyprof.io.ranks import _rank_of, trace_files
 
-    out: list[tuple[str, Trace]] = []
-    paths = [i for i in items if not isinstance(i, Trace)]
-    for item in items:
-        if isinstance(item, Trace):
-            out.append((f"trace {len(out)}", item))
-    for path in trace_files([str(p) for p in paths]) if paths else []:
-        out.append((path, load_trace(path)))
-    return out
+    items = list(items)
+    traces: list[Trace] = [i for i in items if isinstance(i, Trace)]
+    sources = [f"trace {n}" for n in range(len(traces))]
+    paths = [str(p) for p in items if not isinstance(p, Trace)]
+    for path in trace_files(paths) if paths else []:
+        traces.append(load_trace(path))
+        sources.append(path)
+    ranks = [_rank_of(t, i) for i, t in enumerate(traces)]
+    if len(set(ranks)) != len(ranks):
+        ranks = list(range(len(traces)))
+    return traces, sources, ranks
 
 
 def rank_view(traces: Iterable[Any]) -> RankView:
     """The rank view of several ranks' traces (paths, folders, or loaded Traces)."""
-    from polyprof.io.ranks import _rank_of
-
-    loaded = _load(list(traces))
-    ranks = [_rank_of(t, i) for i, (_, t) in enumerate(loaded)]
-    if len(set(ranks)) != len(ranks):
-        ranks = list(range(len(loaded)))
+    loaded, sources, ranks = load_ranks(traces)
     view = RankView()
     per_step: dict[int, dict[int, int]] = {}
     busy: dict[int, dict[int, int]] = {}
-    for rank, (source, trace) in zip(ranks, loaded, strict=True):
+    for rank, source, trace in zip(ranks, sources, loaded, strict=True):
         acts = trace.activities
         names = acts.strings.strings
         codes = acts["name"] if len(acts) else np.zeros(0, np.int32)
-        step_of = {c: int(m.group(1)) for c, n in enumerate(names) if (m := STEP.match(n))}
         collective = np.isin(codes, [c for c, n in enumerate(names) if COLLECTIVE.search(n)])
         c_start, c_end = (acts["start"][collective], acts["end"][collective]) if len(acts) else (codes, codes)
         durations = []
-        for row in np.flatnonzero(np.isin(codes, list(step_of))).tolist():
-            step = step_of[int(codes[row])]
+        for step, row in step_rows(trace).items():  # the longest span of each step (one per thread)
             lo, hi = int(acts["start"][row]), int(acts["end"][row])
-            if hi - lo <= per_step.get(step, {}).get(rank, -1):
-                continue  # the same step on another thread's row: the longest counts
             per_step.setdefault(step, {})[rank] = hi - lo
-            busy.setdefault(step, {})[rank] = hi - lo - _union_ns(c_start, c_end, lo, hi)
+            busy.setdefault(step, {})[rank] = hi - lo - union_ns(c_start, c_end, lo, hi)
             durations.append(hi - lo)
         view.ranks.append(
             RankRow(rank, source, len(durations), statistics.fmean(durations) if durations else 0.0,
-                    _union_ns(c_start, c_end) if len(acts) else 0)  # fmt: skip
+                    union_ns(c_start, c_end) if len(acts) else 0)  # fmt: skip
         )
     least = min((r.collective_ns for r in view.ranks), default=0)
     for r in view.ranks:

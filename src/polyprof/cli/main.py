@@ -410,11 +410,11 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None) -> None:
 
 def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
     from polyprof.analysis.overview import overview
+    from polyprof.analysis.ranks import load_ranks
     from polyprof.cli.render import analysis_table, print_rank_view
-    from polyprof.report import _load
 
     try:
-        traces, _, ranks = _load(list(trace_files))
+        traces, _, ranks = load_ranks(trace_files)
         ov = overview(traces, ranks, top=limit)
     except (TraceFormatError, PolyprofError) as exc:
         _fail(str(exc))

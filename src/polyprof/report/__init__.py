@@ -17,6 +17,7 @@ when the file opens.
 from __future__ import annotations
 
 import datetime
+import html
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -37,35 +38,16 @@ def plotly_js() -> str:
     return js.replace("</script", "<\\/script")
 
 
-def _load(items: Sequence[Any]) -> tuple[list[Any], list[str], list[int]]:
-    from polyprof.io import load_trace
-    from polyprof.io.ranks import _rank_of, trace_files
-    from polyprof.model import Trace
-
-    traces, names = [], []
-    for item in items:
-        if isinstance(item, Trace):
-            traces.append(item)
-            names.append(f"trace {len(names)}")
-    paths = [os.fspath(i) for i in items if not isinstance(i, Trace)]
-    for path in trace_files(paths) if paths else []:
-        traces.append(load_trace(path))
-        names.append(path)
-    ranks = [_rank_of(t, i) for i, t in enumerate(traces)]
-    if len(set(ranks)) != len(ranks):
-        ranks = list(range(len(traces)))
-    return traces, names, ranks
-
-
 def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> str:
     """The report's HTML for the traces `items` (paths, folders or Traces; several = a job's ranks)."""
     from polyprof._version import __version__
     from polyprof.analysis.overview import overview
+    from polyprof.analysis.ranks import load_ranks
     from polyprof.report import charts
     from polyprof.report.page import Page
 
     js = plotly_js()  # before the work: a missing plotly is said at once
-    traces, names, ranks = _load(items)
+    traces, names, ranks = load_ranks(items)
     if not traces:
         raise ConfigError("polyprof report: no traces given")
     ov = overview(traces, ranks, top=top)
@@ -73,7 +55,7 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
     made = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     acts = sum(len(t.activities) for t in traces)
     page = Page(title, f"{acts:,} activities in {len(traces)} trace{'s' * (len(traces) > 1)} · polyprof {__version__} · {made}")
-    items_html = "".join(f"<li>{_escape(f)}</li>" for f in ov.findings) or "<li>Nothing stands out.</li>"
+    items_html = "".join(f"<li>{html.escape(f)}</li>" for f in ov.findings) or "<li>Nothing stands out.</li>"
     page.section("look", "What to look at", f'<ul class="findings">{items_html}</ul>')
     step_note = ('<p class="note">Each step (a <code>ProfilerStep#N</code> span) split per device: computation, then '
                  "communication and memory work not hidden under it, other device work, host-side only (the device has "
@@ -100,7 +82,7 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
     if baseline is not None:
         from polyprof.analysis.diff import diff
 
-        before, _, _ = _load([baseline])
+        before, _, _ = load_ranks([baseline])
         d = diff(before[0], traces[0])
         head = ""
         if d.step_ns:
@@ -108,12 +90,6 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
             head = f"<p>Mean step: {b / 1e6:.3f} ms before, {a / 1e6:.3f} ms now ({(a - b) / (b or 1):+.1%}).</p>"
         page.section("diff", "Diff against the baseline", head, page.table(d.operators), page.table(d.kernels))
     return page.html(js)
-
-
-def _escape(text: str) -> str:
-    import html
-
-    return html.escape(text)
 
 
 def write_report(items: Sequence[Any], output: str | os.PathLike, baseline: Any = None) -> str:
