@@ -353,16 +353,12 @@ static PyObject *mon_c_end(PyObject *m, PyObject *const *args, Py_ssize_t n) { /
 
 /* Set (or clear) the hook on every thread of the interpreter. */
 static void hook_all_threads(int on) {
-    PyInterpreterState *interp = PyInterpreterState_Get();
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
-#if PY_VERSION_HEX >= 0x030C0000
-        (void)ts;
-#else
-        _PyEval_SetProfile(ts, on ? profile_hook : NULL, NULL);
-#endif
-    }
 #if PY_VERSION_HEX >= 0x030C0000
     PyEval_SetProfileAllThreads(on ? profile_hook : NULL, NULL);
+#else
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts))
+        _PyEval_SetProfile(ts, on ? profile_hook : NULL, NULL);
 #endif
 }
 
