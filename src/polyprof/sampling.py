@@ -9,7 +9,7 @@
 `read` runs every `interval_s`; what it raises is counted (the first error kept in `first_error`) and
 sampling goes on. A track named in `rates` is read as a running total and written as its rate per
 second since the previous sample. :class:`DeviceCounterSession` is a whole backend session on top of it
-for a GPU vendor's management library (NVML, amdsmi).
+for a GPU vendor's management library (the device plugins' counter backends).
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ class DeviceCounterSession:
     """A backend session that samples a vendor library's per-GPU counters while a profile records, as
     counter tracks on each GPU's process. A subclass says how to reach the library::
 
-        class NvmlSession(DeviceCounterSession):
-            thread_name, device_prefix = "polyprof-nvml", "cuda"
+        class VendorSession(DeviceCounterSession):
+            thread_name, device_prefix = "polyprof-vendor", "vendor"
             def open(self): ...           # start the library; [(index, handle, name)] of its GPUs
             def shut(self): ...           # end it (once per open)
             def counters(self): ...       # [(track, read(handle) -> value)]
