@@ -1,7 +1,7 @@
 """Counters sampled on a thread of their own while a profile records, for backends that read numbers
 (process counters, a GPU vendor's management library) rather than events::
 
-    sampler = CounterSampler("polyprof-nvml", interval_s=0.1, read=read_all)   # read() -> [(source, track, value)]
+    sampler = CounterSampler("polyprof-counters", interval_s=0.1, read=read_all)   # read() -> [(source, track, value)]
     sampler.start()      # in the session's start()
     sampler.stop()       # in stop(): the thread ends
     for source, ts, track, value in sampler.take(): sink.counter(track, value, ts=ts, device=...)
