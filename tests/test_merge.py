@@ -7,6 +7,7 @@ import merge_oracle
 import numpy as np
 import pytest
 
+import polyprof._accel
 from polyprof.engine.merge import merge
 from polyprof.engine.merge.containment import innermost_open_span, thread_codes
 from polyprof.engine.merge.order import start_order
@@ -94,8 +95,18 @@ def _merged(fn, parts):
               kind_filters={"npu": {int(ActivityKind.RUNTIME), int(ActivityKind.KERNEL)}})  # fmt: skip
 
 
+@pytest.fixture(params=["C", "numpy"])
+def passes(request, monkeypatch):
+    """Each merge pass both ways: with the C walks of csrc/merge_passes.c and with their numpy twins."""
+    if request.param == "C" and polyprof._accel.speedups is None:
+        pytest.skip("needs polyprof's C extension (built by setup.sh)")
+    if request.param == "numpy":
+        monkeypatch.setattr(polyprof._accel, "speedups", None)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_the_vectorised_merge_gives_exactly_what_the_per_row_merge_gave(seed):
+def test_the_vectorised_merge_gives_exactly_what_the_per_row_merge_gave(seed, passes):
     new = _merged(merge, _parts(seed))
     old = _merged(merge_oracle.merge, _parts(seed))
     assert len(new.activities) == len(old.activities) > 1000
@@ -119,7 +130,7 @@ def test_the_vectorised_merge_gives_exactly_what_the_per_row_merge_gave(seed):
     assert (new.activities["external_id"][launches] != 0).mean() > 0.3, "containment filled launches"
 
 
-def test_containment_matches_a_stack_walk_on_overlapping_and_tied_spans():
+def test_containment_matches_a_stack_walk_on_overlapping_and_tied_spans(passes):
     """The exact semantics of the per-row stack walk, on random spans that nest, overlap without
     nesting (asyncio tasks on one thread) and tie."""
     rng = np.random.default_rng(7)

@@ -6,6 +6,7 @@
  *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
+ *   merge_passes.c   the merge's innermost-open-span walk and two-source gather (polyprof.engine.merge)
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
  *
@@ -49,6 +50,7 @@ extern PyMethodDef pp_format_methods[];
 extern PyMethodDef pp_columns_methods[];
 extern PyMethodDef pp_perfetto_methods[];
 extern PyMethodDef pp_merge_methods[];
+extern PyMethodDef pp_merge_pass_methods[];
 extern PyMethodDef pp_pytrace_methods[];
 int pp_pytrace_add_types(PyObject *module);
 int pp_recorder_add_types(PyObject *module);

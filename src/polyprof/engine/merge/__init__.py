@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from polyprof import _accel
 from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
 from polyprof.engine.merge.attribution import attribute_launches
 from polyprof.engine.merge.devices import DeviceTable, host_process_name
@@ -149,7 +150,7 @@ def _clip_host_ends(columns: dict[str, np.ndarray], window_end: int) -> None:
 
 def _place(table: ActivityTable, order: np.ndarray | None, added: dict[str, np.ndarray] | None) -> ActivityTable:
     """The final table: `table`'s rows in `order`, with the `added` rows (in order themselves) placed
-    among them. Each column is written once."""
+    among them. Each column is written once; `table` is consumed (its columns are taken from it)."""
     cols, args = table.columns, table.args
     if added is None:
         if order is None:
@@ -157,16 +158,39 @@ def _place(table: ActivityTable, order: np.ndarray | None, added: dict[str, np.n
         return ActivityTable(table.strings, {k: v[order] for k, v in cols.items()}, args.take(order) if args else args)
     start = cols["start"] if order is None else cols["start"][order]
     end = cols["end"] if order is None else cols["end"][order]
-    existing_at, added_at = interleave(len(start), insertion_points(start, end, added["start"], added["end"]))
+    existing_at, added_at = _positions(start, end, added["start"], added["end"])
     n_added = len(added["start"])
     # one gather per column from [existing rows, added rows]: where each final row comes from
     source = np.empty(len(start) + n_added, dtype=np.int64)
     source[existing_at] = np.arange(len(start)) if order is None else order
     source[added_at] = len(start) + np.arange(n_added)
-    out = {name: np.concatenate((cols[name], added[name].astype(dtype, copy=False))).take(source) for name, dtype in COLUMNS}
+    # each column of `table` is dropped once placed: the next one's output reuses its (already mapped) memory
+    out = {name: _take_two(cols.pop(name), added[name].astype(dtype, copy=False), source) for name, dtype in COLUMNS}
     if args:
         args = (args if order is None else args.take(order)).renumbered(existing_at)
     return ActivityTable(table.strings, out, args)
+
+
+def _positions(start: np.ndarray, end: np.ndarray, add_start: np.ndarray, add_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Final positions of ordered rows and of the (ordered) rows added among them (see order.interleave)."""
+    fast = _accel.speedups
+    if fast is not None:
+        existing_at, added_at = np.empty(len(start), dtype=np.int64), np.empty(len(add_start), dtype=np.int64)
+        args = [np.ascontiguousarray(a, dtype=np.int64) for a in (start, end, add_start, add_end)]
+        if fast.interleave_ordered(*args, existing_at, added_at):
+            return existing_at, added_at
+    return interleave(len(start), insertion_points(start, end, add_start, add_end))
+
+
+def _take_two(first: np.ndarray, second: np.ndarray, source: np.ndarray) -> np.ndarray:
+    """``np.concatenate((first, second)).take(source)``, without writing the concatenation where the C
+    extension is built."""
+    fast = _accel.speedups
+    if fast is None:
+        return np.concatenate((first, second)).take(source)
+    out = np.empty(len(source), dtype=first.dtype)
+    fast.take_two(np.ascontiguousarray(first), np.ascontiguousarray(second), source, out)
+    return out
 
 
 def _counters(

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polyprof import _accel
 from polyprof.engine.merge.containment import innermost_open_span
+from polyprof.engine.merge.lookup import lookup
 from polyprof.model import FLOW_AC2G, ActivityKind
 
 CPU_OP, ANNOTATION = int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION)
@@ -32,7 +34,10 @@ LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 
 def in_order(order: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The rows where `mask` holds, in trace order."""
-    return order[mask[order]]
+    fast = _accel.speedups
+    if fast is None or order.dtype != np.int64 or mask.dtype != np.bool_:
+        return order[mask[order]]
+    return np.frombuffer(fast.ordered_rows(order, mask), dtype=np.int64)
 
 
 @dataclass
@@ -87,11 +92,7 @@ def attribute_launches(
 
 def _start_of_id(corr: np.ndarray, start: np.ndarray, containers: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The start of the container whose correlation is each id (-1 where no container has it)."""
-    by_id = np.argsort(corr[containers], kind="stable")
-    sorted_ids = corr[containers][by_id]
-    pos = np.minimum(np.searchsorted(sorted_ids, ids), max(len(sorted_ids) - 1, 0))
-    hit = sorted_ids[pos] == ids
-    return np.where(hit, start[containers[by_id[pos]]], -1)
+    return lookup(corr[containers], start[containers], ids)
 
 
 def _follow_flows(columns: dict[str, np.ndarray], launches: np.ndarray, ids: np.ndarray) -> None:
@@ -102,9 +103,7 @@ def _follow_flows(columns: dict[str, np.ndarray], launches: np.ndarray, ids: np.
     if not with_flow.any():
         return
     keys, values = launch_flow[with_flow], ids[with_flow]
-    by_key = np.argsort(keys, kind="stable")
-    keys, values = keys[by_key], values[by_key]
     targets = np.flatnonzero((flow != 0) & (columns["flow_start"] == 0) & (columns["flow_type"] == FLOW_AC2G))
-    pos = np.minimum(np.searchsorted(keys, flow[targets]), len(keys) - 1)
-    hit = keys[pos] == flow[targets]
-    columns["external_id"][targets[hit]] = values[pos[hit]]
+    at = lookup(keys, np.arange(len(keys)), flow[targets])
+    hit = at >= 0
+    columns["external_id"][targets[hit]] = values[at[hit]]

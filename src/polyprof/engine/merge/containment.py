@@ -7,13 +7,16 @@ innermost is the one that started last. This is exactly what walking each thread
 for properly nested spans and for spans that overlap without nesting (asyncio tasks interleaving on
 one thread), and it is computed here without a loop per row: spans are ordered per thread, and "the
 last span before position p whose end is at least t" is found with a sparse table of running maxima
-of span ends, built only as deep as the farthest answer needs.
+of span ends, built only as deep as the farthest answer needs. Where polyprof's C extension is built,
+the same answer comes from one walk with a stack per thread (``innermost_open`` in
+``csrc/merge_passes.c``), without the GIL.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from polyprof import _accel
 from polyprof.engine.merge.order import rank_in_order
 from polyprof.model.args import sorted_unique
 
@@ -36,6 +39,17 @@ def innermost_open_span(
     longer first); `thread` is a per-row code (see :func:`thread_codes`)."""
     found = np.full(len(calls), NONE, dtype=np.int64)
     if not len(spans) or not len(calls):
+        return found
+    fast = _accel.speedups
+    if fast is not None and (thread.dtype == np.int32 or int(thread.max()) < (1 << 31)) and int(thread.min()) >= 0:
+        fast.innermost_open(
+            np.ascontiguousarray(start, dtype=np.int64),
+            np.ascontiguousarray(end, dtype=np.int64),
+            np.ascontiguousarray(thread, dtype=np.int32),
+            np.ascontiguousarray(spans, dtype=np.int64),
+            np.ascontiguousarray(calls, dtype=np.int64),
+            found,
+        )
         return found
     code = thread.astype(np.uint16) if int(thread.max()) < (1 << 16) else thread  # radix-sorted below
     # per thread, keeping the start order within each (a stable sort on a small integer code)

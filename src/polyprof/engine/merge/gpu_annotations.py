@@ -12,19 +12,12 @@ import numpy as np
 
 from polyprof.engine.merge.attribution import ANNOTATION, Launches, in_order
 from polyprof.engine.merge.containment import innermost_open_span
+from polyprof.engine.merge.lookup import lookup
 from polyprof.engine.merge.order import start_order
 from polyprof.model import FLOW_AC2G, ActivityKind
 
 DEVICE_WORK = (int(ActivityKind.KERNEL), int(ActivityKind.GPU_MEMCPY), int(ActivityKind.GPU_MEMSET))
 CATEGORY = "gpu_user_annotation"
-
-
-def _lookup(sorted_keys: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """values[i] where sorted_keys[i] == key, else -1."""
-    if not len(sorted_keys):
-        return np.full(len(keys), -1, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return np.where(sorted_keys[pos] == keys, values[pos], -1)
 
 
 def gpu_user_annotations(
@@ -48,9 +41,7 @@ def gpu_user_annotations(
     annotations = in_order(order, is_annotation)
     corr = columns["correlation"]
     # exact links first: device work whose backend External id names an annotation
-    ann_ids = corr[annotations]
-    by_id = np.argsort(ann_ids, kind="stable")
-    owner = _lookup(ann_ids[by_id], annotations[by_id], backend_ext[work])
+    owner = lookup(corr[annotations], annotations, backend_ext[work])
     missing = np.flatnonzero(owner < 0)
     if len(missing):
         owner[missing] = _annotation_at_launch(columns, order, thread, annotations, launches, flow[work[missing]])
@@ -111,7 +102,5 @@ def _annotation_at_launch(
     ask = flow_starts[found[flow_starts] == -2]
     if len(ask):
         found[ask] = innermost_open_span(start, end, thread, annotations, ask)
-    fid = columns["flow_id"][flow_starts]
-    by_flow = np.argsort(fid, kind="stable")
-    row = _lookup(fid[by_flow], flow_starts[by_flow], flows)
+    row = lookup(columns["flow_id"][flow_starts], flow_starts, flows)
     return np.where(row >= 0, found[np.maximum(row, 0)], -1)
