@@ -1,6 +1,7 @@
 """`polyprof merge` of several synthetic ranks: events/s and peak memory.
 
     .venv/bin/python benchmarks/merge_ranks.py [--ranks 8] [--events 1000000] [--format json|pftrace]
+        [--to json|pftrace]    (the merged file's format; the inputs' by default)
 
 Writes `--ranks` polyprof traces of `--events` activities each (the synthetic trace of
 export_throughput.py, with distributedInfo and a recorded clock offset per rank), then runs
@@ -26,6 +27,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--format", choices=["json", "pftrace"], default="json")
+    ap.add_argument("--to", choices=["json", "pftrace"], default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         paths = []
@@ -35,7 +37,7 @@ def main() -> None:
             next(iter(trace.backends.values())).clock["to rank 0"] = {"offset_ns": 1000 * r, "uncertainty_ns": 50}
             paths.append(write_trace(trace, os.path.join(folder, f"rank{r}.{args.format}")))
             del trace
-        out = os.path.join(folder, f"merged.{args.format}")
+        out = os.path.join(folder, f"merged.{args.to or args.format}")
         seconds, peak, _ = run_polyprof_measured(["merge", *paths, "-o", out])
         largest = max(os.path.getsize(p) for p in paths)
         events = args.ranks * args.events
@@ -45,6 +47,7 @@ def main() -> None:
                 "ranks": args.ranks,
                 "events_per_rank": args.events,
                 "format": args.format,
+                "to": args.to or args.format,
                 "seconds": round(seconds, 1),
                 "events_per_s": round(events / seconds),
                 "largest_input_bytes": largest,

@@ -7,6 +7,8 @@
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
  *   merge_passes.c   the merge's innermost-open-span walk and two-source gather (polyprof.engine.merge)
+ *   read_events.c    a Chrome trace's events found in its bytes, into columns (polyprof.io.chrome_scan)
+ *   perfetto_args.c  Perfetto debug annotations of args kept as JSON text (polyprof.export.perfetto)
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
  *
@@ -51,6 +53,8 @@ extern PyMethodDef pp_columns_methods[];
 extern PyMethodDef pp_perfetto_methods[];
 extern PyMethodDef pp_merge_methods[];
 extern PyMethodDef pp_merge_pass_methods[];
+extern PyMethodDef pp_read_methods[];
+extern PyMethodDef pp_perfetto_args_methods[];
 extern PyMethodDef pp_pytrace_methods[];
 int pp_pytrace_add_types(PyObject *module);
 int pp_recorder_add_types(PyObject *module);

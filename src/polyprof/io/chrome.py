@@ -124,7 +124,27 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Trac
     Perfetto protobuf (``.pftrace``), either one gzip-compressed or not, told apart by their bytes.
     Anything wrong with the file is a TraceFormatError naming the file and the problem, in one line."""
     path = os.fspath(path)
-    return parse_trace(_read_bytes(path, max_bytes or max_trace_bytes()), path)
+    limit = max_bytes or max_trace_bytes()
+    scanned = _scanned_file(path, limit)
+    if scanned is not None:
+        return scanned
+    return parse_trace(_read_bytes(path, limit), path)
+
+
+def _scanned_file(path: str, limit: int) -> Trace | None:
+    """The JSON trace at `path` read by the C scanner (io/chrome_scan.py), or None: not built, not a
+    plain JSON trace file, or something the scanner leaves to the reader (which then says what is wrong)."""
+    from polyprof.io import chrome_scan
+
+    if not chrome_scan.available():
+        return None
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return chrome_scan.scan_file(path, limit)
+    except (OSError, EOFError, zlib.error, chrome_scan.Declined):
+        return None
 
 
 def parse_trace(data: bytes, path: str = "<trace>") -> Trace:
@@ -137,6 +157,14 @@ def parse_trace(data: bytes, path: str = "<trace>") -> Trace:
         return parse_perfetto(data, path)
     if not data.strip():
         raise TraceFormatError(f"{path}: the file is empty")
+    from polyprof.io import chrome_scan
+
+    try:
+        scanned = chrome_scan.scan_trace(data, path)
+    except chrome_scan.Declined:
+        scanned = None
+    if scanned is not None:
+        return scanned
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -178,8 +206,6 @@ def _hashable(value: Any) -> Any:
 
 
 def _build(doc: dict[str, Any], path: str, where: _Where) -> Trace:
-    base = doc.get("baseTimeNanoseconds", 0)
-    base = base if isinstance(base, int) else 0
     devices: list[Device] = []
     dev_by_pid: dict[Any, int] = {}
     resources: list[Resource] = []
@@ -291,7 +317,16 @@ def _build(doc: dict[str, Any], path: str, where: _Where) -> Trace:
         flow_cols["flow_id"][row] = fid
         flow_cols["flow_type"][row] = _FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
         flow_cols["flow_start"][row] = 1 if ev.get("ph") == "s" else 0
-    acts = builder.freeze()
+    return _finish(doc, builder.freeze(), devices, resources, counters, where)
+
+
+def _finish(
+    doc: dict[str, Any], acts: Any, devices: list[Device], resources: list[Resource], counters: Counters,
+    where: _Where | None = None,
+) -> Trace:
+    """The trace of the events read (`acts` and the rest) and the document's top-level keys."""
+    base = doc.get("baseTimeNanoseconds", 0)
+    base = base if isinstance(base, int) else 0
     metadata = {
         k: v
         for k, v in doc.items()
@@ -305,7 +340,8 @@ def _build(doc: dict[str, Any], path: str, where: _Where) -> Trace:
             "traceName",
         )
     }
-    where.what = "the polyprof metadata"
+    if where is not None:
+        where.what = "the polyprof metadata"
     statuses, timings = _statuses(metadata)
     start = int(acts["start"].min()) if len(acts) else 0
     end = int(acts["end"].max()) if len(acts) else 0
@@ -360,20 +396,26 @@ def _metadata_row(
     if not isinstance(args, dict):
         raise ValueError(f"a metadata row ({str(name)[:40]}) has args that are not an object")
     dev = device(ev.get("pid"))
+    is_thread = name in ("thread_name", "thread_sort_index")
+    apply_metadata(name, args, devices[dev], resources[resource(dev, ev.get("tid"))] if is_thread else None)
+
+
+def apply_metadata(name: Any, args: dict, device: Device, resource: Resource | None) -> None:
+    """A process or thread metadata row (``ph: "M"``) applied to its device or its thread."""
     if name == "process_name":
-        devices[dev].name = str(args.get("name", devices[dev].name))
+        device.name = str(args.get("name", device.name))
     elif name == "process_labels":
-        devices[dev].label = str(args.get("labels", ""))
-        if devices[dev].label == "CPU":
-            devices[dev].type = "cpu"
-        elif devices[dev].label.startswith("GPU"):  # Kineto's label of every GPU process
-            devices[dev].type = "gpu"
+        device.label = str(args.get("labels", ""))
+        if device.label == "CPU":
+            device.type = "cpu"
+        elif device.label.startswith("GPU"):  # Kineto's label of every GPU process
+            device.type = "gpu"
     elif name == "process_sort_index":
-        devices[dev].sort_index = _int(args.get("sort_index", 0))
-    elif name == "thread_name":
-        resources[resource(dev, ev.get("tid"))].name = str(args.get("name", ""))
-    elif name == "thread_sort_index":
-        resources[resource(dev, ev.get("tid"))].sort_index = _int(args.get("sort_index", 0))
+        device.sort_index = _int(args.get("sort_index", 0))
+    elif name == "thread_name" and resource is not None:
+        resource.name = str(args.get("name", ""))
+    elif name == "thread_sort_index" and resource is not None:
+        resource.sort_index = _int(args.get("sort_index", 0))
 
 
 def _int(value: Any) -> int:

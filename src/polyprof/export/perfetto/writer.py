@@ -35,6 +35,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
+from polyprof import _accel
 from polyprof._accel import speedups
 from polyprof._version import __version__
 from polyprof.export.chrome import device_properties, trace_metadata
@@ -50,6 +51,7 @@ from polyprof.export.perfetto.wire import (
     field_varint,
 )
 from polyprof.model import FLOW_NAMES, ActivityKind, Trace
+from polyprof.model.args import is_json_column, sorted_unique
 
 CHUNK_EVENTS = 65_536
 SEQUENCE_ID = 1
@@ -324,9 +326,14 @@ class _RowEncoder:
         cache: dict[bytes, bytes] = {}  # JSON of a row's args -> its annotations
         writes_corr = writes_corr.copy()
         in_blocks = [b.rows for b in acts.args.blocks]
-        block_rows = np.unique(np.concatenate(in_blocks)) if in_blocks else np.zeros(0, np.int64)
+        block_rows = sorted_unique(np.concatenate(in_blocks)) if in_blocks else np.zeros(0, np.int64)
         own = acts.args.dicts
-        merged = ((row, acts.args[row]) for row in block_rows.tolist())  # block keys and the row's own
+        done = self._json_blocks(acts.args, interned, writes_corr)
+        if done is not None:
+            block_rows_left = block_rows[~done[block_rows]]
+        else:
+            block_rows_left = block_rows
+        merged = ((row, acts.args[row]) for row in block_rows_left.tolist())  # block keys and the row's own
         blocked = frozenset(block_rows.tolist())
         alone = ((row, a) for row, a in own.items() if row not in blocked)
         blobs, dumps = self.blobs, orjson.dumps
@@ -348,6 +355,39 @@ class _RowEncoder:
             i64(track), i64(c["start"]), i64(np.maximum(c["end"], c["start"])), i64(c["name"]) + 1, i64(c["cat"]) + 1,
             i64(c["external_id"]), i64(c["correlation"]), i64(writes_corr), i64(flow_key), i64(c["flow_start"] != 0),
         )  # fmt: skip
+
+    def _json_blocks(self, args: Any, interned: _Interned, writes_corr: np.ndarray) -> np.ndarray | None:
+        """The blobs of rows whose args are one block of JSON-encoded columns (a trace read back), encoded
+        in C from the JSON text (``_speedups.encode_json_args``); a mask of the rows done (None: none).
+        Rows in several blocks or with a dict too, and values C leaves to Python, take the general path."""
+        fast = _accel.speedups
+        blocks = args.blocks
+        if fast is None or not blocks or not all(all(is_json_column(c) for c in b.columns) for b in blocks):
+            return None
+        rows_all = np.concatenate([b.rows for b in blocks])
+        if len(blocks) > 1 and len(sorted_unique(rows_all)) != len(rows_all):
+            return None  # a row in several blocks: its args are their union
+        done = np.zeros(len(self.blobs), dtype=bool)
+        for block in blocks:
+            rows = np.ascontiguousarray(block.rows, dtype=np.int64)
+            if args.dicts:
+                lone = np.fromiter((r not in args.dicts for r in rows.tolist()), dtype=bool, count=len(rows))
+            else:
+                lone = np.ones(len(rows), dtype=bool)
+            at = np.flatnonzero(lone)
+            iids = tuple(interned.iid(str(k)) for k in block.keys)
+            whole = len(at) == len(rows)
+            values = [c.tolist() if whole else c[at].tolist() for c in block.columns]
+            left = fast.encode_json_args(rows[at], iids, values, self.blobs)
+            ok = np.ones(len(at), dtype=bool)
+            ok[left] = False
+            finished = rows[at][ok]
+            done[finished] = True
+            if "correlation" in block.keys:
+                values = block.columns[block.keys.index("correlation")][at][ok]
+                with_corr = np.fromiter(map(len, values), dtype=np.int64, count=len(values)) > 0
+                writes_corr[finished[with_corr]] = False  # the row's own arg is written instead
+        return done
 
     def encode(self, events: np.ndarray, head: bytes) -> bytes:
         work = (np.ascontiguousarray(events, dtype=np.int64), self.cols, self.blobs, self.ext_iid, self.corr_iid)

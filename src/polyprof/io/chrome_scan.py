@@ -1,0 +1,247 @@
+"""Large Chrome-trace JSON read into columns without a Python object per event: the C scanner
+(``_speedups.scan_events``, csrc/read_events.c) finds each event's fields in the bytes, this module
+turns what it found into a :class:`Trace`.
+
+::
+
+    trace = scan_trace(data, "trace.json")       # None: the scanner declined, use io.chrome's reader
+    trace = scan_file("rank0.json.gz")           # the file read 4 MB at a time, never held whole
+
+The reader in :mod:`polyprof.io.chrome` stays the reference: the scanner reads exactly what it reads
+and declines (None) for anything it would read differently (a string timestamp, repeated keys, escaped
+keys, a pid given as a list, a malformed or cut-off event...), so that the reader reads the file and
+says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+import numpy as np
+import orjson
+
+from polyprof import _accel
+from polyprof.model import (
+    FLOW_AC2G,
+    FLOW_FWDBWD,
+    ActivityKind,
+    ActivityTable,
+    Args,
+    Counters,
+    Device,
+    Resource,
+    StringTable,
+    kind_from_category,
+)
+from polyprof.model.activities import COLUMNS
+from polyprof.model.args import _Block, _JSONArray
+
+ACT_DTYPE = np.dtype(
+    [("ts", "<i8"), ("end", "<i8"), ("corr", "<i8"), ("ext", "<i8"), ("cat", "<i4"), ("name", "<i4"),
+     ("pid", "<i4"), ("res", "<i4"), ("instant", "<i4"), ("pad", "<i4")]  # fmt: skip
+)
+FLOW_DTYPE = np.dtype(
+    [("ts", "<i8"), ("id", "<i8"), ("prev", "<i8"), ("pid", "<i4"), ("res", "<i4"), ("cat", "<i4"), ("start", "<i4")]
+)
+DECLINED = -4
+CHUNK = 4 << 20
+_FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
+
+
+class Declined(Exception):
+    """The scanner (or this module) meets something the reference reader reads differently."""
+
+
+def available() -> bool:
+    return _accel.speedups is not None
+
+
+def _new_state() -> list[Any]:
+    return [bytearray(), bytearray(), {}, {}, {}, {}, [], {}, False]
+
+
+def scan_trace(data: bytes, path: str = "<trace>") -> Any:
+    """The trace in `data` (plain JSON bytes), or None where the scanner declines."""
+    fast = _accel.speedups
+    if fast is None:
+        return None
+    start = -1
+    for size in (1 << 16, 1 << 20, len(data)):  # the keys before the events are read, not the events
+        start = fast.events_array_start(memoryview(data)[:size])
+        if start != -1 or size >= len(data):
+            break
+    if start < 0 or data.lstrip()[:1] != b"{":
+        return None  # no traceEvents key, the bare-array form or not JSON: the reader says which
+    state = _new_state()
+    end = fast.scan_events(data, start, True, state)
+    if end == DECLINED:
+        return None
+    key_at = data.rfind(b'"traceEvents"', 0, start)
+    top = _top_level(data[:key_at] + b'"traceEvents":[]' + data[end:])
+    return None if top is None else _assembled(state, top, path)
+
+
+def scan_file(path: str, max_bytes: int) -> Any:
+    """The trace in the JSON file `path` (gzip or not), read in chunks; None where the scanner declines.
+    Reading more than `max_bytes` (after inflation) declines too: the reader then raises its error."""
+    fast = _accel.speedups
+    if fast is None:
+        return None
+    state = _new_state()
+    opener = gzip.open if _is_gzip(path) else open
+    head = b""
+    tail = b""
+    total = 0
+    with opener(path, "rb") as f:
+        buf = bytearray()
+        pos = -1
+        while True:
+            block = f.read(CHUNK)
+            total += len(block)
+            if total > max_bytes:
+                return None
+            final = not block
+            buf += block
+            if pos < 0:
+                pos = fast.events_array_start(buf) if buf.lstrip()[:1] == b"{" else -2
+                if pos == -1 and not final:
+                    continue
+                if pos < 0:
+                    return None
+                head = bytes(buf[: buf.rfind(b'"traceEvents"', 0, pos)])
+            end = fast.scan_events(buf, pos, final, state)
+            if end == DECLINED:
+                return None
+            if state[8]:
+                tail = bytes(buf[end:]) + f.read()
+                if total + len(tail) > max_bytes:
+                    return None
+                break
+            del buf[:end]
+            pos = 0
+            if final:
+                return None
+    top = _top_level(head + b'"traceEvents":[]' + tail)
+    return None if top is None else _assembled(state, top, path)
+
+
+def _assembled(state: list[Any], top: dict[str, Any], path: str) -> Any:
+    """The trace, or None where a token the scanner passed on does not decode (not UTF-8, not JSON) or
+    anything else surprises: the reader then reads the file and names the problem."""
+    try:
+        return _assemble(state, top, path)
+    except Exception:  # noqa: BLE001 - the reference reader gives the error, with its event
+        return None
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _top_level(doc: bytes) -> dict[str, Any] | None:
+    try:
+        top = orjson.loads(doc)
+    except orjson.JSONDecodeError:
+        return None
+    return top if isinstance(top, dict) else None
+
+
+def _decode(token: bytes) -> Any:
+    return orjson.loads(token)
+
+
+def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
+    from polyprof.io.chrome import _finish, _ns, apply_metadata
+
+    acts_raw, flows_raw, strings, pids, threads, blocks, others, flow_threads, _ = state
+    recs = np.frombuffer(acts_raw, dtype=ACT_DTYPE)
+    flows = np.frombuffer(flows_raw, dtype=FLOW_DTYPE)
+    devices = []
+    for token in pids:  # in code order, as the reader created them
+        pid = _decode(token)
+        n = len(devices)
+        pid_int = pid if isinstance(pid, int) and not isinstance(pid, bool) else -1 - n
+        devices.append(Device(f"pid:{pid}", "unknown", pid_int if pid_int >= 0 else 0, f"process {pid}", pid=pid_int))
+    resources = []
+    for key in threads:
+        dev = int.from_bytes(key[:4], "little", signed=True)
+        tid = _decode(key[4:])
+        tid_int = tid if isinstance(tid, int) and not isinstance(tid, bool) else len(resources)
+        resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
+    counters = Counters()
+    for what, dev, res, raw in others:
+        ev = orjson.loads(raw)
+        args = ev.get("args") or {}
+        if not isinstance(args, dict):
+            raise Declined  # the reader names the event
+        if what == 0:
+            apply_metadata(ev.get("name"), args, devices[dev], resources[res] if res >= 0 else None)
+            continue
+        ts = _ns(ev.get("ts"), path, "a counter")
+        for key, value in args.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}"
+                counters.add(name, dev, ts, float(value))
+    table = StringTable()
+    texts = [str(v) if not isinstance(v, str) else v for v in map(_decode, strings)]
+    codes = np.array([table.intern(t) for t in texts] or [0], dtype=np.int32)
+    n = len(recs)
+    kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] or [0], dtype=np.uint8)
+    columns = {name: np.zeros(n, dtype=dtype) for name, dtype in COLUMNS}
+    columns["kind"][:] = np.where(recs["instant"] != 0, int(ActivityKind.INSTANT), kind_of_cat[recs["cat"]])
+    columns["cat"][:] = codes[recs["cat"]]
+    columns["name"][:] = codes[recs["name"]]
+    columns["device"][:] = recs["pid"]
+    columns["resource"][:] = recs["res"]
+    columns["start"][:] = recs["ts"]
+    columns["end"][:] = recs["end"]
+    columns["correlation"][:] = recs["corr"]
+    columns["external_id"][:] = recs["ext"]
+    # the flows' threads as the rows' (-1: no row on that thread)
+    flow_res = np.array([threads.get(key, -1) for key in flow_threads] or [-1], dtype=np.int32)
+    _place_flows(columns, flows, flow_res, texts)
+    args = Args()
+    for signature, (rows_raw, values) in blocks.items():
+        keys = tuple(_decode(b'"' + k + b'"') for k in signature.split(b"\x00")[:-1])
+        rows = np.frombuffer(rows_raw, dtype=np.int64)
+        args.blocks.append(_Block(rows, keys, [_JSONArray.of(v, len(v)) for v in values]))
+    acts = ActivityTable(table, columns, args)
+    return _finish(top, acts, devices, resources, counters)
+
+
+def _place_flows(columns: dict[str, np.ndarray], flows: np.ndarray, flow_res: np.ndarray, texts: list[str]) -> None:
+    """Each flow event onto its activity: the row just before it when that row starts at the flow's
+    time on the flow's pid (Kineto writes a flow right after its activity), else the last row at the
+    same (pid, tid, ts); later flows on a row win, as in the reader's loop."""
+    flows = flows[flows["id"] > 0]
+    if not len(flows):
+        return
+    start, device = columns["start"], columns["device"]
+    prev = flows["prev"]
+    ok = prev >= 0
+    at = np.maximum(prev, 0)
+    row = np.where(ok & (start[at] == flows["ts"]) & (device[at] == flows["pid"]), prev, -1)
+    missing = np.flatnonzero(row < 0)
+    if len(missing):
+        last: dict[tuple[int, int], int] = {}
+        for r, (res, ts) in enumerate(zip(columns["resource"].tolist(), start.tolist(), strict=True)):
+            last[(res, ts)] = r
+        for i in missing.tolist():
+            res = int(flow_res[flows["res"][i]])
+            row[i] = last.get((res, int(flows["ts"][i])), -1) if res >= 0 else -1
+    kept = row >= 0
+    flows, row = flows[kept], row[kept]
+    if not len(row):
+        return
+    types = np.array([_FLOW_TYPES.get(t, FLOW_AC2G) for t in texts] + [FLOW_AC2G], dtype=np.int8)
+    # the last flow event of each row wins: keep, per row, its last occurrence
+    by_row = np.argsort(row, kind="stable")
+    grouped = row[by_row]
+    last_of_row = by_row[np.concatenate((grouped[1:] != grouped[:-1], [True]))]
+    flows, row = flows[last_of_row], row[last_of_row]
+    columns["flow_id"][row] = flows["id"]
+    columns["flow_type"][row] = types[flows["cat"]]  # cat -1 (absent): the last entry, ac2g
+    columns["flow_start"][row] = flows["start"] != 0
+

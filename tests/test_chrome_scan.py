@@ -1,0 +1,103 @@
+"""The C scanner of Chrome-trace JSON (csrc/read_events.c, io/chrome_scan.py) reads exactly what the
+reference reader (io/chrome.py) reads, or declines and leaves the file to it. One leniency: bytes the
+scanner does not use (an unknown key's value) are not validated, so a file that is invalid JSON only
+there is read, where the reader refuses the whole file; what it reads is still written as valid JSON."""
+
+from __future__ import annotations
+
+import gzip
+import random
+
+import orjson
+import pytest
+from test_reader_fuzz import _mutate, _polyprof_doc, _torch_doc
+
+import polyprof._accel
+from polyprof.export import dumps_chrome_trace
+from polyprof.io import chrome, chrome_scan, load_trace
+from polyprof.io.chrome import parse_trace
+
+pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+
+
+def _reference(data: bytes, path: str, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(chrome_scan, "scan_trace", lambda *a: None)
+        return parse_trace(data, path)
+
+
+def _same(a, b) -> bool:
+    """The two traces write the same document (JSON-encoded args are written as read, so compare parsed)."""
+    return orjson.loads(dumps_chrome_trace(a)) == orjson.loads(dumps_chrome_trace(b))
+
+
+def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined(registry, monkeypatch):
+    bases = [_polyprof_doc(registry), _torch_doc()]
+    rng = random.Random(20261202)
+    scanned = declined = lenient = 0
+    for i in range(600):
+        data = _mutate(bases[i % 2], rng)
+        got = chrome_scan.scan_trace(data, f"mutant{i}.json")
+        if got is None:
+            declined += 1
+            continue
+        scanned += 1
+        parse_trace(dumps_chrome_trace(got), "again.json")  # what the scanner read is written as valid JSON
+        try:
+            expected = _reference(data, f"mutant{i}.json", monkeypatch)
+        except chrome.TraceFormatError as exc:
+            assert "is not valid JSON" in str(exc), f"mutant {i}: the reader refuses it for another reason: {exc}"
+            lenient += 1
+            continue
+        assert _same(got, expected), f"mutant {i} differs"
+    assert scanned > 200 and declined > 50 and lenient < scanned // 10, (scanned, declined, lenient)
+
+
+def test_the_untouched_traces_are_scanned_not_declined(registry, monkeypatch):
+    for doc in (_polyprof_doc(registry), _torch_doc()):
+        data = orjson.dumps(doc)
+        got = chrome_scan.scan_trace(data, "t.json")
+        assert got is not None
+        assert len(got.activities) > 10 and _same(got, _reference(data, "t.json", monkeypatch))
+
+
+def test_a_file_read_in_tiny_chunks_and_gzip_scans_the_same(registry, tmp_path, monkeypatch):
+    data = orjson.dumps(_torch_doc())
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data))
+    expected = _reference(data, "t.json", monkeypatch)
+    monkeypatch.setattr(chrome_scan, "CHUNK", 97)  # every event straddles a chunk boundary somewhere
+    for path in (plain, packed):
+        got = chrome_scan.scan_file(str(path), 1 << 30)
+        assert got is not None and _same(got, expected)
+    assert chrome_scan.scan_file(str(plain), len(data) - 1) is None, "over the limit: left to the reader"
+
+
+def test_load_trace_uses_the_scanner_and_the_reader_still_names_problems(tmp_path, monkeypatch):
+    good = tmp_path / "good.json"
+    good.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "a", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 1.5, "dur": 2}]}')
+    calls = []
+    real = chrome_scan.scan_file
+    monkeypatch.setattr(chrome_scan, "scan_file", lambda *a: calls.append(a) or real(*a))
+    trace = load_trace(good)
+    assert calls and trace.activities["start"].tolist() == [1500] and trace.activities["end"].tolist() == [3500]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 2, "ts": "soon"}]}')
+    with pytest.raises(chrome.TraceFormatError, match=r"bad.json: traceEvents\[0\] has a non-numeric timestamp"):
+        load_trace(bad)
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(good.read_bytes()[:-10])
+    with pytest.raises(chrome.TraceFormatError, match="cut.json: is truncated"):
+        load_trace(cut)
+
+
+def test_a_scanned_trace_writes_the_same_pftrace_as_the_read_one(registry, tmp_path, monkeypatch):
+    from polyprof.export import write_trace
+
+    data = orjson.dumps(_torch_doc())
+    scanned, read = chrome_scan.scan_trace(data, "t.json"), _reference(data, "t.json", monkeypatch)
+    assert any(b.columns for b in scanned.activities.args.blocks), "args kept as JSON text"
+    a = load_trace(write_trace(scanned, str(tmp_path / "scanned.pftrace")))
+    b = load_trace(write_trace(read, str(tmp_path / "read.pftrace")))
+    assert _same(a, b)
