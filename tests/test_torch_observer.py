@@ -1,6 +1,7 @@
 """polyprof's own PyTorch operator observer (C++ RecordFunction callbacks, built against the installed
 torch) against torch.profiler's collector, and the fallbacks to that collector."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -253,6 +254,28 @@ def test_with_stack_takes_each_ops_python_stack_through_the_observer(tmp_path):
     prof.export_stacks(str(tmp_path / "stacks.txt"), "self_cpu_time_total")
     assert "layer" in (tmp_path / "stacks.txt").read_text()
     assert any(a.kind == ActivityKind.PYTHON_FUNCTION and a.name.endswith(".layer") for a in prof.trace.activities)
+
+
+def test_ops_under_one_stack_share_its_text_and_others_get_their_own():
+    """Each distinct stack is formatted once and shared (the stack table), and the stack of each op is
+    still its own: a loop's ops share one Call stack, an op on another line has another."""
+    from polyprof.model.args import is_json_column
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.ones(4)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True) as prof:
+        for _ in range(50):
+            x.neg()  # one line: one stack
+        line = inspect.currentframe().f_lineno + 1
+        x.exp()  # another line
+    acts = prof.trace.activities
+    negs = [a.args["Call stack"] for a in acts if a.name == "aten::neg"]
+    exps = [a.args["Call stack"] for a in acts if a.name == "aten::exp"]
+    assert len(negs) == 50 and len(set(negs)) == 1 and len(exps) == 1 and exps[0] != negs[0]
+    assert exps[0].split(";")[0] == f"{__file__}({line}): test_ops_under_one_stack_share_its_text_and_others_get_their_own"
+    column = next(c for b in acts.args.blocks for k, c in zip(b.keys, b.columns, strict=True) if k == "Call stack")
+    assert is_json_column(column)
+    assert len({id(v) for v in column.tolist() if v}) == 2, "one shared value per distinct stack"
 
 
 @pytest.mark.parametrize("option", ["profile_memory", "with_flops", "with_modules", "record_shapes"])

@@ -34,7 +34,7 @@ from polyprof.backends.torch.observer.builder import BuildError, build, cached_l
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK = 1, 2, 4, 8, 16, 32, 64
 
@@ -60,6 +60,8 @@ FIELDS = (
     ("scope", np.uint8),
     ("handle", np.uint64),
     ("overload", np.int32),
+    ("stack", np.int32),
+    ("modules", np.int32),
 )
 MEMORY_FIELDS = ("ts", "ptr", "bytes", "total_allocated", "total_reserved", "device_type", "device_index", "tid")
 
@@ -88,6 +90,8 @@ class Observer:
         lib.polyprof_observer_arg_fragments.restype = ctypes.c_void_p
         lib.polyprof_observer_extras.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.polyprof_observer_extras.restype = ctypes.c_void_p
+        lib.polyprof_observer_stacks.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.polyprof_observer_stacks.restype = ctypes.c_void_p
         lib.polyprof_observer_memory_count.restype = ctypes.c_int64
         lib.polyprof_observer_memory_fill.argtypes = [ctypes.c_void_p]
         lib.polyprof_torch_consumers.restype = ctypes.c_int
@@ -150,6 +154,14 @@ class Observer:
         ptr = self.lib.polyprof_observer_extras(ctypes.byref(size))
         pieces = ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
         return {int(pieces[k]): pieces[k + 1] for k in range(0, len(pieces) - 1, 2)}
+
+    def stacks(self) -> tuple[list[bytes], list[bytes]]:
+        """The stack table: by id (the ``stack`` and ``modules`` columns), each stack's Call stack and
+        Module Hierarchy as JSON string values (``b""``: none)."""
+        size = ctypes.c_int64(0)
+        ptr = self.lib.polyprof_observer_stacks(ctypes.byref(size))
+        pieces = ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
+        return pieces[0::2], pieces[1::2]
 
     def memory(self) -> dict[str, np.ndarray]:
         """The allocator reports recorded with PROFILE_MEMORY: one column per MEMORY_FIELDS."""

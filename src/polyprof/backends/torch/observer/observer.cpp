@@ -51,7 +51,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 6;
+constexpr int kAbiVersion = 7;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -86,6 +86,8 @@ struct Op {
   const void* key = nullptr;  // the RecordFunction, to pair start and end
   int32_t name = 0;
   int32_t overload = -1;  // name id of the overload name, -1 if none or not asked for
+  int32_t stack = -1;     // with_stack: id of its Call stack in the stack table, -1 if none
+  int32_t modules = -1;   // with_modules (eager): id of its Module Hierarchy in the stack table, -1 if none
   uint8_t scope = 0;
 };
 
@@ -388,18 +390,32 @@ static std::string module_of_frame(PyFrameObject* f, PyCodeObject* code) {
   return out;
 }
 
-// the Call stack (with_stack) and the module classes (with_modules, eager) of an op, formatted once per
-// distinct stack per thread
-struct StackFields {
-  std::string stack;
-  std::string modules;
-};
+// The stack table: each distinct (Call stack, Module Hierarchy) pair of the process once, as two JSON
+// string values ("" where there is none), by id. Ops carry ids, so an op costs 8 bytes for its stack,
+// not a copy of its text, and the trace's args share one value per stack. Ids stay valid for the
+// process's life (a table of at most kMaxStacks entries; past it ops get none).
+constexpr size_t kMaxStacks = 1 << 20;
+std::mutex g_stack_mutex;
+std::vector<std::string> g_stacks;  // "call stack JSON\0module hierarchy JSON"
+std::unordered_map<std::string, int32_t> g_stack_ids;
 
-void append_python_stack(std::string& body, bool want_stack, bool want_modules) {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return;
-  // an op's stack is nearly always one seen before (a loop calling the same code): each distinct
-  // (code, instruction) sequence is formatted once per thread, then copied
-  thread_local std::unordered_map<uint64_t, StackFields> cache;
+int32_t stack_id(std::string&& entry) {
+  std::lock_guard<std::mutex> lock(g_stack_mutex);
+  auto found = g_stack_ids.find(entry);
+  if (found != g_stack_ids.end()) return found->second;
+  if (g_stacks.size() >= kMaxStacks) return -1;
+  int32_t id = int32_t(g_stacks.size());
+  g_stacks.push_back(entry);
+  g_stack_ids.emplace(std::move(entry), id);
+  return id;
+}
+
+// The stack-table id of this thread's Python stack (its Call stack and eager module classes), or -1.
+// An op's stack is nearly always one seen before (a loop calling the same code): each distinct
+// (code, instruction) sequence is formatted and looked up once per thread, then found by its hash.
+int32_t python_stack() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+  thread_local std::unordered_map<uint64_t, int32_t> cache;
   struct Frame {
     PyCodeObject* code;
     int lasti;
@@ -425,9 +441,12 @@ void append_python_stack(std::string& body, bool want_stack, bool want_modules) 
   }
   Py_XDECREF(f);
   auto hit = cache.find(hash);
-  if (hit == cache.end()) {
+  int32_t id = -1;
+  if (hit != cache.end()) {
+    id = hit->second;
+  } else {
     std::string stack, modules;
-    for (int i = n - 1; i >= 0; i--) {  // outermost first (on a miss both are formatted: the cache outlives options)
+    for (int i = n - 1; i >= 0; i--) {  // outermost first
       std::string cls = module_of_frame(frames[i].frame, frames[i].code);
       if (cls.empty()) continue;
       if (!modules.empty()) modules += ".";
@@ -449,28 +468,20 @@ void append_python_stack(std::string& body, bool want_stack, bool want_modules) 
       stack += "): ";
       stack += name;
     }
-    StackFields fields;
-    if (!stack.empty()) {
-      fields.stack = "\"Call stack\": ";
-      append_json_string(fields.stack, stack);
-    }
-    if (!modules.empty()) {
-      fields.modules = "\"Module Hierarchy\": ";
-      append_json_string(fields.modules, modules);
-    }
+    std::string entry;
+    if (!stack.empty()) append_json_string(entry, stack);
+    entry.push_back('\0');
+    if (!modules.empty()) append_json_string(entry, modules);
+    id = stack_id(std::move(entry));
     if (cache.size() > 65536) cache.clear();
-    hit = cache.emplace(hash, std::move(fields)).first;
+    cache.emplace(hash, id);
   }
   for (int i = 0; i < n; i++) {
     Py_DECREF(frames[i].code);
     Py_DECREF(frames[i].frame);
   }
   PyGILState_Release(gil);
-  for (const std::string* field : {want_stack ? &hit->second.stack : nullptr, want_modules ? &hit->second.modules : nullptr}) {
-    if (field == nullptr || field->empty()) continue;
-    if (!body.empty()) body += ", ";
-    body += *field;
-  }
+  return id;
 }
 
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
@@ -494,7 +505,11 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
     }
   }
   bool eager_modules = (g_options & kWithModules) && !jit_modules;
-  if ((g_options & kWithStack) || eager_modules) append_python_stack(body, (g_options & kWithStack) != 0, eager_modules);
+  if ((g_options & kWithStack) || eager_modules) {
+    int32_t id = python_stack();
+    if (g_options & kWithStack) op.stack = id;
+    if (eager_modules) op.modules = id;
+  }
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
     for (const auto& kv : fn.kwinputs()) {
       std::string value;
@@ -874,7 +889,7 @@ void polyprof_observer_names(char* out) {
 // end is 0 for an operator still open at stop; overload is -1 where none was recorded.
 void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t* seq, int64_t* fwd_tid,
                             int64_t* rf_tid, int32_t* name, uint8_t* scope, uint64_t* handle,
-                            int32_t* overload) {
+                            int32_t* overload, int32_t* stack, int32_t* modules) {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t i = 0;
   int32_t name_base = 0;
@@ -890,6 +905,8 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
       scope[i] = op.scope;
       handle[i] = op.handle;
       overload[i] = op.overload >= 0 ? name_base + op.overload : -1;
+      stack[i] = op.stack;
+      modules[i] = op.modules;
       ++i;
     }
     name_base += int32_t(b->names.size());
@@ -942,6 +959,20 @@ const char* polyprof_observer_extras(int64_t* size) {
       }
       ++i;
     }
+  }
+  *size = int64_t(out.size());
+  return out.data();
+}
+
+// The stack table (see stack_id): "call stack\0module hierarchy\0" per id, each a JSON string value or
+// empty. The text stays valid until the next call.
+const char* polyprof_observer_stacks(int64_t* size) {
+  static std::string out;
+  out.clear();
+  std::lock_guard<std::mutex> lock(g_stack_mutex);
+  for (const std::string& entry : g_stacks) {
+    out += entry;
+    out.push_back('\0');
   }
   *size = int64_t(out.size());
   return out.data();
