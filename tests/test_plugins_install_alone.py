@@ -28,5 +28,6 @@ def test_a_fresh_venv_with_polyprof_and_the_plugins_lists_them(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("│")}
     assert "unavailable" in lines["amdsmi"] and "AMD SMI" in lines["amdsmi"]
+    assert "unavailable" in lines["rocm"] and "rocprofiler-sdk not found" in lines["rocm"]
     assert "unavailable" in lines["ipu"] and "PopVision" in lines["ipu"]
     assert not {"cuda", "xpu", "opencl"} & set(lines), "only what was installed"

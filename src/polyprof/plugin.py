@@ -62,6 +62,7 @@ from polyprof.options import Option, OptionSchema
 from polyprof.records import walk_tagged_records
 from polyprof.sampling import CounterSampler, DeviceCounterSession
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
+from polyprof.symbols import demangle, demangled, demangler_problem
 
 current_external_id = correlation.current_external_id
 
@@ -110,6 +111,9 @@ __all__ = [
     "contract_problems",
     "current_external_id",
     "current_external_id_var",
+    "demangle",
+    "demangled",
+    "demangler_problem",
     "host_ns",
     "sample_clock_pair",
     "sorted_unique",

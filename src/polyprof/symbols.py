@@ -1,6 +1,7 @@
-"""Kernel names as torch.profiler writes them: C++ symbols demangled by the C++ runtime's
-``__cxa_demangle`` (through `cxxfilt`), as Kineto does; names that are not mangled C++ symbols
-(``cupy_sin__float32_float32``, Triton's ``add_kernel``) and symbols it cannot read stay as they are.
+"""Kernel names as torch.profiler writes them, for every device plugin: C++ symbols demangled by the C++
+runtime's ``__cxa_demangle`` (through `cxxfilt`, which plugins that need it depend on), as Kineto does;
+names that are not mangled C++ symbols (``cupy_sin__float32_float32``, Triton's ``add_kernel``) and
+symbols it cannot read stay as they are.
 
     >>> demangle("_Z6squarePfi")
     'square(float*, int)'
@@ -14,13 +15,13 @@ import functools
 
 import numpy as np
 
-from polyprof.plugin import CodedStrings
+from polyprof.model import CodedStrings
 
 try:
     import cxxfilt
 except ImportError as exc:  # a plain install has it; a broken one keeps mangled names, and says so
     cxxfilt = None
-    _MISSING = f"cxxfilt is not importable ({exc}): pip install cxxfilt"
+    _MISSING = f"cxxfilt is not importable ({exc}): pip install cxxfilt"  # names stay mangled
 else:
     _MISSING = ""
 
