@@ -30,4 +30,5 @@ def test_a_fresh_venv_with_polyprof_and_the_plugins_lists_them(tmp_path):
     assert "unavailable" in lines["amdsmi"] and "AMD SMI" in lines["amdsmi"]
     assert "unavailable" in lines["rocm"] and "rocprofiler-sdk not found" in lines["rocm"]
     assert "unavailable" in lines["ipu"] and "PopVision" in lines["ipu"]
+    assert "unavailable" in lines["pvti"] and "libpvti" in lines["pvti"]
     assert not {"cuda", "xpu", "opencl"} & set(lines), "only what was installed"
