@@ -87,3 +87,10 @@ def test_without_libpvti_it_says_where_it_comes_from():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True,
                        env={**env, "PVTI_OPTIONS": '{"enable":"true"}'})  # fmt: skip
     assert "libpvti is not imported here" in r.stdout, "PVTI_OPTIONS set, but no libpvti to import"
+
+
+def test_conformance_kit(pvti):
+    from polyprof.testing import assert_conforms
+
+    channel = pvti.createTraceChannel("kit")
+    assert_conforms(PvtiBackend(), workload=lambda: pvti.Tracepoint(channel, "x").__enter__().__exit__(None, None, None))
