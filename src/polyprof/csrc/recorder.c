@@ -41,25 +41,108 @@ static PyObject *g_routed = NULL;       /* (args, handle) -> the buffer's args e
 static PyObject *g_args_text = NULL;    /* (args) -> str or None: the range's string input */
 
 
-/* ---- EventBuffer: one thread's recorded events, columnar ------------------------------------ */
-#define EB_FIELDS 5  /* type, start, end, id, parent */
+/* ---- EventBuffer: one thread's recorded events, 32 bytes each ------------------------------- */
+#define EB_FIELDS 5       /* what snapshot() gives per event: type, start, end, id, parent (int64) */
+#define NAME_CACHE 64     /* name objects -> codes, by identity (a loop's name is one constant) */
+#define CODE_FAR 0xFFFFFFu /* a name past 2^24 - 1 distinct ones: kept in `far_names` */
+#define DUR_FAR 0xFFFFFFFFu /* a duration past ~4.3 s (or negative): the end is kept in `far_ends` */
+
+typedef struct {
+    int64_t start, id, parent;
+    uint32_t dur;        /* end - start */
+    uint32_t name_type;  /* name code << 8 | type */
+} eb_row;
+
+/* A growable array of int64 (row numbers, or (row, end) pairs) in PyMem memory. */
+typedef struct { int64_t *p; Py_ssize_t n, cap; } i64_vec;
+
+static int vec_push(i64_vec *v, int64_t x) {
+    if (v->n == v->cap) {
+        Py_ssize_t cap = v->cap ? v->cap * 2 : 64;
+        int64_t *p = PyMem_Realloc(v->p, (size_t)cap * sizeof(int64_t));
+        if (p == NULL) { PyErr_NoMemory(); return -1; }
+        v->p = p, v->cap = cap;
+    }
+    v->p[v->n++] = x;
+    return 0;
+}
 
 typedef struct {
     PyObject_HEAD
-    long long *data;
+    eb_row *rows;
     Py_ssize_t n, cap;
-    PyObject *names;   /* list: one name per event */
-    PyObject *args;    /* list: one args object (usually None) per event */
+    PyObject *names;   /* list: the distinct names, by code */
+    PyObject *codes;   /* dict: name -> code */
+    PyObject *cache_obj[NAME_CACHE];
+    uint32_t cache_code[NAME_CACHE];
+    i64_vec arg_rows;  /* the rows that have args (most have none), ascending */
+    PyObject *args;    /* list: their args, in the same order */
+    i64_vec far_ends;  /* (row, end) pairs of the durations that do not fit */
+    i64_vec far_rows;  /* rows whose name is in far_names */
+    PyObject *far_names;
     PyObject *open;    /* list: RecordFunction objects entered while recording and not yet exited */
 } EventBufferObject;
 
 static PyTypeObject EventBufferType;
 
+static int eb_init_tables(EventBufferObject *b) {
+    b->names = PyList_New(0);
+    b->codes = PyDict_New();
+    b->args = PyList_New(0);
+    b->far_names = PyList_New(0);
+    return b->names && b->codes && b->args && b->far_names ? 0 : -1;
+}
+
+/* Everything recorded, dropped (the open-span list is the caller's). */
+static void eb_release(EventBufferObject *b) {
+    PyMem_Free(b->rows);
+    b->rows = NULL, b->n = b->cap = 0;
+    for (int i = 0; i < NAME_CACHE; i++) Py_CLEAR(b->cache_obj[i]);
+    PyMem_Free(b->arg_rows.p);
+    PyMem_Free(b->far_ends.p);
+    PyMem_Free(b->far_rows.p);
+    b->arg_rows = b->far_ends = b->far_rows = (i64_vec){NULL, 0, 0};
+    Py_CLEAR(b->names);
+    Py_CLEAR(b->codes);
+    Py_CLEAR(b->args);
+    Py_CLEAR(b->far_names);
+}
+
+/* The code of `name` in this buffer (-1 with an error set; CODE_FAR: kept in far_names). */
+static long long name_code(EventBufferObject *b, PyObject *name) {
+    size_t slot = ((uintptr_t)name >> 4) & (NAME_CACHE - 1);
+    if (b->cache_obj[slot] == name) return b->cache_code[slot];
+    PyObject *found = PyDict_GetItemWithError(b->codes, name);
+    long long code;
+    if (found != NULL) {
+        code = PyLong_AsLongLong(found);
+    } else {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+            PyErr_Clear();  /* an unhashable name: kept as it is */
+            return CODE_FAR;
+        }
+        Py_ssize_t next = PyList_GET_SIZE(b->names);
+        if (next >= (Py_ssize_t)CODE_FAR) return CODE_FAR;
+        PyObject *c = PyLong_FromSsize_t(next);
+        if (c == NULL || PyDict_SetItem(b->codes, name, c) < 0 || PyList_Append(b->names, name) < 0) {
+            Py_XDECREF(c);
+            return -1;
+        }
+        Py_DECREF(c);
+        code = next;
+    }
+    Py_INCREF(name);
+    Py_XSETREF(b->cache_obj[slot], name);
+    b->cache_code[slot] = (uint32_t)code;
+    return code;
+}
+
 static int eb_grow(EventBufferObject *b) {
     Py_ssize_t cap = b->cap ? b->cap * 2 : 1024;
-    long long *d = PyMem_Realloc(b->data, (size_t)cap * EB_FIELDS * sizeof(long long));
+    eb_row *d = PyMem_Realloc(b->rows, (size_t)cap * sizeof(eb_row));
     if (d == NULL) { PyErr_NoMemory(); return -1; }
-    b->data = d;
+    b->rows = d;
     b->cap = cap;
     return 0;
 }
@@ -67,13 +150,34 @@ static int eb_grow(EventBufferObject *b) {
 static inline int eb_add(EventBufferObject *b, long long type, long long start, long long end,
                          long long id, long long parent, PyObject *name, PyObject *args) {
     if (b->n == b->cap && eb_grow(b) < 0) return -1;
-    if (PyList_Append(b->names, name) < 0) return -1;
-    if (PyList_Append(b->args, args) < 0) {
-        PyList_SetSlice(b->names, b->n, b->n + 1, NULL);
+    long long code = name_code(b, name);
+    if (code < 0) return -1;
+    Py_ssize_t row = b->n;
+    long long dur = end - start;
+    int far_dur = dur < 0 || dur >= (long long)DUR_FAR;
+    /* the side entries first, so that a failure leaves no half event */
+    if (far_dur && (vec_push(&b->far_ends, row) < 0 || vec_push(&b->far_ends, end) < 0)) {
+        b->far_ends.n &= ~(Py_ssize_t)1;
         return -1;
     }
-    long long *row = b->data + b->n * EB_FIELDS;
-    row[0] = type; row[1] = start; row[2] = end; row[3] = id; row[4] = parent;
+    if (code == CODE_FAR && (vec_push(&b->far_rows, row) < 0 || PyList_Append(b->far_names, name) < 0)) {
+        if (b->far_rows.n > PyList_GET_SIZE(b->far_names)) b->far_rows.n--;
+        if (far_dur) b->far_ends.n -= 2;
+        return -1;
+    }
+    if (args != Py_None && (vec_push(&b->arg_rows, row) < 0 || PyList_Append(b->args, args) < 0)) {
+        if (b->arg_rows.n > PyList_GET_SIZE(b->args)) b->arg_rows.n--;
+        if (far_dur) b->far_ends.n -= 2;
+        if (code == CODE_FAR) {
+            b->far_rows.n--;
+            PyList_SetSlice(b->far_names, PyList_GET_SIZE(b->far_names) - 1, PY_SSIZE_T_MAX, NULL);
+        }
+        return -1;
+    }
+    eb_row *r = b->rows + row;
+    r->start = start, r->id = id, r->parent = parent;
+    r->dur = far_dur ? DUR_FAR : (uint32_t)dur;
+    r->name_type = ((uint32_t)code << 8) | (uint32_t)(type & 0xFF);
     b->n++;
     return 0;
 }
@@ -81,26 +185,25 @@ static inline int eb_add(EventBufferObject *b, long long type, long long start, 
 static PyObject *eb_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
     EventBufferObject *b = (EventBufferObject *)type->tp_alloc(type, 0);
     if (b == NULL) return NULL;
-    b->names = PyList_New(0);
-    b->args = PyList_New(0);
     b->open = PyList_New(0);
-    if (b->names == NULL || b->args == NULL || b->open == NULL) { Py_DECREF(b); return NULL; }
+    if (b->open == NULL || eb_init_tables(b) < 0) { Py_DECREF(b); return NULL; }
     return (PyObject *)b;
 }
 
 static void eb_dealloc(EventBufferObject *b) {
     PyObject_GC_UnTrack(b);
-    PyMem_Free(b->data);
-    Py_CLEAR(b->names);
-    Py_CLEAR(b->args);
+    eb_release(b);
     Py_CLEAR(b->open);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
 static int eb_traverse(EventBufferObject *b, visitproc visit, void *arg) {
     Py_VISIT(b->names);
+    Py_VISIT(b->codes);
     Py_VISIT(b->args);
+    Py_VISIT(b->far_names);
     Py_VISIT(b->open);
+    for (int i = 0; i < NAME_CACHE; i++) Py_VISIT(b->cache_obj[i]);
     return 0;
 }
 
@@ -117,9 +220,8 @@ static PyObject *eb_add_py(EventBufferObject *b, PyObject *const *a, Py_ssize_t 
 }
 
 static PyObject *eb_clear(EventBufferObject *b, PyObject *unused) {
-    b->n = 0;
-    if (PyList_SetSlice(b->names, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
-    if (PyList_SetSlice(b->args, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
+    eb_release(b);
+    if (eb_init_tables(b) < 0) return NULL;
     if (PyList_SetSlice(b->open, 0, PY_SSIZE_T_MAX, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -129,13 +231,43 @@ static PyObject *eb_open_spans(EventBufferObject *b, PyObject *unused) {
 }
 
 static PyObject *eb_snapshot(EventBufferObject *b, PyObject *unused) {
-    /* (bytes of n*5 int64, names list copy, args list copy): a consistent copy, safe to read while
-       the owning thread keeps appending */
+    /* (bytes of n*5 int64: type, start, end, id, parent; a name per event; args per event, None where
+       there are none): the compact rows spelled out, at collect time */
     Py_ssize_t n = b->n;
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)b->data, n * EB_FIELDS * (Py_ssize_t)sizeof(long long));
-    PyObject *names = PyList_GetSlice(b->names, 0, n);
-    PyObject *args = PyList_GetSlice(b->args, 0, n);
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, n * EB_FIELDS * (Py_ssize_t)sizeof(long long));
+    PyObject *names = PyList_New(n), *args = PyList_New(n);
     if (raw == NULL || names == NULL || args == NULL) { Py_XDECREF(raw); Py_XDECREF(names); Py_XDECREF(args); return NULL; }
+    long long *out = (long long *)PyBytes_AS_STRING(raw);
+    Py_ssize_t far_end = 0, far_name = 0, n_table = PyList_GET_SIZE(b->names);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const eb_row *r = b->rows + i;
+        long long end = r->start + (long long)r->dur;
+        if (r->dur == DUR_FAR) {
+            while (far_end + 1 < b->far_ends.n && b->far_ends.p[far_end] < i) far_end += 2;
+            end = far_end + 1 < b->far_ends.n && b->far_ends.p[far_end] == i ? b->far_ends.p[far_end + 1] : r->start;
+        }
+        uint32_t code = r->name_type >> 8;
+        PyObject *name;
+        if (code == CODE_FAR) {
+            while (far_name < b->far_rows.n && b->far_rows.p[far_name] < i) far_name++;
+            name = far_name < b->far_rows.n ? PyList_GET_ITEM(b->far_names, far_name) : Py_None;
+        } else {
+            name = (Py_ssize_t)code < n_table ? PyList_GET_ITEM(b->names, code) : Py_None;
+        }
+        Py_INCREF(name);
+        PyList_SET_ITEM(names, i, name);
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(args, i, Py_None);
+        long long *o = out + i * EB_FIELDS;
+        o[0] = r->name_type & 0xFF, o[1] = r->start, o[2] = end, o[3] = r->id, o[4] = r->parent;
+    }
+    for (Py_ssize_t k = 0; k < b->arg_rows.n && k < PyList_GET_SIZE(b->args); k++) {
+        Py_ssize_t row = (Py_ssize_t)b->arg_rows.p[k];
+        if (row >= n) break;
+        PyObject *a = PyList_GET_ITEM(b->args, k);
+        Py_INCREF(a);
+        PyList_SetItem(args, row, a);  /* drops the None */
+    }
     return Py_BuildValue("(NNN)", raw, names, args);
 }
 
@@ -164,7 +296,8 @@ static PyTypeObject EventBufferType = {
     .tp_traverse = (traverseproc)eb_traverse,
     .tp_methods = eb_methods,
     .tp_as_sequence = &eb_as_sequence,
-    .tp_doc = "One thread's events: columns type, start, end, id, parent (int64) plus names and args.",
+    .tp_doc = "One thread's events, 32 bytes each (start, id, parent, duration, name code and type), names "
+              "and args beside; snapshot() spells them out as int64 columns type, start, end, id, parent.",
 };
 
 typedef struct {
@@ -195,11 +328,18 @@ static PyObject *eb_take(EventBufferObject *b, PyObject *unused) {
         if (state == NULL || PyList_Append(out->open, state) < 0) { Py_XDECREF(state); Py_DECREF(out); return NULL; }
         Py_DECREF(state);
     }
-    PyObject *t;
-    t = out->names; out->names = b->names; b->names = t;
-    t = out->args; out->args = b->args; b->args = t;
-    out->data = b->data; out->n = b->n; out->cap = b->cap;
-    b->data = NULL; b->n = 0; b->cap = 0;
+    /* the rows and their tables change hands; this buffer starts again empty */
+    EventBufferObject fresh = {0};
+    if (eb_init_tables(&fresh) < 0) { eb_release(&fresh); Py_DECREF(out); return NULL; }
+    eb_release(out);  /* out's empty tables, replaced by this buffer's */
+#define MOVE(field) (out->field = b->field, b->field = fresh.field)
+    MOVE(rows); MOVE(n); MOVE(cap); MOVE(names); MOVE(codes); MOVE(args); MOVE(far_names);
+    MOVE(arg_rows); MOVE(far_ends); MOVE(far_rows);
+#undef MOVE
+    for (int i = 0; i < NAME_CACHE; i++) {
+        out->cache_obj[i] = b->cache_obj[i], out->cache_code[i] = b->cache_code[i];
+        b->cache_obj[i] = NULL;
+    }
     return (PyObject *)out;
 }
 
