@@ -5,8 +5,9 @@
 Each measurement runs in a fresh child process: RSS (``/proc/self/statm``) before the profile, after
 `n` ``record_function`` spans on one thread while recording (before the stop: what the buffers hold),
 and after the profile is stopped, its trace written and every reference dropped (what stays resident).
-torch.profiler's ``record_function`` is measured the same way (fewer spans: it is ~15x slower). Target
-(issue #21): at most 32 bytes per buffered annotation; buffers returned when the profile ends. A small
+torch.profiler's ``record_function`` is measured the same way (fewer spans: it is ~15x slower). Aten operators
+(``x.neg()``) under polyprof's observer and torch.profiler are measured the same way (``--ops``). Target
+(issue #21): at most 32 bytes per buffered annotation and per operator row; buffers returned when the profile ends. A small
 profile is recorded and written first in each child, so that the modules a stop and an export load
 are not counted as what stays.
 """
@@ -29,7 +30,30 @@ def rss():
         return int(f.read().split()[1]) * page
 n, which = int(sys.argv[1]), sys.argv[2]
 folder = tempfile.mkdtemp()
-if which == "polyprof":
+if which in ("polyprof_ops", "torch_ops"):  # aten operators: one op per x.neg()
+    import torch
+    x = torch.ones(2)
+    if which == "polyprof_ops":
+        import polyprof.profiler as pp
+        make = lambda: pp.profile(activities=[pp.ProfilerActivity.CPU])
+    else:
+        from torch.profiler import ProfilerActivity, profile
+        make = lambda: profile(activities=[ProfilerActivity.CPU])
+    with make() as warm:
+        x.neg()
+    warm.export_chrome_trace(os.path.join(folder, "warm.json"))
+    del warm
+    prof = make()
+    prof.__enter__()
+    x.neg()
+    before = rss()
+    for _ in range(n):
+        x.neg()
+    during = rss()
+    prof.__exit__(None, None, None)
+    prof.export_chrome_trace(os.path.join(folder, "t.json"))
+    del prof
+elif which == "polyprof":
     import polyprof
     rf = polyprof.record_function
     with polyprof.profile(["cpu"]) as warm:  # every module a stop and an export use, loaded first
@@ -69,6 +93,9 @@ else:
     prof.__exit__(None, None, None)
     prof.export_chrome_trace(os.path.join(folder, "t.json"))
     del prof
+gc.collect()  # a profile sits in reference cycles: collected here, not at `del`
+import time
+time.sleep(0.3)  # polyprof gives freed memory back shortly after a trace is collected
 after = rss()
 print(json.dumps({"bytes_per_event": round((during - before) / n, 1), "resident_after_mib": round((after - before) / 2**20, 1)}))
 """
@@ -84,6 +111,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2_000_000)
     ap.add_argument("--torch-n", type=int, default=500_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ops", type=int, default=500_000, help="aten operators under polyprof's observer and torch's")
     args = ap.parse_args()
     ours = [measure("polyprof", args.n) for _ in range(args.repeats)]
     results = {
@@ -99,7 +127,15 @@ def main() -> None:
                         "torch_resident_after_mib": theirs["resident_after_mib"]})  # fmt: skip
     except subprocess.CalledProcessError:
         pass
-    results["meets_target"] = results["polyprof_bytes_per_event"] <= 32
+    try:
+        ops, torch_ops = measure("polyprof_ops", args.ops), measure("torch_ops", args.ops)
+        results.update({"ops": args.ops, "polyprof_bytes_per_op": ops["bytes_per_event"],
+                        "polyprof_ops_resident_after_mib": ops["resident_after_mib"],
+                        "torch_bytes_per_op": torch_ops["bytes_per_event"],
+                        "torch_ops_resident_after_mib": torch_ops["resident_after_mib"]})  # fmt: skip
+    except subprocess.CalledProcessError:
+        pass
+    results["meets_target"] = results["polyprof_bytes_per_event"] <= 32 and results.get("polyprof_bytes_per_op", 0) <= 32
     report("buffer_memory", results)
 
 

@@ -32,6 +32,7 @@ from polyprof.engine.merge.flows import clear_unpaired_flows, flow_offset
 from polyprof.engine.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
 from polyprof.engine.merge.gpu_annotations import gpu_user_annotations
 from polyprof.engine.merge.order import insertion_points, interleave, start_order
+from polyprof.memory import release_when_collected
 from polyprof.model import COLUMNS, ActivityTable, Args, CollectedPart, Counters, StringTable, Trace
 
 __all__ = ["DeviceTable", "host_process_name", "merge"]
@@ -283,7 +284,7 @@ def merge(
                 device_properties.append(props)
         extra_metadata.update(part.metadata)
         statuses[part.backend] = part.status
-    return Trace(
+    trace = Trace(
         activities=activities,
         devices=devices.devices,
         resources=devices.resources,
@@ -296,6 +297,8 @@ def merge(
         window=window,
         timings_ms={"merge_passes": took},
     )
+    release_when_collected(trace)  # what its columns and the merge freed goes back once it is gone
+    return trace
 
 
 class _PassClock:

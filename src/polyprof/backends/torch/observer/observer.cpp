@@ -74,21 +74,85 @@ enum InputTag : int64_t {
   kTensorList = 7,   // count, then one tensor encoding per element
 };
 
-struct Op {
-  int64_t start = 0;
-  int64_t end = 0;  // 0: not ended while recording
+// What on_start learns of an operator, before it is buffered (packed into an Op, and a Rare if needed).
+struct OpFields {
   int64_t seq = -1;
   int64_t fwd_tid = 0;
   int64_t rf_tid = 0;
   int64_t shapes = -1;  // offset into ThreadBuffer::shapes, -1 without record_shapes
   int64_t extra = -1;   // offset into ThreadBuffer::extra (kwargs, flops, module hierarchy), -1 if none
   uint64_t handle = 0;  // the RecordFunction's handle (torch's "Record function id"; 0 unless ids are on)
-  const void* key = nullptr;  // the RecordFunction, to pair start and end
   int32_t name = 0;
   int32_t overload = -1;  // name id of the overload name, -1 if none or not asked for
   int32_t stack = -1;     // with_stack: id of its Call stack in the stack table, -1 if none
   int32_t modules = -1;   // with_modules (eager): id of its Module Hierarchy in the stack table, -1 if none
   uint8_t scope = 0;
+};
+
+// An operator as buffered: 32 bytes. What an op without args rarely has (a forward thread other than
+// its buffer's usual one, another RecordFunction thread id, shapes, extra args, a handle, an overload, a
+// sequence number past int32, a duration past ~4.3 s, a name id past 2^24) is in ThreadBuffer::rare.
+constexpr uint32_t kStillOpen = 0xFFFFFFFFu;  // dur while the op runs
+constexpr uint32_t kFarEnd = 0xFFFFFFFEu;     // dur: the end is in its Rare
+constexpr int32_t kSeqRare = INT32_MIN;       // seq: in its Rare
+constexpr uint32_t kNameRare = 0xFFFFFFu;     // name bits: in its Rare
+constexpr uint32_t kFwdCommon = 0x10;         // name_scope flag: fwd_tid is the buffer's usual one
+struct Op {
+  int64_t start = 0;
+  uint32_t dur = kStillOpen;
+  uint32_t name_scope = 0;  // name << 8 | flags (0xF0) | scope (0x0F)
+  int32_t seq = -1;
+  uint32_t rare = 0;        // 1 + index into ThreadBuffer::rare; 0: none
+  int32_t stack = -1;
+  int32_t modules = -1;
+};
+static_assert(sizeof(Op) == 32, "an operator row is 32 bytes");
+
+struct Rare {
+  int64_t seq, fwd_tid, rf_tid, shapes, extra, end;
+  uint64_t handle;
+  int32_t name, overload;
+};
+
+// The ops of a thread in chunks of 4,096 (128 KiB: each its own mapping, given back when freed), so that
+// an op costs its 32 bytes and nothing more (a std::deque's 512-byte blocks cost 33 with malloc's
+// headers), and an op's index stays valid while more are added (async ops end by index).
+class OpStore {
+ public:
+  static constexpr size_t kChunk = 4096;
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  Op& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+  const Op& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+  Op& back() { return (*this)[n_ - 1]; }
+  void push_back(const Op& op) {
+    if (n_ == chunks_.size() * kChunk) chunks_.emplace_back(new Op[kChunk]);
+    (*this)[n_++] = op;
+  }
+  void swap(OpStore& other) {
+    chunks_.swap(other.chunks_);
+    std::swap(n_, other.n_);
+  }
+  void clear() {
+    std::vector<std::unique_ptr<Op[]>>().swap(chunks_);
+    n_ = 0;
+  }
+  struct const_iterator {
+    const OpStore* store;
+    size_t i;
+    const Op& operator*() const { return (*store)[i]; }
+    const_iterator& operator++() {
+      ++i;
+      return *this;
+    }
+    bool operator!=(const const_iterator& other) const { return i != other.i; }
+  };
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, n_}; }
+
+ private:
+  std::vector<std::unique_ptr<Op[]>> chunks_;
+  size_t n_ = 0;
 };
 
 // One allocator report: positive bytes allocate, negative free.
@@ -104,8 +168,12 @@ struct Mem {
 
 struct ThreadBuffer {
   int64_t tid = 0;
-  std::deque<Op> ops;
+  OpStore ops;
+  std::vector<Rare> rare;
+  int64_t rf_common = 0, fwd_common = 0;  // the RecordFunction thread id and forward thread id most ops have
+  bool rf_set = false, fwd_set = false;
   std::vector<int64_t> open;  // indices into ops, innermost last
+  std::vector<const void*> open_keys;  // their RecordFunctions, to pair start and end
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
   std::unordered_map<const char*, int32_t> name_by_ptr;  // cache, verified by content
@@ -123,6 +191,9 @@ constexpr int kClaimed = -(1 << 30);
 void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
   to.tid = from.tid;
   to.ops.swap(from.ops);
+  to.rare.swap(from.rare);
+  to.rf_common = from.rf_common, to.fwd_common = from.fwd_common;
+  to.rf_set = from.rf_set, to.fwd_set = from.fwd_set;
   to.names.swap(from.names);
   to.name_ids.swap(from.name_ids);
   to.name_by_ptr.swap(from.name_by_ptr);
@@ -130,6 +201,67 @@ void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
   to.values.swap(from.values);
   to.extra.swap(from.extra);
   to.mem.swap(from.mem);
+}
+
+// An op's fields packed into its 32-byte row (and a Rare when it needs one; `async` ops always get one,
+// so that ending them on another thread never grows this buffer's vectors).
+Op pack(ThreadBuffer* b, const OpFields& f, bool async) {
+  Op op;
+  op.stack = f.stack;
+  op.modules = f.modules;
+  op.seq = f.seq >= -1 && f.seq <= INT32_MAX ? int32_t(f.seq) : kSeqRare;
+  if (!b->rf_set) b->rf_common = f.rf_tid, b->rf_set = true;
+  if (f.fwd_tid != 0 && !b->fwd_set) b->fwd_common = f.fwd_tid, b->fwd_set = true;
+  bool fwd_common = f.fwd_tid != 0 && f.fwd_tid == b->fwd_common;
+  bool name_rare = uint32_t(f.name) >= kNameRare;
+  op.name_scope = (name_rare ? kNameRare : uint32_t(f.name)) << 8 | (fwd_common ? kFwdCommon : 0) | (f.scope & 0x0F);
+  bool rare = async || name_rare || op.seq == kSeqRare || (f.fwd_tid != 0 && !fwd_common) ||
+              f.rf_tid != b->rf_common || f.shapes >= 0 || f.extra >= 0 || f.handle != 0 || f.overload >= 0;
+  if (rare) {
+    b->rare.push_back(Rare{f.seq, f.fwd_tid, f.rf_tid, f.shapes, f.extra, 0, f.handle, f.name, f.overload});
+    op.rare = uint32_t(b->rare.size());
+  }
+  return op;
+}
+
+OpFields unpack(const ThreadBuffer& b, const Op& op) {
+  OpFields f;
+  uint32_t name = op.name_scope >> 8;
+  f.scope = uint8_t(op.name_scope & 0x0F);
+  f.stack = op.stack;
+  f.modules = op.modules;
+  f.seq = op.seq;
+  f.fwd_tid = (op.name_scope & kFwdCommon) ? b.fwd_common : 0;
+  f.rf_tid = b.rf_common;
+  f.name = int32_t(name);
+  if (op.rare) {
+    const Rare& r = b.rare[op.rare - 1];
+    f.seq = r.seq, f.fwd_tid = r.fwd_tid, f.rf_tid = r.rf_tid, f.shapes = r.shapes, f.extra = r.extra;
+    f.handle = r.handle, f.name = r.name, f.overload = r.overload;
+  }
+  return f;
+}
+
+// 0 for an op still open
+int64_t op_end(const ThreadBuffer& b, const Op& op) {
+  if (op.dur == kStillOpen) return 0;
+  if (op.dur == kFarEnd) return op.rare ? b.rare[op.rare - 1].end : op.start;
+  return op.start + int64_t(op.dur);
+}
+
+void set_end(ThreadBuffer& b, Op& op, int64_t t) {
+  int64_t d = t - op.start;
+  if (d >= 0 && d < int64_t(kFarEnd)) {
+    op.dur = uint32_t(d);
+    return;
+  }
+  if (op.rare == 0) {  // only on the op's own thread (async ops have theirs already)
+    b.rare.push_back(Rare{op.seq, (op.name_scope & kFwdCommon) ? b.fwd_common : 0, b.rf_common, -1, -1, 0, 0,
+                          int32_t(op.name_scope >> 8), -1});
+    op.rare = uint32_t(b.rare.size());
+  }
+  b.rare[op.rare - 1].end = t;
+  op.dur = kFarEnd;
 }
 
 struct AsyncContext : at::ObserverContext {
@@ -255,7 +387,7 @@ void encode_tensor(ThreadBuffer* b, const at::Tensor& t) {
   b->shapes.insert(b->shapes.end(), strides.begin(), strides.end());
 }
 
-void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
+void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
   auto inputs = fn.inputs();
   if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
   op.shapes = int64_t(b->shapes.size());
@@ -487,7 +619,7 @@ int32_t python_stack() {
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
 // NUL-terminated JSON object body.
-void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, Op& op) {
+void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
   std::string body;
   bool jit_modules = false;
   if (g_options & kWithModules) {
@@ -557,8 +689,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadBuffer* b = thread_buffer();
   Busy busy(b);
   if (!g_recording.load(std::memory_order_seq_cst)) return nullptr;
-  Op op;
-  op.key = &fn;
+  OpFields op;
   op.name = intern(b, fn.name());
   op.seq = fn.seqNr();
   op.fwd_tid = int64_t(fn.forwardThreadId());
@@ -584,8 +715,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
   }
   int64_t index = int64_t(b->ops.size());
-  op.start = now_ns();
-  b->ops.push_back(op);
+  b->ops.push_back(pack(b, op, fn.isAsync()));
+  b->ops.back().start = now_ns();
   if (fn.isAsync()) {  // may end on another thread
     b->async_open.fetch_add(1, std::memory_order_relaxed);
     auto ctx = std::make_unique<AsyncContext>();
@@ -594,6 +725,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return ctx;
   }
   b->open.push_back(index);
+  b->open_keys.push_back(&fn);
   return nullptr;
 }
 
@@ -605,16 +737,17 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (!g_recording.load(std::memory_order_seq_cst)) return;
   if (ctx != nullptr) {
     auto* async = static_cast<AsyncContext*>(ctx);
-    async->buffer->ops[async->index].end = t;
+    set_end(*async->buffer, async->buffer->ops[async->index], t);  // its Rare exists: no allocation here
     async->buffer->async_open.fetch_sub(1, std::memory_order_release);
     return;
   }
   auto& open = b->open;
+  auto& keys = b->open_keys;
   for (size_t i = open.size(); i-- > 0;) {  // innermost first: nearly always the last one
-    Op& op = b->ops[open[i]];
-    if (op.key == &fn) {
-      op.end = t;
+    if (keys[i] == &fn) {
+      set_end(*b, b->ops[open[i]], t);
       open.erase(open.begin() + long(i));
+      keys.erase(keys.begin() + long(i));
       return;
     }
   }
@@ -895,16 +1028,17 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
   int32_t name_base = 0;
   for (auto& b : g_taken) {
     for (const Op& op : b->ops) {
+      OpFields f = unpack(*b, op);
       start[i] = op.start;
-      end[i] = op.end;
+      end[i] = op_end(*b, op);
       tid[i] = b->tid;
-      seq[i] = op.seq;
-      fwd_tid[i] = op.fwd_tid;
-      rf_tid[i] = op.rf_tid;
-      name[i] = name_base + op.name;
-      scope[i] = op.scope;
-      handle[i] = op.handle;
-      overload[i] = op.overload >= 0 ? name_base + op.overload : -1;
+      seq[i] = f.seq;
+      fwd_tid[i] = f.fwd_tid;
+      rf_tid[i] = f.rf_tid;
+      name[i] = name_base + f.name;
+      scope[i] = f.scope;
+      handle[i] = f.handle;
+      overload[i] = f.overload >= 0 ? name_base + f.overload : -1;
       stack[i] = op.stack;
       modules[i] = op.modules;
       ++i;
@@ -923,7 +1057,8 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
   out.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& b : g_taken) {
-    for (const Op& op : b->ops) {
+    for (const Op& packed : b->ops) {
+      OpFields op = unpack(*b, packed);
       if (op.seq >= 0) append_int(out, op.seq);
       out.push_back('\0');
       if (op.seq >= 0) append_int(out, op.fwd_tid);
@@ -950,11 +1085,12 @@ const char* polyprof_observer_extras(int64_t* size) {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t i = 0;
   for (auto& b : g_taken) {
-    for (const Op& op : b->ops) {
-      if (op.extra >= 0) {
+    for (const Op& packed : b->ops) {
+      int64_t extra = packed.rare ? b->rare[packed.rare - 1].extra : -1;
+      if (extra >= 0) {
         append_int(out, i);
         out.push_back('\0');
-        out += b->extra.c_str() + op.extra;
+        out += b->extra.c_str() + extra;
         out.push_back('\0');
       }
       ++i;
@@ -1009,7 +1145,8 @@ void polyprof_observer_memory_fill(int64_t* out) {
 void polyprof_observer_reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& b : g_buffers) {  // threads keep a reference to their buffer until they next record
-    std::deque<Op>().swap(b->ops);
+    b->ops.clear();
+    std::vector<Rare>().swap(b->rare);
     std::vector<int64_t>().swap(b->shapes);
     std::vector<c10::IValue>().swap(b->values);
     std::string().swap(b->extra);
