@@ -52,3 +52,27 @@ def test_many_distinct_names_and_a_cleared_buffer():
     assert names[69_999] == "name 69999" and rows[69_999].tolist() == [0, 69_999, 70_000, 69_999, 0]
     c.clear()
     assert len(c) == 0 and snapshot(c)[1] == []
+
+
+@pytest.mark.parametrize("impl", ["C", "Python"])
+def test_instant_and_counter_take_their_arguments_by_name_too(impl, monkeypatch):
+    import polyprof
+    from polyprof import annotations
+
+    instant = fast.instant if impl == "C" else annotations._instant_py
+    counter = fast.counter if impl == "C" else annotations._counter_py
+    with polyprof.profile(["cpu"]) as prof:
+        with polyprof.record_function("outer"):
+            instant("a")
+            instant("b", {"k": 1})
+            instant(name="c", args={"k": 2})
+        counter("depth", 3)
+        counter(name="width", value=4.5)
+    acts = {a.name: a for a in prof.trace.activities}
+    assert acts["b"].args == {"k": 1} and acts["c"].args == {"k": 2}
+    assert acts["a"].external_id == acts["outer"].correlation, "an instant points at the span open around it"
+    assert [(s.name, s.value) for s in prof.trace.counters.samples] == [("depth", 3.0), ("width", 4.5)]
+    with pytest.raises(TypeError):
+        instant()
+    with pytest.raises(TypeError):
+        counter("only a name")

@@ -456,23 +456,33 @@ static void forget_open(EventBufferObject *buf, PyObject *self) {
     }
 }
 
-/* The calling thread's EventBuffer (borrowed), created and registered on first use. */
+/* The calling thread's EventBuffer (borrowed), created and registered on first use. The thread-state
+   dict owns it; a C thread-local remembers it for the thread state it was found in (by its unique id:
+   a thread state created again at the same address, as PyGILState_Ensure does, is another one). */
+static __thread EventBufferObject *t_buffer;
+static __thread uint64_t t_buffer_state = UINT64_MAX;
+
 static EventBufferObject *thread_buffer(void) {
+    PyThreadState *ts = PyThreadState_Get();
+    uint64_t state = PyThreadState_GetID(ts);
+    if (t_buffer != NULL && t_buffer_state == state) return t_buffer;
     PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
     if (tdict == NULL) return NULL;
     PyObject *buf = PyDict_GetItemWithError(tdict, g_tls_key);  /* borrowed */
-    if (buf != NULL) return (EventBufferObject *)buf;
-    if (PyErr_Occurred()) return NULL;
-    buf = eb_new(&EventBufferType, NULL, NULL);
-    if (buf == NULL) return NULL;
-    if (PyDict_SetItem(tdict, g_tls_key, buf) < 0) { Py_DECREF(buf); return NULL; }
-    Py_DECREF(buf);  /* the thread dict keeps it alive */
-    if (g_register != NULL) {
-        PyObject *r = PyObject_CallOneArg(g_register, buf);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
+    if (buf == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        buf = eb_new(&EventBufferType, NULL, NULL);
+        if (buf == NULL) return NULL;
+        if (PyDict_SetItem(tdict, g_tls_key, buf) < 0) { Py_DECREF(buf); return NULL; }
+        Py_DECREF(buf);  /* the thread dict keeps it alive */
+        if (g_register != NULL) {
+            PyObject *r = PyObject_CallOneArg(g_register, buf);
+            if (r == NULL) return NULL;
+            Py_DECREF(r);
+        }
     }
-    return (EventBufferObject *)buf;
+    t_buffer = (EventBufferObject *)buf, t_buffer_state = state;
+    return t_buffer;
 }
 
 static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -592,7 +602,70 @@ static PyObject *sp_thread_buffer(PyObject *m, PyObject *unused) {
     return b;
 }
 
+/* instant(name, args=None) and counter(name, value): polyprof.instant / polyprof.counter, one C call
+   each (their Python twins are in annotations.py). Event types as annotations.py numbers them. */
+enum { EV_INSTANT = 1, EV_COUNTER = 2 };
+
+/* Positional and keyword arguments into `out` by the names in `names` (NULL-terminated); -1 with a
+   TypeError naming `signature` when they do not fit. */
+static int fast_args(PyObject *const *a, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int required,
+                     PyObject **out, const char *signature) {
+    int total = 0;
+    while (names[total]) total++;
+    for (int i = 0; i < total; i++) out[i] = NULL;
+    if (nargs > total) goto bad;
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = a[i];
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+        int slot = -1;
+        for (int i = 0; key && i < total; i++)
+            if (strcmp(key, names[i]) == 0) slot = i;
+        if (slot < 0 || out[slot] != NULL) goto bad;
+        out[slot] = a[nargs + k];
+    }
+    for (int i = 0; i < required; i++)
+        if (out[i] == NULL) goto bad;
+    return 0;
+bad:
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "takes %s", signature);
+    return -1;
+}
+
+static PyObject *sp_instant(PyObject *m, PyObject *const *a, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"name", "args", NULL};
+    PyObject *v[2];
+    if (fast_args(a, nargs, kwnames, names, 1, v, "instant(name, args=None)") < 0) return NULL;
+    if (!g_active) Py_RETURN_NONE;
+    long long ts = pp_now_ns(), parent = 0;
+    PyObject *current = NULL;
+    if (PyContextVar_Get(g_contextvar, NULL, &current) < 0) return NULL;
+    if (current != NULL) {
+        parent = PyLong_AsLongLong(current);
+        Py_DECREF(current);
+        if (parent == -1 && PyErr_Occurred()) return NULL;
+    }
+    EventBufferObject *buf = thread_buffer();
+    if (buf == NULL || eb_add(buf, EV_INSTANT, ts, ts, 0, parent, v[0], v[1] ? v[1] : Py_None) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *sp_counter(PyObject *m, PyObject *const *a, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"name", "value", NULL};
+    PyObject *v[2];
+    if (fast_args(a, nargs, kwnames, names, 2, v, "counter(name, value)") < 0) return NULL;
+    if (!g_active) Py_RETURN_NONE;
+    long long ts = pp_now_ns();
+    EventBufferObject *buf = thread_buffer();  /* the value is checked (and counted) at collect */
+    if (buf == NULL || eb_add(buf, EV_COUNTER, ts, ts, 0, 0, v[0], v[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef pp_recorder_methods[] = {
+    {"instant", (PyCFunction)(void (*)(void))sp_instant, METH_FASTCALL | METH_KEYWORDS,
+     "instant(name, args=None)\n--\n\nA point in time on the calling thread's row (Chrome `i` event)."},
+    {"counter", (PyCFunction)(void (*)(void))sp_counter, METH_FASTCALL | METH_KEYWORDS,
+     "counter(name, value)\n--\n\nA sample of a user counter (Chrome `C` event on the host process)."},
     {"configure", sp_configure, METH_VARARGS, "configure(contextvar, register, push, pop, annotation_kind)"},
     {"set_active", sp_set_active, METH_O, "Turn recording on or off."},
     {"set_bridge", sp_set_bridge, METH_VARARGS, "set_bridge(consumers, enter, exit, routed, args_text): the framework bridge (C addresses; 0 clears)."},
