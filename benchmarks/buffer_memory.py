@@ -22,7 +22,7 @@ import sys
 from _common import report
 
 CHILD = r"""
-import gc, json, os, sys, tempfile
+import gc, json, os, sys, tempfile, time
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():
     gc.collect()
@@ -30,71 +30,39 @@ def rss():
         return int(f.read().split()[1]) * page
 n, which = int(sys.argv[1]), sys.argv[2]
 folder = tempfile.mkdtemp()
-if which in ("polyprof_ops", "torch_ops"):  # aten operators: one op per x.neg()
+if which == "polyprof_ops":  # torch.profiler's API, polyprof's observer
+    import polyprof.profiler as pp
+    make = lambda: pp.profile(activities=[pp.ProfilerActivity.CPU])
+elif which == "polyprof":  # polyprof's own API: no torch imported
+    import polyprof
+    make = lambda: polyprof.profile(["cpu"])
+    span = polyprof.record_function
+else:
+    from torch.profiler import ProfilerActivity, profile, record_function as span
+    make = lambda: profile(activities=[ProfilerActivity.CPU])
+if which.endswith("_ops"):  # aten operators: one op per x.neg()
     import torch
     x = torch.ones(2)
-    if which == "polyprof_ops":
-        import polyprof.profiler as pp
-        make = lambda: pp.profile(activities=[pp.ProfilerActivity.CPU])
-    else:
-        from torch.profiler import ProfilerActivity, profile
-        make = lambda: profile(activities=[ProfilerActivity.CPU])
-    with make() as warm:
-        x.neg()
-    warm.export_chrome_trace(os.path.join(folder, "warm.json"))
-    del warm
-    prof = make()
-    prof.__enter__()
-    x.neg()
-    before = rss()
-    for _ in range(n):
-        x.neg()
-    during = rss()
-    prof.__exit__(None, None, None)
-    prof.export_chrome_trace(os.path.join(folder, "t.json"))
-    del prof
-elif which == "polyprof":
-    import polyprof
-    rf = polyprof.record_function
-    with polyprof.profile(["cpu"]) as warm:  # every module a stop and an export use, loaded first
-        with rf("warm"):
-            pass
-    warm.export_chrome_trace(os.path.join(folder, "warm.json"))
-    del warm
-    prof = polyprof.profile(["cpu"])
-    prof.start()
-    with rf("warm"):
-        pass
-    before = rss()
-    for _ in range(n):
-        with rf("step"):
-            pass
-    during = rss()
-    prof.stop()
-    prof.export_chrome_trace(os.path.join(folder, "t.json"))
-    del prof
+    event = x.neg
 else:
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function as rf
-    with profile(activities=[ProfilerActivity.CPU]) as warm:
-        with rf("warm"):
+    def event():
+        with span("step"):
             pass
-    warm.export_chrome_trace(os.path.join(folder, "warm.json"))
-    del warm
-    prof = profile(activities=[ProfilerActivity.CPU])
-    prof.__enter__()
-    with rf("warm"):
-        pass
-    before = rss()
-    for _ in range(n):
-        with rf("step"):
-            pass
-    during = rss()
-    prof.__exit__(None, None, None)
-    prof.export_chrome_trace(os.path.join(folder, "t.json"))
-    del prof
+with make() as warm:  # every module a stop and an export use, loaded first
+    event()
+warm.export_chrome_trace(os.path.join(folder, "warm.json"))
+del warm
+prof = make()
+prof.__enter__()
+event()
+before = rss()
+for _ in range(n):
+    event()
+during = rss()
+prof.__exit__(None, None, None)
+prof.export_chrome_trace(os.path.join(folder, "t.json"))
+del prof
 gc.collect()  # a profile sits in reference cycles: collected here, not at `del`
-import time
 time.sleep(0.3)  # polyprof gives freed memory back shortly after a trace is collected
 after = rss()
 print(json.dumps({"bytes_per_event": round((during - before) / n, 1), "resident_after_mib": round((after - before) / 2**20, 1)}))

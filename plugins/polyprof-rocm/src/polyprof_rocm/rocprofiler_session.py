@@ -180,45 +180,23 @@ class RocprofilerSession:
             dev, row, index = queue_row(agent, queue)
             device_corr.add(corr)
             name = tool.kernel_names.get(kernel_id)
-            h_start = to_host(start)
-            sink.activity(
-                ActivityKind.KERNEL,
-                demangle(name) if name else f"kernel {kernel_id}",
-                device=dev,
-                resource=row,
-                start=h_start,
-                end=h_start + max(0, end - start),
-                correlation=corr,
-                external_id=ext,
-                flow_id=corr,
-                args={
+            _device_work(sink, ActivityKind.KERNEL, demangle(name) if name else f"kernel {kernel_id}", dev, row,
+                         to_host(start), end - start, corr, ext, {
                     "device": index, "stream": queue, "correlation": corr, "kernel id": kernel_id,
                     "dispatch id": dispatch_id, "grid": [_ceil(gx, wx), _ceil(gy, wy), _ceil(gz, wz)],
                     "block": [wx, wy, wz], "grid size (work-items)": [gx, gy, gz], "shared memory": group,
                     "private segment size": private,
-                },  # fmt: skip
-            )
+                })  # fmt: skip
         for op, corr, ext, _tid, start, end, dst, src, nbytes in raw.get(abi.BUFFER_TRACING_MEMORY_COPY, []):
             direction = abi.MEMORY_COPY_NAMES.get(op, "?")
             agent = src if direction == "DtoH" else dst
             dev, row, index = queue_row(agent, 0)
             device_corr.add(corr)
-            h_start = to_host(start)
             args = {"device": index, "correlation": corr, "bytes": nbytes, "kind": direction}
             if end > start:
                 args["memory bandwidth (GB/s)"] = round(nbytes / (end - start), 6)
-            sink.activity(
-                ActivityKind.GPU_MEMCPY,
-                f"Memcpy {direction}",
-                device=dev,
-                resource=row,
-                start=h_start,
-                end=h_start + max(0, end - start),
-                correlation=corr,
-                external_id=ext,
-                flow_id=corr,
-                args=args,
-            )
+            _device_work(sink, ActivityKind.GPU_MEMCPY, f"Memcpy {direction}", dev, row, to_host(start), end - start,
+                         corr, ext, args)  # fmt: skip
         for kind, category in _API_CATEGORY.items():
             names: dict[int, str] = {}
             for op, corr, ext, tid, start, end in raw.get(kind, []):
@@ -275,6 +253,13 @@ class RocprofilerSession:
             return devices[agent]
 
         return device_of
+
+
+def _device_work(sink: Sink, kind: ActivityKind, name: str, dev: int, row: int, start: int, duration: int, corr: int,
+                 ext: int, args: dict) -> None:  # fmt: skip
+    """One kernel or copy on its GPU row, the end of its launch's ac2g flow (keyed by the correlation)."""
+    sink.activity(kind, name, device=dev, resource=row, start=start, end=start + max(0, duration), correlation=corr,
+                  external_id=ext, flow_id=corr, args=args)  # fmt: skip
 
 
 def _ceil(total: int, size: int) -> int:

@@ -114,12 +114,13 @@ struct Rare {
   int32_t name, overload;
 };
 
-// The ops of a thread in chunks of 4,096 (128 KiB: each its own mapping, given back when freed), so that
-// an op costs its 32 bytes and nothing more (a std::deque's 512-byte blocks cost 33 with malloc's
-// headers), and an op's index stays valid while more are added (async ops end by index).
+// The ops of a thread in chunks of 4,094 (just under 128 KiB with malloc's header: 32 pages, each chunk
+// its own mapping, given back when freed), so that an op costs its 32 bytes and nothing more (a
+// std::deque's 512-byte blocks cost 33 with malloc's headers), and an op's index stays valid while more
+// are added (async ops end by index).
 class OpStore {
  public:
-  static constexpr size_t kChunk = 4096;
+  static constexpr size_t kChunk = 4094;
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   Op& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
