@@ -60,7 +60,7 @@ from polyprof.model.args import sorted_unique
 from polyprof.model.strings import code_strings
 from polyprof.options import Option, OptionSchema
 from polyprof.records import walk_tagged_records
-from polyprof.sampling import CounterSampler, DeviceCounterSession
+from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, DeviceCounterSession
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
 from polyprof.symbols import demangle, demangled, demangler_problem
 
@@ -101,6 +101,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "REQUIRED_SESSION_METHODS",
     "ROW_COLUMNS",
+    "SAMPLING_OPTIONS",
     "Reporter",
     "Session",
     "SessionBase",

@@ -19,8 +19,17 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from polyprof.clock import host_ns
+from polyprof.options import Option, OptionSchema
 
 Sample = tuple[Hashable, str, float]  # (source: a device index, "host"...; track name; value)
+
+#: the options of every sampling backend (``backend_options={name: {"interval_ms": 50}}``)
+SAMPLING_OPTIONS = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
+
+
+def sampling_interval_s(options: dict[str, Any]) -> float:
+    """Seconds between samples, from a session's options (SAMPLING_OPTIONS; 100 ms by default)."""
+    return float(options.get("interval_ms") or 100.0) / 1000
 
 
 class CounterSampler:
@@ -128,7 +137,7 @@ class DeviceCounterSession:
 
     def __init__(self, config: Any, ctx: Any) -> None:
         self.ctx = ctx
-        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
+        self.interval_s = sampling_interval_s(ctx.options)
         self.names: dict[int, str] = {}
         self.reader: DeviceCounters | None = None
         self.sampler: CounterSampler | None = None

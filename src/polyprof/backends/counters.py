@@ -19,11 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
-from polyprof.options import Option, OptionSchema
-from polyprof.sampling import CounterSampler
+from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, sampling_interval_s
 from polyprof.sink import Sink
 
-OPTIONS = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
 THREAD_NAME = "polyprof-counters"
 MB = 1 << 20
 RATES = ("process read (MB/s)", "process write (MB/s)")  # read as totals, written as rates
@@ -60,7 +58,7 @@ class CountersSession:
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
-        self.interval_s = float(ctx.options.get("interval_ms") or 100.0) / 1000
+        self.interval_s = sampling_interval_s(ctx.options)
         self.sampler: CounterSampler | None = None
 
     def prepare(self) -> None:
@@ -93,7 +91,7 @@ class CountersBackend:
     name = "counters"
     api_version = API_VERSION
     activities = frozenset({"COUNTERS"})
-    options = OPTIONS
+    options = SAMPLING_OPTIONS
     in_process = True
 
     def probe(self) -> Availability:

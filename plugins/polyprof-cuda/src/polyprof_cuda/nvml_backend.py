@@ -23,10 +23,9 @@ from typing import Any
 
 from polyprof.plugin import (
     API_VERSION,
+    SAMPLING_OPTIONS,
     Availability,
     DeviceCounterSession,
-    Option,
-    OptionSchema,
     ProfileConfig,
     SessionContext,
 )
@@ -101,7 +100,7 @@ class NvmlBackend:
     name = "nvml"
     api_version = API_VERSION
     activities = frozenset({"CUDA"})
-    options = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
+    options = SAMPLING_OPTIONS
     in_process = True
 
     def probe(self) -> Availability:

@@ -20,10 +20,9 @@ from typing import Any
 
 from polyprof.plugin import (
     API_VERSION,
+    SAMPLING_OPTIONS,
     Availability,
     DeviceCounterSession,
-    Option,
-    OptionSchema,
     ProfileConfig,
     SessionContext,
 )
@@ -81,7 +80,7 @@ class AmdSmiBackend:
     name = "amdsmi"
     api_version = API_VERSION
     activities = frozenset({"ROCM"})
-    options = OptionSchema(Option("interval_ms", float, default=100.0, minimum=1, help="time between samples"))
+    options = SAMPLING_OPTIONS
     in_process = True
 
     def probe(self) -> Availability:
