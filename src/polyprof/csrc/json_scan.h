@@ -113,4 +113,18 @@ static inline int parse_int(const char *s, span x, __int128 *out) {
     return 1;
 }
 
+/* The next element of the array whose body is at i (past the previous element): 1 with *at on its
+   first byte, 0 when the array ends (*at after its ']'), INCOMPLETE when the buffer ends first. */
+static inline int next_item(const char *s, Py_ssize_t i, Py_ssize_t n, Py_ssize_t *at) {
+    Py_ssize_t j = skip_ws(s, i, n);
+    if (j < n && s[j] == ',') j = skip_ws(s, j + 1, n);
+    if (j >= n) return INCOMPLETE;
+    if (s[j] == ']') {
+        *at = j + 1;
+        return 0;
+    }
+    *at = j;
+    return 1;
+}
+
 #endif

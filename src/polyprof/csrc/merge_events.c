@@ -263,11 +263,11 @@ static PyObject *sp_rewrite_rank_events(PyObject *m, PyObject *args) {
     }
     o.p = PyBytes_AS_STRING(o.obj);
     for (;;) {
-        Py_ssize_t j = skip_ws(s, i, n);
-        if (j < n && s[j] == ',') j = skip_ws(s, j + 1, n);
-        if (j >= n) break;
-        if (s[j] == ']') {
-            done = 1, i = j + 1;
+        Py_ssize_t j;
+        int item = next_item(s, i, n, &j);
+        if (item == INCOMPLETE) break;
+        if (item == 0) {
+            done = 1, i = j;
             break;
         }
         Py_ssize_t e;

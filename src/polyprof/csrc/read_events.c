@@ -489,11 +489,11 @@ static PyObject *sp_scan_events(PyObject *m, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     for (;;) {
-        Py_ssize_t j = skip_ws(s, i, n);
-        if (j < n && s[j] == ',') j = skip_ws(s, j + 1, n);
-        if (j >= n) break;
-        if (s[j] == ']') {
-            done = 1, i = j + 1;
+        Py_ssize_t j;
+        int item = next_item(s, i, n, &j);
+        if (item == INCOMPLETE) break;
+        if (item == 0) {
+            done = 1, i = j;
             break;
         }
         if (s[j] != '{') { r = DECLINED; break; } /* the reader: "is not an object" */
