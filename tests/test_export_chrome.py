@@ -221,6 +221,29 @@ def test_c_and_python_formatters_write_identical_bytes():
     json.loads("[" + c_text + "]")  # and it is valid JSON
 
 
+
+def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
+    """The C formatter sizes its output once from a per-row bound: rows whose every number has the most
+    digits (and a flow end, args of every shape) come out whole and equal to the Python twin's."""
+    from polyprof._accel import speedups
+    from polyprof.export.chrome import FLAG_CORRELATION, FLAG_INSTANT, format_activities_py
+
+    if speedups is None:
+        pytest.skip("the C extension is not built here, so there is nothing to compare")
+    n = 10_000  # past the row count where the formatter lets go of the GIL
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min + 1
+    names = ['"' + "n" * 300 + '"', '""']
+    full = lambda v: np.full(n, v, dtype=np.int64)  # noqa: E731
+    flags = np.where(np.arange(n) % 2 == 0, FLAG_CORRELATION, FLAG_INSTANT | FLAG_CORRELATION).astype(np.int8)
+    cols = (
+        np.arange(n, dtype=np.int32) % 2, np.zeros(n, dtype=np.int32), full(small), full(small),
+        full(big // 2), full(big), full(small), full(small), full(small), np.full(n, 2, dtype=np.int8), flags,
+    )  # fmt: skip
+    extra = [None if i % 3 else '{"k":"' + "v" * (i % 997) + '"}' for i in range(n)]
+    c_text = speedups.format_activities(cols, -(big // 2), names, extra).decode()
+    assert c_text == format_activities_py(cols, -(big // 2), names, extra)
+    assert len(json.loads("[" + c_text + "]")) == 2 * n  # each row and its flow end
+
 def _with_column_args(trace):
     """The trace with args on every other row from a column block, plus one row with dict args too."""
     import dataclasses

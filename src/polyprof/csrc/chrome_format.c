@@ -68,6 +68,9 @@ static int as_text(PyObject *o, text *t) {  /* borrowed UTF-8 of bytes or str, v
     return t->p == NULL ? -1 : 0;
 }
 
+/* the most bytes a row's event and flow end take beyond its two names and its args */
+#define ROW_BOUND 512
+
 #define FMT_OK 0
 #define FMT_NOMEM 1
 #define FMT_BAD_ID 2
@@ -82,7 +85,7 @@ static int format_rows(outbuf *b, Py_buffer *c, Py_ssize_t n, long long offset, 
         long long ts = start + offset, dur = end - start;
         if (ts < 0) ts = 0;
         if (cat < 0 || cat >= n_names || name < 0 || name >= n_names) return FMT_BAD_ID;
-        if (ob_reserve(b, 512 + names[cat].n + names[name].n + (extra[i].p ? extra[i].n : 0)) < 0) return FMT_NOMEM;
+        if (b->n + ROW_BOUND + names[cat].n + names[name].n + (extra[i].p ? extra[i].n : 0) > b->cap) return FMT_NOMEM;
         if (i) OB_LIT(b, ",\n");
         if (flags & 2) OB_LIT(b, "{\"ph\":\"i\",\"cat\":"); else OB_LIT(b, "{\"ph\":\"X\",\"cat\":");
         ob_lit(b, names[cat].p, names[cat].n);
@@ -129,7 +132,7 @@ static PyObject *sp_format_activities(PyObject *m, PyObject *args) {
     Py_ssize_t n = -1;
     PyObject *result = NULL;
     text *name_text = NULL, *extra_text = NULL;
-    outbuf b = {NULL, 0, 0};
+    outbuf b = {NULL, 0, 0};  /* the result's buffer, once allocated */
     for (; got < N_COLS; got++) {
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(cols, got), &view[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
         Py_ssize_t size = view[got].itemsize;
@@ -150,10 +153,20 @@ static PyObject *sp_format_activities(PyObject *m, PyObject *args) {
     if (name_text == NULL || extra_text == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t k = 0; k < n_names; k++)
         if (as_text(PyList_GET_ITEM(names, k), &name_text[k]) < 0) goto done;
+    /* The output is written straight into the bytes object returned, sized once for the longest rows
+       can be and shrunk at the end: no growing copies, each page of it touched once. */
+    Py_ssize_t bound = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *x = PyList_GET_ITEM(extra, i);
         if (x != Py_None && as_text(x, &extra_text[i]) < 0) goto done;
+        long long cat = col_at(&view[0], i), name = col_at(&view[1], i);
+        bound += ROW_BOUND + extra_text[i].n;
+        if (cat >= 0 && cat < n_names) bound += name_text[cat].n;
+        if (name >= 0 && name < n_names) bound += name_text[name].n;
     }
+    result = PyBytes_FromStringAndSize(NULL, bound);
+    if (result == NULL) goto done;
+    b.p = PyBytes_AS_STRING(result), b.cap = bound;
     int rc;
     if (n < GIL_FREE_ROWS) {  /* small: taking the GIL back could cost more than the rows */
         rc = format_rows(&b, view, n, offset, name_text, n_names, extra_text);
@@ -163,14 +176,17 @@ static PyObject *sp_format_activities(PyObject *m, PyObject *args) {
         rc = format_rows(&b, view, n, offset, name_text, n_names, extra_text);
         Py_END_ALLOW_THREADS
     }
-    if (rc == FMT_NOMEM) PyErr_NoMemory();
-    else if (rc == FMT_BAD_ID) PyErr_SetString(PyExc_IndexError, "string id out of range");
-    else result = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n);
+    if (rc == FMT_OK) {
+        if (_PyBytes_Resize(&result, b.n) < 0) result = NULL;  /* MemoryError set, the object freed */
+    } else {
+        Py_CLEAR(result);
+        if (rc == FMT_NOMEM) PyErr_SetString(PyExc_SystemError, "format_activities: a row outgrew its bound");
+        else PyErr_SetString(PyExc_IndexError, "string id out of range");
+    }
 done:
     for (int k = 0; k < got; k++) PyBuffer_Release(&view[k]);
     PyMem_Free(name_text);
     PyMem_Free(extra_text);
-    PyMem_RawFree(b.p);
     return result;
 }
 
