@@ -487,22 +487,55 @@ def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill
     assert ops["aten::addmm"] >= 20, "the ops of the steps that ended well before the stop are in the spill"
 
 
-def test_with_modules_in_eager_mode_names_the_module_classes_from_the_frames():
-    """torch gives a Module Hierarchy only for TorchScript; polyprof reads the eager nn.Modules whose
-    forward() an op runs under from the op thread's frames (classes, outermost first)."""
+def test_with_modules_in_eager_mode_writes_torchscripts_hierarchy_from_the_frames():
+    """torch gives a Module Hierarchy only for TorchScript; polyprof writes the same text for eager
+    nn.Modules from the op thread's frames: TOP, attribute paths, SELF for a module's own methods
+    (the model of torch's test_module_hierarchy, run eagerly), one level per layer of a Sequential."""
     from polyprof.profiler import ProfilerActivity, profile
 
-    class Block(torch.nn.Module):
-        def __init__(me):  # the method's self, whatever it is called
+    class A(torch.nn.Module):
+        def my_new_method(me, x):  # the method's self, whatever it is called
+            return x * 3
+
+        def forward_impl_(self, x, y):
+            return self.my_new_method(x) + y
+
+        def forward(self, x, y):
+            y = y - 2
+            return self.forward_impl_(x, y)
+
+    class B(torch.nn.Module):
+        def forward(self, x):
+            return x + 2
+
+    class C(torch.nn.Module):
+        def __init__(self):
             super().__init__()
-            me.fc = torch.nn.Linear(8, 8)
+            self.A0, self.B0 = A(), B()
+            self.layers = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
 
-        def forward(me, x):
-            return torch.relu(me.fc(x))
+        def call_b(self, x):
+            return self.B0.forward(x)
 
-    model = torch.nn.Sequential(Block(), torch.nn.Linear(8, 2))
+        def forward(self, x, y):
+            return self.layers(self.A0.forward(x, y) + self.call_b(x))
+
+    model, x = C(), torch.rand(2, 4)
     with profile(activities=[ProfilerActivity.CPU], with_modules=True) as prof:
-        model(torch.randn(2, 8))
-    got = [(a.name, a.args.get("Module Hierarchy")) for a in prof.trace.activities if a.name in ("aten::addmm", "aten::relu")]
-    assert got == [("aten::addmm", "Sequential.Block.Linear"), ("aten::relu", "Sequential.Block"), ("aten::addmm", "Sequential.Linear")]
+        model(x, x)
+    got = {}
+    for a in prof.trace.activities:
+        if a.name in ("aten::sub", "aten::mul", "aten::add", "aten::addmm", "aten::relu"):
+            got.setdefault(a.name, []).append(a.args.get("Module Hierarchy"))
+    assert got["aten::sub"] == ["TOP(C)::forward.A0(A)::forward."]
+    assert got["aten::mul"] == ["TOP(C)::forward.A0(A)::forward.SELF(A)::forward_impl_.SELF(A)::my_new_method."]
+    assert got["aten::add"] == [
+        "TOP(C)::forward.A0(A)::forward.SELF(A)::forward_impl_.",
+        "TOP(C)::forward.SELF(C)::call_b.B0(B)::forward.",
+        "TOP(C)::forward.",
+    ]
+    # one code path, three modules: each layer by its own index
+    assert got["aten::addmm"] == ["TOP(C)::forward.layers(Sequential)::forward.0(Linear)::forward.",
+                                  "TOP(C)::forward.layers(Sequential)::forward.2(Linear)::forward."]  # fmt: skip
+    assert got["aten::relu"] == ["TOP(C)::forward.layers(Sequential)::forward.1(ReLU)::forward."]
     assert not any("Call stack" in a.args for a in prof.trace.activities), "stacks only with with_stack"

@@ -19,7 +19,8 @@ recorded through PyTorch's RecordFunction callbacks, at the C++ level.
 * What each op carries is what torch.profiler writes: ``External id``, ``Record function id``,
   ``Sequence number``, ``Fwd thread id``, ``Input Dims``/``Input type``/``Input Strides``/``Concrete
   Inputs`` and keyword arguments with record_shapes, ``Call stack`` with with_stack, ``flops`` with
-  with_flops, ``Module Hierarchy`` with with_modules (TorchScript), forward->backward ``fwdbwd`` flows,
+  with_flops, ``Module Hierarchy`` with with_modules (TorchScript's, and the same text for eager
+  modules from the Python frames), forward->backward ``fwdbwd`` flows,
   ``[memory]`` instant events with profile_memory.
 * Device work launched by an op gets the op's id as ``External id`` by time containment of its launch
   on the same thread (the engine does this for every backend), since torch offers Python no hook to

@@ -491,35 +491,100 @@ bool append_kwarg_value(std::string& out, const std::string& key, const c10::IVa
 // thread with no Python state (the autograd engine's workers) has none. torch's bindings release the
 // GIL before they dispatch an op, so the callback takes it back for the walk (on this thread only:
 // its frames cannot change while it is in here).
-// with_modules in eager mode (no TorchScript hierarchy): the nn.Module classes whose forward() the op
-// runs under, outermost first ("Sequential.Linear"), from the same frames.
-static std::string module_of_frame(PyFrameObject* f, PyCodeObject* code) {
-  const char* name = PyUnicode_AsUTF8(code->co_name);
-  if (name == nullptr || std::strcmp(name, "forward") != 0) {
+// with_modules in eager mode (no TorchScript hierarchy): the frames that are methods of nn.Module
+// instances, outermost first, written as TorchScript writes its hierarchy, one "name(Class)::method."
+// per frame: the outermost module is TOP, a module called from another by the attribute path it has
+// there ("0", "encoder.layer"), a method of the module just named SELF, a module its caller does not
+// hold UNNAMED. torch.nn.Module's own call machinery (module.py) is not a level.
+static PyObject* module_type() {
+  static PyObject* type = nullptr;  // torch.nn.Module, looked up once (with the GIL)
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    PyObject* nn = PyImport_ImportModule("torch.nn");
+    if (nn != nullptr) {
+      type = PyObject_GetAttrString(nn, "Module");
+      Py_DECREF(nn);
+    }
     PyErr_Clear();
-    return "";
   }
+  return type;
+}
+
+// The nn.Module a frame runs a method of (its first argument), a new reference, or nullptr.
+static PyObject* frame_module(PyFrameObject* f, PyCodeObject* code) {
+  PyObject* type = module_type();
+  if (type == nullptr || code->co_argcount == 0) return nullptr;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (file == nullptr || std::strstr(file, "torch/nn/modules/module.py") != nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+#if PY_VERSION_HEX >= 0x030B0000
+  PyObject* first = PyTuple_GET_ITEM(code->co_localsplusnames, 0);  // arguments come first
+#else
+  PyObject* first = PyTuple_GET_ITEM(code->co_varnames, 0);
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* self = PyFrame_GetVar(f, first);
+#else
 #if PY_VERSION_HEX >= 0x030B0000
   PyObject* locals = PyFrame_GetLocals(f);
 #else
   PyObject* locals = PyObject_GetAttrString(reinterpret_cast<PyObject*>(f), "f_locals");
 #endif
-  std::string out;
-#if PY_VERSION_HEX >= 0x030B0000
-  PyObject* names = code->co_argcount > 0 ? PyCode_GetVarnames(code) : nullptr;  // the method's self
-#else
-  PyObject* names = code->co_argcount > 0 ? Py_NewRef(code->co_varnames) : nullptr;
-#endif
-  if (locals != nullptr && names != nullptr && PyTuple_Check(names) && PyTuple_GET_SIZE(names) > 0) {
-    PyObject* self = PyObject_GetItem(locals, PyTuple_GET_ITEM(names, 0));
-    if (self != nullptr) {
-      out = Py_TYPE(self)->tp_name;
-      Py_DECREF(self);
-    }
-  }
-  Py_XDECREF(names);
+  PyObject* self = locals != nullptr ? PyObject_GetItem(locals, first) : nullptr;
   Py_XDECREF(locals);
+#endif
+  if (self == nullptr || PyObject_IsInstance(self, type) != 1) {
+    Py_XDECREF(self);
+    PyErr_Clear();
+    return nullptr;
+  }
+  return self;
+}
+
+// The attribute path under which `parent` holds `child` among its submodules ("fc", "0.attn"), or "".
+static std::string submodule_path(PyObject* parent, PyObject* child) {
+  std::string path;
+  PyObject* named = PyObject_CallMethod(parent, "named_modules", nullptr);
+  PyObject* it = named != nullptr ? PyObject_GetIter(named) : nullptr;
+  PyObject* item;
+  while (it != nullptr && (item = PyIter_Next(it)) != nullptr) {
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyTuple_GET_ITEM(item, 1) == child) {
+      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(item, 0));
+      if (name != nullptr && *name) path = name;
+      Py_DECREF(item);
+      break;
+    }
+    Py_DECREF(item);
+  }
+  Py_XDECREF(it);
+  Py_XDECREF(named);
   PyErr_Clear();
+  return path;
+}
+
+struct ModuleFrame {
+  PyObject* module;  // new reference
+  PyCodeObject* code;  // borrowed from the walk
+};
+
+static std::string module_hierarchy(const std::vector<ModuleFrame>& outermost_first) {
+  std::string out;
+  PyObject* caller = nullptr;
+  for (const auto& level : outermost_first) {
+    std::string name = caller == nullptr ? "TOP" : level.module == caller ? "SELF" : submodule_path(caller, level.module);
+    const char* method = PyUnicode_AsUTF8(level.code->co_name);
+    if (method == nullptr) PyErr_Clear();
+    out += name.empty() ? "UNNAMED" : name;
+    out += "(";
+    out += Py_TYPE(level.module)->tp_name;
+    out += ")::";
+    out += method != nullptr ? method : "?";
+    out += ".";
+    caller = level.module;
+  }
   return out;
 }
 
@@ -543,20 +608,23 @@ int32_t stack_id(std::string&& entry) {
   return id;
 }
 
-// The stack-table id of this thread's Python stack (its Call stack and eager module classes), or -1.
+// The stack-table id of this thread's Python stack (its Call stack and eager Module Hierarchy), or -1.
 // An op's stack is nearly always one seen before (a loop calling the same code): each distinct
-// (code, instruction) sequence is formatted and looked up once per thread, then found by its hash.
+// (code, instruction) sequence, with the modules running it under with_modules, is formatted and looked
+// up once per thread, then found by its hash.
 int32_t python_stack() {
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
   thread_local std::unordered_map<uint64_t, int32_t> cache;
   struct Frame {
     PyCodeObject* code;
     int lasti;
-    PyFrameObject* frame;  // kept until the modules are read (a miss only needs them)
+    PyFrameObject* frame;  // a reference held until the walk's end, so that `code` outlives it
   };
   Frame frames[128];
   int n = 0;
   uint64_t hash = 1469598103934665603ull;
+  const bool with_modules = (g_options & kWithModules) != 0;
+  std::vector<ModuleFrame> modules_innermost_first;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   Py_XINCREF(f);
@@ -570,6 +638,13 @@ int32_t python_stack() {
     frames[n++] = {code, lasti, f};  // code and frame kept (references) until formatted or found
     hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(code))) * 1099511628211ull;
     hash = (hash ^ uint64_t(lasti)) * 1099511628211ull;
+    if (with_modules) {  // the same code runs under many modules (a Sequential's layers): they count
+      PyObject* module = frame_module(f, code);
+      if (module != nullptr) {
+        modules_innermost_first.push_back({module, code});
+        hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(module))) * 1099511628211ull;
+      }
+    }
     f = PyFrame_GetBack(f);
   }
   Py_XDECREF(f);
@@ -578,13 +653,8 @@ int32_t python_stack() {
   if (hit != cache.end()) {
     id = hit->second;
   } else {
-    std::string stack, modules;
-    for (int i = n - 1; i >= 0; i--) {  // outermost first
-      std::string cls = module_of_frame(frames[i].frame, frames[i].code);
-      if (cls.empty()) continue;
-      if (!modules.empty()) modules += ".";
-      modules += cls;
-    }
+    std::string stack;
+    std::string modules = module_hierarchy({modules_innermost_first.rbegin(), modules_innermost_first.rend()});
     for (int i = 0; i < n; i++) {
       PyCodeObject* code = frames[i].code;
       const char* file = PyUnicode_AsUTF8(code->co_filename);
@@ -609,6 +679,7 @@ int32_t python_stack() {
     if (cache.size() > 65536) cache.clear();
     cache.emplace(hash, id);
   }
+  for (const auto& level : modules_innermost_first) Py_DECREF(level.module);
   for (int i = 0; i < n; i++) {
     Py_DECREF(frames[i].code);
     Py_DECREF(frames[i].frame);
