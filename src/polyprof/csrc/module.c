@@ -37,7 +37,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddFunctions(m, pp_columns_methods) < 0 ||
         PyModule_AddFunctions(m, pp_perfetto_methods) < 0 || PyModule_AddFunctions(m, pp_merge_methods) < 0 ||
         PyModule_AddFunctions(m, pp_merge_pass_methods) < 0 ||
-        PyModule_AddFunctions(m, pp_read_methods) < 0 ||
+        PyModule_AddFunctions(m, pp_read_methods) < 0 || PyModule_AddFunctions(m, pp_read_packets_methods) < 0 ||
         PyModule_AddFunctions(m, pp_perfetto_args_methods) < 0 || PyModule_AddFunctions(m, pp_pytrace_methods) < 0 ||
         pp_recorder_add_types(m) < 0 || pp_pytrace_add_types(m) < 0) {
         Py_DECREF(m);

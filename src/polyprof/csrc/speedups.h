@@ -54,6 +54,7 @@ extern PyMethodDef pp_perfetto_methods[];
 extern PyMethodDef pp_merge_methods[];
 extern PyMethodDef pp_merge_pass_methods[];
 extern PyMethodDef pp_read_methods[];
+extern PyMethodDef pp_read_packets_methods[];
 extern PyMethodDef pp_perfetto_args_methods[];
 extern PyMethodDef pp_pytrace_methods[];
 int pp_pytrace_add_types(PyObject *module);

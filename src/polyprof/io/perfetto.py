@@ -47,6 +47,12 @@ def parse_perfetto(data: bytes, path: str = "<trace>", *, tolerate_torn: bool = 
     """A trace from Perfetto protobuf bytes (`path` names it in errors). With `tolerate_torn` (a spill
     whose writer was killed), a last packet cut short is left out (``reader.torn_bytes``) instead of
     being an error."""
+    if not tolerate_torn:
+        from polyprof.io.perfetto_scan import scan_perfetto
+
+        trace = scan_perfetto(data, path)  # columns straight from the packets, or None: the reader's
+        if trace is not None:
+            return trace
     return read_with(_Reader(path, tolerate_torn), data)
 
 
@@ -164,9 +170,9 @@ class _Reader:
         if interned is not None:
             self._interned(seq, interned)
         if snapshot is not None:
-            self._snapshot(snapshot)
+            self.clock_snapshot(snapshot)
         if descriptor is not None:
-            self._descriptor(descriptor)
+            self.descriptor(descriptor)
         if event is not None:
             self._event(seq, ts, event)
 
@@ -181,7 +187,7 @@ class _Reader:
                         name = _text(v)
                 self.interned[(seq, number)][iid] = name
 
-    def _snapshot(self, buf: memoryview) -> None:
+    def clock_snapshot(self, buf: memoryview) -> None:
         for number, _, value in fields(buf):
             if number == F.SNAPSHOT_CLOCKS:
                 clock, ts = 0, 0
@@ -192,7 +198,7 @@ class _Reader:
                         ts = int(v)
                 self.snapshot[clock] = ts
 
-    def _descriptor(self, buf: memoryview) -> None:
+    def descriptor(self, buf: memoryview) -> None:
         fields_of = list(fields(buf))
         uuid = next((int(v) for n, _, v in fields_of if n == F.TRACK_UUID), 0)
         track = self.tracks.setdefault(uuid, _Track(uuid))
@@ -277,9 +283,8 @@ class _Reader:
 
     # -- the model ------------------------------------------------------------------------------
     def _trace(self) -> Trace:
-        meta = dict(self.metadata or {})
-        layout = meta.get(LAYOUT_KEY) if isinstance(meta.get(LAYOUT_KEY), dict) else {}
-        devices, resources, row_of_track, device_of_track = self._places(layout)
+        meta, layout = self.meta_and_layout()
+        devices, resources, row_of_track, device_of_track = self.places(layout)
         builder = ActivityBuilder()
         unclosed = [(item, None) for stack in self.open.values() for item in stack]
         rows = [(item, end) for item, end in self.slices] + [(i, i.ts) for i in self.instants] + unclosed
@@ -289,7 +294,7 @@ class _Reader:
             track = item.track
             res = row_of_track.get(track)
             if res is None:
-                res = row_of_track[track] = self._lone_row(track, devices, resources, device_of_track)
+                res = row_of_track[track] = self.lone_row(track, devices, resources, device_of_track)
             args = dict(item.args) if item.args else {}
             ext = args.pop("External id", 0)
             corr = args.get("correlation", 0)
@@ -304,6 +309,13 @@ class _Reader:
                 cols = builder._cols
                 cols["flow_id"][row], cols["flow_type"][row] = key >> 2, (key & 3) or FLOW_AC2G
                 cols["flow_start"][row] = 1 if is_start else 0
+        return self.finish(builder.freeze(), devices, resources, device_of_track, meta, layout)
+
+    def finish(
+        self, acts: Any, devices: list[Device], resources: list[Resource], device_of_track: dict[int, int],
+        meta: dict[str, Any], layout: dict,
+    ) -> Trace:  # fmt: skip
+        """The trace of the rows `acts` placed on `devices` / `resources`: counters, clock, metadata."""
         counters = Counters()
         for track, ts, value in self.counter_samples:
             t = self.tracks.get(track)
@@ -311,7 +323,6 @@ class _Reader:
             if not devices:
                 devices.append(Device("pid:0", "unknown", 0, "process 0", pid=0))
             counters.add(t.name if t else f"counter {track}", dev, ts, value)
-        acts = builder.freeze()
         from polyprof.io.chrome import _statuses  # the one parser of polyprof's status metadata
 
         props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
@@ -338,7 +349,12 @@ class _Reader:
             timings_ms=timings,
         )
 
-    def _places(self, layout: dict) -> tuple[list[Device], list[Resource], dict[int, int], dict[int, int]]:
+    def meta_and_layout(self) -> tuple[dict[str, Any], dict]:
+        """The metadata event's values, and polyprof's layout among them ({} when there is none)."""
+        meta = dict(self.metadata or {})
+        return meta, meta.get(LAYOUT_KEY) if isinstance(meta.get(LAYOUT_KEY), dict) else {}
+
+    def places(self, layout: dict) -> tuple[list[Device], list[Resource], dict[int, int], dict[int, int]]:
         """Devices and rows: from polyprof's layout when there is one, else from the descriptors."""
         devices: list[Device] = []
         resources: list[Resource] = []
@@ -367,10 +383,10 @@ class _Reader:
                                       label=t.labels[0] if t.labels else ""))  # fmt: skip
         for t in self.tracks.values():
             if t.tid is not None:
-                row_of_track[t.uuid] = self._lone_row(t.uuid, devices, resources, device_of_track)
+                row_of_track[t.uuid] = self.lone_row(t.uuid, devices, resources, device_of_track)
         return devices, resources, row_of_track, device_of_track
 
-    def _lone_row(self, track: int, devices: list[Device], resources: list[Resource], device_of_track: dict[int, int]) -> int:
+    def lone_row(self, track: int, devices: list[Device], resources: list[Resource], device_of_track: dict[int, int]) -> int:
         """A row for a track that the layout does not name: under its parent process (or one made for it)."""
         t = self.tracks.get(track) or _Track(track)
         dev = device_of_track.get(t.parent)

@@ -1,0 +1,545 @@
+/*
+ * Reading a Perfetto protobuf trace's TrackEvent packets into columns (polyprof.io.perfetto_scan),
+ * without a Python object per event: the C side of load_trace for large .pftrace files. The Python
+ * reader (io/perfetto.py) stays the reference; this scanner gives the same trace or declines (None)
+ * for anything it does not read exactly as that reader does (malformed or cut-off packets, interned
+ * entries redefined, a debug annotation key given twice, strings that are not UTF-8, a value in a
+ * wire type the reader would choke on...), and the caller then uses the reader, which names the problem.
+ *
+ *   scan_packets(data) -> None (declined) or
+ *       (records: bytes of pf_rec, strings: list of bytes, descriptors: list of bytes,
+ *        snapshots: list of bytes, blocks: dict, legacy_json: list of bytes)
+ *
+ * records    the slice begins, instants and counter values, in file order (pf_rec, PF_DTYPE in
+ *            io/perfetto_scan.py); a slice's end is filled in when its TYPE_SLICE_END comes
+ * strings    UTF-8 names, categories and annotation keys, by code
+ * descriptors  (records before it, TrackDescriptor message) of each, for the reader's own parser
+ * snapshots  each ClockSnapshot message, likewise
+ * blocks     key codes (int32 each, in the event's order) -> [record indices (int64 bytearray),
+ *            [JSON text per record, one list per key]]: every annotation but "External id", which
+ *            goes to its own column
+ * legacy_json  the legacy_json values passed on as they are, for the caller to check they are JSON
+ */
+#include "speedups.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    int64_t ts, end;      /* end: -1 while open; an instant's is its ts */
+    uint64_t track;
+    int64_t ext, corr;    /* "External id" and "correlation" when int64 integers, else 0 */
+    uint64_t flow;        /* the event's first flow id (0: none) */
+    double value;         /* a counter's */
+    int32_t name, cat;    /* string codes, -1: "" */
+    int32_t end_order;    /* the order the slices' ends came in, -1: open */
+    int32_t open_slot;    /* begins: the order of their track's first begin (the reader's open dict) */
+    int8_t type, has_flow, flow_start, has_ext_key, has_value, pad[3];
+} pf_rec; /* 80 bytes */
+
+enum { F_VARINT = 0, F_FIXED64 = 1, F_LEN = 2, F_FIXED32 = 5 };
+enum { MAX_SEQUENCES = 256, MAX_IID = 1 << 24, MAX_KEYS = 64 };
+
+typedef struct { const uint8_t *p, *end; } reader;
+typedef struct { uint32_t number; int wire; uint64_t v; const uint8_t *p; Py_ssize_t len; } field;
+
+static int read_varint(reader *r, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (r->p >= r->end) return -1;
+        uint8_t b = *r->p++;
+        if (shift == 63 && b > 1) return -1;  /* past 64 bits: the reader's value would not fit */
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) { *out = v; return 0; }
+    }
+    return -1;
+}
+
+/* The next field of the message in `r` (1), the end (0), or malformed (-1), as wire.fields reads. */
+static int next_field(reader *r, field *f) {
+    if (r->p >= r->end) return 0;
+    uint64_t key;
+    if (read_varint(r, &key) < 0) return -1;
+    f->number = (uint32_t)(key >> 3), f->wire = (int)(key & 7), f->p = NULL, f->len = 0, f->v = 0;
+    switch (f->wire) {
+        case F_VARINT: return read_varint(r, &f->v) < 0 ? -1 : 1;
+        case F_FIXED64:
+            if (r->end - r->p < 8) return -1;
+            memcpy(&f->v, r->p, 8), r->p += 8;
+            return 1;
+        case F_FIXED32: {
+            if (r->end - r->p < 4) return -1;
+            uint32_t v;
+            memcpy(&v, r->p, 4), r->p += 4, f->v = v;
+            return 1;
+        }
+        case F_LEN: {
+            uint64_t size;
+            if (read_varint(r, &size) < 0 || size > (uint64_t)(r->end - r->p)) return -1;
+            f->p = r->p, f->len = (Py_ssize_t)size, r->p += size;
+            return 1;
+        }
+        default: return -1;
+    }
+}
+
+/* ---- what one scan holds ---------------------------------------------------------------------- */
+typedef struct { int32_t *code; Py_ssize_t cap; } iid_table; /* iid -> string code, -1: none */
+typedef struct { uint64_t id; int used, cleared_ok; iid_table kinds[3]; } sequence; /* cats, names, keys */
+typedef struct { uint64_t track; int64_t *rows; Py_ssize_t n, cap; int32_t slot; } open_stack;
+
+typedef struct {
+    PyObject *strings, *codes, *descriptors, *snapshots, *blocks, *legacy;
+    pf_rec *recs;
+    Py_ssize_t n, cap;
+    sequence seqs[MAX_SEQUENCES];
+    int n_seqs;
+    open_stack *stacks;  /* open addressing on track uuid */
+    Py_ssize_t stacks_cap, stacks_used;
+    int32_t next_slot, next_end, ext_code, corr_code;
+    outbuf json;         /* one annotation value's JSON text */
+} scan;
+
+static int32_t string_code(scan *s, const uint8_t *p, Py_ssize_t len) {
+    PyObject *key = PyBytes_FromStringAndSize((const char *)p, len);
+    if (key == NULL) return -2;
+    PyObject *code = PyDict_GetItemWithError(s->codes, key);
+    if (code != NULL) { Py_DECREF(key); return (int32_t)PyLong_AsLong(code); }
+    if (PyErr_Occurred()) { Py_DECREF(key); return -2; }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, len, NULL);  /* the reader decodes with "replace" */
+    if (text == NULL) { PyErr_Clear(); Py_DECREF(key); return -3; }
+    Py_DECREF(text);
+    int32_t n = (int32_t)PyList_GET_SIZE(s->strings);
+    PyObject *num = PyLong_FromLong(n);
+    int rc = num == NULL ? -1 : PyDict_SetItem(s->codes, key, num);
+    if (rc == 0) rc = PyList_Append(s->strings, key);
+    Py_XDECREF(num);
+    Py_DECREF(key);
+    return rc < 0 ? -2 : n;
+}
+
+static sequence *sequence_of(scan *s, uint64_t id) {
+    for (int i = 0; i < s->n_seqs; i++) if (s->seqs[i].id == id) return &s->seqs[i];
+    if (s->n_seqs == MAX_SEQUENCES) return NULL;
+    sequence *q = &s->seqs[s->n_seqs++];
+    memset(q, 0, sizeof *q);
+    q->id = id;
+    return q;
+}
+
+static int32_t iid_get(const iid_table *t, uint64_t iid) {
+    return iid < (uint64_t)t->cap ? t->code[iid] : -1;
+}
+
+/* 0, or -1 to decline (an iid past the table's reach, or one given another string) */
+static int iid_set(iid_table *t, uint64_t iid, int32_t code) {
+    if (iid >= MAX_IID) return -1;
+    if ((Py_ssize_t)iid >= t->cap) {
+        Py_ssize_t cap = t->cap ? t->cap : 256;
+        while (cap <= (Py_ssize_t)iid) cap *= 2;
+        int32_t *q = PyMem_RawRealloc(t->code, cap * sizeof(int32_t));
+        if (q == NULL) return -1;
+        for (Py_ssize_t i = t->cap; i < cap; i++) q[i] = -1;
+        t->code = q, t->cap = cap;
+    }
+    if (t->code[iid] >= 0 && t->code[iid] != code) return -1;
+    t->code[iid] = code;
+    return 0;
+}
+
+static Py_ssize_t track_hash(uint64_t track, Py_ssize_t cap) {
+    return (Py_ssize_t)((track * 0x9E3779B97F4A7C15ULL) >> 17) & (cap - 1);
+}
+
+static open_stack *stack_find(scan *s, uint64_t track) {
+    if (s->stacks_cap == 0) return NULL;
+    for (Py_ssize_t j = track_hash(track, s->stacks_cap);; j = (j + 1) & (s->stacks_cap - 1)) {
+        open_stack *o = &s->stacks[j];
+        if (o->cap == 0) return NULL;  /* an empty slot (every stack in use has room allocated) */
+        if (o->track == track) return o;
+    }
+}
+
+/* A new stack for `track`, which has none yet; NULL when out of memory. */
+static open_stack *stack_create(scan *s, uint64_t track) {
+    if ((s->stacks_used + 1) * 2 > s->stacks_cap) {
+        Py_ssize_t cap = s->stacks_cap ? s->stacks_cap * 2 : 64;
+        open_stack *t = PyMem_RawCalloc(cap, sizeof(open_stack));
+        if (t == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < s->stacks_cap; i++) {
+            if (s->stacks[i].cap == 0) continue;
+            Py_ssize_t j = track_hash(s->stacks[i].track, cap);
+            while (t[j].cap) j = (j + 1) & (cap - 1);
+            t[j] = s->stacks[i];
+        }
+        PyMem_RawFree(s->stacks);
+        s->stacks = t, s->stacks_cap = cap;
+    }
+    Py_ssize_t j = track_hash(track, s->stacks_cap);
+    while (s->stacks[j].cap) j = (j + 1) & (s->stacks_cap - 1);
+    open_stack *o = &s->stacks[j];
+    if ((o->rows = PyMem_RawMalloc(16 * sizeof(int64_t))) == NULL) return NULL;
+    o->track = track, o->cap = 16, o->n = 0, o->slot = s->next_slot++;
+    s->stacks_used++;
+    return o;
+}
+
+/* ---- one annotation's value as JSON text, as the reader's value would be written -------------- */
+static int json_reserve(scan *s, Py_ssize_t more) { return ob_reserve(&s->json, more); }
+
+static int json_string(scan *s, const uint8_t *p, Py_ssize_t len) {
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+    if (text == NULL) { PyErr_Clear(); return -1; }
+    Py_DECREF(text);
+    if (json_reserve(s, 6 * len + 2) < 0) return -1;
+    outbuf *b = &s->json;
+    b->p[b->n++] = '"';
+    for (Py_ssize_t i = 0; i < len; i++) {
+        uint8_t c = p[i];
+        if (c == '"' || c == '\\') { b->p[b->n++] = '\\'; b->p[b->n++] = (char)c; }
+        else if (c < 0x20) b->n += snprintf(b->p + b->n, 7, "\\u%04x", c);
+        else b->p[b->n++] = (char)c;
+    }
+    b->p[b->n++] = '"';
+    return 0;
+}
+
+enum { V_NONE, V_BOOL, V_INT, V_UINT, V_DOUBLE, V_STRING, V_JSON };
+
+/* Reads a DebugAnnotation: its key's string code and its value's JSON text into s->json. Returns 0,
+   -1 to decline or -2 on a Python error. `as_int` gets the value when it is an int64 integer (the
+   reader's _int64; `is_int` says so), `is_json` says it was legacy JSON text. */
+static int annotation(scan *s, sequence *q, const uint8_t *p, Py_ssize_t len, int32_t *key,
+                      int64_t *as_int, int *is_int, int *is_json) {
+    reader r = {p, p + len};
+    field f;
+    int kind = V_NONE, rc;
+    uint64_t v = 0;
+    const uint8_t *text = NULL;
+    Py_ssize_t text_len = 0;
+    *key = -1;
+    int named = 0;
+    while ((rc = next_field(&r, &f)) == 1) {
+        int is_len = f.wire == F_LEN;
+        switch (f.number) {
+            case 1:  /* name_iid */
+                if (is_len) return -1;
+                *key = iid_get(&q->kinds[2], f.v);
+                if (*key < 0) return -1;  /* the reader names it "arg <iid>" */
+                named = 1;
+                break;
+            case 10:  /* name */
+                if (!is_len) return -1;
+                if ((*key = string_code(s, f.p, f.len)) < 0) return *key == -2 ? -2 : -1;
+                named = 1;
+                break;
+            case 2: if (is_len) return -1; kind = V_BOOL, v = f.v; break;
+            case 3: if (is_len) return -1; kind = V_UINT, v = f.v; break;
+            case 4: if (is_len) return -1; kind = V_INT, v = f.v; break;
+            case 5: if (is_len) return -1; kind = V_DOUBLE, v = f.v; break;
+            case 6: if (!is_len) return -1; kind = V_STRING, text = f.p, text_len = f.len; break;
+            case 9: if (!is_len) return -1; kind = V_JSON, text = f.p, text_len = f.len; break;
+            default: break;
+        }
+    }
+    if (rc < 0) return -1;
+    if (!named && (*key = string_code(s, (const uint8_t *)"", 0)) < 0) return -2;
+    s->json.n = 0;
+    *is_int = 0, *is_json = kind == V_JSON;
+    if (json_reserve(s, 32) < 0) return -1;
+    outbuf *b = &s->json;
+    switch (kind) {
+        case V_NONE: memcpy(b->p, "null", 4), b->n = 4; break;
+        case V_BOOL: if (v) memcpy(b->p, "true", 4), b->n = 4; else memcpy(b->p, "false", 5), b->n = 5; break;
+        case V_INT: b->n = snprintf(b->p, 32, "%lld", (long long)(int64_t)v), *as_int = (int64_t)v, *is_int = 1; break;
+        case V_UINT:
+            b->n = snprintf(b->p, 32, "%llu", (unsigned long long)v);
+            if (v < (1ULL << 63)) *as_int = (int64_t)v, *is_int = 1;
+            break;
+        case V_DOUBLE: {
+            double d;
+            memcpy(&d, &v, 8);
+            if (!isfinite(d)) return -1;  /* NaN and infinities have no JSON text */
+            char *repr = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+            if (repr == NULL) { PyErr_Clear(); return -1; }
+            Py_ssize_t n = (Py_ssize_t)strlen(repr);
+            if (json_reserve(s, n) < 0) { PyMem_Free(repr); return -1; }
+            memcpy(b->p, repr, n), b->n = n;
+            PyMem_Free(repr);
+            break;
+        }
+        case V_STRING: if (json_string(s, text, text_len) < 0) return -1; break;
+        case V_JSON: {
+            if (json_reserve(s, text_len) < 0) return -1;
+            memcpy(b->p, text, text_len), b->n = text_len;
+            PyObject *raw = PyBytes_FromStringAndSize((const char *)text, text_len);
+            if (raw == NULL || PyList_Append(s->legacy, raw) < 0) { Py_XDECREF(raw); return -2; }
+            Py_DECREF(raw);
+            break;
+        }
+    }
+    return 0;
+}
+
+/* ---- the events ------------------------------------------------------------------------------- */
+static int add_to_block(scan *s, const int32_t *keys, int n_keys, PyObject **values, int64_t row) {
+    PyObject *signature = PyBytes_FromStringAndSize((const char *)keys, n_keys * (Py_ssize_t)sizeof(int32_t));
+    if (signature == NULL) return -1;
+    PyObject *block = PyDict_GetItemWithError(s->blocks, signature);
+    if (block == NULL) {
+        if (PyErr_Occurred()) { Py_DECREF(signature); return -1; }
+        PyObject *rows = PyByteArray_FromStringAndSize(NULL, 0), *columns = PyList_New(n_keys);
+        block = rows && columns ? PyList_New(2) : NULL;
+        if (block == NULL) { Py_XDECREF(rows); Py_XDECREF(columns); Py_DECREF(signature); return -1; }
+        PyList_SET_ITEM(block, 0, rows), PyList_SET_ITEM(block, 1, columns);
+        for (int k = 0; k < n_keys; k++) {
+            PyObject *c = PyList_New(0);
+            if (c == NULL) { Py_DECREF(block); Py_DECREF(signature); return -1; }
+            PyList_SET_ITEM(columns, k, c);
+        }
+        int rc = PyDict_SetItem(s->blocks, signature, block);
+        Py_DECREF(block);
+        if (rc < 0) { Py_DECREF(signature); return -1; }
+    }
+    Py_DECREF(signature);
+    PyObject *rows = PyList_GET_ITEM(block, 0), *columns = PyList_GET_ITEM(block, 1);
+    Py_ssize_t at = PyByteArray_GET_SIZE(rows);
+    if (PyByteArray_Resize(rows, at + 8) < 0) return -1;
+    memcpy(PyByteArray_AS_STRING(rows) + at, &row, 8);
+    for (int k = 0; k < n_keys; k++)
+        if (PyList_Append(PyList_GET_ITEM(columns, k), values[k]) < 0) return -1;
+    return 0;
+}
+
+/* 0, -1 declined, -2 a Python error */
+static int track_event(scan *s, sequence *q, int64_t ts, const uint8_t *p, Py_ssize_t len) {
+    reader r = {p, p + len};
+    field f;
+    int rc, type = 0, n_keys = 0, has_value = 0, cat_set = 0, ext_key = 0, is_json = 0;
+    int32_t code;
+    pf_rec rec = {0};
+    rec.ts = ts, rec.end = -1, rec.name = -1, rec.cat = -1, rec.end_order = -1;
+    int32_t keys[MAX_KEYS];
+    PyObject *values[MAX_KEYS];
+    int64_t as_int = 0;
+    int is_int = 0, result = 0;
+    code = 0;
+    while ((rc = next_field(&r, &f)) == 1) {
+        int is_len = f.wire == F_LEN;
+        switch (f.number) {
+            case 9: if (is_len) goto declined; type = (int)f.v; break;
+            case 11: if (is_len) goto declined; rec.track = f.v; break;
+            case 10: if (is_len) goto declined; rec.name = iid_get(&q->kinds[1], f.v); break;
+            case 23:
+                if (!is_len) goto declined;
+                if ((code = string_code(s, f.p, f.len)) < 0) goto string_failed;
+                rec.name = code;
+                break;
+            case 3:  /* category_iids: the first category is the event's */
+                if (is_len) goto declined;
+                if (!cat_set) rec.cat = iid_get(&q->kinds[0], f.v), cat_set = 1;
+                break;
+            case 22:
+                if (!is_len) goto declined;
+                if ((code = string_code(s, f.p, f.len)) < 0) goto string_failed;
+                if (!cat_set) rec.cat = code, cat_set = 1;
+                break;
+            case 4: {
+                if (!is_len) goto declined;
+                int32_t key;
+                int a = annotation(s, q, f.p, f.len, &key, &as_int, &is_int, &is_json);
+                if (a < 0) { result = a; goto done; }
+                for (int k = 0; k < n_keys; k++) if (keys[k] == key) goto declined;  /* a key given twice */
+                if (is_json && (key == s->ext_code || key == s->corr_code)) goto declined;
+                if (key == s->ext_code) {  /* popped from the args; the row's External id when an integer */
+                    if (ext_key) goto declined;
+                    ext_key = 1, rec.ext = is_int ? as_int : 0;
+                    break;
+                }
+                if (key == s->corr_code) rec.corr = is_int ? as_int : 0;
+                if (n_keys == MAX_KEYS) goto declined;
+                values[n_keys] = PyBytes_FromStringAndSize(s->json.p, s->json.n);
+                if (values[n_keys] == NULL) { result = -2; goto done; }
+                keys[n_keys++] = key;
+                break;
+            }
+            case 47: case 48:
+                if (is_len) goto declined;
+                if (!rec.has_flow) rec.has_flow = 1, rec.flow = f.v, rec.flow_start = f.number == 47;
+                break;
+            case 44:
+                if (is_len) goto declined;
+                memcpy(&rec.value, &f.v, 8), has_value = 1;
+                break;
+            case 30:
+                if (is_len) goto declined;
+                rec.value = (double)(int64_t)f.v, has_value = 1;
+                break;
+            default: break;
+        }
+    }
+    if (rc < 0) goto declined;
+    rec.type = (int8_t)type, rec.has_value = (int8_t)has_value, rec.has_ext_key = (int8_t)ext_key;
+    if (ts < 0) goto declined;  /* past int64: the reader's value would not fit a column */
+    if (type == 2) {  /* TYPE_SLICE_END closes the last slice begun on its track */
+        open_stack *o = stack_find(s, rec.track);
+        if (o != NULL && o->n > 0) {
+            pf_rec *begin = &s->recs[o->rows[--o->n]];
+            begin->end = ts, begin->end_order = s->next_end++;
+        }
+        goto done;
+    }
+    if (type == 4 ? !has_value : (type != 1 && type != 3)) goto done;  /* the reader keeps no row */
+    if (type == 3) rec.end = ts;
+    if (s->n == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 1 << 14;
+        pf_rec *more = PyMem_RawRealloc(s->recs, cap * sizeof(pf_rec));
+        if (more == NULL) { PyErr_NoMemory(); result = -2; goto done; }
+        s->recs = more, s->cap = cap;
+    }
+    int64_t row = s->n;
+    if (type == 1) {
+        open_stack *o = stack_find(s, rec.track);
+        if (o == NULL) o = stack_create(s, rec.track);
+        if (o == NULL) { PyErr_NoMemory(); result = -2; goto done; }
+        if (o->n == o->cap) {
+            int64_t *more = PyMem_RawRealloc(o->rows, 2 * o->cap * sizeof(int64_t));
+            if (more == NULL) { PyErr_NoMemory(); result = -2; goto done; }
+            o->rows = more, o->cap *= 2;
+        }
+        o->rows[o->n++] = row;
+        rec.open_slot = o->slot;
+    }
+    s->recs[s->n++] = rec;
+    if (n_keys && type != 4 && add_to_block(s, keys, n_keys, values, row) < 0) result = -2;
+    goto done;
+string_failed:
+    result = code == -2 ? -2 : -1;
+    goto done;
+declined:
+    result = -1;
+done:
+    for (int k = 0; k < n_keys; k++) Py_DECREF(values[k]);
+    return result;
+}
+
+static int interned_data(scan *s, sequence *q, const uint8_t *p, Py_ssize_t len) {
+    reader r = {p, p + len};
+    field f;
+    int rc;
+    while ((rc = next_field(&r, &f)) == 1) {
+        if (f.number < 1 || f.number > 3) continue;  /* categories, event names, annotation names */
+        if (f.wire != F_LEN) return -1;
+        reader e = {f.p, f.p + f.len};
+        field g;
+        uint64_t iid = 0;
+        int32_t code = -1;
+        int erc;
+        while ((erc = next_field(&e, &g)) == 1) {
+            if (g.number == 1) { if (g.wire == F_LEN) return -1; iid = g.v; }
+            else if (g.number == 2) {
+                if (g.wire != F_LEN) return -1;
+                if ((code = string_code(s, g.p, g.len)) < 0) return code == -2 ? -2 : -1;
+            }
+        }
+        if (erc < 0) return -1;
+        if (code < 0 && (code = string_code(s, (const uint8_t *)"", 0)) < 0) return -2;
+        if (iid_set(&q->kinds[f.number - 1], iid, code) < 0) return -1;
+        q->used = 1;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+static int append_bytes(PyObject *list, const uint8_t *p, Py_ssize_t len) {
+    PyObject *b = PyBytes_FromStringAndSize((const char *)p, len);
+    int rc = b == NULL ? -1 : PyList_Append(list, b);
+    Py_XDECREF(b);
+    return rc < 0 ? -2 : 0;
+}
+
+/* 0, -1 declined, -2 a Python error */
+static int packet(scan *s, const uint8_t *p, Py_ssize_t len) {
+    reader r = {p, p + len};
+    field f, event = {0}, descriptor = {0}, interned = {0}, snapshot = {0};
+    uint64_t ts = 0, seq = 0, flags = 0;
+    int rc;
+    while ((rc = next_field(&r, &f)) == 1) {
+        field *slot = NULL;
+        switch (f.number) {
+            case 8: if (f.wire == F_LEN) return -1; ts = f.v; break;
+            case 10: if (f.wire == F_LEN) return -1; seq = f.v; break;
+            case 13: if (f.wire == F_LEN) return -1; flags = f.v; break;
+            case 11: slot = &event; break;
+            case 60: slot = &descriptor; break;
+            case 12: slot = &interned; break;
+            case 6: slot = &snapshot; break;
+            default: break;
+        }
+        if (slot != NULL) {
+            if (f.wire != F_LEN || slot->p != NULL) return -1;  /* the reader keeps the last of a repeat */
+            *slot = f;
+        }
+    }
+    if (rc < 0) return -1;
+    sequence *q = sequence_of(s, seq);
+    if (q == NULL) return -1;
+    if ((flags & 1) && q->used) return -1;  /* interned state cleared mid-sequence: the reader's job */
+    if (interned.p && (rc = interned_data(s, q, interned.p, interned.len)) < 0) return rc;
+    if (snapshot.p && append_bytes(s->snapshots, snapshot.p, snapshot.len) < 0) return -2;
+    if (descriptor.p) {  /* with the number of records before it: the reader knows a track from then on */
+        PyObject *d = Py_BuildValue("(ny#)", s->n, (const char *)descriptor.p, descriptor.len);
+        int ok = d != NULL && PyList_Append(s->descriptors, d) == 0;
+        Py_XDECREF(d);
+        if (!ok) return -2;
+    }
+    if (event.p) return track_event(s, q, (int64_t)ts, event.p, event.len);
+    return 0;
+}
+
+static void scan_release(scan *s) {
+    for (int i = 0; i < s->n_seqs; i++)
+        for (int k = 0; k < 3; k++) PyMem_RawFree(s->seqs[i].kinds[k].code);
+    for (Py_ssize_t i = 0; i < s->stacks_cap; i++) PyMem_RawFree(s->stacks[i].rows);
+    PyMem_RawFree(s->stacks);
+    PyMem_RawFree(s->recs);
+    PyMem_RawFree(s->json.p);
+    Py_XDECREF(s->strings), Py_XDECREF(s->codes), Py_XDECREF(s->descriptors);
+    Py_XDECREF(s->snapshots), Py_XDECREF(s->blocks), Py_XDECREF(s->legacy);
+}
+
+static PyObject *sp_scan_packets(PyObject *m, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    scan *s = PyMem_RawCalloc(1, sizeof(scan));
+    if (s == NULL) { PyBuffer_Release(&view); return PyErr_NoMemory(); }
+    PyObject *result = NULL;
+    s->strings = PyList_New(0), s->codes = PyDict_New(), s->descriptors = PyList_New(0);
+    s->snapshots = PyList_New(0), s->blocks = PyDict_New(), s->legacy = PyList_New(0);
+    if (!s->strings || !s->codes || !s->descriptors || !s->snapshots || !s->blocks || !s->legacy) goto done;
+    if ((s->ext_code = string_code(s, (const uint8_t *)"External id", 11)) < 0 ||
+        (s->corr_code = string_code(s, (const uint8_t *)"correlation", 11)) < 0) goto done;
+    reader r = {view.buf, (const uint8_t *)view.buf + view.len};
+    field f;
+    int rc, packets = 0;
+    while ((rc = next_field(&r, &f)) == 1) {
+        if (f.number != 1 || f.wire != F_LEN) { rc = -1; break; }  /* a Trace holds packets */
+        packets++;
+        if ((rc = packet(s, f.p, f.len)) < 0) break;
+    }
+    if (rc == -2) goto done;
+    if (rc < 0 || packets == 0) { result = Py_NewRef(Py_None); goto done; }
+    PyObject *recs = PyBytes_FromStringAndSize((const char *)s->recs, s->n * (Py_ssize_t)sizeof(pf_rec));
+    if (recs == NULL) goto done;
+    result = Py_BuildValue("(NOOOOO)", recs, s->strings, s->descriptors, s->snapshots, s->blocks, s->legacy);
+done:
+    if (result == NULL && !PyErr_Occurred()) PyErr_NoMemory();
+    scan_release(s);
+    PyMem_RawFree(s);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+PyMethodDef pp_read_packets_methods[] = {
+    {"scan_packets", sp_scan_packets, METH_O, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
+    {NULL, NULL, 0, NULL},
+};

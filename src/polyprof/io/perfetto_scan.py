@@ -1,0 +1,194 @@
+"""Large Perfetto protobuf traces read into columns without a Python object per event: the C scanner
+(``_speedups.scan_packets``, csrc/read_packets.c) walks the packets, this module turns what it found
+into a :class:`Trace`.
+
+::
+
+    trace = scan_perfetto(data, "trace.pftrace")   # None: the scanner declined, use io.perfetto's reader
+
+The reader in :mod:`polyprof.io.perfetto` stays the reference: the scanner reads exactly what it reads
+(track descriptors and clock snapshots go through the reader's own parsers) and declines (None) for
+anything it would read differently, so that the reader reads the file and says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from polyprof import _accel
+from polyprof.export.perfetto import fields as F
+from polyprof.export.perfetto.writer import METADATA_EVENT, METADATA_TRACK
+from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringTable, kind_from_category
+from polyprof.model.activities import COLUMNS
+from polyprof.model.args import _Block, _JSONArray
+
+#: csrc/read_packets.c's pf_rec
+PF_DTYPE = np.dtype(
+    [("ts", "<i8"), ("end", "<i8"), ("track", "<u8"), ("ext", "<i8"), ("corr", "<i8"), ("flow", "<u8"),
+     ("value", "<f8"), ("name", "<i4"), ("cat", "<i4"), ("end_order", "<i4"), ("open_slot", "<i4"),
+     ("type", "i1"), ("has_flow", "i1"), ("flow_start", "i1"), ("has_ext_key", "i1"), ("has_value", "i1"),
+     ("pad", "V3")]  # fmt: skip
+)
+assert PF_DTYPE.itemsize == 80
+
+
+class Declined(Exception):
+    """Something the reference reader reads differently (or names as a problem)."""
+
+
+def scan_perfetto(data: bytes, path: str = "<trace>") -> Any:
+    """The trace in the Perfetto protobuf bytes `data`, or None where the scanner declines."""
+    fast = _accel.speedups
+    if fast is None:
+        return None
+    found = fast.scan_packets(data)
+    if found is None:
+        return None
+    try:
+        return _assemble(found, path)
+    except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
+        return None
+
+
+def _assemble(found: tuple, path: str) -> Any:
+    from polyprof.io.perfetto import _Reader
+
+    raw, strings, descriptors, snapshots, blocks, legacy = found
+    for text in set(legacy):  # values passed on as text: JSON, or the reader names the event
+        orjson.loads(text)
+    texts = [b.decode() for b in strings]
+    recs = np.frombuffer(raw, dtype=PF_DTYPE)
+    reader = _Reader(path)
+    for snapshot in snapshots:
+        reader.clock_snapshot(memoryview(snapshot))
+    args_of = _ArgsOf(blocks, texts)
+    meta_rows = _metadata_rows(recs, texts, descriptors, path)
+    if len(meta_rows):
+        reader.metadata = args_of.dict_at(int(meta_rows[-1]))  # the last one, as the reader keeps
+    for _, descriptor in descriptors:
+        reader.descriptor(memoryview(descriptor))
+    kind = recs["type"]
+    reader.counter_samples = [
+        (int(t), int(ts), float(v)) for t, ts, v in recs[["track", "ts", "value"]][kind == F.TYPE_COUNTER].tolist()
+    ]
+    rows, ends = _row_order(recs, meta_rows)
+    meta, layout = reader.meta_and_layout()
+    devices, resources, row_of_track, device_of_track = reader.places(layout)
+    tracks = recs["track"][rows]
+    unique, first, inverse = np.unique(tracks, return_index=True, return_inverse=True)
+    for i in np.argsort(first, kind="stable").tolist():  # rows for unnamed tracks, as the reader meets them
+        t = int(unique[i])
+        if t not in row_of_track:
+            row_of_track[t] = reader.lone_row(t, devices, resources, device_of_track)
+    res_of_track = np.array([row_of_track[int(t)] for t in unique.tolist()] or [0], dtype=np.int32)
+    resource = res_of_track[inverse.reshape(-1)] if len(rows) else np.zeros(0, dtype=np.int32)
+    device_of_res = np.array([r.device for r in resources] or [0], dtype=np.int32)
+    table = StringTable()
+    codes = np.array([table.intern(t) for t in texts] + [table.intern("")], dtype=np.int32)  # -1: ""
+    kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] + [int(kind_from_category(""))], dtype=np.uint8)
+    r = recs[rows]
+    columns = {name: np.zeros(len(rows), dtype=dtype) for name, dtype in COLUMNS}
+    columns["kind"][:] = np.where(r["type"] == F.TYPE_INSTANT, int(ActivityKind.INSTANT), kind_of_cat[r["cat"]])
+    columns["cat"][:] = codes[r["cat"]]
+    columns["name"][:] = codes[r["name"]]
+    columns["resource"][:] = resource
+    columns["device"][:] = device_of_res[resource]
+    columns["start"][:] = r["ts"]
+    columns["end"][:] = ends
+    columns["correlation"][:] = r["corr"]
+    columns["external_id"][:] = r["ext"]
+    flow = r["has_flow"] != 0
+    key = r["flow"][flow]
+    columns["flow_id"][flow] = (key >> np.uint64(2)).astype(np.int64)
+    flow_type = (key & np.uint64(3)).astype(np.int8)
+    columns["flow_type"][flow] = np.where(flow_type != 0, flow_type, FLOW_AC2G)
+    columns["flow_start"][flow] = r["flow_start"][flow]
+    args = args_of.placed(rows)
+    for row in np.flatnonzero((r["type"] == F.TYPE_SLICE_BEGIN) & (r["end_order"] < 0)).tolist():
+        args.dicts[row] = {"finished": False}  # a begin without its end: open until the trace's last time
+    return reader.finish(ActivityTable(table, columns, args), devices, resources, device_of_track, meta, layout)
+
+
+def _metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: str) -> np.ndarray:
+    """The records of polyprof's metadata event: an instant of that name on a track the descriptors
+    read before it name as the metadata track."""
+    from polyprof.io.perfetto import _Reader
+
+    try:
+        name = texts.index(METADATA_EVENT)
+    except ValueError:
+        return np.zeros(0, dtype=np.int64)
+    candidates = np.flatnonzero((recs["type"] == F.TYPE_INSTANT) & (recs["name"] == name))
+    kept = []
+    for i in candidates.tolist():
+        names = _Reader(path)
+        for before, descriptor in descriptors:
+            if before > i:
+                break
+            names.descriptor(memoryview(descriptor))
+        track = names.tracks.get(int(recs["track"][i]))
+        if track is not None and track.name == METADATA_TRACK:
+            if recs["has_ext_key"][i]:
+                raise Declined  # the reader keeps that key in the metadata; rows lose it
+            kept.append(i)
+    return np.array(kept, dtype=np.int64)
+
+
+def _row_order(recs: np.ndarray, meta_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The records that are rows, in the reader's order (by start, then longest first; ties: slices in
+    the order they ended, instants, then slices still open by track), and each row's end."""
+    kind = recs["type"]
+    index = np.arange(len(recs), dtype=np.int64)
+    instant = kind == F.TYPE_INSTANT
+    instant[meta_rows] = False
+    begin = kind == F.TYPE_SLICE_BEGIN
+    closed = begin & (recs["end_order"] >= 0)
+    unclosed = begin & ~closed
+    ts, end = recs["ts"], recs["end"]
+    done = closed | instant
+    last = max(int(end[done].max()) if done.any() else 0, 0)
+    group = np.where(closed, 0, np.where(instant, 1, 2))
+    first_key = np.where(closed, recs["end_order"], np.where(instant, index, recs["open_slot"]))
+    sort_end = np.where(unclosed, ts, end)
+    rows = np.flatnonzero(done | unclosed)
+    order = np.lexsort((index[rows], first_key[rows], group[rows], -sort_end[rows], ts[rows]))
+    rows = rows[order]
+    ends = np.where(unclosed[rows], np.maximum(ts[rows], last), end[rows])
+    return rows, ends
+
+
+class _ArgsOf:
+    """The scanner's annotation blocks (by record), placed on rows or read for one record."""
+
+    def __init__(self, blocks: dict, texts: list[str]) -> None:
+        self.blocks = []
+        for signature, (rows_raw, values) in blocks.items():
+            keys = tuple(texts[k] for k in np.frombuffer(signature, dtype=np.int32).tolist())
+            rows = np.frombuffer(rows_raw, dtype=np.int64)
+            self.blocks.append((rows, keys, [_JSONArray.of(v, len(v)) for v in values]))
+
+    def dict_at(self, record: int) -> dict[str, Any]:
+        for rows, keys, columns in self.blocks:
+            p = int(np.searchsorted(rows, record))
+            if p < len(rows) and rows[p] == record:
+                return {k: orjson.loads(c[p]) for k, c in zip(keys, columns, strict=True)}
+        return {}
+
+    def placed(self, rows: np.ndarray) -> Args:
+        """Args of the rows: row i is record rows[i]."""
+        position = np.full(int(rows.max()) + 1 if len(rows) else 0, -1, dtype=np.int64)
+        position[rows] = np.arange(len(rows), dtype=np.int64)
+        args = Args()
+        for records, keys, columns in self.blocks:
+            new = np.full(len(records), -1, dtype=np.int64)
+            inside = records < len(position)
+            new[inside] = position[records[inside]]
+            kept = np.flatnonzero(new >= 0)
+            if not len(kept):
+                continue
+            order = kept[np.argsort(new[kept], kind="stable")]
+            args.blocks.append(_Block(new[order], keys, [c[order] for c in columns]))
+        return args

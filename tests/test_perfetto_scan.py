@@ -1,0 +1,238 @@
+"""The C scanner of Perfetto protobuf traces (csrc/read_packets.c, io/perfetto_scan.py) reads exactly
+what the reference reader (io/perfetto.py) reads, or declines and leaves the file to it: polyprof's own
+traces, a merged multi-rank trace, another writer's trace built field by field, and seeded mutants."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import orjson
+import pytest
+from test_export_perfetto import overlapping_trace
+
+import polyprof
+import polyprof._accel
+from polyprof.errors import TraceFormatError
+from polyprof.export import dumps_chrome_trace
+from polyprof.export.perfetto import dumps_perfetto_trace
+from polyprof.export.perfetto import fields as F
+from polyprof.export.perfetto.wire import field_bytes, field_double, field_fixed64, field_string, field_varint
+from polyprof.io import perfetto, perfetto_scan
+
+pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+
+
+def _reference(data: bytes, path: str = "t.pftrace"):
+    return perfetto.read_with(perfetto._Reader(path), data)
+
+
+def _document(trace) -> dict:
+    """What a trace is, as far as anyone reads it: the JSON it writes (args parsed), its counters and
+    its places."""
+    doc = orjson.loads(dumps_chrome_trace(trace))
+    doc["counters"] = trace.counters.samples
+    doc["places"] = [(d.key, d.type, d.index, d.name, d.pid, d.label, d.sort_index) for d in trace.devices]
+    doc["rows"] = [(r.device, r.id, r.name, r.sort_index) for r in trace.resources]
+    doc["clock"] = (trace.epoch_offset_ns, trace.base_time_ns, trace.window)
+    return doc
+
+
+def _scans_as_the_reader_reads(data: bytes) -> None:
+    got = perfetto_scan.scan_perfetto(data, "t.pftrace")
+    assert got is not None, "the scanner declined a trace it should read"
+    assert _document(got) == _document(_reference(data))
+
+
+def test_polyprofs_traces_scan_to_what_the_reader_reads(registry):
+    from fake_backends import SimDeviceBackend
+
+    sim = SimDeviceBackend()
+    registry.register(sim)
+    with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+        for i in range(20):
+            with polyprof.record_function("step", {"batch": i, "tags": ["a", i], "ratio": i / 3}):
+                sim.launch(f"kernel {i % 3}")
+        polyprof.counter("mem", 2.5)
+        polyprof.instant("mark")
+    for trace in (prof.trace, overlapping_trace()):
+        _scans_as_the_reader_reads(dumps_perfetto_trace(trace))
+
+
+def test_a_merged_multi_rank_pftrace_scans_the_same(tmp_path):
+    import sys
+
+    sys.path.insert(0, "benchmarks")
+    from export_throughput import synthetic_trace
+
+    from polyprof.export import write_trace
+    from polyprof.io.ranks import merge_traces
+
+    paths = []
+    for r in range(3):
+        trace = synthetic_trace(3000, seed=r)
+        trace.metadata["distributedInfo"] = {"backend": "gloo", "rank": r, "world_size": 3}
+        paths.append(write_trace(trace, str(tmp_path / f"rank{r}.json")))
+    merge_traces(paths, tmp_path / "job.pftrace")
+    data = (tmp_path / "job.pftrace").read_bytes()
+    _scans_as_the_reader_reads(data)
+    assert len(perfetto_scan.scan_perfetto(data).devices) >= 3 * 2
+
+
+# -- another writer's trace, field by field ------------------------------------------------------
+def _packet(*fields: bytes) -> bytes:
+    return field_bytes(F.TRACE_PACKET, b"".join(fields))
+
+
+def _event(ts: int, *fields: bytes, seq: int = 7) -> bytes:
+    return _packet(field_varint(F.PACKET_TIMESTAMP, ts), field_varint(F.PACKET_SEQUENCE_ID, seq),
+                   field_bytes(F.PACKET_TRACK_EVENT, b"".join(fields)))  # fmt: skip
+
+
+def _entry(iid: int, name: str) -> bytes:
+    return field_varint(F.INTERNED_IID, iid) + field_string(F.INTERNED_NAME, name)
+
+
+def _ann(key: str | int, value: bytes) -> bytes:
+    name = field_varint(F.ANNOTATION_NAME_IID, key) if isinstance(key, int) else field_string(F.ANNOTATION_NAME, key)
+    return field_bytes(F.EVENT_DEBUG_ANNOTATIONS, name + value)
+
+
+def _other_writers_trace(**changes: bytes) -> bytes:
+    """A TrackEvent trace as the Perfetto SDK might write it: a process and two threads, interned and
+    inline names and categories, every annotation kind, nested slices, one left open, an end with no
+    begin, an instant, flows, counters with int and double values, an event type polyprof never
+    writes. `changes` replace named parts (to make the scanner decline)."""
+    thread = lambda uuid, tid, name: _packet(field_bytes(F.PACKET_TRACK_DESCRIPTOR, field_varint(F.TRACK_UUID, uuid)  # noqa: E731
+        + field_varint(F.TRACK_PARENT_UUID, 1) + field_bytes(F.TRACK_THREAD, field_varint(F.THREAD_PID, 42)
+        + field_varint(F.THREAD_TID, tid) + field_string(F.THREAD_NAME, name))))  # fmt: skip
+    parts = {
+        "process": _packet(field_bytes(F.PACKET_TRACK_DESCRIPTOR, field_varint(F.TRACK_UUID, 1) + field_bytes(
+            F.TRACK_PROCESS, field_varint(F.PROCESS_PID, 42) + field_string(F.PROCESS_NAME, "app")))),
+        "threads": thread(11, 100, "main") + thread(12, 101, "worker"),
+        "interned": _packet(field_varint(F.PACKET_SEQUENCE_ID, 7), field_varint(F.PACKET_SEQUENCE_FLAGS, 3),
+                            field_bytes(F.PACKET_INTERNED_DATA, field_bytes(F.INTERNED_NAMES, _entry(1, "outer"))
+                                        + field_bytes(F.INTERNED_CATEGORIES, _entry(1, "user_annotation"))
+                                        + field_bytes(F.INTERNED_ANNOTATION_NAMES, _entry(1, "External id"))
+                                        + field_bytes(F.INTERNED_ANNOTATION_NAMES, _entry(2, "step")))),
+        "outer": _event(1000, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_BEGIN), field_varint(F.EVENT_TRACK_UUID, 11),
+                        field_varint(F.EVENT_NAME_IID, 1), field_varint(F.EVENT_CATEGORY_IIDS, 1),
+                        _ann(1, field_varint(F.ANNOTATION_INT, 77)), _ann(2, field_varint(F.ANNOTATION_UINT, 3)),
+                        _ann("flag", field_varint(F.ANNOTATION_BOOL, 1)),
+                        _ann("ratio", field_double(F.ANNOTATION_DOUBLE, 0.1)),
+                        _ann("text", field_string(F.ANNOTATION_STRING, 'a "q"\n\u00e9')),
+                        _ann("shape", field_bytes(F.ANNOTATION_LEGACY_JSON, b'[[2, 3], {"k": null}]')),
+                        _ann("nested", field_bytes(11, field_string(10, "inner"))),  # dict_entries: no value
+                        _ann("negative", field_varint(F.ANNOTATION_INT, -5 & (2**64 - 1))),
+                        field_fixed64(F.EVENT_FLOW_IDS, 9 * 4 + 2)),
+        "inner": _event(1100, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_BEGIN), field_varint(F.EVENT_TRACK_UUID, 11),
+                        field_string(F.EVENT_NAME, "inner op"), field_string(22, "cpu_op"),
+                        _ann("correlation", field_varint(F.ANNOTATION_INT, 5))),
+        "inner end": _event(1200, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END), field_varint(F.EVENT_TRACK_UUID, 11)),
+        "stray end": _event(1250, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END), field_varint(F.EVENT_TRACK_UUID, 12)),
+        "tie": _event(1000, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_BEGIN), field_varint(F.EVENT_TRACK_UUID, 12),
+                      field_string(F.EVENT_NAME, "tie"), field_varint(F.EVENT_TERMINATING_FLOW_IDS, 9 * 4 + 2)),
+        "tie end": _event(1300, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END), field_varint(F.EVENT_TRACK_UUID, 12)),
+        "instant": _event(1150, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 12),
+                          field_string(F.EVENT_NAME, "mark")),
+        "unknown type": _event(1160, field_varint(F.EVENT_TYPE, 9), field_varint(F.EVENT_TRACK_UUID, 12)),
+        "counter track": _packet(field_bytes(F.PACKET_TRACK_DESCRIPTOR, field_varint(F.TRACK_UUID, 20)
+                                 + field_varint(F.TRACK_PARENT_UUID, 1) + field_string(F.TRACK_NAME, "queue depth")
+                                 + field_bytes(F.TRACK_COUNTER, b""))),
+        "counters": _event(1010, field_varint(F.EVENT_TYPE, F.TYPE_COUNTER), field_varint(F.EVENT_TRACK_UUID, 20),
+                           field_varint(F.EVENT_COUNTER_VALUE, 4))
+        + _event(1020, field_varint(F.EVENT_TYPE, F.TYPE_COUNTER), field_varint(F.EVENT_TRACK_UUID, 20),
+                 field_double(F.EVENT_DOUBLE_COUNTER_VALUE, 2.5)),
+        "open": _event(1400, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_BEGIN), field_varint(F.EVENT_TRACK_UUID, 13),
+                       field_string(F.EVENT_NAME, "never ends"), _ann("finished", field_varint(F.ANNOTATION_BOOL, 1))),
+        "outer end": _event(1500, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END), field_varint(F.EVENT_TRACK_UUID, 11)),
+    }  # fmt: skip
+    parts.update(changes)
+    return b"".join(parts.values())
+
+
+def test_another_writers_trace_scans_to_what_the_reader_reads():
+    data = _other_writers_trace()
+    _scans_as_the_reader_reads(data)
+    got = perfetto_scan.scan_perfetto(data)
+    outer = next(a for a in got.activities if a.name == "outer")
+    assert outer.external_id == 77 and outer.args["shape"] == [[2, 3], {"k": None}] and outer.args["nested"] is None
+    assert outer.args["negative"] == -5 and outer.flow_id == 9 and outer.flow_start
+    assert next(a for a in got.activities if a.name == "never ends").args["finished"] is False
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"redefined": _packet(field_varint(F.PACKET_SEQUENCE_ID, 7), field_bytes(F.PACKET_INTERNED_DATA,
+                                                                                   field_bytes(F.INTERNED_NAMES, _entry(1, "renamed"))))},
+        {"cleared": _packet(field_varint(F.PACKET_SEQUENCE_ID, 7), field_varint(F.PACKET_SEQUENCE_FLAGS, 1))},
+        {"twice": _event(1600, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 12),
+                         _ann("k", field_varint(F.ANNOTATION_INT, 1)), _ann("k", field_varint(F.ANNOTATION_INT, 2)))},
+        {"nan": _event(1600, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 12),
+                       _ann("k", field_double(F.ANNOTATION_DOUBLE, float("nan"))))},
+        {"not utf-8": _event(1600, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 12),
+                             field_bytes(F.EVENT_NAME, b"\xff\xfe"))},
+    ],
+    ids=lambda c: next(iter(c)),
+)  # fmt: skip
+def test_what_the_scanner_would_read_otherwise_is_left_to_the_reader(change):
+    data = _other_writers_trace(**change)
+    assert perfetto_scan.scan_perfetto(data) is None
+    assert _document(perfetto.parse_perfetto(data, "t.pftrace")) == _document(_reference(data))
+
+
+def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined():
+    """Seeded mutants of polyprof's and another writer's trace (truncated, bytes changed or inserted):
+    where the reader refuses one, the scanner declines it; where both read it, they read the same."""
+    bases = [dumps_perfetto_trace(overlapping_trace()), _other_writers_trace()]
+    rng = random.Random(20261201)
+    scanned = refused = declined = 0  # declined: the reader reads it, the scanner leaves it to the reader
+    for i in range(600):
+        b = bytearray(bases[i % 2])
+        how = rng.random()
+        if how < 0.2:
+            b = b[: rng.randrange(1, len(b))]
+        elif how < 0.8:
+            for _ in range(rng.randrange(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        else:
+            pos = rng.randrange(len(b))
+            b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4)))
+        data = bytes(b)
+        got = perfetto_scan.scan_perfetto(data, f"mutant{i}")
+        try:
+            expected = _reference(data, f"mutant{i}")
+        except TraceFormatError:
+            assert got is None, f"mutant {i}: the reader refuses it, the scanner read it"
+            refused += 1
+            continue
+        if got is None:
+            declined += 1
+            continue
+        scanned += 1
+        assert _document(got) == _document(expected), f"mutant {i} differs"
+    assert scanned > 40 and refused > 300 and declined < scanned, (scanned, refused, declined)
+
+
+def test_load_trace_of_a_pftrace_goes_through_the_scanner(tmp_path, monkeypatch):
+    path = tmp_path / "t.pftrace"
+    path.write_bytes(dumps_perfetto_trace(overlapping_trace()))
+    calls = []
+    real = perfetto_scan.scan_perfetto
+    monkeypatch.setattr(perfetto_scan, "scan_perfetto", lambda *a: calls.append(a[1]) or real(*a))
+    from polyprof.io import load_trace
+
+    assert len(load_trace(str(path)).activities) == len(overlapping_trace().activities)
+    assert calls == [str(path)]
+
+
+def test_record_layout_matches_the_c_struct():
+    # a trace with one instant: the record's fields land where PF_DTYPE says
+    data = _packet(field_varint(F.PACKET_SEQUENCE_ID, 1)) + _event(
+        123, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 2**63 + 5), seq=1
+    )
+    raw = polyprof._accel.speedups.scan_packets(data)[0]
+    assert len(raw) == perfetto_scan.PF_DTYPE.itemsize
+    ts, end, track = struct.unpack_from("<qqQ", raw)
+    assert (ts, end, track) == (123, 123, 2**63 + 5)
