@@ -236,3 +236,16 @@ def test_record_layout_matches_the_c_struct():
     assert len(raw) == perfetto_scan.PF_DTYPE.itemsize
     ts, end, track = struct.unpack_from("<qqQ", raw)
     assert (ts, end, track) == (123, 123, 2**63 + 5)
+
+
+def test_metadata_only_gives_the_place_and_clock_without_the_events():
+    """`polyprof merge`'s first pass: a rank's metadata, devices, rows, clock and window as the whole
+    read gives them, no activities; a trace that does not record its window is left to the whole read."""
+    data = dumps_perfetto_trace(overlapping_trace())
+    whole, head = _reference(data), perfetto_scan.scan_perfetto(data, metadata_only=True)
+    assert head is not None and len(head.activities) == 0 and len(whole.activities) > 0
+    assert head.metadata == whole.metadata and head.window == whole.window
+    assert (head.epoch_offset_ns, head.base_time_ns) == (whole.epoch_offset_ns, whole.base_time_ns)
+    assert {k: s.to_json() for k, s in head.backends.items()} == {k: s.to_json() for k, s in whole.backends.items()}
+    assert _document(head)["places"] == _document(whole)["places"] and _document(head)["rows"] == _document(whole)["rows"]
+    assert perfetto_scan.scan_perfetto(_other_writers_trace(), metadata_only=True) is None

@@ -6,7 +6,7 @@
  * entries redefined, a debug annotation key given twice, strings that are not UTF-8, a value in a
  * wire type the reader would choke on...), and the caller then uses the reader, which names the problem.
  *
- *   scan_packets(data) -> None (declined) or
+ *   scan_packets(data, metadata_only=False) -> None (declined) or
  *       (records: bytes of pf_rec, strings: list of bytes, descriptors: list of bytes,
  *        snapshots: list of bytes, blocks: dict, legacy_json: list of bytes)
  *
@@ -19,6 +19,9 @@
  *            [JSON text per record, one list per key]]: every annotation but "External id", which
  *            goes to its own column
  * legacy_json  the legacy_json values passed on as they are, for the caller to check they are JSON
+ *
+ * With metadata_only, every event but polyprof's metadata event is skipped unread (a rank's place and
+ * clock, for `polyprof merge`'s first pass over its inputs).
  */
 #include "speedups.h"
 
@@ -96,7 +99,8 @@ typedef struct {
     int n_seqs;
     open_stack *stacks;  /* open addressing on track uuid */
     Py_ssize_t stacks_cap, stacks_used;
-    int32_t next_slot, next_end, ext_code, corr_code;
+    int32_t next_slot, next_end, ext_code, corr_code, metadata_code;
+    int metadata_only;   /* keep only instants named "trace metadata" (polyprof's metadata event) */
     outbuf json;         /* one annotation value's JSON text */
 } scan;
 
@@ -311,8 +315,26 @@ static int add_to_block(scan *s, const int32_t *keys, int n_keys, PyObject **val
     return 0;
 }
 
+/* Whether an event may be polyprof's metadata event (an instant of that name); a malformed one may
+   be, so that the full reading declines it. */
+static int metadata_candidate(scan *s, sequence *q, const uint8_t *p, Py_ssize_t len) {
+    reader r = {p, p + len};
+    field f;
+    int rc;
+    uint64_t type = 0;
+    int32_t name = -1;
+    while ((rc = next_field(&r, &f)) == 1) {
+        if (f.number == 9 && f.wire != F_LEN) type = f.v;
+        else if (f.number == 10 && f.wire != F_LEN) name = iid_get(&q->kinds[1], f.v);
+        else if (f.number == 23 && f.wire == F_LEN)
+            name = f.len == 14 && memcmp(f.p, "trace metadata", 14) == 0 ? s->metadata_code : -1;
+    }
+    return rc < 0 || (type == 3 && name == s->metadata_code);
+}
+
 /* 0, -1 declined, -2 a Python error */
 static int track_event(scan *s, sequence *q, int64_t ts, const uint8_t *p, Py_ssize_t len) {
+    if (s->metadata_only && !metadata_candidate(s, q, p, len)) return 0;
     reader r = {p, p + len};
     field f;
     int rc, type = 0, n_keys = 0, has_value = 0, cat_set = 0, ext_key = 0, is_json = 0;
@@ -507,17 +529,22 @@ static void scan_release(scan *s) {
     Py_XDECREF(s->snapshots), Py_XDECREF(s->blocks), Py_XDECREF(s->legacy);
 }
 
-static PyObject *sp_scan_packets(PyObject *m, PyObject *arg) {
+static PyObject *sp_scan_packets(PyObject *m, PyObject *args) {
+    PyObject *data;
+    int metadata_only = 0;
+    if (!PyArg_ParseTuple(args, "O|p:scan_packets", &data, &metadata_only)) return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     scan *s = PyMem_RawCalloc(1, sizeof(scan));
     if (s == NULL) { PyBuffer_Release(&view); return PyErr_NoMemory(); }
+    s->metadata_only = metadata_only;
     PyObject *result = NULL;
     s->strings = PyList_New(0), s->codes = PyDict_New(), s->descriptors = PyList_New(0);
     s->snapshots = PyList_New(0), s->blocks = PyDict_New(), s->legacy = PyList_New(0);
     if (!s->strings || !s->codes || !s->descriptors || !s->snapshots || !s->blocks || !s->legacy) goto done;
     if ((s->ext_code = string_code(s, (const uint8_t *)"External id", 11)) < 0 ||
-        (s->corr_code = string_code(s, (const uint8_t *)"correlation", 11)) < 0) goto done;
+        (s->corr_code = string_code(s, (const uint8_t *)"correlation", 11)) < 0 ||
+        (s->metadata_code = string_code(s, (const uint8_t *)"trace metadata", 14)) < 0) goto done;
     reader r = {view.buf, (const uint8_t *)view.buf + view.len};
     field f;
     int rc, packets = 0;
@@ -540,6 +567,6 @@ done:
 }
 
 PyMethodDef pp_read_packets_methods[] = {
-    {"scan_packets", sp_scan_packets, METH_O, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
+    {"scan_packets", sp_scan_packets, METH_VARARGS, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
     {NULL, NULL, 0, NULL},
 };

@@ -39,21 +39,23 @@ class Declined(Exception):
     """Something the reference reader reads differently (or names as a problem)."""
 
 
-def scan_perfetto(data: bytes, path: str = "<trace>") -> Any:
-    """The trace in the Perfetto protobuf bytes `data`, or None where the scanner declines."""
+def scan_perfetto(data: bytes, path: str = "<trace>", *, metadata_only: bool = False) -> Any:
+    """The trace in the Perfetto protobuf bytes `data`, or None where the scanner declines. With
+    `metadata_only`, the trace without its events (its metadata, places, clock and window), or None
+    where the window is not recorded (it would take the events)."""
     fast = _accel.speedups
     if fast is None:
         return None
-    found = fast.scan_packets(data)
+    found = fast.scan_packets(data, metadata_only)
     if found is None:
         return None
     try:
-        return _assemble(found, path)
+        return _assemble(found, path, metadata_only)
     except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
         return None
 
 
-def _assemble(found: tuple, path: str) -> Any:
+def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
     from polyprof.io.perfetto import _Reader
 
     raw, strings, descriptors, snapshots, blocks, legacy = found
@@ -70,6 +72,13 @@ def _assemble(found: tuple, path: str) -> Any:
         reader.metadata = args_of.dict_at(int(meta_rows[-1]))  # the last one, as the reader keeps
     for _, descriptor in descriptors:
         reader.descriptor(memoryview(descriptor))
+    if metadata_only:
+        meta, layout = reader.meta_and_layout()
+        if not isinstance(layout.get("window"), list):
+            return None
+        devices, resources, _, device_of_track = reader.places(layout)
+        none = ActivityTable(StringTable(), {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS}, Args())
+        return reader.finish(none, devices, resources, device_of_track, meta, layout)
     kind = recs["type"]
     reader.counter_samples = [
         (int(t), int(ts), float(v)) for t, ts, v in recs[["track", "ts", "value"]][kind == F.TYPE_COUNTER].tolist()

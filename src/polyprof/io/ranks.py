@@ -82,9 +82,16 @@ def _offset_of(trace: Trace) -> tuple[int | None, int | None]:
 
 
 def _describe(path: str, position: int) -> tuple[RankInput, Trace]:
-    from polyprof.io import load_trace
+    """A .pftrace rank's place and clock: from its metadata event alone where the C scanner is built
+    and the trace records its window (polyprof's do), else from the whole trace."""
+    from polyprof.io.chrome import _inflate, _read_bytes, max_trace_bytes, parse_trace
+    from polyprof.io.perfetto_scan import scan_perfetto
 
-    trace = load_trace(path)
+    limit = max_trace_bytes()
+    data = _read_bytes(path, limit)
+    if data[:2] == b"\x1f\x8b":
+        data = _inflate(data, path, limit)
+    trace = scan_perfetto(data, path, metadata_only=True) or parse_trace(data, path)
     offset, uncertainty = _offset_of(trace)
     host = str(trace.metadata.get("host_name") or (trace.metadata.get("polyprof") or {}).get("host") or "")
     return RankInput(path, _rank_of(trace, position), host, offset, uncertainty), trace
