@@ -3,8 +3,11 @@
     .venv/bin/python benchmarks/annotation_overhead.py [--n 200000] [--repeats 15]
 
 Reports medians of per-iteration wall time (each batch runs N `with record_function(...)` blocks; the
-empty-loop cost is reported separately and not subtracted). Target (issue #2): polyprof's cost while
-profiling at most 1/15 of torch.profiler's.
+empty-loop cost is reported separately and not subtracted), beside a bare `with lock:` (the floor of a
+`with` statement on a C object) and the decorator form. Targets: polyprof's cost while profiling at most
+1/15 of torch.profiler's (issue #2), 1/30 (issue #21); idle at most 1.1x the bare `with lock:`, while
+profiling at most 1.5x its own idle cost (issue #21). Run with POLYPROF_PURE_PYTHON=1 for the fallback
+(issue #21: at most 1/10 of torch's).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import threading
 
 from _common import per_call_ns, report
 
@@ -31,6 +35,31 @@ def loop_polyprof(n: int) -> None:
             pass
 
 
+def loop_lock(n: int) -> None:
+    lock = threading.Lock()
+    for _ in range(n):
+        with lock:
+            pass
+
+
+@polyprof.record_function("x")
+def _decorated() -> None:
+    pass
+
+
+def loop_plain_call(n: int) -> None:
+    def plain() -> None:
+        pass
+
+    for _ in range(n):
+        plain()
+
+
+def loop_decorated(n: int) -> None:
+    for _ in range(n):
+        _decorated()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=200_000)
@@ -46,9 +75,13 @@ def main() -> None:
     gc.collect()
     results: dict = {"n_per_batch": n, "repeats": reps, "c_hot_path": speedups is not None}
     results["empty_loop_ns"] = round(per_call_ns(loop_empty, n, reps), 1)
+    results["bare_with_lock_ns"] = round(per_call_ns(loop_lock, n, reps), 1)
     results["polyprof_not_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+    results["plain_call_ns"] = round(per_call_ns(loop_plain_call, n, reps), 1)
+    results["decorated_call_not_profiling_ns"] = round(per_call_ns(loop_decorated, n, reps), 1)
     with polyprof.profile(groups, spill=spill) as prof:
         results["polyprof_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
+        results["decorated_call_profiling_ns"] = round(per_call_ns(loop_decorated, n, reps), 1)
         if spill:  # let one more flush hand the measured spans to the spill (sized after the profile)
             import time
 
@@ -57,6 +90,8 @@ def main() -> None:
     if spill:
         results["spilled_events"] = spill_writer.rows
         results["spill_bytes_per_event"] = round(os.path.getsize(spill) / max(spill_writer.rows, 1), 1)
+    results["idle_over_with_lock"] = round(results["polyprof_not_profiling_ns"] / results["bare_with_lock_ns"], 3)
+    results["profiling_over_idle"] = round(results["polyprof_profiling_ns"] / results["polyprof_not_profiling_ns"], 3)
     results["spill"] = bool(spill)
     results["counters"] = args.counters
     try:
@@ -87,8 +122,12 @@ def main() -> None:
         results["ratio_polyprof_over_torch"] = round(
             results["polyprof_profiling_ns"] / results["torch_profiling_ns"], 4
         )
+        results["decorator_ratio_over_torch"] = round(
+            (results["decorated_call_profiling_ns"] - results["plain_call_ns"]) / results["torch_profiling_ns"], 4
+        )  # the span's own cost: the decorated call less a plain call
         results["target_ratio"] = round(1 / 15, 4)
         results["meets_target"] = results["ratio_polyprof_over_torch"] <= 1 / 15
+        results["issue_21_target_ratio"] = round(1 / 30 if speedups is not None else 1 / 10, 4)
     report("annotation_overhead", results)
 
 

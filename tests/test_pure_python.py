@@ -49,3 +49,37 @@ def test_c_and_python_hot_paths_record_the_same_events():
     names = sorted(r[0] for r in c["rows"])
     assert names == ["deco", "deco", "deco", "inner", "mark", "outer", "thr"]
     assert all(r[3] for r in c["rows"]), "External ids point at the right spans"
+
+
+@pytest.mark.skipif(speedups is None, reason="the C extension is not built here, so there is nothing to compare")
+def test_c_record_function_is_built_as_the_python_one_is():
+    """The C type is constructed without type.__call__ (vectorcall): the same arguments give the same
+    span, the same bad ones the same TypeError, and subclasses and the decorator work as with the
+    pure-Python class."""
+    import polyprof
+    from polyprof.annotations import _PyRecordFunction
+
+    c_type = polyprof.record_function
+    assert c_type is speedups.RecordFunction and c_type.__doc__ == _PyRecordFunction.__doc__
+    for args, kwargs in [(("x",), {}), (("x", {"a": 1}), {}), (("x",), {"args": "s"}), ((), {"name": "x", "args": None})]:
+        c, py = c_type(*args, **kwargs), _PyRecordFunction(*args, **kwargs)
+        assert (c.name, c.args) == (py.name, py.args)
+    for args, kwargs in [((), {}), (("a", "b", "c"), {}), (("a",), {"foo": 1}), (("a",), {"name": "b"})]:
+        for cls in (c_type, _PyRecordFunction):
+            with pytest.raises(TypeError):
+                cls(*args, **kwargs)
+
+    class Step(c_type):
+        def __init__(self, n: int) -> None:
+            super().__init__(f"step {n}", {"n": n})
+
+    @c_type("decorated")
+    def work() -> int:
+        with Step(3):
+            return 7
+
+    with polyprof.profile(["cpu"]) as prof:
+        assert work() == 7
+    spans = {a.name: a for a in prof.trace.activities}
+    assert spans["step 3"].args == {"n": 3} and type(Step(1)) is Step
+    assert spans["decorated"].start <= spans["step 3"].start <= spans["step 3"].end <= spans["decorated"].end

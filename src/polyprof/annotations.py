@@ -310,13 +310,10 @@ def _forget(open_spans: list, span: Any) -> None:
 
 if speedups is not None:
     speedups.configure(
-        correlation.current, recorder.register, correlation.push, correlation.pop, correlation.KIND_ANNOTATION
-    )
-
-    class record_function(speedups.RecordFunction):  # noqa: N801 - same name as torch.profiler's
-        __slots__ = ()
-        __doc__ = _PyRecordFunction.__doc__
-        __call__ = _decorate
+        correlation.current, recorder.register, correlation.push, correlation.pop, correlation.KIND_ANNOTATION,
+        _decorate, _PyRecordFunction.__doc__,
+    )  # fmt: skip
+    record_function = speedups.RecordFunction  # noqa: N816 - the C type itself: no subclass to go through
 
 else:
     record_function = _PyRecordFunction  # type: ignore[misc,assignment]

@@ -356,6 +356,80 @@ static int rf_init(RecordFunctionObject *self, PyObject *a, PyObject *kw) {
     return 0;
 }
 
+/* record_function(name, args=None) without an argument tuple or keyword parsing: the span object is
+   made on every `with record_function(...)`, so its construction is on the hot path. Subclasses go
+   through type.__call__ (their __new__ / __init__ may differ). */
+static PyTypeObject RecordFunctionType;
+
+static PyObject *rf_vectorcall(PyObject *type, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((PyTypeObject *)type != &RecordFunctionType) {
+        PyObject *tuple = PyTuple_New(nargs), *kw = NULL;
+        if (tuple == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(tuple, i, Py_NewRef(argv[i]));
+        if (kwnames != NULL && (kw = PyDict_New()) != NULL) {
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
+                if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), argv[nargs + i]) < 0) Py_CLEAR(kw);
+            if (kw == NULL) { Py_DECREF(tuple); return NULL; }
+        } else if (kwnames != NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyObject *out = PyType_Type.tp_call(type, tuple, kw);
+        Py_DECREF(tuple);
+        Py_XDECREF(kw);
+        return out;
+    }
+    PyObject *name = nargs > 0 ? argv[0] : NULL, *args = nargs > 1 ? argv[1] : NULL;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "record_function() takes at most 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; kwnames != NULL && i < PyTuple_GET_SIZE(kwnames); i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), **slot;
+        if (PyUnicode_CompareWithASCIIString(key, "name") == 0) slot = &name;
+        else if (PyUnicode_CompareWithASCIIString(key, "args") == 0) slot = &args;
+        else {
+            PyErr_Format(PyExc_TypeError, "record_function() got an unexpected keyword argument '%U'", key);
+            return NULL;
+        }
+        if (*slot != NULL) {
+            PyErr_Format(PyExc_TypeError, "record_function() got multiple values for argument '%U'", key);
+            return NULL;
+        }
+        *slot = argv[nargs + i];
+    }
+    if (name == NULL) {
+        PyErr_SetString(PyExc_TypeError, "record_function() missing required argument 'name' (pos 1)");
+        return NULL;
+    }
+    RecordFunctionObject *self = PyObject_GC_New(RecordFunctionObject, &RecordFunctionType);
+    if (self == NULL) return NULL;
+    self->name = Py_NewRef(name);
+    self->args = Py_NewRef(args != NULL ? args : Py_None);
+    self->token = NULL, self->buffer = NULL, self->range = NULL;
+    self->parent = self->id = 0, self->start = -1, self->handle = 0;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* @record_function(...) on a function: polyprof.annotations._decorate (configured) wraps it. */
+static PyObject *g_decorate = NULL;
+
+static PyObject *rf_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if (g_decorate == NULL) {
+        PyErr_SetString(PyExc_TypeError, "record_function objects decorate functions once polyprof is imported");
+        return NULL;
+    }
+    PyObject *head = PyTuple_Pack(1, self);
+    PyObject *all = head != NULL ? PySequence_Concat(head, args) : NULL;
+    Py_XDECREF(head);
+    if (all == NULL) return NULL;
+    PyObject *out = PyObject_Call(g_decorate, all, kw);
+    Py_DECREF(all);
+    return out;
+}
+
 static void bridge_exit(RecordFunctionObject *self);
 
 static void rf_dealloc(RecordFunctionObject *self) {
@@ -550,7 +624,7 @@ static PyGetSetDef rf_getset[] = {
 
 static PyTypeObject RecordFunctionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "polyprof._speedups.RecordFunction",
+    .tp_name = "polyprof.record_function",
     .tp_basicsize = sizeof(RecordFunctionObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -559,12 +633,17 @@ static PyTypeObject RecordFunctionType = {
     .tp_traverse = (traverseproc)rf_traverse,
     .tp_methods = rf_methods,
     .tp_getset = rf_getset,
-    .tp_doc = "C implementation of polyprof.record_function's enter/exit.",
+    .tp_call = rf_call,
+    .tp_vectorcall = rf_vectorcall,
+    /* no tp_doc: the docstring is polyprof.annotations' (set by configure), one text for both twins */
 };
 
 static PyObject *sp_configure(PyObject *m, PyObject *args) {
-    PyObject *cv, *reg, *push, *pop, *kind;
-    if (!PyArg_ParseTuple(args, "OOOOO", &cv, &reg, &push, &pop, &kind)) return NULL;
+    PyObject *cv, *reg, *push, *pop, *kind, *decorate, *doc;
+    if (!PyArg_ParseTuple(args, "OOOOOOU", &cv, &reg, &push, &pop, &kind, &decorate, &doc)) return NULL;
+    if (PyDict_SetItemString(RecordFunctionType.tp_dict, "__doc__", doc) < 0) return NULL;
+    PyType_Modified(&RecordFunctionType);
+    Py_INCREF(decorate); Py_XSETREF(g_decorate, decorate);
     Py_INCREF(cv); Py_XSETREF(g_contextvar, cv);
     Py_INCREF(reg); Py_XSETREF(g_register, reg);
     Py_INCREF(push); Py_XSETREF(g_push, push);
@@ -666,7 +745,7 @@ PyMethodDef pp_recorder_methods[] = {
      "instant(name, args=None)\n--\n\nA point in time on the calling thread's row (Chrome `i` event)."},
     {"counter", (PyCFunction)(void (*)(void))sp_counter, METH_FASTCALL | METH_KEYWORDS,
      "counter(name, value)\n--\n\nA sample of a user counter (Chrome `C` event on the host process)."},
-    {"configure", sp_configure, METH_VARARGS, "configure(contextvar, register, push, pop, annotation_kind)"},
+    {"configure", sp_configure, METH_VARARGS, "configure(contextvar, register, push, pop, annotation_kind, decorate, doc)"},
     {"set_active", sp_set_active, METH_O, "Turn recording on or off."},
     {"set_bridge", sp_set_bridge, METH_VARARGS, "set_bridge(consumers, enter, exit, routed, args_text): the framework bridge (C addresses; 0 clears)."},
     {"set_has_targets", sp_set_has_targets, METH_O, "Whether correlation push/pop must be called."},
