@@ -219,6 +219,7 @@ class Recorder:
 recorder = Recorder()
 _new_id = correlation.new_id
 _current = correlation.current
+_current_id = correlation.current_external_id  # what the C spans make current too, where they are built
 
 
 def _decorate(self: Any, fn: Any) -> Any:
@@ -265,7 +266,7 @@ class _PyRecordFunction:  # noqa: N801
             self._range, self._handle = bridge.enter(str(self.name), args_text(self.args))
         if recorder.active:
             self._id = i = _new_id()
-            self._parent = _current.get()
+            self._parent = _current_id()
             self._token = _current.set(i)
             if correlation.targets:
                 correlation.push(i, correlation.KIND_ANNOTATION)
@@ -323,7 +324,7 @@ def _instant_py(name: str, args: dict[str, Any] | None = None) -> None:
     """A point in time on the calling thread's row (Chrome `i` event)."""
     if recorder.active:
         ts = host_ns()
-        recorder.buffer().add(INSTANT, ts, ts, name, 0, _current.get(), args)
+        recorder.buffer().add(INSTANT, ts, ts, name, 0, _current_id(), args)
 
 
 def _counter_py(name: str, value: float) -> None:

@@ -169,7 +169,7 @@ class SessionContext:
     @staticmethod
     def current_external_id() -> int:
         """The innermost host annotation or framework op open in the calling thread/task (0: none)."""
-        return correlation.current.get()
+        return correlation.current_external_id()
 
     def hold_facility(self, facility: str) -> None:
         """Take a vendor facility that allows one user at a time (``"cupti"``: CUPTI's subscriber) for

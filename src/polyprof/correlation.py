@@ -37,8 +37,21 @@ def new_ids(n: int) -> Any:
 
 
 def current_external_id() -> int:
-    """Id of the innermost host annotation or op open in this thread/task, 0 if none."""
+    """Id of the innermost host annotation or op open in this thread/task, 0 if none. Spans opened in
+    plain synchronous code leave :data:`current` alone (it costs a HAMT node per span), so read the id
+    here (or, in C, through :func:`external_id_reader`), not from the variable."""
     return current.get()
+
+
+def external_id_reader() -> int:
+    """The address of a C function ``long long reader(void)`` giving :func:`current_external_id` to a
+    caller holding the GIL (a C interceptor), or 0 where the extension is not built (read
+    :data:`current` then: every span sets it)."""
+    return speedups.external_id_reader() if speedups is not None else 0
+
+
+if speedups is not None:
+    current_external_id = speedups.current_external_id  # noqa: F811 - the same answer, from the C spans
 
 
 class CorrelationTarget:

@@ -18,8 +18,8 @@ What is here, by job:
 - shared vendor facilities: :mod:`polyprof.facilities` (:data:`CUPTI`), through ``ctx.hold_facility``
   and ``ctx.facility_holder``;
 - helpers: :func:`walk_tagged_records` (device tracing buffers), :func:`code_strings`,
-  :func:`sorted_unique`, :func:`current_external_id` and :func:`current_external_id_var` (for
-  interceptors written in C);
+  :func:`sorted_unique`, :func:`current_external_id` and :func:`external_id_reader` (its C function,
+  for interceptors written in C), :func:`current_external_id_var`;
 - errors: :class:`ConfigError`, :class:`BackendContractError`, :class:`SinkClosedError`.
 
 ``docs/writing-a-backend.md`` walks through a whole backend; ``polyprof.testing.conformance`` checks one.
@@ -65,11 +65,14 @@ from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
 from polyprof.symbols import demangle, demangled, demangler_problem
 
 current_external_id = correlation.current_external_id
+external_id_reader = correlation.external_id_reader
 
 
 def current_external_id_var() -> ContextVar[int]:
-    """The ContextVar holding the current external id (for an interceptor written in C, which reads it
-    with ``PyContextVar_Get``); Python code calls :func:`current_external_id`."""
+    """The ContextVar that carries the current external id into asyncio tasks and copied contexts;
+    setting it makes an id current (a test standing in for a framework op). Spans opened in plain
+    synchronous code do not set it, so read the id with :func:`current_external_id` (Python) or the C
+    function at :func:`external_id_reader` (``long long reader(void)``, called with the GIL held)."""
     return correlation.current
 
 
@@ -112,6 +115,7 @@ __all__ = [
     "contract_problems",
     "current_external_id",
     "current_external_id_var",
+    "external_id_reader",
     "demangle",
     "demangled",
     "demangler_problem",

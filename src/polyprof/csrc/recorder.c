@@ -311,6 +311,7 @@ typedef struct {
     long long start;
     void *range;       /* the framework's range opened through the bridge, while open */
     uint64_t handle;   /* its handle (torch's "Record function id") */
+    PyObject *seen;    /* opened on the thread's own context: the variable's value then (see below) */
 } RecordFunctionObject;
 
 /* A new EventBuffer with every event of this one; this one is left empty and holds no memory (the
@@ -407,7 +408,7 @@ static PyObject *rf_vectorcall(PyObject *type, PyObject *const *argv, size_t nar
     if (self == NULL) return NULL;
     self->name = Py_NewRef(name);
     self->args = Py_NewRef(args != NULL ? args : Py_None);
-    self->token = NULL, self->buffer = NULL, self->range = NULL;
+    self->token = NULL, self->buffer = NULL, self->range = NULL, self->seen = NULL;
     self->parent = self->id = 0, self->start = -1, self->handle = 0;
     PyObject_GC_Track(self);
     return (PyObject *)self;
@@ -439,6 +440,7 @@ static void rf_dealloc(RecordFunctionObject *self) {
     Py_CLEAR(self->args);
     Py_CLEAR(self->token);
     Py_CLEAR(self->buffer);
+    Py_CLEAR(self->seen);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -447,6 +449,7 @@ static int rf_traverse(RecordFunctionObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->args);
     Py_VISIT(self->token);
     Py_VISIT(self->buffer);
+    Py_VISIT(self->seen);
     return 0;
 }
 
@@ -484,28 +487,112 @@ static void bridge_exit(RecordFunctionObject *self) {
     }
 }
 
+/* ---- the current External id ------------------------------------------------------------------
+ * A span's id is the current external id while it is open: of its thread, and of every asyncio task
+ * and copied context (copy_context(), asyncio.run) made from the code it encloses. A context variable
+ * gives exactly that, but its Set and Reset cost a new HAMT node and a Token per span (~95 ns). So a
+ * span opened in a thread's own context (not inside Context.run: plain synchronous code) leaves the
+ * variable alone and is found instead as the innermost such span in the thread's open-span list; it
+ * remembers the variable's value when it opened (`seen`), so that a value set since (by code that sets
+ * the variable itself) is seen to be newer. A span opened inside Context.run (an asyncio task, a
+ * callback) sets the variable as before, and inside such a context an unset variable means "the
+ * innermost span of the thread's own context", the one the event loop runs under. */
+typedef struct {  /* CPython's PyContext (Include/internal/pycore_context.h, 3.10-3.13), checked at import */
+    PyObject_HEAD
+    void *ctx_prev;
+    void *ctx_vars;
+    PyObject *ctx_weakreflist;
+    int ctx_entered;
+} context_layout;
+
+static int g_thread_context_fast = 0;  /* the layout was checked: spans of a thread's own context skip the variable */
+
+static inline int in_entered_context(void) {
+    if (!g_thread_context_fast) return 1;
+    PyObject *ctx = PyThreadState_Get()->context;
+    return ctx != NULL && ((context_layout *)ctx)->ctx_entered;
+}
+
+/* The layout check: a new context is not entered; inside Context.run it is the thread's and entered. */
+static int check_context_layout(void) {
+    PyObject *ctx = PyContext_New();
+    if (ctx == NULL) return -1;
+    int ok = ((context_layout *)ctx)->ctx_entered == 0;
+    if (PyContext_Enter(ctx) < 0) { Py_DECREF(ctx); return -1; }
+    ok = ok && PyThreadState_Get()->context == ctx && ((context_layout *)ctx)->ctx_entered == 1;
+    if (PyContext_Exit(ctx) < 0) { Py_DECREF(ctx); return -1; }
+    ok = ok && ((context_layout *)ctx)->ctx_entered == 0 && PyThreadState_Get()->context != ctx;
+    Py_DECREF(ctx);
+    g_thread_context_fast = ok;
+    return 0;
+}
+
+/* The innermost span of `buf`'s thread opened in the thread's own context, or NULL. */
+static RecordFunctionObject *innermost_own(EventBufferObject *buf) {
+    if (buf == NULL) return NULL;
+    for (Py_ssize_t i = PyList_GET_SIZE(buf->open) - 1; i >= 0; i--) {
+        PyObject *o = PyList_GET_ITEM(buf->open, i);
+        if (Py_TYPE(o) == &RecordFunctionType && ((RecordFunctionObject *)o)->seen != NULL)
+            return (RecordFunctionObject *)o;
+    }
+    return NULL;
+}
+
+/* The current external id given the variable's value `v` (borrowed, may be NULL) and the thread's
+   buffer (may be NULL); -1 with an exception set when the variable holds something not an int. */
+static long long resolve_current(PyObject *v, EventBufferObject *buf, int entered) {
+    RecordFunctionObject *own = innermost_own(buf);
+    if (own != NULL) {
+        if (!entered && v == own->seen) return own->id;  /* nothing set the variable since it opened */
+        if (entered && (v == NULL || (PyLong_CheckExact(v) && PyLong_AsLongLong(v) == 0))) return own->id;
+    }
+    return v != NULL ? PyLong_AsLongLong(v) : 0;
+}
+
+static EventBufferObject *existing_thread_buffer(void);
+
+/* The current external id (polyprof.correlation.current_external_id), for C callers holding the GIL:
+   0 on any error (cleared). */
+static long long current_external_id(void) {
+    PyObject *v = NULL;
+    if (g_contextvar == NULL || PyContextVar_Get(g_contextvar, NULL, &v) < 0) { PyErr_Clear(); return 0; }
+    long long id = resolve_current(v, existing_thread_buffer(), in_entered_context());
+    Py_XDECREF(v);
+    if (id == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return id;
+}
+
 static PyObject *rf_enter(RecordFunctionObject *self, PyObject *unused) {
     if (g_bridge_consumers != NULL && bridge_enter(self) < 0) return NULL;
     if (g_active) {
         long long id = (long long)(pp_next_id++);
-        PyObject *parent = NULL, *idobj;
-        if (PyContextVar_Get(g_contextvar, NULL, &parent) < 0)
-            return NULL;
-        self->parent = parent ? PyLong_AsLongLong(parent) : 0;
-        Py_XDECREF(parent);
-        idobj = PyLong_FromLongLong(id);
-        if (idobj == NULL) return NULL;
-        PyObject *token = PyContextVar_Set(g_contextvar, idobj);
-        if (token == NULL) { Py_DECREF(idobj); return NULL; }
+        EventBufferObject *buf = thread_buffer();
+        if (buf == NULL) return NULL;
+        PyObject *v = NULL;
+        if (PyContextVar_Get(g_contextvar, NULL, &v) < 0) return NULL;
+        int entered = in_entered_context();
+        long long parent = resolve_current(v, buf, entered);
+        if (parent == -1 && PyErr_Occurred()) { Py_XDECREF(v); return NULL; }
+        PyObject *idobj = NULL;
+        if (entered || g_has_targets) {
+            idobj = PyLong_FromLongLong(id);
+            if (idobj == NULL) { Py_XDECREF(v); return NULL; }
+        }
+        if (entered) {  /* inside Context.run: the variable carries the id into copies of the context */
+            Py_XDECREF(v);
+            PyObject *token = PyContextVar_Set(g_contextvar, idobj);
+            if (token == NULL) { Py_DECREF(idobj); return NULL; }
+            Py_XSETREF(self->token, token);
+        } else {
+            Py_XSETREF(self->seen, v != NULL ? v : Py_NewRef(Py_None));
+        }
         if (g_has_targets && g_push != NULL) {
             PyObject *r = PyObject_CallFunctionObjArgs(g_push, idobj, g_kind_annotation, NULL);
             if (r == NULL) PyErr_Clear(); else Py_DECREF(r);
         }
-        Py_DECREF(idobj);
-        Py_XSETREF(self->token, token);
-        self->id = id;
-        EventBufferObject *buf = thread_buffer();
-        if (buf == NULL || PyList_Append(buf->open, (PyObject *)self) < 0) return NULL;
+        Py_XDECREF(idobj);
+        self->id = id, self->parent = parent;
+        if (PyList_Append(buf->open, (PyObject *)self) < 0) return NULL;
         Py_INCREF(buf);
         Py_XSETREF(self->buffer, (PyObject *)buf);
         self->start = pp_now_ns();
@@ -559,6 +646,16 @@ static EventBufferObject *thread_buffer(void) {
     return t_buffer;
 }
 
+/* The calling thread's EventBuffer if it has one (borrowed), else NULL; never creates one. */
+static EventBufferObject *existing_thread_buffer(void) {
+    PyThreadState *ts = PyThreadState_Get();
+    if (t_buffer != NULL && t_buffer_state == PyThreadState_GetID(ts)) return t_buffer;
+    PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
+    PyObject *buf = tdict != NULL ? PyDict_GetItemWithError(tdict, g_tls_key) : NULL;
+    if (buf == NULL) PyErr_Clear();
+    return (EventBufferObject *)buf;
+}
+
 static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long start = self->start;
     uint64_t handle = self->handle;
@@ -574,6 +671,7 @@ static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_s
         if (PyContextVar_Reset(g_contextvar, self->token) < 0) PyErr_Clear();
         Py_CLEAR(self->token);
     }
+    Py_CLEAR(self->seen);  /* (after the open-span list forgets it, it is no longer found there either) */
     if (g_has_targets && g_pop != NULL) {
         PyObject *r = PyObject_CallOneArg(g_pop, g_kind_annotation);
         if (r == NULL) PyErr_Clear(); else Py_DECREF(r);
@@ -673,6 +771,22 @@ static PyObject *sp_set_bridge(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *sp_current_external_id(PyObject *m, PyObject *unused) {
+    PyObject *v = NULL;
+    if (g_contextvar == NULL) return PyLong_FromLong(0);  /* before polyprof.annotations configured it */
+    if (PyContextVar_Get(g_contextvar, NULL, &v) < 0) return NULL;
+    long long id = resolve_current(v, existing_thread_buffer(), in_entered_context());
+    Py_XDECREF(v);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(id);
+}
+
+static PyObject *sp_external_id_reader(PyObject *m, PyObject *unused) {
+    return PyLong_FromVoidPtr((void *)(uintptr_t)&current_external_id);
+}
+
+static PyObject *sp_thread_context_fast(PyObject *m, PyObject *unused) { return PyBool_FromLong(g_thread_context_fast); }
+
 static PyObject *sp_set_active(PyObject *m, PyObject *v) { g_active = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_set_has_targets(PyObject *m, PyObject *v) { g_has_targets = PyObject_IsTrue(v); Py_RETURN_NONE; }
 static PyObject *sp_thread_buffer(PyObject *m, PyObject *unused) {
@@ -716,16 +830,15 @@ static PyObject *sp_instant(PyObject *m, PyObject *const *a, Py_ssize_t nargs, P
     PyObject *v[2];
     if (fast_args(a, nargs, kwnames, names, 1, v, "instant(name, args=None)") < 0) return NULL;
     if (!g_active) Py_RETURN_NONE;
-    long long ts = pp_now_ns(), parent = 0;
+    long long ts = pp_now_ns();
+    EventBufferObject *buf = thread_buffer();
+    if (buf == NULL) return NULL;
     PyObject *current = NULL;
     if (PyContextVar_Get(g_contextvar, NULL, &current) < 0) return NULL;
-    if (current != NULL) {
-        parent = PyLong_AsLongLong(current);
-        Py_DECREF(current);
-        if (parent == -1 && PyErr_Occurred()) return NULL;
-    }
-    EventBufferObject *buf = thread_buffer();
-    if (buf == NULL || eb_add(buf, EV_INSTANT, ts, ts, 0, parent, v[0], v[1] ? v[1] : Py_None) < 0) return NULL;
+    long long parent = resolve_current(current, buf, in_entered_context());
+    Py_XDECREF(current);
+    if (parent == -1 && PyErr_Occurred()) return NULL;
+    if (eb_add(buf, EV_INSTANT, ts, ts, 0, parent, v[0], v[1] ? v[1] : Py_None) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -750,11 +863,18 @@ PyMethodDef pp_recorder_methods[] = {
     {"set_bridge", sp_set_bridge, METH_VARARGS, "set_bridge(consumers, enter, exit, routed, args_text): the framework bridge (C addresses; 0 clears)."},
     {"set_has_targets", sp_set_has_targets, METH_O, "Whether correlation push/pop must be called."},
     {"thread_buffer", sp_thread_buffer, METH_NOARGS, "The calling thread's EventBuffer."},
+    {"current_external_id", sp_current_external_id, METH_NOARGS,
+     "The id of the innermost span open in this thread / task (or the id a caller set), 0 if none."},
+    {"external_id_reader", sp_external_id_reader, METH_NOARGS,
+     "The address of `long long reader(void)`, current_external_id for C callers holding the GIL."},
+    {"thread_context_fast", sp_thread_context_fast, METH_NOARGS,
+     "Whether spans of a thread's own context skip the context variable (the PyContext layout checked)."},
     {NULL, NULL, 0, NULL},
 };
 
 int pp_recorder_add_types(PyObject *m) {
     if (PyType_Ready(&RecordFunctionType) < 0 || PyType_Ready(&EventBufferType) < 0) return -1;
+    if (check_context_layout() < 0) return -1;
     g_tls_key = PyUnicode_InternFromString("polyprof.events");
     if (g_tls_key == NULL) return -1;
     Py_INCREF(&RecordFunctionType);

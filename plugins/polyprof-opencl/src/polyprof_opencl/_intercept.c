@@ -14,6 +14,7 @@
 #include <time.h>
 
 static PyObject *g_contextvar = NULL;  /* polyprof.correlation.current: the current external id */
+static long long (*g_external_id)(void) = NULL;  /* polyprof's reader of it (polyprof.plugin.external_id_reader) */
 
 static inline long long now_ns(void) {
     struct timespec ts;
@@ -96,7 +97,13 @@ static void record_call(InterceptorObject *self, PyObject *cols, PyObject *const
         Py_INCREF(event);
     }
     PyObject *ext = NULL;
-    if (g_contextvar != NULL && PyContextVar_Get(g_contextvar, NULL, &ext) < 0) { PyErr_Clear(); ext = NULL; }
+    if (g_external_id != NULL) {
+        ext = PyLong_FromLongLong(g_external_id());
+        if (ext == NULL) PyErr_Clear();
+    } else if (g_contextvar != NULL && PyContextVar_Get(g_contextvar, NULL, &ext) < 0) {
+        PyErr_Clear();
+        ext = NULL;
+    }
     PyObject *a = NULL, *b = NULL, *c = NULL;
     if (self->mode == 1 && kwnames == NULL && nargs >= 4) {
         a = args[1]; b = args[2]; c = args[3];
@@ -229,14 +236,19 @@ static PyTypeObject InterceptorType = {
 };
 
 
-static PyObject *ic_configure(PyObject *m, PyObject *cv) {
+static PyObject *ic_configure(PyObject *m, PyObject *args) {
+    PyObject *cv;
+    unsigned long long reader = 0;
+    if (!PyArg_ParseTuple(args, "O|K", &cv, &reader)) return NULL;
     Py_INCREF(cv);
     Py_XSETREF(g_contextvar, cv);
+    g_external_id = (long long (*)(void))(uintptr_t)reader;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef ic_methods[] = {
-    {"configure", ic_configure, METH_O, "configure(contextvar): where the current external id is read."},
+    {"configure", ic_configure, METH_VARARGS,
+     "configure(contextvar, reader=0): where the current external id is read (polyprof's C reader when given)."},
     {NULL, NULL, 0, NULL},
 };
 

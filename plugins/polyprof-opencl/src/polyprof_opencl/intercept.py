@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from polyprof.plugin import current_external_id_var, host_ns
+from polyprof.plugin import current_external_id, current_external_id_var, external_id_reader, host_ns
 from polyprof_opencl.commands import COMMANDS, KERNEL, UNMAP_SPEC, CommandSpec, arg, hostbuf_bytes, nbytes_of
 
 try:
@@ -31,7 +31,7 @@ try:
 except ImportError:  # not built (no compiler): the Python wrapper below records the same
     _intercept = None
 else:
-    _intercept.configure(current_external_id_var())
+    _intercept.configure(current_external_id_var(), external_id_reader())
 
 FIELDS = ("spec", "queue", "event", "start", "end", "tid", "external_id", "error", "a", "b", "c")
 MODE_FALLBACK, MODE_ARGS_1_2_3, MODE_NBYTES_OF_ARG = 0, 1, 2  # how a, b, c are read (see _intercept.c)
@@ -67,7 +67,7 @@ def interceptor(original: Callable, spec: Any, columns: CallColumns, *, mode: in
 
 
 recorder = CallColumns()
-_current_external_id = current_external_id_var().get
+_current_external_id = current_external_id
 _nanny: dict[str, Any] = {"type": None, "plain": lambda ptr, retain: None, "retain": 0}  # set at install
 
 
