@@ -83,3 +83,55 @@ def test_c_record_function_is_built_as_the_python_one_is():
     spans = {a.name: a for a in prof.trace.activities}
     assert spans["step 3"].args == {"n": 3} and type(Step(1)) is Step
     assert spans["decorated"].start <= spans["step 3"].start <= spans["step 3"].end <= spans["decorated"].end
+
+
+def _decorated_module_function(x: int, *, y: int = 1) -> int:
+    """Doc of the decorated function."""
+    return x + y
+
+
+@pytest.mark.skipif(speedups is None, reason="the C decorator exists only with the C extension")
+def test_the_c_decorator_behaves_as_the_python_wrapper_did():
+    """@record_function on a plain function wraps it in C (SpanCall): the function's name, doc,
+    signature and __wrapped__; methods bind; an exception propagates with the span closed; recursion
+    gets a span per call; it pickles by name like the function."""
+    import inspect
+    import pickle
+
+    import polyprof
+
+    global _decorated_module_function
+    plain = _decorated_module_function
+    _decorated_module_function = polyprof.record_function("module fn")(plain)
+    try:
+        wrapped = _decorated_module_function
+        assert type(wrapped) is speedups.SpanCall and wrapped.__wrapped__ is plain
+        assert (wrapped.__name__, wrapped.__doc__) == (plain.__name__, plain.__doc__)
+        assert inspect.signature(wrapped) == inspect.signature(plain)
+        assert pickle.loads(pickle.dumps(wrapped)) is wrapped
+
+        class Model:
+            @polyprof.record_function("method")
+            def step(self, k):
+                return self, k
+
+        @polyprof.record_function("fails")
+        def fails():
+            raise KeyError("boom")
+
+        @polyprof.record_function("fib")
+        def fib(n):
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+        model = Model()
+        with polyprof.profile(["cpu"]) as prof:
+            assert wrapped(1, y=2) == 3 and model.step(5) == (model, 5) and Model.step(model, 6) == (model, 6)
+            with pytest.raises(KeyError, match="boom"):
+                fails()
+            assert fib(5) == 5
+        names = [a.name for a in prof.trace.activities]
+        assert names.count("method") == 2 and names.count("fails") == 1 and names.count("fib") == 15
+        failed = next(a for a in prof.trace.activities if a.name == "fails")
+        assert failed.end >= failed.start and "finished" not in (failed.args or {})
+    finally:
+        _decorated_module_function = plain

@@ -362,6 +362,18 @@ static int rf_init(RecordFunctionObject *self, PyObject *a, PyObject *kw) {
    through type.__call__ (their __new__ / __init__ may differ). */
 static PyTypeObject RecordFunctionType;
 
+/* A span object (not yet open) of `name` and `args`, in one allocation. */
+static PyObject *rf_new(PyObject *name, PyObject *args) {
+    RecordFunctionObject *self = PyObject_GC_New(RecordFunctionObject, &RecordFunctionType);
+    if (self == NULL) return NULL;
+    self->name = Py_NewRef(name);
+    self->args = Py_NewRef(args);
+    self->token = NULL, self->buffer = NULL, self->range = NULL, self->seen = NULL;
+    self->parent = self->id = 0, self->start = -1, self->handle = 0;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
 static PyObject *rf_vectorcall(PyObject *type, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if ((PyTypeObject *)type != &RecordFunctionType) {
@@ -404,14 +416,7 @@ static PyObject *rf_vectorcall(PyObject *type, PyObject *const *argv, size_t nar
         PyErr_SetString(PyExc_TypeError, "record_function() missing required argument 'name' (pos 1)");
         return NULL;
     }
-    RecordFunctionObject *self = PyObject_GC_New(RecordFunctionObject, &RecordFunctionType);
-    if (self == NULL) return NULL;
-    self->name = Py_NewRef(name);
-    self->args = Py_NewRef(args != NULL ? args : Py_None);
-    self->token = NULL, self->buffer = NULL, self->range = NULL, self->seen = NULL;
-    self->parent = self->id = 0, self->start = -1, self->handle = 0;
-    PyObject_GC_Track(self);
-    return (PyObject *)self;
+    return rf_new(name, args != NULL ? args : Py_None);
 }
 
 /* @record_function(...) on a function: polyprof.annotations._decorate (configured) wraps it. */
@@ -736,6 +741,115 @@ static PyTypeObject RecordFunctionType = {
     /* no tp_doc: the docstring is polyprof.annotations' (set by configure), one text for both twins */
 };
 
+/* ---- @record_function(name) on a plain function: each call a span, wrapped in C -----------------
+ * SpanCall(fn, name, args) calls fn with the caller's vectorcall arguments inside a fresh span (what
+ * `with record_function(name, args): return fn(...)` does, without a Python frame, an argument tuple
+ * or the with statement's lookups). It binds as a method does and pickles by its qualified name;
+ * polyprof.annotations._decorate gives it the function's attributes (functools.update_wrapper). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn, *name, *args, *dict;
+} SpanCallObject;
+
+static PyObject *sc_vectorcall(PyObject *callable, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    SpanCallObject *sc = (SpanCallObject *)callable;
+    PyObject *span = rf_new(sc->name, sc->args);
+    if (span == NULL) return NULL;
+    PyObject *entered = rf_enter((RecordFunctionObject *)span, NULL);
+    if (entered == NULL) { Py_DECREF(span); return NULL; }
+    Py_DECREF(entered);
+    PyObject *result = PyObject_Vectorcall(sc->fn, argv, nargsf, kwnames);
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (result == NULL) PyErr_Fetch(&type, &value, &tb);  /* the function's exception, kept across the exit */
+    PyObject *closed = rf_exit((RecordFunctionObject *)span, NULL, 0);
+    if (closed == NULL) {
+        if (result == NULL) PyErr_Clear();  /* the function's exception wins */
+        else Py_CLEAR(result);
+    } else {
+        Py_DECREF(closed);
+    }
+    if (result == NULL && type != NULL) PyErr_Restore(type, value, tb);
+    Py_DECREF(span);
+    return result;
+}
+
+static PyObject *sc_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
+    PyObject *fn, *name, *args = Py_None;
+    static char *kwlist[] = {"fn", "name", "args", NULL};
+    if (!PyArg_ParseTupleAndKeywords(a, kw, "OO|O:SpanCall", kwlist, &fn, &name, &args)) return NULL;
+    if (!PyCallable_Check(fn)) { PyErr_SetString(PyExc_TypeError, "SpanCall wraps a callable"); return NULL; }
+    SpanCallObject *self = (SpanCallObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = sc_vectorcall;
+    self->fn = Py_NewRef(fn), self->name = Py_NewRef(name), self->args = Py_NewRef(args);
+    return (PyObject *)self;
+}
+
+static int sc_traverse(SpanCallObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fn);
+    Py_VISIT(self->name);
+    Py_VISIT(self->args);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int sc_clear(SpanCallObject *self) {
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->args);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void sc_dealloc(SpanCallObject *self) {
+    PyObject_GC_UnTrack(self);
+    sc_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *sc_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);  /* as a function: unbound on the class */
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *sc_reduce(PyObject *self, PyObject *unused) {
+    return PyObject_GetAttrString(self, "__qualname__");  /* pickled as a global, as the function is */
+}
+
+static PyObject *sc_repr(SpanCallObject *self) {
+    return PyUnicode_FromFormat("<record_function %R of %R>", self->name, self->fn);
+}
+
+static PyMethodDef sc_methods[] = {
+    {"__reduce__", sc_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef sc_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject SpanCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyprof._speedups.SpanCall",
+    .tp_basicsize = sizeof(SpanCallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(SpanCallObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = sc_new,
+    .tp_dealloc = (destructor)sc_dealloc,
+    .tp_traverse = (traverseproc)sc_traverse,
+    .tp_clear = (inquiry)sc_clear,
+    .tp_descr_get = sc_get,
+    .tp_dictoffset = offsetof(SpanCallObject, dict),
+    .tp_methods = sc_methods,
+    .tp_getset = sc_getset,
+    .tp_repr = (reprfunc)sc_repr,
+    .tp_doc = "SpanCall(fn, name, args=None): fn, each call of it a record_function span (the decorator).",
+};
+
 static PyObject *sp_configure(PyObject *m, PyObject *args) {
     PyObject *cv, *reg, *push, *pop, *kind, *decorate, *doc;
     if (!PyArg_ParseTuple(args, "OOOOOOU", &cv, &reg, &push, &pop, &kind, &decorate, &doc)) return NULL;
@@ -873,7 +987,8 @@ PyMethodDef pp_recorder_methods[] = {
 };
 
 int pp_recorder_add_types(PyObject *m) {
-    if (PyType_Ready(&RecordFunctionType) < 0 || PyType_Ready(&EventBufferType) < 0) return -1;
+    if (PyType_Ready(&RecordFunctionType) < 0 || PyType_Ready(&EventBufferType) < 0 ||
+        PyType_Ready(&SpanCallType) < 0) return -1;
     if (check_context_layout() < 0) return -1;
     g_tls_key = PyUnicode_InternFromString("polyprof.events");
     if (g_tls_key == NULL) return -1;
@@ -885,6 +1000,11 @@ int pp_recorder_add_types(PyObject *m) {
     Py_INCREF(&EventBufferType);
     if (PyModule_AddObject(m, "EventBuffer", (PyObject *)&EventBufferType) < 0) {
         Py_DECREF(&EventBufferType);
+        return -1;
+    }
+    Py_INCREF(&SpanCallType);
+    if (PyModule_AddObject(m, "SpanCall", (PyObject *)&SpanCallType) < 0) {
+        Py_DECREF(&SpanCallType);
         return -1;
     }
     return 0;
