@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -79,7 +80,8 @@ struct OpFields {
   int64_t seq = -1;
   int64_t fwd_tid = 0;
   int64_t rf_tid = 0;
-  int64_t shapes = -1;  // offset into ThreadBuffer::shapes, -1 without record_shapes
+  int64_t shapes = -1;  // on_start: where its record starts in ThreadBuffer::shapes (-1: none); kept as
+                        // the kHasShapes flag only, the records being in op order
   int64_t extra = -1;   // offset into ThreadBuffer::extra (kwargs, flops, module hierarchy), -1 if none
   uint64_t handle = 0;  // the RecordFunction's handle (torch's "Record function id"; 0 unless ids are on)
   int32_t name = 0;
@@ -97,6 +99,8 @@ constexpr uint32_t kFarEnd = 0xFFFFFFFEu;     // dur: the end is in its Rare
 constexpr int32_t kSeqRare = INT32_MIN;       // seq: in its Rare
 constexpr uint32_t kNameRare = 0xFFFFFFu;     // name bits: in its Rare
 constexpr uint32_t kFwdCommon = 0x10;         // name_scope flag: fwd_tid is the buffer's usual one
+constexpr uint32_t kHasShapes = 0x20;         // name_scope flag: the op's inputs are the buffer's next
+                                              // shapes record (records are in op order: no offset kept)
 struct Op {
   int64_t start = 0;
   uint32_t dur = kStillOpen;
@@ -109,7 +113,7 @@ struct Op {
 static_assert(sizeof(Op) == 32, "an operator row is 32 bytes");
 
 struct Rare {
-  int64_t seq, fwd_tid, rf_tid, shapes, extra, end;
+  int64_t seq, fwd_tid, rf_tid, extra, end;
   uint64_t handle;
   int32_t name, overload;
 };
@@ -215,11 +219,12 @@ Op pack(ThreadBuffer* b, const OpFields& f, bool async) {
   if (f.fwd_tid != 0 && !b->fwd_set) b->fwd_common = f.fwd_tid, b->fwd_set = true;
   bool fwd_common = f.fwd_tid != 0 && f.fwd_tid == b->fwd_common;
   bool name_rare = uint32_t(f.name) >= kNameRare;
-  op.name_scope = (name_rare ? kNameRare : uint32_t(f.name)) << 8 | (fwd_common ? kFwdCommon : 0) | (f.scope & 0x0F);
+  op.name_scope = (name_rare ? kNameRare : uint32_t(f.name)) << 8 | (fwd_common ? kFwdCommon : 0) |
+                  (f.shapes >= 0 ? kHasShapes : 0) | (f.scope & 0x0F);
   bool rare = async || name_rare || op.seq == kSeqRare || (f.fwd_tid != 0 && !fwd_common) ||
-              f.rf_tid != b->rf_common || f.shapes >= 0 || f.extra >= 0 || f.handle != 0 || f.overload >= 0;
+              f.rf_tid != b->rf_common || f.extra >= 0 || f.handle != 0 || f.overload >= 0;
   if (rare) {
-    b->rare.push_back(Rare{f.seq, f.fwd_tid, f.rf_tid, f.shapes, f.extra, 0, f.handle, f.name, f.overload});
+    b->rare.push_back(Rare{f.seq, f.fwd_tid, f.rf_tid, f.extra, 0, f.handle, f.name, f.overload});
     op.rare = uint32_t(b->rare.size());
   }
   return op;
@@ -237,7 +242,7 @@ OpFields unpack(const ThreadBuffer& b, const Op& op) {
   f.name = int32_t(name);
   if (op.rare) {
     const Rare& r = b.rare[op.rare - 1];
-    f.seq = r.seq, f.fwd_tid = r.fwd_tid, f.rf_tid = r.rf_tid, f.shapes = r.shapes, f.extra = r.extra;
+    f.seq = r.seq, f.fwd_tid = r.fwd_tid, f.rf_tid = r.rf_tid, f.extra = r.extra;
     f.handle = r.handle, f.name = r.name, f.overload = r.overload;
   }
   return f;
@@ -257,7 +262,7 @@ void set_end(ThreadBuffer& b, Op& op, int64_t t) {
     return;
   }
   if (op.rare == 0) {  // only on the op's own thread (async ops have theirs already)
-    b.rare.push_back(Rare{op.seq, (op.name_scope & kFwdCommon) ? b.fwd_common : 0, b.rf_common, -1, -1, 0, 0,
+    b.rare.push_back(Rare{op.seq, (op.name_scope & kFwdCommon) ? b.fwd_common : 0, b.rf_common, -1, 0, 0,
                           int32_t(op.name_scope >> 8), -1});
     op.rare = uint32_t(b.rare.size());
   }
@@ -371,50 +376,74 @@ std::vector<at::RecordFunctionCallback::StartCallback> g_collector_callbacks;
 
 // -- operator inputs (record_shapes) ------------------------------------------------------------------
 
-void encode_tensor(ThreadBuffer* b, const at::Tensor& t) {
-  if (!t.defined()) {
-    b->shapes.push_back(kUndefinedTensor);
-    return;
-  }
-  auto* impl = t.unsafeGetTensorImpl();
-  bool plain = t.layout() == c10::kStrided && !t.is_nested() && !impl->has_symbolic_sizes_strides();
-  b->shapes.push_back(plain ? kTensor : kTensorNoShape);
-  b->shapes.push_back(int64_t(t.scalar_type()));
-  if (!plain) return;
-  auto sizes = t.sizes();
-  auto strides = t.strides();
-  b->shapes.push_back(int64_t(sizes.size()));
-  b->shapes.insert(b->shapes.end(), sizes.begin(), sizes.end());
-  b->shapes.insert(b->shapes.end(), strides.begin(), strides.end());
+// A tensor's part of a shapes record: its tag, then its scalar type, rank, sizes and strides (what
+// there is of them).
+bool plain_tensor(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.is_nested() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
+size_t tensor_ints(const at::Tensor& t) {
+  if (!t.defined()) return 1;
+  return plain_tensor(t) ? 3 + 2 * t.dim() : 2;
+}
+
+int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
+  if (!t.defined()) {
+    *p++ = kUndefinedTensor;
+    return p;
+  }
+  bool plain = plain_tensor(t);
+  *p++ = plain ? kTensor : kTensorNoShape;
+  *p++ = int64_t(t.scalar_type());
+  if (!plain) return p;
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  *p++ = int64_t(sizes.size());
+  p = std::copy(sizes.begin(), sizes.end(), p);
+  return std::copy(strides.begin(), strides.end(), p);
+}
+
+// An op's shapes record, appended to ThreadBuffer::shapes in one step (sized first, then written).
 void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
   auto inputs = fn.inputs();
   if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
-  op.shapes = int64_t(b->shapes.size());
-  b->shapes.push_back(int64_t(inputs.size()));
+  size_t need = 1;
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
-      encode_tensor(b, v.toTensor());
+      need += tensor_ints(v.toTensor());
+    } else if (v.isTensorList()) {
+      need += 2;
+      for (const at::Tensor& t : v.toTensorList()) need += tensor_ints(t);
+    } else {
+      need += 2;
+    }
+  }
+  auto& shapes = b->shapes;
+  size_t at = shapes.size();
+  if (shapes.capacity() < at + need) shapes.reserve(std::max(at + need, 2 * shapes.capacity()));  // geometric
+  shapes.resize(at + need);
+  int64_t* p = shapes.data() + at;
+  op.shapes = int64_t(at);
+  *p++ = int64_t(inputs.size());
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      p = write_tensor(p, v.toTensor());
     } else if (v.isNone()) {
-      b->shapes.push_back(kNone);
-    } else if (v.isScalar()) {
-      b->shapes.push_back(kScalar);
-      b->shapes.push_back(int64_t(b->values.size()));
-      b->values.push_back(v);
-    } else if (v.isIntList() || v.isDoubleList() || v.isBoolList()) {
-      b->shapes.push_back(kScalarList);
-      b->shapes.push_back(int64_t(b->values.size()));
+      *p++ = kNone;
+    } else if (v.isScalar() || v.isIntList() || v.isDoubleList() || v.isBoolList()) {
+      *p++ = v.isScalar() ? kScalar : kScalarList;
+      *p++ = int64_t(b->values.size());
       b->values.push_back(v);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
-      b->shapes.push_back(kTensorList);
-      b->shapes.push_back(int64_t(list.size()));
-      for (const at::Tensor& t : list) encode_tensor(b, t);
+      *p++ = kTensorList;
+      *p++ = int64_t(list.size());
+      for (const at::Tensor& t : list) p = write_tensor(p, t);
     } else {
-      b->shapes.push_back(kOther);
+      *p++ = kOther;
     }
   }
+  shapes.resize(size_t(p - shapes.data()));
 }
 
 void append_json_string(std::string& out, const std::string& s) {
@@ -773,10 +802,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (op_name.has_value()) op.overload = intern(b, op_name->overload_name.c_str());
   }
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
+    size_t shapes_at = b->shapes.size(), values_at = b->values.size();
     try {
       encode_inputs(b, fn, op);
-    } catch (...) {
-      op.shapes = -1;  // an input this torch cannot describe: the op is kept without shapes
+    } catch (...) {  // an input this torch cannot describe: the op is kept without shapes
+      op.shapes = -1;
+      b->shapes.resize(shapes_at);  // no partial record: the records are read back in op order
+      b->values.resize(values_at);
     }
   }
   if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta()) {
@@ -860,7 +892,8 @@ const int64_t* decode_tensor(const int64_t* p, int64_t tag, Input& in) {
   return p;
 }
 
-std::vector<Input> decode_inputs(const ThreadBuffer& b, int64_t offset) {
+// The inputs of the shapes record at `offset`; `next` gets the offset of the record after it.
+std::vector<Input> decode_inputs(const ThreadBuffer& b, int64_t offset, int64_t* next) {
   const int64_t* p = b.shapes.data() + offset;
   int64_t n = *p++;
   std::vector<Input> inputs(static_cast<size_t>(n));
@@ -880,6 +913,7 @@ std::vector<Input> decode_inputs(const ThreadBuffer& b, int64_t offset) {
       p = decode_tensor(p, tag, in);
     }
   }
+  *next = int64_t(p - b.shapes.data());
   return inputs;
 }
 
@@ -904,9 +938,11 @@ void append_ints(std::string& out, const int64_t* v, int64_t n) {
 // torch.profiler's record_shapes args for one op, as four JSON values appended to `out`, each
 // followed by a NUL byte: Concrete Inputs, Input type, Input Strides, Input Dims. A tensor list is one
 // input: "TensorList" in Input type, the list of its tensors' sizes (strides) in Input Dims (Strides).
-void append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t offset) {
+// Appends the shapes record at `offset` as four fragments; returns the next record's offset.
+int64_t append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t offset) {
   static std::ostringstream os;  // reused: constructing one per value costs more than formatting it
-  std::vector<Input> inputs = decode_inputs(b, offset);
+  int64_t next = offset;
+  std::vector<Input> inputs = decode_inputs(b, offset, &next);
   auto list = [&out, &inputs](auto&& item) {
     out.push_back('[');
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -954,6 +990,7 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t off
       }
     });
   }
+  return next;
 }
 
 }  // namespace
@@ -1129,14 +1166,15 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
   out.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& b : g_taken) {
+    int64_t shapes_at = 0;  // the next op's record: they are in op order
     for (const Op& packed : b->ops) {
       OpFields op = unpack(*b, packed);
       if (op.seq >= 0) append_int(out, op.seq);
       out.push_back('\0');
       if (op.seq >= 0) append_int(out, op.fwd_tid);
       out.push_back('\0');
-      if (op.shapes >= 0) {
-        append_shape_fragments(out, *b, op.shapes);
+      if (packed.name_scope & kHasShapes) {
+        shapes_at = append_shape_fragments(out, *b, shapes_at);
       } else {
         out.append(4, '\0');
       }
