@@ -380,6 +380,22 @@ def test_summary_reads_a_pftrace(tmp_path, registry):
     assert r.returncode == 0 and "the only step" in r.stdout, r.stderr
 
 
+def mutated(data: bytes, rng, *, cut: float = 0.3, most_changed: int = 8, most_inserted: int = 6) -> bytearray:
+    """`data` cut short (a `cut` share of the time), with bytes changed (up to `most_changed`) or bytes
+    inserted (up to `most_inserted`), chosen by `rng`."""
+    b = bytearray(data)
+    how = rng.random()
+    if how < cut:
+        return b[: rng.randrange(1, len(b))]
+    if how < 0.8:
+        for _ in range(rng.randrange(1, most_changed)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+    else:
+        pos = rng.randrange(len(b))
+        b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, most_inserted)))
+    return b
+
+
 def test_mutated_pftraces_give_a_trace_or_a_one_line_error():
     """1,000 mutants of a .pftrace (truncated, bytes flipped or inserted), fixed seed: each reads or
     raises TraceFormatError with one line naming the file."""
@@ -392,16 +408,7 @@ def test_mutated_pftraces_give_a_trace_or_a_one_line_error():
     rng = random.Random(15)
     errors = 0
     for i in range(1000):
-        b = bytearray(data)
-        how = rng.random()
-        if how < 0.3:
-            b = b[: rng.randrange(1, len(b))]
-        elif how < 0.8:
-            for _ in range(rng.randrange(1, 8)):
-                b[rng.randrange(len(b))] = rng.randrange(256)
-        else:
-            pos = rng.randrange(len(b))
-            b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+        b = mutated(data, rng)
         b[0] = 0x0A  # still looks like a Perfetto trace
         try:
             parse_trace(bytes(b), f"mutant{i}.pftrace")

@@ -9,7 +9,7 @@ import struct
 
 import orjson
 import pytest
-from test_export_perfetto import overlapping_trace
+from test_export_perfetto import mutated, overlapping_trace
 
 import polyprof
 import polyprof._accel
@@ -189,17 +189,7 @@ def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined():
     rng = random.Random(20261201)
     scanned = refused = declined = 0  # declined: the reader reads it, the scanner leaves it to the reader
     for i in range(600):
-        b = bytearray(bases[i % 2])
-        how = rng.random()
-        if how < 0.2:
-            b = b[: rng.randrange(1, len(b))]
-        elif how < 0.8:
-            for _ in range(rng.randrange(1, 4)):
-                b[rng.randrange(len(b))] = rng.randrange(256)
-        else:
-            pos = rng.randrange(len(b))
-            b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4)))
-        data = bytes(b)
+        data = bytes(mutated(bases[i % 2], rng, cut=0.2, most_changed=4, most_inserted=4))
         got = perfetto_scan.scan_perfetto(data, f"mutant{i}")
         try:
             expected = _reference(data, f"mutant{i}")
