@@ -219,7 +219,10 @@ class Recorder:
 recorder = Recorder()
 _new_id = correlation.new_id
 _current = correlation.current
-_current_id = correlation.current_external_id  # what the C spans make current too, where they are built
+_current_set, _current_reset = _current.set, _current.reset
+# what the C spans make current too, where they are built
+_current_id = correlation.current_external_id if speedups is not None else _current.get
+_local = recorder._local
 
 
 def _decorate(self: Any, fn: Any) -> Any:
@@ -254,7 +257,7 @@ class _PyRecordFunction:  # noqa: N801
     `args` is a string (as in torch) or a dict of JSON-serialisable values.
     """
 
-    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent", "_range", "_handle")
+    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent", "_range", "_handle", "_buf")
 
     def __init__(self, name: str, args: str | dict[str, Any] | None = None) -> None:
         self.name = name
@@ -264,38 +267,56 @@ class _PyRecordFunction:  # noqa: N801
         self._handle = 0
 
     def __enter__(self) -> _PyRecordFunction:
-        bridge = _bridge
-        if bridge is not None and bridge.consumers():
-            self._range, self._handle = bridge.enter(str(self.name), args_text(self.args))
+        if _bridge is not None and _bridge.consumers():
+            self._range, self._handle = _bridge.enter(str(self.name), args_text(self.args))
         if recorder.active:
             self._id = i = _new_id()
             self._parent = _current_id()
-            self._token = _current.set(i)
+            self._token = _current_set(i)
             if correlation.targets:
                 correlation.push(i, correlation.KIND_ANNOTATION)
-            recorder.buffer().open.append(self)
+            try:  # the thread's buffer, without a call in the usual case
+                buf = _local.events
+            except AttributeError:
+                buf = recorder.buffer()
+            buf.open.append(self)
+            self._buf = buf
             self._start = host_ns()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        start, handle, rng = self._start, self._handle, self._range
-        self._handle, self._range = 0, None
+        start = self._start
         if start < 0:
+            rng, self._handle, self._range = self._range, 0, None
             if rng is not None and _bridge is not None:
                 _bridge.exit(rng)
             return
         end = host_ns()
-        if rng is not None and _bridge is not None:
-            _bridge.exit(rng)
+        if self._range is not None:
+            rng, self._range = self._range, None
+            if _bridge is not None:
+                _bridge.exit(rng)
         self._start = -1
-        _current.reset(self._token)
+        _current_reset(self._token)
         self._token = None
         if correlation.targets:
             correlation.pop(correlation.KIND_ANNOTATION)
-        buf = recorder.buffer()
-        _forget(buf.open, self)
-        args = Routed(self.args, handle) if handle else self.args
-        buf.add(SPAN, start, end, self.name, self._id, self._parent, args)
+        buf, self._buf = self._buf, None  # the entering thread's (a task may close it on another)
+        spans = buf.open
+        if spans and spans[-1] is self:
+            spans.pop()
+        else:
+            _forget(spans, self)
+        handle = self._handle
+        if handle:
+            self._handle = 0
+            args = Routed(self.args, handle)
+        else:
+            args = self.args
+        if type(buf) is PyEventBuffer:
+            buf.events.append((SPAN, start, end, self._id, self._parent, self.name, args))  # add(), inlined
+        else:
+            buf.add(SPAN, start, end, self.name, self._id, self._parent, args)
 
     @property
     def open_state(self) -> tuple[int, int, int] | None:
