@@ -7,12 +7,17 @@ queue; the host time per enqueue call is the batch time over N. Unprofiled and p
 alternate, and the medians of each are compared. The queue is profiling-enabled in both cases so that
 only polyprof's interception differs. PoCL runs one worker thread (POCL_MAX_PTHREAD_COUNT=1, set here
 unless already set) so that on a 2-core machine the enqueueing thread is not competing with the
-device for a core. Target (issue #3): under 2 us added per enqueue.
+device for a core. Each case runs in fresh child processes (`--processes`, default 5): on a 2-core
+machine the unprofiled time of one process moves by a microsecond from one process to the next (how
+PoCL's worker thread and the enqueueing thread share the cores), so the report gives the median and the
+range of the per-process figures. Targets: under 2 us added per enqueue (issue #3); host-buffer writes
+at most +0.8 us (issue #21).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -27,7 +32,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--processes", type=int, default=5, help="fresh child processes per case")
+    ap.add_argument("--case", choices=["kernel_enqueue", "write_enqueue"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.case is None:
+        return _parent(args)
     os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "1")
     import pyopencl as cl
 
@@ -66,6 +75,8 @@ def main() -> None:
         "repeats": args.repeats,
     }
     for label, fn in (("kernel_enqueue", launches), ("write_enqueue", writes)):
+        if label != args.case:
+            continue
         fn()  # warm-up
         plain_samples, profiled_samples = [], []
         for _ in range(args.repeats):
@@ -77,8 +88,30 @@ def main() -> None:
             "unprofiled_ns": round(plain),
             "profiled_ns": round(profiled),
             "added_ns": round(profiled - plain),
-            "target_added_ns": 2000,
-            "meets_target": profiled - plain < 2000,
+        }
+    print(json.dumps(results))
+
+
+def _parent(args: argparse.Namespace) -> None:
+    """Each case in `args.processes` fresh children; the median and range of their figures."""
+    import subprocess
+    import sys
+
+    results: dict = {"n_per_batch": args.n, "repeats": args.repeats, "processes": args.processes}
+    for case, target in (("kernel_enqueue", 2000), ("write_enqueue", 800)):
+        runs = []
+        for _ in range(args.processes):
+            out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--repeats", str(args.repeats),
+                                  "--case", case], capture_output=True, text=True, check=True).stdout  # fmt: skip
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+        results.setdefault("device", runs[0]["device"])
+        results.setdefault("pocl_threads", runs[0]["pocl_threads"])
+        per = {k: [r[case][k] for r in runs] for k in ("unprofiled_ns", "profiled_ns", "added_ns")}
+        results[case] = {
+            **{k: round(statistics.median(v)) for k, v in per.items()},
+            "added_ns_per_process": per["added_ns"],
+            "target_added_ns": target,
+            "meets_target": statistics.median(per["added_ns"]) <= target,
         }
     report("opencl_overhead", results)
 
