@@ -139,7 +139,8 @@ def test_the_current_id_is_the_innermost_span_of_the_thread_or_task():
 @pytest.mark.skipif(speedups is None, reason="the C extension is not built here, so there is nothing to compare")
 def test_the_c_and_python_hot_paths_agree_and_the_c_one_skips_the_variable():
     assert speedups.thread_context_fast(), "CPython's context layout should be the one checked for"
-    env = {**os.environ, "POLYPROF_PURE_PYTHON": "1", "PYTHONPATH": os.path.dirname(__file__)}
+    path = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "POLYPROF_PURE_PYTHON": "1", "PYTHONPATH": path}
     code = "import json, test_current_external_id as t; print(json.dumps(t._scenario()))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == _scenario()
