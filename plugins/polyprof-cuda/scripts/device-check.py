@@ -19,7 +19,9 @@ use cannot disturb polyprof's) with a time limit, and a failing part is reported
   (c) a launch-bound loop of 10,000 tiny kernels: wall time unprofiled, under torch.profiler, under
       polyprof, and the overhead ratio;
   (d) stop-to-trace-written time for both, and polyprof's CUDA records processed per second at stop;
-  (e) GPU counters through NVML (polyprof-cuda[nvml]) under load, on the GPU's process.
+  (e) GPU counters through NVML (polyprof-cuda[nvml]) under load, on the GPU's process;
+  (f) kernels launched under record_function opened every way (with block, decorator, asyncio tasks)
+      land under their span.
 Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when given).
 """
 
@@ -653,6 +655,61 @@ def e_nvml(out):
         "same_process_as_kernels": "cuda:0" in kernels_on,
         "unsupported": (status.details.get("unsupported") if status else "no nvml backend"),
         "state": status.state if status else None,
+    }
+
+
+@part
+def f_annotations(out):
+    """Kernels launched under record_function opened each way (a with block in plain code, the C
+    decorator, spans inside interleaved asyncio tasks) land under their span: each kernel's launch (the
+    runtime row of its correlation) is inside the span on its thread, and the spans are all there. Since
+    issue #21 spans of plain code leave the context variable alone, tasks set it, the decorator is C."""
+    import asyncio
+
+    import torch
+
+    import polyprof
+    from polyprof.model import ActivityKind
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.randn(256, 256, device="cuda")
+
+    @polyprof.record_function("decorated")
+    def decorated():
+        return x.sin()
+
+    async def task(name):
+        with polyprof.record_function(name):
+            y = x.cos()
+            await asyncio.sleep(0.01)
+            return y.exp()
+
+    async def main():
+        return await asyncio.gather(task("task a"), task("task b"))
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with polyprof.record_function("with block"):
+            x.tanh()
+        decorated()
+        with polyprof.record_function("around asyncio.run"):
+            asyncio.run(main())
+        torch.cuda.synchronize()
+    acts = list(prof.trace.activities)
+    spans = [a for a in acts if a.kind == ActivityKind.USER_ANNOTATION]
+    launch_of = {a.correlation: a for a in acts if a.kind == ActivityKind.RUNTIME and a.correlation}
+    under = Counter()
+    for k in (a for a in acts if a.kind == ActivityKind.KERNEL):
+        launch = launch_of.get(k.correlation)
+        around = [s for s in spans if launch is not None and s.resource == launch.resource
+                  and s.start <= launch.start <= s.end]  # fmt: skip
+        for s in around:
+            under[s.name] += 1
+    return {
+        "spans": sorted(s.name for s in spans),
+        "kernels_launched_under": dict(under),
+        "ok": under["with block"] >= 1 and under["decorated"] >= 1 and under["around asyncio.run"] >= 4
+        and under["task a"] >= 2 and under["task b"] >= 2,
     }
 
 
