@@ -377,21 +377,19 @@ static PyObject *rf_new(PyObject *name, PyObject *args) {
 static PyObject *rf_vectorcall(PyObject *type, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if ((PyTypeObject *)type != &RecordFunctionType) {
-        PyObject *tuple = PyTuple_New(nargs), *kw = NULL;
-        if (tuple == NULL) return NULL;
+        PyObject *tuple = PyTuple_New(nargs), *kw = kwnames != NULL ? PyDict_New() : NULL;
+        if (tuple == NULL || (kwnames != NULL && kw == NULL)) goto failed;
         for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(tuple, i, Py_NewRef(argv[i]));
-        if (kwnames != NULL && (kw = PyDict_New()) != NULL) {
-            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++)
-                if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), argv[nargs + i]) < 0) Py_CLEAR(kw);
-            if (kw == NULL) { Py_DECREF(tuple); return NULL; }
-        } else if (kwnames != NULL) {
-            Py_DECREF(tuple);
-            return NULL;
-        }
+        for (Py_ssize_t i = 0; kwnames != NULL && i < PyTuple_GET_SIZE(kwnames); i++)
+            if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), argv[nargs + i]) < 0) goto failed;
         PyObject *out = PyType_Type.tp_call(type, tuple, kw);
         Py_DECREF(tuple);
         Py_XDECREF(kw);
         return out;
+    failed:
+        Py_XDECREF(tuple);
+        Py_XDECREF(kw);
+        return NULL;
     }
     PyObject *name = nargs > 0 ? argv[0] : NULL, *args = nargs > 1 ? argv[1] : NULL;
     if (nargs > 2) {
@@ -558,11 +556,19 @@ static EventBufferObject *existing_thread_buffer(void);
 
 /* The current external id (polyprof.correlation.current_external_id), for C callers holding the GIL:
    0 on any error (cleared). */
-static long long current_external_id(void) {
+/* The current external id of the calling thread, whose buffer is `buf` (may be NULL): 0 before
+   polyprof.annotations configured the variable, -1 with an exception set on an error. */
+static long long read_current(EventBufferObject *buf) {
     PyObject *v = NULL;
-    if (g_contextvar == NULL || PyContextVar_Get(g_contextvar, NULL, &v) < 0) { PyErr_Clear(); return 0; }
-    long long id = resolve_current(v, existing_thread_buffer(), in_entered_context());
+    if (g_contextvar == NULL) return 0;
+    if (PyContextVar_Get(g_contextvar, NULL, &v) < 0) return -1;
+    long long id = resolve_current(v, buf, in_entered_context());
     Py_XDECREF(v);
+    return id;
+}
+
+static long long current_external_id(void) {
+    long long id = read_current(existing_thread_buffer());
     if (id == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
     return id;
 }
@@ -886,11 +892,7 @@ static PyObject *sp_set_bridge(PyObject *m, PyObject *args) {
 }
 
 static PyObject *sp_current_external_id(PyObject *m, PyObject *unused) {
-    PyObject *v = NULL;
-    if (g_contextvar == NULL) return PyLong_FromLong(0);  /* before polyprof.annotations configured it */
-    if (PyContextVar_Get(g_contextvar, NULL, &v) < 0) return NULL;
-    long long id = resolve_current(v, existing_thread_buffer(), in_entered_context());
-    Py_XDECREF(v);
+    long long id = read_current(existing_thread_buffer());
     if (id == -1 && PyErr_Occurred()) return NULL;
     return PyLong_FromLongLong(id);
 }
@@ -947,10 +949,7 @@ static PyObject *sp_instant(PyObject *m, PyObject *const *a, Py_ssize_t nargs, P
     long long ts = pp_now_ns();
     EventBufferObject *buf = thread_buffer();
     if (buf == NULL) return NULL;
-    PyObject *current = NULL;
-    if (PyContextVar_Get(g_contextvar, NULL, &current) < 0) return NULL;
-    long long parent = resolve_current(current, buf, in_entered_context());
-    Py_XDECREF(current);
+    long long parent = read_current(buf);
     if (parent == -1 && PyErr_Occurred()) return NULL;
     if (eb_add(buf, EV_INSTANT, ts, ts, 0, parent, v[0], v[1] ? v[1] : Py_None) < 0) return NULL;
     Py_RETURN_NONE;
