@@ -338,14 +338,13 @@ static int track_event(scan *s, sequence *q, int64_t ts, const uint8_t *p, Py_ss
     reader r = {p, p + len};
     field f;
     int rc, type = 0, n_keys = 0, has_value = 0, cat_set = 0, ext_key = 0, is_json = 0;
-    int32_t code;
+    int32_t code = 0;
     pf_rec rec = {0};
     rec.ts = ts, rec.end = -1, rec.name = -1, rec.cat = -1, rec.end_order = -1;
     int32_t keys[MAX_KEYS];
     PyObject *values[MAX_KEYS];
     int64_t as_int = 0;
     int is_int = 0, result = 0;
-    code = 0;
     while ((rc = next_field(&r, &f)) == 1) {
         int is_len = f.wire == F_LEN;
         switch (f.number) {
