@@ -101,3 +101,21 @@ def test_a_scanned_trace_writes_the_same_pftrace_as_the_read_one(registry, tmp_p
     a = load_trace(write_trace(scanned, str(tmp_path / "scanned.pftrace")))
     b = load_trace(write_trace(read, str(tmp_path / "read.pftrace")))
     assert _same(a, b)
+
+
+def test_flows_away_from_their_events_land_on_the_same_rows_as_the_readers(monkeypatch):
+    """Flow events shuffled among the slices (not right after their activity, as Kineto writes them):
+    each goes to the last row of its thread starting at its time, the scanner as the reader."""
+    rng = random.Random(77)
+    events = []
+    for i in range(200):
+        pid, tid, ts = rng.choice([1, 2]), rng.choice([10, 11, "t"]), rng.randrange(50)
+        events.append({"ph": "X", "name": f"op{i}", "cat": "cuda_runtime", "pid": pid, "tid": tid, "ts": ts, "dur": 1})
+        if rng.random() < 0.5:
+            events.append({"ph": rng.choice("sf"), "id": rng.randrange(1, 40), "cat": rng.choice(["ac2g", "fwdbwd"]),
+                           "name": "flow", "pid": pid, "tid": rng.choice([tid, 12]), "ts": rng.choice([ts, ts + 1])})  # fmt: skip
+    rng.shuffle(events)
+    data = orjson.dumps({"traceEvents": events})
+    got = chrome_scan.scan_trace(data, "shuffled.json")
+    assert got is not None and int((got.activities["flow_id"] != 0).sum()) > 20
+    assert _same(got, _reference(data, "shuffled.json", monkeypatch))

@@ -211,6 +211,27 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
     return _finish(top, acts, devices, resources, counters)
 
 
+def _last_rows_at(resource: np.ndarray, start: np.ndarray, res: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """For each (res[i], ts[i]), the last row on that row-resource starting at that time (-1: none, or
+    res[i] < 0): the pairs as one int64 key each, found by binary search in the rows' sorted keys."""
+    resource, res = resource.astype(np.int64), res.astype(np.int64)
+    if not len(resource):
+        return np.full(len(res), -1, dtype=np.int64)
+    lo = min(int(start.min()), int(ts.min()))
+    span = max(int(start.max()), int(ts.max())) - lo + 1
+    if (int(resource.max()) + 1) * span >= 1 << 62:  # keys would not fit: pair by pair
+        last = {(r, t): i for i, (r, t) in enumerate(zip(resource.tolist(), start.tolist(), strict=True))}
+        return np.array([last.get((r, t), -1) if r >= 0 else -1 for r, t in zip(res.tolist(), ts.tolist(), strict=True)],
+                        dtype=np.int64)  # fmt: skip
+    keys = resource * span + (start - lo)
+    order = np.argsort(keys, kind="stable")  # among equal keys the last row comes last
+    ordered = keys[order]
+    wanted = np.maximum(res, 0) * span + (ts - lo)
+    at = np.searchsorted(ordered, wanted, side="right") - 1
+    found = (at >= 0) & (ordered[np.maximum(at, 0)] == wanted) & (res >= 0)
+    return np.where(found, order[np.maximum(at, 0)], -1)
+
+
 def _place_flows(columns: dict[str, np.ndarray], flows: np.ndarray, flow_res: np.ndarray, texts: list[str]) -> None:
     """Each flow event onto its activity: the row just before it when that row starts at the flow's
     time on the flow's pid (Kineto writes a flow right after its activity), else the last row at the
@@ -225,12 +246,7 @@ def _place_flows(columns: dict[str, np.ndarray], flows: np.ndarray, flow_res: np
     row = np.where(ok & (start[at] == flows["ts"]) & (device[at] == flows["pid"]), prev, -1)
     missing = np.flatnonzero(row < 0)
     if len(missing):
-        last: dict[tuple[int, int], int] = {}
-        for r, (res, ts) in enumerate(zip(columns["resource"].tolist(), start.tolist(), strict=True)):
-            last[(res, ts)] = r
-        for i in missing.tolist():
-            res = int(flow_res[flows["res"][i]])
-            row[i] = last.get((res, int(flows["ts"][i])), -1) if res >= 0 else -1
+        row[missing] = _last_rows_at(columns["resource"], start, flow_res[flows["res"][missing]], flows["ts"][missing])
     kept = row >= 0
     flows, row = flows[kept], row[kept]
     if not len(row):
