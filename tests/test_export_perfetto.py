@@ -113,7 +113,7 @@ class Parsed:
                 "name": names[ev.name_iid] if ev.name_iid else ev.name,
                 "cat": [cats[i] for i in ev.category_iids],
                 "start": ts,
-                "args": {keys[a.name_iid]: annotation_value(a) for a in ev.debug_annotations},
+                "args": {keys[a.name_iid] if a.name_iid else a.name: annotation_value(a) for a in ev.debug_annotations},
                 "flows": list(ev.flow_ids),
                 "terminating": list(ev.terminating_flow_ids),
                 "depth": len(open_by_track[ev.track_uuid]),

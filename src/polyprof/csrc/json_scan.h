@@ -127,4 +127,111 @@ static inline int next_item(const char *s, Py_ssize_t i, Py_ssize_t n, Py_ssize_
     return 1;
 }
 
+/* ---- strict checking: JSON text that orjson.loads reads, or 0 (a subset of what it reads: numbers of
+ * at most 40 characters and two exponent digits, no escaped surrogates, nesting to depth 64) ------ */
+static inline Py_ssize_t utf8_char_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n) {
+    unsigned char c = s[i];
+    int more;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return i + 1;
+    if (c >= 0xC2 && c <= 0xDF) more = 1;
+    else if (c >= 0xE0 && c <= 0xEF) more = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) more = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return -1;
+    if (i + more >= n) return -1;
+    if (s[i + 1] < lo || s[i + 1] > hi) return -1;
+    for (int k = 2; k <= more; k++) if ((s[i + k] & 0xC0) != 0x80) return -1;
+    return i + more + 1;
+}
+
+static inline int hex_digit(unsigned char c) {
+    return (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+}
+
+static Py_ssize_t strict_value_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n, int depth);
+
+static inline Py_ssize_t strict_string_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n) {
+    for (i++; i < n;) {
+        unsigned char c = s[i];
+        if (c == '"') return i + 1;
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            if (i + 1 >= n) return -1;
+            c = s[i + 1];
+            if (c == 'u') {
+                if (i + 5 >= n) return -1;
+                int v = 0;
+                for (int k = 2; k < 6; k++) {
+                    int d = hex_digit(s[i + k]);
+                    if (d < 0) return -1;
+                    v = v * 16 + d;
+                }
+                if (v >= 0xD800 && v <= 0xDFFF) return -1;
+                i += 6;
+            } else if (strchr("\"\\/bfnrt", c) != NULL && c != 0) i += 2;
+            else return -1;
+        } else if ((i = utf8_char_end(s, i, n)) < 0) return -1;
+    }
+    return -1;
+}
+
+static inline Py_ssize_t strict_number_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n) {
+    Py_ssize_t start = i;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0') i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9') while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return -1;
+    if (i < n && s[i] == '.') {
+        Py_ssize_t d = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d) return -1;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        Py_ssize_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d || i - d > 2) return -1;
+    }
+    return i - start > 40 ? -1 : i;
+}
+
+static Py_ssize_t strict_value_end(const unsigned char *s, Py_ssize_t i, Py_ssize_t n, int depth) {
+    i = skip_ws((const char *)s, i, n);
+    if (i >= n) return -1;
+    unsigned char c = s[i];
+    if (c == '"') return strict_string_end(s, i, n);
+    if (c == '{' || c == '[') {
+        if (depth >= 64) return -1;
+        unsigned char close = c == '{' ? '}' : ']';
+        i = skip_ws((const char *)s, i + 1, n);
+        if (i < n && s[i] == close) return i + 1;
+        for (;;) {
+            if (c == '{') {
+                i = skip_ws((const char *)s, i, n);
+                if (i >= n || s[i] != '"' || (i = strict_string_end(s, i, n)) < 0) return -1;
+                i = skip_ws((const char *)s, i, n);
+                if (i >= n || s[i] != ':') return -1;
+                i++;
+            }
+            if ((i = strict_value_end(s, i, n, depth + 1)) < 0) return -1;
+            i = skip_ws((const char *)s, i, n);
+            if (i < n && s[i] == close) return i + 1;
+            if (i >= n || s[i] != ',') return -1;
+            i++;
+        }
+    }
+    if (c == 't') return n - i >= 4 && memcmp(s + i, "true", 4) == 0 ? i + 4 : -1;
+    if (c == 'f') return n - i >= 5 && memcmp(s + i, "false", 5) == 0 ? i + 5 : -1;
+    if (c == 'n') return n - i >= 4 && memcmp(s + i, "null", 4) == 0 ? i + 4 : -1;
+    return strict_number_end(s, i, n);
+}
+
+/* Whether the n bytes at s are one JSON value (with whitespace around it) that orjson reads. */
+static inline int json_checked(const void *p, Py_ssize_t n) {
+    const unsigned char *s = p;
+    Py_ssize_t end = strict_value_end(s, 0, n, 0);
+    return end >= 0 && skip_ws((const char *)s, end, n) == n;
+}
+
 #endif

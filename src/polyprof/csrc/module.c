@@ -36,6 +36,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddFunctions(m, pp_recorder_methods) < 0 || PyModule_AddFunctions(m, pp_format_methods) < 0 ||
         PyModule_AddFunctions(m, pp_columns_methods) < 0 ||
         PyModule_AddFunctions(m, pp_perfetto_methods) < 0 || PyModule_AddFunctions(m, pp_merge_methods) < 0 ||
+        PyModule_AddFunctions(m, pp_merge_packets_methods) < 0 ||
         PyModule_AddFunctions(m, pp_merge_pass_methods) < 0 ||
         PyModule_AddFunctions(m, pp_read_methods) < 0 || PyModule_AddFunctions(m, pp_read_packets_methods) < 0 ||
         PyModule_AddFunctions(m, pp_perfetto_args_methods) < 0 || PyModule_AddFunctions(m, pp_pytrace_methods) < 0 ||

@@ -12,6 +12,7 @@
  *   read_packets.c   a Perfetto trace's TrackEvent packets, into columns (polyprof.io.perfetto_scan)
  *   perfetto_args.c  Perfetto debug annotations of args kept as JSON text (polyprof.export.perfetto)
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
+ *   merge_packets.c  one rank's .pftrace packets rewritten field by field for `polyprof merge`
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
  *
  * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
@@ -54,6 +55,7 @@ extern PyMethodDef pp_format_methods[];
 extern PyMethodDef pp_columns_methods[];
 extern PyMethodDef pp_perfetto_methods[];
 extern PyMethodDef pp_merge_methods[];
+extern PyMethodDef pp_merge_packets_methods[];
 extern PyMethodDef pp_merge_pass_methods[];
 extern PyMethodDef pp_read_methods[];
 extern PyMethodDef pp_read_packets_methods[];

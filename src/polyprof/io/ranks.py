@@ -11,9 +11,11 @@ with the offset each polyprof trace recorded (the torch backend's clock ``to ran
 one (torch.profiler's) are merged on their own epoch, which the merged trace says. Every rank's
 top-level metadata is kept under ``ranks``. JSON to JSON streams: each event's pid, times and ids are
 rewritten byte by byte as the file is read, the rest copied (``csrc/merge_events.c``; its pure-Python
-twin reads with ijson), so memory stays flat whatever the sizes. Otherwise (a .pftrace in
-or out) the ranks are read into the model and written one at a time: memory is about one rank's trace,
-never the sum of them.
+twin reads with ijson), so memory stays flat whatever the sizes. polyprof's own .pftrace ranks into a
+.pftrace stream too: each packet's sequence, time, tracks, pids and ids rewritten field by field
+(``csrc/merge_packets.c``), after a first walk that checks every field is one it knows. Otherwise
+(another writer's .pftrace, JSON into .pftrace, .pftrace into JSON, or no C extension) the ranks are
+read into the model and written one at a time: memory is about one rank's trace, never the sum of them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
+import orjson
 
 from polyprof.clock import base_time_ns
 from polyprof.errors import ConfigError, TraceFormatError
@@ -31,7 +34,8 @@ from polyprof.export.chrome import trace_metadata
 from polyprof.export.formats import format_of
 from polyprof.export.jsonsafe import json_bytes
 from polyprof.export.paths import check_output_path, trace_output
-from polyprof.model import ActivityTable, Counters, Trace
+from polyprof.model import ActivityTable, Args, Counters, Trace
+from polyprof.model.args import _Block, _JSONArray, is_json_column
 
 ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
 PID_STRIDE = 1000
@@ -81,20 +85,35 @@ def _offset_of(trace: Trace) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _describe(path: str, position: int) -> tuple[RankInput, Trace]:
-    """A .pftrace rank's place and clock: from its metadata event alone where the C scanner is built
-    and the trace records its window (polyprof's do), else from the whole trace."""
+def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
+    """A .pftrace rank's place and clock, as a trace without its events, and whether its packets can
+    be rewritten as they are (polyprof's own trace, every field one merge_packets.c knows): then from a
+    walk over its packets that keeps all but the events, else from the whole trace read."""
+    from polyprof._accel import speedups
     from polyprof.io.chrome import _inflate, _read_bytes, max_trace_bytes, parse_trace
     from polyprof.io.perfetto_scan import scan_perfetto
 
+    if speedups is not None:
+        kept: list[bytes] = []
+        try:
+            _walk_packets(path, speedups.packet_rewriter(0, 0, 0, 0, 0, b"", 1), kept.append, skeleton=True)
+        except ValueError:  # not a trace the rewriter takes as it is: read the whole of it
+            kept = []
+        trace = scan_perfetto(b"".join(kept), path, metadata_only=True) if kept else None
+        if trace is not None:
+            return _rank_input(trace, path, position), trace, True
     limit = max_trace_bytes()
     data = _read_bytes(path, limit)
     if data[:2] == b"\x1f\x8b":
         data = _inflate(data, path, limit)
     trace = scan_perfetto(data, path, metadata_only=True) or parse_trace(data, path)
+    return _rank_input(trace, path, position), trace, False
+
+
+def _rank_input(trace: Trace, path: str, position: int) -> RankInput:
     offset, uncertainty = _offset_of(trace)
     host = str(trace.metadata.get("host_name") or (trace.metadata.get("polyprof") or {}).get("host") or "")
-    return RankInput(path, _rank_of(trace, position), host, offset, uncertainty), trace
+    return RankInput(path, _rank_of(trace, position), host, offset, uncertainty)
 
 
 def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
@@ -112,6 +131,7 @@ def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
     for name in ("flow_id", "correlation", "external_id"):
         column = cols[name].astype(np.int64)
         cols[name] = np.where(column != 0, column + r * ID_STRIDE, 0)
+    args = _ids_shifted(acts.args, r * ID_STRIDE)
     # every rank's times onto one timeline: ns since `base` on rank 0's epoch (the rank's own host clock
     # is unrelated to another host's)
     delta = trace.epoch_offset_ns + (rank.offset_ns or 0) - base
@@ -120,13 +140,53 @@ def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
     shifted = Counters.from_columns(trace.counters.strings, {**counters, "ts": counters["ts"] + delta})
     return dataclasses.replace(
         trace,
-        activities=ActivityTable(acts.strings, cols, acts.args),
+        activities=ActivityTable(acts.strings, cols, args),
         devices=devices,
         counters=shifted,
         epoch_offset_ns=base,
         base_time_ns=base,
         window=(trace.window[0] + delta, trace.window[1] + delta),
     )
+
+
+def _ids_shifted(args: Args, shift: int) -> Args:
+    """`args` with their "correlation" (kept among a row's args when read back, and written from them)
+    shifted by `shift` where it is a non-zero integer, as the JSON merge shifts it."""
+    key = "correlation"
+
+    def shifted(value: Any) -> Any:
+        return value + shift if isinstance(value, int) and not isinstance(value, bool) and value else value
+
+    dicts = {row: {**a, key: shifted(a[key])} if key in a else a for row, a in args.dicts.items()}
+    blocks = []
+    for b in args.blocks:
+        columns = list(b.columns)
+        if key in b.keys:
+            at = b.keys.index(key)
+            c = columns[at]
+            if is_json_column(c):
+                columns[at] = _json_ids_shifted(c, shift, shifted)
+            elif c.dtype.kind in "iu":
+                columns[at] = np.where(c != 0, c.astype(np.int64) + shift, 0)
+            elif c.dtype == object:
+                columns[at] = np.array([shifted(v) for v in c.tolist()] + [None], dtype=object)[:-1]
+        blocks.append(_Block(b.rows, b.keys, columns))
+    return Args(dicts, blocks)
+
+
+def _json_ids_shifted(column: np.ndarray, shift: int, shifted: Any) -> np.ndarray:
+    """A column of JSON texts (b"": no value) with its non-zero integers shifted: numpy's parse of
+    decimal text where every value is an integer (the usual case), else value by value."""
+    texts = np.asarray(column, dtype=object)
+    present = np.flatnonzero(np.fromiter(map(len, texts.tolist()), dtype=np.int64, count=len(texts)) > 0)
+    out = texts.copy()
+    try:
+        values = texts[present].astype("S").astype(np.int64)
+    except (ValueError, OverflowError):  # floats, strings, lists...: each read as JSON
+        out[present] = [json_bytes(shifted(orjson.loads(v))) for v in texts[present].tolist()]
+    else:
+        out[present] = np.where(values != 0, values + shift, 0).astype("S").astype(object)
+    return _JSONArray.of(out.tolist(), len(out))
 
 
 def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | None = None) -> MergeStats:
@@ -146,25 +206,36 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
         with trace_output(output) as out:
             _stream_json(out, files, stats, [b for _, b, _ in described], [t for _, _, t in described], base)
         return stats
-    starts = []
-    for position, path in enumerate(files):  # a first pass for the ranks, their clocks and the base time
-        if _is_perfetto(path):
-            rank, trace = _describe(path, position)
-            starts.append(trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0))
-            del trace
-        else:  # a JSON rank says all that in its top-level keys: no need to read its events twice
-            rank, base_ns, _ = _json_rank(path, position)
-            starts.append(base_ns + (rank.offset_ns or 0))
-        stats.ranks.append(rank)
+    # a first pass for the ranks, their clocks and the base time (the C walks of several .pftrace ranks
+    # run side by side: they do not hold the GIL)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 1, 4))) as pool:
+        places = list(pool.map(_place_of, files, range(len(files))))
+    stats.ranks = [rank for rank, _, _ in places]
+    starts = [start for _, start, _ in places]
+    as_they_are = [described for _, _, described in places]  # a rank's trace without events: its packets rewritten
     _unique_ranks(stats)
     base = base_time_ns(min(starts))
     order = sorted(range(len(files)), key=lambda i: stats.ranks[i].rank)
     with trace_output(output) as out:
         if format_of(output, format) == "perfetto":
-            _write_perfetto(out, files, stats, order, base)
+            _write_perfetto(out, files, stats, order, base, min(starts) - base, as_they_are)
         else:
             _write_json(out, files, stats, order, base)
     return stats
+
+
+def _place_of(path: str, position: int) -> tuple[RankInput, int, Trace | None]:
+    """A rank's place, the start of its window on its epoch and rank 0's clock, and (where its packets
+    can be rewritten as they are) its trace without events."""
+    from polyprof.io.convert import _is_perfetto
+
+    if _is_perfetto(path):
+        rank, trace, rewritable = _describe(path, position)
+        return rank, trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0), trace if rewritable else None
+    rank, base_ns, _ = _json_rank(path, position)  # a JSON rank says all that in its top-level keys
+    return rank, base_ns + (rank.offset_ns or 0), None
 
 
 def _unique_ranks(stats: MergeStats) -> None:
@@ -212,18 +283,73 @@ def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list
     _json_tail(out, ranks)
 
 
-def _write_perfetto(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
-    from polyprof.export.perfetto.writer import iter_perfetto_chunks
+def _write_perfetto(
+    out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int, t0: int,
+    as_they_are: list[Trace | None],
+) -> None:  # fmt: skip
+    """One clock snapshot, then each rank on packet sequences of its own: its packets rewritten where
+    they can be (`as_they_are`), else its trace read into the model and written."""
+    from polyprof.export.perfetto.writer import (
+        clock_packet,
+        iter_perfetto_chunks,
+        metadata_values,
+        standalone_metadata,
+    )
     from polyprof.io import load_trace
 
-    for n, i in enumerate(order):
-        rank = stats.ranks[i]
-        trace = _placed(load_trace(files[i]), rank, base)
-        trace.metadata = {"rank": _rank_metadata(rank, trace_metadata(trace))}
-        for chunk in iter_perfetto_chunks(trace, sequence_id=n + 1, stable_tracks=True, clock=n == 0, layout=False):
-            out.write(chunk)
-        stats.events += len(trace.activities)
-        del trace
+    sequence = 1
+    with _Separated(out, b"") as sink:
+        sink.write(clock_packet(t0, base, sequence))
+        for i in order:
+            rank, described = stats.ranks[i], as_they_are[i]
+            sequence += 1
+            if described is not None:
+                shift = described.epoch_offset_ns + (rank.offset_ns or 0) - base
+                events, sequences = _rewrite_rank_packets(files[i], rank, shift, sequence, sink.write)
+                sequence += sequences
+                meta = {"rank": _rank_metadata(rank, trace_metadata(described))}
+                values = metadata_values(dataclasses.replace(described, metadata=meta, base_time_ns=base))
+                sink.write(standalone_metadata(values, described.window[0] + shift, sequence))
+                stats.events += events
+                continue
+            trace = _placed(load_trace(files[i]), rank, base)
+            trace.metadata = {"rank": _rank_metadata(rank, trace_metadata(trace))}
+            for chunk in iter_perfetto_chunks(trace, sequence_id=sequence, stable_tracks=True, clock=False, layout=False):
+                sink.write(chunk)
+            stats.events += len(trace.activities)
+            del trace
+
+
+def _rewrite_rank_packets(path: str, rank: RankInput, shift_ns: int, first_sequence: int, emit: Any) -> tuple[int, int]:
+    """The rank's packets rewritten onto the merged timeline (merge_packets.c); (events, sequences used)."""
+    from polyprof._accel import speedups
+
+    assert speedups is not None
+    r = rank.rank
+    prefix = " · ".join(x for x in (f"rank {r}", rank.host) if x).encode()
+    rewriter = speedups.packet_rewriter(shift_ns, r * ID_STRIDE, r, (r + 1) * PID_STRIDE, r * PID_STRIDE, prefix, first_sequence)
+    try:
+        return _walk_packets(path, rewriter, emit, skeleton=False)
+    except ValueError as exc:  # the first walk took it: the file changed since
+        raise TraceFormatError(f"{path}: {exc}") from None
+
+
+def _walk_packets(path: str, rewriter: Any, emit: Any, *, skeleton: bool) -> tuple[int, int]:
+    """One walk of a .pftrace's packets through `rewriter`, its output to `emit`: (events, sequences)."""
+    from polyprof._accel import speedups
+
+    assert speedups is not None
+    counts = (0, 0)
+
+    def step(data: memoryview, final: bool) -> tuple[int, bool]:
+        nonlocal counts
+        out, used, *got = speedups.rewrite_packets(rewriter, data, final, skeleton)
+        counts = (got[0], got[1])
+        emit(out)
+        return used, False
+
+    _stream(path, step)
+    return counts
 
 
 # -- JSON to JSON, streaming: each event rewritten as it is read (pid, times, ids), nothing held ------
@@ -269,15 +395,16 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
 
 
 class _Separated:
-    """Writes chunks of events that each start with ``,\\n`` (all but the first separator kept) from a
-    thread of its own, so that writing (and compressing) overlaps the rewriting; at most `depth` chunks
-    wait. Use as a context manager: leaving it waits for the last write and raises what writing raised."""
+    """Writes chunks that each start with `separator` (``,\\n`` between JSON events; all but the first
+    kept) from a thread of its own, so that writing (and compressing) overlaps the rewriting; at most
+    `depth` chunks wait. Use as a context manager: leaving it waits for the last write and raises what
+    writing raised."""
 
-    def __init__(self, out: IO[bytes], depth: int = 4) -> None:
+    def __init__(self, out: IO[bytes], separator: bytes = b",\n", depth: int = 4) -> None:
         import queue
         import threading
 
-        self.out, self.first, self.error = out, True, None
+        self.out, self.first, self.error, self.skip = out, True, None, len(separator)
         self.queue: queue.Queue[bytes | None] = queue.Queue(depth)
         self.thread = threading.Thread(target=self._drain, name="polyprof-merge-writer", daemon=True)
         self.thread.start()
@@ -294,7 +421,7 @@ class _Separated:
         if self.error is not None:
             raise self.error
         if chunk:
-            self.queue.put(chunk[2:] if self.first else chunk)
+            self.queue.put(chunk[self.skip :] if self.first else chunk)
             self.first = False
 
     def __enter__(self) -> _Separated:
@@ -333,46 +460,60 @@ def _process_rows(rank: RankInput, pids: dict[Any, int], rows: list[tuple[Any, s
 READ_BYTES = 4 << 20  # what the C rewriter is handed at a time: memory stays a few of these
 
 
-def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
-    """One rank's events rewritten by the C scanner (merge_events.c), `READ_BYTES` at a time, read
-    straight into one buffer; the number of X/i/I events."""
-    from polyprof._accel import speedups
+def _stream(path: str, step: Any) -> None:
+    """The file at `path` (inflated), handed to ``step(data, final) -> (used, done)`` `READ_BYTES` at a
+    time, read straight into one buffer: what `step` did not use comes again, with more, next time;
+    `final` when nothing more comes; `done` stops the reading."""
     from polyprof.io.convert import _open
 
-    assert speedups is not None
-    pending, filled, events = bytearray(2 * READ_BYTES), 0, 0  # read, not yet rewritten: pending[:filled]
+    pending, filled = bytearray(2 * READ_BYTES), 0  # read, not yet used: pending[:filled]
     with _open(path) as stream:
-
-        def read() -> int:
-            nonlocal filled
-            if len(pending) < filled + READ_BYTES:  # an event longer than the buffer
+        while True:
+            if len(pending) < filled + READ_BYTES:  # an item longer than the buffer
                 pending.extend(bytes(filled + READ_BYTES - len(pending)))
             with memoryview(pending) as view, view[filled : filled + READ_BYTES] as free:
                 got = stream.readinto(free)
             filled += got
-            return got
-
-        while (start := speedups.events_array_start(memoryview(pending)[:filled])) == -1:
-            if not read():
-                raise TraceFormatError(f"{path}: the file ends before its traceEvents list does")
-        if start == -3:
-            raise TraceFormatError(f"{path}: not a Chrome trace JSON (an object with traceEvents, or a list of events)")
-        if start == -2:
-            return 0  # no traceEvents: nothing of this rank to merge
-        used = start
-        while True:
-            pending[: filled - used] = pending[used:filled]  # what is left of a cut event, to the front
-            filled -= used
-            got = read()
             with memoryview(pending) as view, view[:filled] as data:
-                try:
-                    out, used, n, done = speedups.rewrite_rank_events(data, 0, not got, shift_ns, id_shift, pid_base, pids, rows)
-                except ValueError as exc:
-                    raise TraceFormatError(f"{path}: {exc}") from None
-            emit(out)
-            events += n
+                used, done = step(data, not got)
             if done or not got:
-                return events
+                return
+            pending[: filled - used] = pending[used:filled]  # what is left of a cut item, to the front
+            filled -= used
+
+
+def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
+    """One rank's events rewritten by the C scanner (merge_events.c) as the file streams in; the
+    number of X/i/I events."""
+    from polyprof._accel import speedups
+
+    assert speedups is not None
+    events, started = 0, False
+
+    def step(data: memoryview, final: bool) -> tuple[int, bool]:
+        nonlocal events, started
+        start = 0
+        if not started:
+            start = speedups.events_array_start(data)
+            if start == -1:
+                if final:
+                    raise TraceFormatError(f"{path}: the file ends before its traceEvents list does")
+                return 0, False
+            if start == -3:
+                raise TraceFormatError(f"{path}: not a Chrome trace JSON (an object with traceEvents, or a list of events)")
+            if start == -2:
+                return 0, True  # no traceEvents: nothing of this rank to merge
+            started = True
+        try:
+            out, used, n, done = speedups.rewrite_rank_events(data, start, final, shift_ns, id_shift, pid_base, pids, rows)
+        except ValueError as exc:
+            raise TraceFormatError(f"{path}: {exc}") from None
+        emit(out)
+        events += n
+        return used, done
+
+    _stream(path, step)
+    return events
 
 
 def _rank_events_py(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:

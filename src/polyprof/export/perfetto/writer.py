@@ -152,6 +152,12 @@ def annotations(items: dict[str, Any], interned: _Interned) -> bytes:
     )
 
 
+def stable_uuid(*what: Any) -> int:
+    """A track uuid that comes from what the track is (below 2**62, never 0)."""
+    digest = hashlib.blake2b(repr(what).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 2) | 1
+
+
 class _Tracks:
     """The track tree: uuids of device (process) tracks, row (thread) tracks, lanes and counter tracks,
     and their descriptors, on one packet sequence. With `stable`, a track's uuid comes from what it is
@@ -172,8 +178,7 @@ class _Tracks:
 
     def _new(self, *what: Any) -> int:
         if self.stable:
-            digest = hashlib.blake2b(repr(what).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            return (int.from_bytes(digest, "little") >> 2) | 1  # below 2**62, never 0
+            return stable_uuid(*what)
         uuid, self.next_uuid = self.next_uuid, self.next_uuid + 1
         return uuid
 
@@ -289,13 +294,6 @@ def header(
 ) -> bytes:
     """Clock snapshot (with `clock`), then the packet that starts the sequence: defaults (the clock)
     and the interned event names and categories ((iid, text) pairs)."""
-    t0 = max(0, int(trace.window[0]))
-    clocks = field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_MONOTONIC) + field_varint(F.CLOCK_TIMESTAMP, t0))
-    realtime = max(0, t0 + int(trace.epoch_offset_ns))
-    clocks += field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_REALTIME) + field_varint(F.CLOCK_TIMESTAMP, realtime))
-    snapshot = field_bytes(F.PACKET_CLOCK_SNAPSHOT, clocks + field_varint(F.SNAPSHOT_PRIMARY_CLOCK, F.CLOCK_MONOTONIC))
-    snapshot += field_varint(F.PACKET_TIMESTAMP, t0) + field_varint(F.PACKET_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC)
-    snapshot += field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
     interned = b"".join(field_bytes(F.INTERNED_NAMES, _interned_entry(iid, name)) for iid, name in names)
     interned += b"".join(field_bytes(F.INTERNED_CATEGORIES, _interned_entry(iid, name)) for iid, name in categories)
     start = field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
@@ -303,7 +301,19 @@ def header(
     start += field_varint(F.PACKET_FIRST_ON_SEQUENCE, 1)
     start += field_bytes(F.PACKET_DEFAULTS, field_varint(F.DEFAULTS_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC))
     start += field_bytes(F.PACKET_INTERNED_DATA, interned)
-    return (packet(snapshot) if clock else b"") + packet(start)
+    return (clock_packet(int(trace.window[0]), int(trace.epoch_offset_ns), sequence_id) if clock else b"") + packet(start)
+
+
+def clock_packet(t0: int, epoch_offset_ns: int, sequence_id: int = SEQUENCE_ID) -> bytes:
+    """The clock snapshot: polyprof's host clock (CLOCK_MONOTONIC, the trace's primary clock) at `t0`
+    and CLOCK_REALTIME beside it, `epoch_offset_ns` later."""
+    t0 = max(0, t0)
+    clocks = field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_MONOTONIC) + field_varint(F.CLOCK_TIMESTAMP, t0))
+    realtime = max(0, t0 + epoch_offset_ns)
+    clocks += field_bytes(F.SNAPSHOT_CLOCKS, field_varint(F.CLOCK_ID, F.CLOCK_REALTIME) + field_varint(F.CLOCK_TIMESTAMP, realtime))
+    snapshot = field_bytes(F.PACKET_CLOCK_SNAPSHOT, clocks + field_varint(F.SNAPSHOT_PRIMARY_CLOCK, F.CLOCK_MONOTONIC))
+    snapshot += field_varint(F.PACKET_TIMESTAMP, t0) + field_varint(F.PACKET_TIMESTAMP_CLOCK_ID, F.CLOCK_MONOTONIC)
+    return packet(snapshot + field_varint(F.PACKET_SEQUENCE_ID, sequence_id))
 
 
 def _interned_packet(entries: bytes, head: bytes = _PACKET_HEAD) -> bytes:
@@ -469,11 +479,32 @@ def layout(trace: Trace, tracks: _Tracks) -> dict[str, Any]:
     }
 
 
-def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_layout: bool = True) -> bytes:
-    """The metadata track and its one instant: the JSON's top-level keys as JSON-valued annotations."""
+def metadata_values(trace: Trace) -> dict[str, Any]:
+    """What the metadata event holds but the layout: the JSON's top-level keys."""
     values: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": device_properties(trace)}
     values.update(trace_metadata(trace))
     values["baseTimeNanoseconds"] = int(trace.base_time_ns)
+    return values
+
+
+def standalone_metadata(values: dict[str, Any], ts: int, sequence_id: int) -> bytes:
+    """The metadata track and its instant holding `values`, on a packet sequence of their own with
+    every name inline (no interned state): what ``polyprof merge`` writes after a rank's packets."""
+    uuid = stable_uuid("metadata")
+    track = field_varint(F.TRACK_UUID, uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
+    body = b"".join(
+        field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_string(F.ANNOTATION_NAME, safe_str(str(k))) + _json_value(v))
+        for k, v in values.items()
+    )
+    event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, uuid)
+    event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
+    head = field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
+    return packet(head + field_bytes(F.PACKET_TRACK_DESCRIPTOR, track)) + _event_packet(ts, event, head)
+
+
+def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_layout: bool = True) -> bytes:
+    """The metadata track and its one instant: the JSON's top-level keys as JSON-valued annotations."""
+    values = metadata_values(trace)
     if with_layout:
         values[LAYOUT_KEY] = layout(trace, tracks)
     body = b"".join(
