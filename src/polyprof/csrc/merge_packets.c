@@ -145,6 +145,12 @@ static void put_message(outbuf *b, unsigned number, const outbuf *body) {
 /* Room for a message of `len` bytes rewritten: each field may grow by a varint's 10 bytes. */
 static Py_ssize_t bound(Py_ssize_t len) { return 6 * len + 64; }
 
+/* `b` emptied, with room for a message of `len` bytes rewritten. */
+static int emptied(rewriter *w, outbuf *b, Py_ssize_t len) {
+    b->n = 0;
+    return grow(w, b, bound(len));
+}
+
 /* ---- interned data: which annotation-name iids are the ids ------------------------------------ */
 static int interned(rewriter *w, sequence *s, const uint8_t *p, Py_ssize_t len) {
     reader r = {p, p + len}, e;
@@ -228,8 +234,7 @@ static int track_event(rewriter *w, const sequence *s, const uint8_t *p, Py_ssiz
         if (*ts < begin) *ts = begin;
     }
     outbuf *o = &w->event;
-    o->n = 0;
-    if (grow(w, o, bound(len)) < 0) return -1;
+    if (emptied(w, o, len) < 0) return -1;
     r = (reader){p, p + len};
     const uint8_t *at = r.p;
     while (next_field(&r, &f) == 1) {
@@ -238,8 +243,7 @@ static int track_event(rewriter *w, const sequence *s, const uint8_t *p, Py_ssiz
             case 4: {
                 if (f.wire != F_LEN) return refuse(w, "a debug annotation that is not a message", 0);
                 outbuf *a = &w->annotation;
-                a->n = 0;
-                if (grow(w, a, bound(f.len)) < 0 || annotation(w, s, f.p, f.len, a) < 0) return -1;
+                if (emptied(w, a, f.len) < 0 || annotation(w, s, f.p, f.len, a) < 0) return -1;
                 put_message(o, 4, a);
                 break;
             }
@@ -341,8 +345,7 @@ static int descriptor(rewriter *w, const uint8_t *p, Py_ssize_t len, int *skip) 
         return 0;
     }
     outbuf *o = &w->descriptor;
-    o->n = 0;
-    if (grow(w, o, bound(len)) < 0) return -1;
+    if (emptied(w, o, len) < 0) return -1;
     r = (reader){p, p + len};
     const uint8_t *at = r.p;
     while (next_field(&r, &f) == 1) {
@@ -445,8 +448,7 @@ static int packet(rewriter *w, const uint8_t *p, Py_ssize_t len, int skeleton) {
     if (skeleton) goto copy;
     if (skip) return 0;
     outbuf *b = &w->packet;
-    b->n = 0;
-    if (grow(w, b, bound(len) + (event ? w->event.n : 0) + (desc ? w->descriptor.n : 0)) < 0) return -1;
+    if (emptied(w, b, len + (event ? w->event.n : 0) + (desc ? w->descriptor.n : 0)) < 0) return -1;
     for (int i = 0; i < n; i++) {
         const raw_field *x = &fs[i];
         if (x == time) {
