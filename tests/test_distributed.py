@@ -50,12 +50,21 @@ def _torchrun(tmp_path, *args):
 
 
 def _check_ranks(paths):
+    """Each rank's polyprof trace: its place in the job, DDP's all-reduce, and gloo's collectives with
+    Kineto's record_param_comms args (torch writes none for gloo: polyprof's observer does)."""
     for rank, path in enumerate(paths):
         doc = json.loads(path.read_text())
         info = doc["distributedInfo"]
         assert (info["rank"], info["world_size"], info["backend"]) == (rank, 4, "gloo"), path
         names = {e.get("name") for e in doc["traceEvents"]}
         assert "c10d::allreduce_" in names, "DDP's gradient all-reduce is recorded"
+        works = [e["args"] for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        assert works and all(
+            a["Collective name"] == "allreduce" and a["In msg nelems"] == a["Out msg nelems"] == 676 and a["dtype"] == "Float"
+            and (a["Group size"], a["Rank"], a["Process Group Ranks"]) == (4, rank, "[0, 1, 2, 3]")
+            and (a["Process Group Name"], a["Global rank start"], a["Global rank stride"]) == ("0", 0, 1)
+            for a in works
+        ), works[:1]  # fmt: skip  (676: the model's parameters, in DDP's one bucket)
         yield doc
 
 
@@ -110,6 +119,25 @@ def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, pr
     parsed = Parsed((tmp_path / "m.pftrace").read_bytes(), sequences=None)
     assert not parsed.unclosed and parsed.flow_starts == parsed.flow_ends
     assert len({t.process.pid for t in parsed.tracks.values() if t.HasField("process")}) == 8  # 4 ranks x 2 sets
+
+
+def test_the_jobs_pftrace_ranks_merge_packet_by_packet_as_the_model_merges_them(ddp_traces, tmp_path, monkeypatch):
+    """polyprof's 4 DDP ranks as .pftrace (their aten ops with args, DDP's collectives with
+    record_param_comms args, flows): the packet rewriter's merge reads back as the model's merge."""
+    from test_merge_packets import _merge, _read_back
+
+    from polyprof.io.convert import convert
+
+    inputs = [str(tmp_path / f"rank{r}.pftrace") for r in range(4)]
+    for r, path in enumerate(inputs):
+        convert(ddp_traces / f"rank{r}.json", path)
+    _, rewritten = _merge(inputs, tmp_path / "fast.pftrace", monkeypatch)
+    assert sorted(rewritten) == sorted(inputs)
+    _merge(inputs, tmp_path / "model.pftrace", monkeypatch, model=True)
+    got = _read_back(tmp_path / "fast.pftrace")
+    assert got == _read_back(tmp_path / "model.pftrace")
+    comms = [row for row in got["rows"] if "Collective name" in row[-1]]
+    assert {row[5].split(" · ")[0] for row in comms} == {f"rank {r}" for r in range(4)}, "every rank's collectives"
 
 
 def test_polyprof_run_under_torchrun_fills_the_rank_into_the_output_path(tmp_path):
@@ -300,3 +328,19 @@ def test_a_duration_window_under_torchrun_starts_at_the_same_step_on_every_rank(
         firsts.append(steps[0])
         assert doc["polyprofRun"]["started_after_optimizer_step"] == 1 and not doc["polyprofRun"]["problem"]
     assert firsts == [1, 1, 1, 1], "every rank's window starts right after optimizer step 1 (inside step 0)"
+
+
+def test_a_work_spans_collective_args_take_the_group_only_where_it_is_the_jobs_one():
+    from polyprof.backends.torch.distributed import collective_args
+
+    work = {"Collective name": "allgather", "In msg nelems": 10, "dtype": "Float"}
+    one = {"rank": 3, "pg_count": 1, "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [1, 3, 5, 7]}]}
+    got = collective_args(work, one)
+    assert (got["Out msg nelems"], got["Group size"], got["Rank"], got["Process Group Ranks"]) == (40, 4, 1, "[1, 3, 5, 7]")
+    assert (got["Global rank start"], got["Global rank stride"]) == (1, 2)
+    two = {**one, "pg_count": 2, "pg_config": one["pg_config"] * 2}
+    assert collective_args(work, two) == work, "with subgroups a Work span does not say which group it ran on"
+    nccl = {"Collective name": "allreduce", "Group size": 8}
+    assert collective_args(nccl, one) == nccl, "record_param_comms' own args are kept"
+    odd = collective_args({"Collective name": "all_to_all", "In msg nelems": 6}, {**one, "pg_config": [{**one["pg_config"][0], "ranks": [0, 2, 3]}]})
+    assert "Out msg nelems" not in odd and "Global rank start" not in odd, "what is not known is left out"

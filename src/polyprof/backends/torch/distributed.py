@@ -37,6 +37,47 @@ def distributed_info() -> dict[str, Any] | None:
         return None
 
 
+#: how many elements a collective's output holds per input element, by Kineto's collective name
+#: (allgather: one input per rank of the group)
+_OUT_PER_IN = {"allreduce": 1, "broadcast": 1, "reduce": 1, "barrier": 1, "send": 1, "recv": 1, "allgather": None}
+
+
+def collective_args(args: dict[str, Any], info: dict[str, Any] | None) -> dict[str, Any]:
+    """A collective's args completed as Kineto's ``record_param_comms`` has them. For a c10d Work span
+    (gloo's ``gloo:all_reduce``...), the observer gives "Collective name", "In msg nelems" and "dtype";
+    where the job has one process group (the collective ran on it) its fields come from `info`
+    (distributedInfo): "Out msg nelems", "Group size", "Rank", "Process Group Name", "Process Group
+    Description", "Process Group Ranks", "Global rank start" and "Global rank stride". With several
+    groups a Work span does not say which it ran on: those are left out. NCCL's own args pass as they are.
+
+        collective_args({"Collective name": "allreduce", "In msg nelems": 8}, distributed_info())
+    """
+    if "Collective name" not in args or "Group size" in args or not info:
+        return args
+    configs = info.get("pg_config")
+    if info.get("pg_count") != 1 or not isinstance(configs, list) or len(configs) != 1 or not isinstance(configs[0], dict):
+        return args
+    group = configs[0]
+    ranks = [r for r in group.get("ranks") or [] if isinstance(r, int)]
+    size = group.get("pg_size") if isinstance(group.get("pg_size"), int) else len(ranks)
+    out = dict(args)
+    per = _OUT_PER_IN.get(str(args["Collective name"]), 0)
+    nelems = args.get("In msg nelems")
+    if isinstance(nelems, int) and per != 0:
+        out["Out msg nelems"] = nelems * (size if per is None else per)
+    out["Group size"] = size
+    if info.get("rank") in ranks:
+        out["Rank"] = ranks.index(info["rank"])
+    out["Process Group Name"] = str(group.get("pg_name", ""))
+    out["Process Group Description"] = str(group.get("pg_desc", ""))
+    out["Process Group Ranks"] = "[" + ", ".join(map(str, ranks)) + "]"  # a string, as Kineto writes it
+    if ranks:
+        stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+        if stride > 0 and ranks == list(range(ranks[0], ranks[0] + stride * len(ranks), stride)):
+            out["Global rank start"], out["Global rank stride"] = ranks[0], stride
+    return out
+
+
 def job_store(timeout_s: float) -> Any:
     """A client of polyprof's own to the job's TCPStore (MASTER_ADDR:MASTER_PORT, what torchrun and an
     env:// launch set): the job's own client is never shared with polyprof's threads. None when the job

@@ -8,6 +8,7 @@ import orjson
 
 from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import flows, observer
+from polyprof.backends.torch.distributed import collective_args
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
 from polyprof.model.args import sorted_unique
 from polyprof.sink import Sink
@@ -24,11 +25,13 @@ def collect_observed(
     ctx: SessionContext,
     stop_ns: int,
     carry: dict[tuple[int, int], int] | None = None,
+    job: dict | None = None,
 ) -> None:
     """Put what `obs` recorded or handed over (`n` operators) into `sink`; `carry` links forward ops
-    to backward nodes across hand-overs (see :func:`flows.fwdbwd_flows`)."""
+    to backward nodes across hand-overs (see :func:`flows.fwdbwd_flows`); `job` is the job's
+    distributedInfo (None outside torch.distributed), which completes the args of collectives."""
     if n:
-        _operators(obs, n, sink, config, ctx, stop_ns, carry)
+        _operators(obs, n, sink, config, ctx, stop_ns, carry, job)
     if config.profile_memory:
         memory = obs.memory()
         if len(memory["ts"]):
@@ -43,6 +46,7 @@ def _operators(
     ctx: SessionContext,
     stop_ns: int,
     carry: dict[tuple[int, int], int] | None,
+    job: dict | None = None,
 ) -> None:
     cols, names = obs.columns(n)
     seq, fwd_tid = cols["seq"], cols["fwd_tid"]
@@ -69,12 +73,12 @@ def _operators(
         keys += observer.ARG_KEYS
         columns += [JSONColumn(f) for f in fragments]
         for i in [i for i, body in enumerate(extra) if body]:
-            args[i] = {**args.get(i, {}), **orjson.loads(b"{" + extra[i] + b"}")}
+            args[i] = collective_args({**args.get(i, {}), **orjson.loads(b"{" + extra[i] + b"}")}, job)
     else:
         args.update(flows.sequence_args(np.flatnonzero(seq >= 0), seq, fwd_tid))
-        for i, body in obs.extras().items():  # record_param_comms: the collective's args, as Kineto writes
+        for i, body in obs.extras().items():  # collectives' args, as Kineto writes them
             if i < n:
-                args[i] = {**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}
+                args[i] = collective_args({**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}, job)
     stack_keys, stack_columns = _stack_columns(obs, cols)
     keys += stack_keys
     columns += stack_columns

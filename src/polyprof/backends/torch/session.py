@@ -190,7 +190,7 @@ class TorchSession:
             try:
                 if n or self.config.profile_memory:
                     self.flushed = True
-                    collect_observed(obs, n, sink, self.config, self.ctx, 0, self.carry)
+                    collect_observed(obs, n, sink, self.config, self.ctx, 0, self.carry, self.distributed.info)
             finally:
                 obs.release()
 
@@ -206,7 +206,7 @@ class TorchSession:
             n, self.observed = self.observed, -1
             try:
                 carry = self.carry if self.flushed else None
-                collect_observed(self.observer, n, sink, self.config, self.ctx, self.stop_ns, carry)
+                collect_observed(self.observer, n, sink, self.config, self.ctx, self.stop_ns, carry, info)
                 self.carry = {}
             finally:
                 self.observer.reset()

@@ -717,6 +717,40 @@ int32_t python_stack() {
   return id;
 }
 
+// A c10d Work's own span: ProcessGroupGloo (and UCC, MPI) name their work "backend:collective" and hand
+// its tensors to the RecordFunction whatever the options; NCCL writes record_param_comms instead.
+bool is_collective_work(const at::RecordFunction& fn) {
+  if (fn.scope() != at::RecordScope::USER_SCOPE || fn.isNcclMeta()) return false;
+  const char* name = fn.name();
+  return std::strncmp(name, "gloo:", 5) == 0 || std::strncmp(name, "ucc:", 4) == 0 || std::strncmp(name, "mpi:", 4) == 0;
+}
+
+// Kineto's record_param_comms args a Work span can tell: the collective's name (Kineto's spelling),
+// the elements its tensors hold and their dtype. The group's come from the job's distributedInfo.
+void encode_collective(std::string& body, const at::RecordFunction& fn) {
+  std::string collective = std::strchr(fn.name(), ':') + 1;
+  if (collective == "all_reduce") collective = "allreduce";
+  else if (collective == "all_gather") collective = "allgather";
+  int64_t nelems = 0;
+  std::string dtype;
+  for (const auto& v : fn.inputs()) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) continue;
+    nelems += t.numel();
+    if (dtype.empty()) dtype = c10::toString(t.scalar_type());
+  }
+  if (!body.empty()) body += ", ";
+  body += "\"Collective name\": ";
+  append_json_string(body, collective);
+  body += ", \"In msg nelems\": ";
+  append_int(body, nelems);
+  if (!dtype.empty()) {
+    body += ", \"dtype\": ";
+    append_json_string(body, dtype);
+  }
+}
+
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
 // NUL-terminated JSON object body.
@@ -764,6 +798,7 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
       }
     }
   }
+  if (is_collective_work(fn)) encode_collective(body, fn);
   if (fn.isNcclMeta()) {  // record_param_comms: Kineto's collective args, already JSON values
     for (const auto& kv : torch::profiler::impl::saveNcclMeta(fn)) {
       if (kv.second.empty()) continue;
@@ -811,7 +846,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       b->values.resize(values_at);
     }
   }
-  if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta()) {
+  if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta() || is_collective_work(fn)) {
     try {
       encode_extra(b, fn, op);
     } catch (...) {
