@@ -293,3 +293,26 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert {f"span {i}" for i in range(40)} <= {s["name"] for s in Parsed((tmp_path / "r.pftrace").read_bytes()).slices}
+
+
+def test_a_signal_after_the_trace_is_written_waits_for_the_exit_the_first_one_asked_for(tmp_path):
+    """The window between CleanStop's block and its exit(): a Ctrl-C there (the second of a SIGTERM)
+    does not turn the SIGTERM exit into a KeyboardInterrupt."""
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal
+        from polyprof.engine.signals import CleanStop, Signalled
+        with CleanStop() as stop:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pause()
+            except Signalled:
+                pass
+            with stop.deferred():
+                pass
+        os.kill(os.getpid(), signal.SIGINT)  # after the block, before exit()
+        print("still here", flush=True)
+        stop.exit()
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGTERM and "still here" in r.stdout and "KeyboardInterrupt" not in r.stderr, r.stderr

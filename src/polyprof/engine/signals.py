@@ -45,6 +45,7 @@ class CleanStop:
         self.signum: int | None = None  # the first signal that came
         self._raised = False  # whether it has been raised in the program already
         self._defer = 0
+        self._exiting = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> CleanStop:
@@ -56,11 +57,16 @@ class CleanStop:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.signum is not None and self._raised:  # exit() is to come: a further signal only waits for it
+            self._exiting = True
+            return
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self._exiting:  # the trace is written and the process about to end as the first signal asks
+            return
         if self._defer:  # the trace is being written: only note it
             if self.signum is None:
                 self.signum = signum
@@ -96,7 +102,6 @@ class CleanStop:
         """End the process as the noted signal would have (default action), if one came."""
         if self.signum is None:
             return
-        self.__exit__()
         for other in (*HANDLED, INTERRUPT):  # a further signal (a second Ctrl-C) must not cut the exit short
             if other != self.signum and threading.current_thread() is threading.main_thread():
                 signal.signal(other, signal.SIG_IGN)
