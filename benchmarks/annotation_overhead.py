@@ -6,8 +6,9 @@ Reports medians of per-iteration wall time (each batch runs N `with record_funct
 empty-loop cost is reported separately and not subtracted), beside a bare `with lock:` (the floor of a
 `with` statement on a C object) and the decorator form. Targets: polyprof's cost while profiling at most
 1/15 of torch.profiler's (issue #2), 1/30 (issue #21); idle at most 1.1x the bare `with lock:`, while
-profiling at most 1.5x its own idle cost (issue #21). Run with POLYPROF_PURE_PYTHON=1 for the fallback
-(issue #21: at most 1/10 of torch's).
+profiling at most 1.5x its own idle cost, `instant` and `counter` while profiling at most 1.5x a plain
+Python call (issue #21). Run with POLYPROF_PURE_PYTHON=1 for the fallback (issue #21: at most 1/10 of
+torch's), with POLYPROF_CLOCK=gettime for the recorder's clock through clock_gettime.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def loop_plain_call(n: int) -> None:
         plain()
 
 
+def loop_instant(n: int) -> None:
+    instant = polyprof.instant
+    for _ in range(n):
+        instant("x")
+
+
+def loop_counter(n: int) -> None:
+    counter = polyprof.counter
+    for _ in range(n):
+        counter("x", 1.0)
+
+
 def loop_decorated(n: int) -> None:
     for _ in range(n):
         _decorated()
@@ -82,6 +95,8 @@ def main() -> None:
     with polyprof.profile(groups, spill=spill) as prof:
         results["polyprof_profiling_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)
         results["decorated_call_profiling_ns"] = round(per_call_ns(loop_decorated, n, reps), 1)
+        results["instant_profiling_ns"] = round(per_call_ns(loop_instant, n, reps), 1)
+        results["counter_profiling_ns"] = round(per_call_ns(loop_counter, n, reps), 1)
         if spill:  # let one more flush hand the measured spans to the spill (sized after the profile)
             import time
 
@@ -92,6 +107,8 @@ def main() -> None:
         results["spill_bytes_per_event"] = round(os.path.getsize(spill) / max(spill_writer.rows, 1), 1)
     results["idle_over_with_lock"] = round(results["polyprof_not_profiling_ns"] / results["bare_with_lock_ns"], 3)
     results["profiling_over_idle"] = round(results["polyprof_profiling_ns"] / results["polyprof_not_profiling_ns"], 3)
+    results["instant_over_plain_call"] = round(results["instant_profiling_ns"] / results["plain_call_ns"], 2)
+    results["counter_over_plain_call"] = round(results["counter_profiling_ns"] / results["plain_call_ns"], 2)
     results["spill"] = bool(spill)
     results["counters"] = args.counters
     try:

@@ -164,6 +164,34 @@ def test_ops_are_timed_and_nested_on_the_profiling_thread():
     assert not any(a.flow_type == FLOW_FWDBWD for a in trace.activities)  # no autograd here
 
 
+def test_polyprofs_spans_and_the_observers_ops_nest_though_their_clocks_are_read_differently():
+    """polyprof's spans read the TSC (scaled to CLOCK_MONOTONIC, where the kernel's clocksource is the
+    TSC), the observer's ops clock_gettime: 20,000 ops each inside its span, across sleeps (the
+    recorder's clock taking its pair again)."""
+    import time
+
+    import numpy as np
+
+    import polyprof
+    from polyprof.profiler import ProfilerActivity, profile
+
+    a = torch.ones(4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(20_000):
+            with polyprof.record_function("span"):
+                torch.add(a, a)
+            if i % 5_000 == 0:
+                time.sleep(0.003)
+    acts = prof.trace.activities
+    names = np.array(acts.strings.strings, dtype=object)[acts["name"]]
+    spans, ops = np.flatnonzero(names == "span"), np.flatnonzero(names == "aten::add")
+    assert len(spans) == len(ops) == 20_000
+    span_at, op_at = np.argsort(acts["start"][spans]), np.argsort(acts["start"][ops])
+    s0, s1 = acts["start"][spans][span_at], acts["end"][spans][span_at]
+    o0, o1 = acts["start"][ops][op_at], acts["end"][ops][op_at]
+    assert ((s0 <= o0) & (o1 <= s1)).all()
+
+
 def _forked_mm(x):
     return torch.mm(x, x).relu()
 

@@ -42,6 +42,10 @@ class HostSession:
     def start(self) -> None:
         annotations.recorder.begin()
         self._running = True
+        from polyprof._accel import speedups
+
+        source = speedups.clock_source() if speedups is not None else "clock_gettime"
+        self.ctx.report.clock_offset("host", {"clock": "CLOCK_MONOTONIC", "read through": source})
         if self.gc_events:
             gc.callbacks.append(self._on_gc)
 

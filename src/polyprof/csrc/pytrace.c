@@ -286,7 +286,7 @@ static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject 
     if (!g_running) return 0;
     int is_c = what == PyTrace_C_CALL || what == PyTrace_C_RETURN || what == PyTrace_C_EXCEPTION;
     if (is_c ? !g_c_calls : (what != PyTrace_CALL && what != PyTrace_RETURN)) return 0;
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     TraceBufferObject *b = this_thread_buffer();
     if (b == NULL) {
         PyErr_Clear();
@@ -320,14 +320,14 @@ static inline TraceBufferObject *monitored_buffer(void) {
 }
 
 static PyObject *mon_py_start(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* PY_START, PY_RESUME, PY_THROW */
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
     if (b != NULL && n >= 1 && PyCode_Check(args[0])) on_call(b, now, args[0], 0, NULL);
     Py_RETURN_NONE;
 }
 
 static PyObject *mon_py_end(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* PY_RETURN, PY_YIELD, PY_UNWIND */
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
     if (b != NULL && n >= 1) on_return_of(b, now, args[0]);
     Py_RETURN_NONE;
@@ -337,7 +337,7 @@ static int calls_c(PyObject *callable) { return !PyFunction_Check(callable) && !
 
 static PyObject *mon_call(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* CALL(code, offset, callable, arg0) */
     if (n < 3 || !g_c_calls || !calls_c(args[2])) Py_RETURN_NONE;
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
     if (b != NULL) on_call(b, now, named_c_function(args[2]), 1, PyCode_Check(args[0]) ? (PyCodeObject *)args[0] : NULL);
     Py_RETURN_NONE;
@@ -345,7 +345,7 @@ static PyObject *mon_call(PyObject *m, PyObject *const *args, Py_ssize_t n) { /*
 
 static PyObject *mon_c_end(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* C_RETURN, C_RAISE */
     if (n < 3 || !g_c_calls || !calls_c(args[2])) Py_RETURN_NONE;
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
     if (b != NULL) on_return(b, now);
     Py_RETURN_NONE;
@@ -441,7 +441,7 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     g_max_depth = max_depth < MAX_STACK ? max_depth : MAX_STACK;
     g_c_calls = c_calls;
     g_generation++;
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     PyInterpreterState *interp = PyInterpreterState_Get();
     for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
 #if PY_VERSION_HEX >= 0x030B0000
@@ -467,7 +467,7 @@ static PyObject *sp_pytrace_stop(PyObject *m, PyObject *unused) {
     if (!g_running) return PyList_New(0);
     g_running = 0;
     if (!g_monitoring) hook_all_threads(0);
-    long long now = pp_now_ns();
+    long long now = pp_clock_ns();
     for (Py_ssize_t i = 0; g_buffers && i < PyList_GET_SIZE(g_buffers); i++)
         close_open_calls((TraceBufferObject *)PyList_GET_ITEM(g_buffers, i), now);
     Py_CLEAR(g_pending);

@@ -606,7 +606,7 @@ static PyObject *rf_enter(RecordFunctionObject *self, PyObject *unused) {
         if (PyList_Append(buf->open, (PyObject *)self) < 0) return NULL;
         Py_INCREF(buf);
         Py_XSETREF(self->buffer, (PyObject *)buf);
-        self->start = pp_now_ns();
+        self->start = pp_clock_ns();
     }
     Py_INCREF(self);
     return (PyObject *)self;
@@ -675,7 +675,7 @@ static PyObject *rf_exit(RecordFunctionObject *self, PyObject *const *args, Py_s
         bridge_exit(self);
         Py_RETURN_NONE;
     }
-    long long end = pp_now_ns();
+    long long end = pp_clock_ns();
     bridge_exit(self);
     self->start = -1;
     if (self->token != NULL) {
@@ -946,7 +946,7 @@ static PyObject *sp_instant(PyObject *m, PyObject *const *a, Py_ssize_t nargs, P
     PyObject *v[2];
     if (fast_args(a, nargs, kwnames, names, 1, v, "instant(name, args=None)") < 0) return NULL;
     if (!g_active) Py_RETURN_NONE;
-    long long ts = pp_now_ns();
+    long long ts = pp_clock_ns();
     EventBufferObject *buf = thread_buffer();
     if (buf == NULL) return NULL;
     long long parent = read_current(buf);
@@ -960,7 +960,7 @@ static PyObject *sp_counter(PyObject *m, PyObject *const *a, Py_ssize_t nargs, P
     PyObject *v[2];
     if (fast_args(a, nargs, kwnames, names, 2, v, "counter(name, value)") < 0) return NULL;
     if (!g_active) Py_RETURN_NONE;
-    long long ts = pp_now_ns();
+    long long ts = pp_clock_ns();
     EventBufferObject *buf = thread_buffer();  /* the value is checked (and counted) at collect */
     if (buf == NULL || eb_add(buf, EV_COUNTER, ts, ts, 0, 0, v[0], v[1]) < 0) return NULL;
     Py_RETURN_NONE;
