@@ -164,3 +164,20 @@ def test_a_broken_rank_is_named_with_what_is_wrong(tmp_path, text, says):
         merge_traces([good, bad], tmp_path / "m.json")
     assert "bad.json" in str(err.value)
     assert not (tmp_path / "m.json").exists(), "no half-written merge left behind"
+
+
+def test_strings_with_escapes_at_every_offset_of_a_16_byte_block_rewrite_as_the_twin(tmp_path, monkeypatch):
+    """The string scan takes 16 bytes at a time: names of 0-40 characters with an escaped quote,
+    backslash or unicode escape at every position, and keys after them, give the twin's events."""
+    events = []
+    for length in range(41):
+        for at in range(length + 1):
+            for escape in ('"', "\\", "\u00e9", "\n"):
+                name = "x" * at + escape + "y" * (length - at)
+                events.append({"ph": "X", "name": name, "pid": 1, "tid": 1, "ts": len(events), "dur": 1,
+                               "args": {"External id": len(events) + 1, name: name}})  # fmt: skip
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 1}, "traceEvents": events}))
+    _, fast = _merge([path], tmp_path / "c.json", False, monkeypatch, read_bytes=4096)
+    _, twin = _merge([path], tmp_path / "py.json", True, monkeypatch)
+    assert _normal(fast) == _normal(twin) and len(fast["traceEvents"]) > len(events)

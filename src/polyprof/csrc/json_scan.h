@@ -4,6 +4,9 @@
 #define POLYPROF_JSON_SCAN_H
 
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 typedef struct { Py_ssize_t a, b; } span; /* [a, b) in the buffer; a == b: absent */
 
@@ -15,9 +18,25 @@ static inline Py_ssize_t skip_ws(const char *s, Py_ssize_t i, Py_ssize_t n) {
     return i;
 }
 
-/* End of the string whose opening quote is at i (the strings of traces are short: a plain loop beats memchr). */
+/* End of the string whose opening quote is at i: 16 bytes at a time for its quote or a backslash
+ * (SSE2, on every x86-64), the last few bytes of the buffer one by one. */
 static inline Py_ssize_t string_end(const char *s, Py_ssize_t i, Py_ssize_t n) {
-    for (i++; i < n; i++) {
+    i++;
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    while (i + 16 <= n) {
+        __m128i chunk = _mm_loadu_si128((const __m128i *)(s + i));
+        unsigned mask = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(chunk, quote), _mm_cmpeq_epi8(chunk, backslash)));
+        if (mask == 0) {
+            i += 16;
+            continue;
+        }
+        i += __builtin_ctz(mask);
+        if (s[i] == '"') return i + 1;
+        i += 2;  /* a backslash and the character it escapes */
+    }
+#endif
+    for (; i < n; i++) {
         char c = s[i];
         if (c == '"') return i + 1;
         if (c == '\\') i++;
