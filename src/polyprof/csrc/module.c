@@ -10,8 +10,9 @@ unsigned long long pp_next_id = 1;
 pp_tsc_clock pp_tsc;
 
 /* A (TSC, CLOCK_MONOTONIC) pair (the clock read between two TSC reads, the tightest of three) made the
- * anchor; the rate from the base pair once they are 2 ms apart (a new base after a minute, or when the
- * rate jumps by over 0.1%: a suspend, a TSC reset). Returns CLOCK_MONOTONIC now. */
+ * anchor; the rate from the base pair once they are 2 ms apart at first, then re-measured over at least
+ * a second (a new base after a minute, or when the rate jumps by over 0.1%: a suspend, a TSC reset).
+ * Returns CLOCK_MONOTONIC now. */
 long long pp_tsc_pair(void) {
 #if defined(__x86_64__)
     uint64_t tsc = 0, width = UINT64_MAX;
@@ -25,7 +26,7 @@ long long pp_tsc_pair(void) {
     pp_tsc_clock *c = &pp_tsc;
     if (width == UINT64_MAX || c->base_tsc == 0 || tsc <= c->base_tsc || ns <= c->base_ns) {
         c->base_tsc = tsc, c->base_ns = ns, c->refresh = 0;
-    } else if (ns - c->base_ns >= 2000000) {
+    } else if (ns - c->base_ns >= (c->refresh ? 1000000000LL : 2000000LL)) {
         uint64_t mult = (uint64_t)(((unsigned __int128)(uint64_t)(ns - c->base_ns) << 32) / (tsc - c->base_tsc));
         if (c->mult && (mult > c->mult + c->mult / 1000 || mult < c->mult - c->mult / 1000) && c->refresh) {
             c->base_tsc = tsc, c->base_ns = ns, c->refresh = 0;  /* the rate moved: measure it again */
