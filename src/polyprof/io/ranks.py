@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -85,6 +86,9 @@ def _offset_of(trace: Trace) -> tuple[int | None, int | None]:
     return None, None
 
 
+_WHOLE_READS = threading.Lock()
+
+
 def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
     """A .pftrace rank's place and clock, as a trace without its events, and whether its packets can
     be rewritten as they are (polyprof's own trace, every field one merge_packets.c knows): then from a
@@ -102,11 +106,13 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
         trace = scan_perfetto(b"".join(kept), path, metadata_only=True) if kept else None
         if trace is not None:
             return _rank_input(trace, path, position), trace, True
-    limit = max_trace_bytes()
-    data = _read_bytes(path, limit)
-    if data[:2] == b"\x1f\x8b":
-        data = _inflate(data, path, limit)
-    trace = scan_perfetto(data, path, metadata_only=True) or parse_trace(data, path)
+    with _WHOLE_READS:  # first passes run side by side: one whole rank in memory at a time all the same
+        limit = max_trace_bytes()
+        data = _read_bytes(path, limit)
+        if data[:2] == b"\x1f\x8b":
+            data = _inflate(data, path, limit)
+        trace = scan_perfetto(data, path, metadata_only=True) or parse_trace(data, path)
+        del data
     return _rank_input(trace, path, position), trace, False
 
 
