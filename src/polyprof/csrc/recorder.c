@@ -631,12 +631,15 @@ static void forget_open(EventBufferObject *buf, PyObject *self) {
 /* The calling thread's EventBuffer (borrowed), created and registered on first use. The thread-state
    dict owns it; a C thread-local remembers it for the thread state it was found in (by its unique id:
    a thread state created again at the same address, as PyGILState_Ensure does, is another one). */
-static __thread EventBufferObject *t_buffer;
-static __thread uint64_t t_buffer_state = UINT64_MAX;
+/* initial-exec: read straight off the thread pointer (the default model for a shared library calls
+   __tls_get_addr at each use); 16 bytes of the static TLS surplus glibc keeps for dlopen'ed modules */
+#define THREAD_LOCAL __thread __attribute__((tls_model("initial-exec")))
+static THREAD_LOCAL EventBufferObject *t_buffer;
+static THREAD_LOCAL uint64_t t_buffer_state = UINT64_MAX;
 
 static EventBufferObject *thread_buffer(void) {
     PyThreadState *ts = PyThreadState_Get();
-    uint64_t state = PyThreadState_GetID(ts);
+    uint64_t state = ts->id;  /* PyThreadState_GetID's field, read in place */
     if (t_buffer != NULL && t_buffer_state == state) return t_buffer;
     PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
     if (tdict == NULL) return NULL;
@@ -660,7 +663,7 @@ static EventBufferObject *thread_buffer(void) {
 /* The calling thread's EventBuffer if it has one (borrowed), else NULL; never creates one. */
 static EventBufferObject *existing_thread_buffer(void) {
     PyThreadState *ts = PyThreadState_Get();
-    if (t_buffer != NULL && t_buffer_state == PyThreadState_GetID(ts)) return t_buffer;
+    if (t_buffer != NULL && t_buffer_state == ts->id) return t_buffer;
     PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
     PyObject *buf = tdict != NULL ? PyDict_GetItemWithError(tdict, g_tls_key) : NULL;
     if (buf == NULL) PyErr_Clear();
