@@ -133,7 +133,7 @@ static int named_id(const sequence *s, uint64_t iid) {
 }
 
 static int is_id_name(const uint8_t *p, Py_ssize_t len) {
-    return (len == 11 && memcmp(p, "External id", 11) == 0) || (len == 11 && memcmp(p, "correlation", 11) == 0);
+    return len == 11 && (memcmp(p, "External id", 11) == 0 || memcmp(p, "correlation", 11) == 0);
 }
 
 static void put_bytes(outbuf *b, const void *p, Py_ssize_t len) { memcpy(b->p + b->n, p, len), b->n += len; }
@@ -187,12 +187,10 @@ static int annotation(rewriter *w, const sequence *s, const uint8_t *p, Py_ssize
     while ((rc = next_field(&r, &f)) == 1) {  /* the key, the last one given (as the reader takes it) */
         if (f.number == 1 && f.wire == F_VARINT) id = named_id(s, f.v);
         else if (f.number == 10 && f.wire == F_LEN) id = is_id_name(f.p, f.len);
+        else if (f.number == 9 && (f.wire != F_LEN || !json_checked(f.p, f.len)))  /* what orjson reads back */
+            return refuse(w, "a debug annotation's JSON value that is not JSON", 0);
     }
     if (rc < 0) return refuse(w, "a debug annotation is not valid protobuf", 0);
-    r = (reader){p, p + len};
-    while (next_field(&r, &f) == 1)  /* JSON values: what the reader can read back (orjson's JSON) */
-        if (f.number == 9 && (f.wire != F_LEN || !json_checked(f.p, f.len)))
-            return refuse(w, "a debug annotation's JSON value that is not JSON", 0);
     if (!id) {
         put_bytes(o, p, len);
         return 0;
