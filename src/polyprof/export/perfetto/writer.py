@@ -232,10 +232,6 @@ class _Tracks:
         body += field_string(F.TRACK_NAME, safe_str(name)) + field_bytes(F.TRACK_COUNTER, b"")
         return self._descriptor(body)
 
-    def metadata_descriptor(self) -> bytes:
-        body = field_varint(F.TRACK_UUID, self.metadata_uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
-        return self._descriptor(body)
-
     def _descriptor(self, body: bytes) -> bytes:
         return packet(field_varint(F.PACKET_SEQUENCE_ID, self.sequence_id) + field_bytes(F.PACKET_TRACK_DESCRIPTOR, body))
 
@@ -487,19 +483,23 @@ def metadata_values(trace: Trace) -> dict[str, Any]:
     return values
 
 
+def _metadata_packets(values: dict[str, Any], uuid: int, ts: int, sequence_id: int, head: bytes, key: Any) -> bytes:
+    """The metadata track (`uuid`) and its one instant at `ts`: `values` as JSON-valued annotations,
+    each named by ``key(name)`` (an interned iid or the name inline)."""
+    track = field_varint(F.TRACK_UUID, uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
+    body = b"".join(field_bytes(F.EVENT_DEBUG_ANNOTATIONS, key(str(k)) + _json_value(v)) for k, v in values.items())
+    event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, uuid)
+    event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
+    descriptor = packet(field_varint(F.PACKET_SEQUENCE_ID, sequence_id) + field_bytes(F.PACKET_TRACK_DESCRIPTOR, track))
+    return descriptor + _event_packet(ts, event, head)
+
+
 def standalone_metadata(values: dict[str, Any], ts: int, sequence_id: int) -> bytes:
     """The metadata track and its instant holding `values`, on a packet sequence of their own with
     every name inline (no interned state): what ``polyprof merge`` writes after a rank's packets."""
-    uuid = stable_uuid("metadata")
-    track = field_varint(F.TRACK_UUID, uuid) + field_string(F.TRACK_NAME, METADATA_TRACK)
-    body = b"".join(
-        field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_string(F.ANNOTATION_NAME, safe_str(str(k))) + _json_value(v))
-        for k, v in values.items()
-    )
-    event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, uuid)
-    event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
     head = field_varint(F.PACKET_SEQUENCE_ID, sequence_id)
-    return packet(head + field_bytes(F.PACKET_TRACK_DESCRIPTOR, track)) + _event_packet(ts, event, head)
+    inline = lambda k: field_string(F.ANNOTATION_NAME, safe_str(k))  # noqa: E731
+    return _metadata_packets(values, stable_uuid("metadata"), ts, sequence_id, head, inline)
 
 
 def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_layout: bool = True) -> bytes:
@@ -507,10 +507,5 @@ def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_la
     values = metadata_values(trace)
     if with_layout:
         values[LAYOUT_KEY] = layout(trace, tracks)
-    body = b"".join(
-        field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, interned.iid(str(k))) + _json_value(v))
-        for k, v in values.items()
-    )
-    event = field_varint(F.EVENT_TYPE, F.TYPE_INSTANT) + field_varint(F.EVENT_TRACK_UUID, tracks.metadata_uuid)
-    event += field_string(F.EVENT_NAME, METADATA_EVENT) + body
-    return tracks.metadata_descriptor() + _event_packet(int(trace.window[0]), event, tracks.head)
+    iid = lambda k: field_varint(F.ANNOTATION_NAME_IID, interned.iid(k))  # noqa: E731
+    return _metadata_packets(values, tracks.metadata_uuid, int(trace.window[0]), tracks.sequence_id, tracks.head, iid)
