@@ -304,7 +304,7 @@ def _write_perfetto(
     from polyprof.io import load_trace
 
     sequence = 1
-    with _Separated(out, b"") as sink:
+    with _BackgroundWriter(out, b"") as sink:
         sink.write(clock_packet(t0, base, sequence))
         for i in order:
             rank, described = stats.ranks[i], as_they_are[i]
@@ -386,7 +386,7 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
     rewrite = _rank_events_c if speedups is not None else _rank_events_py
     _json_head(out, base)
     ranks = []
-    with _Separated(out) as events:
+    with _BackgroundWriter(out) as events:
         for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
             rank = stats.ranks[i]
             r = rank.rank
@@ -400,7 +400,7 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
     _json_tail(out, ranks)
 
 
-class _Separated:
+class _BackgroundWriter:
     """Writes chunks that each start with `separator` (``,\\n`` between JSON events; all but the first
     kept) from a thread of its own, so that writing (and compressing) overlaps the rewriting; at most
     `depth` chunks wait. Use as a context manager: leaving it waits for the last write and raises what
@@ -430,7 +430,7 @@ class _Separated:
             self.queue.put(chunk[self.skip :] if self.first else chunk)
             self.first = False
 
-    def __enter__(self) -> _Separated:
+    def __enter__(self) -> _BackgroundWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
