@@ -316,3 +316,26 @@ def test_a_signal_after_the_trace_is_written_waits_for_the_exit_the_first_one_as
     """))
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGTERM and "still here" in r.stdout and "KeyboardInterrupt" not in r.stderr, r.stderr
+
+
+def test_a_signal_between_the_programs_end_and_the_writing_waits_for_it(tmp_path):
+    """The window after the Signalled unwound the program and before the trace's deferred block: a
+    Ctrl-C there (the second of a SIGTERM) is noted, not raised, so the trace is still written."""
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal
+        from polyprof.engine.signals import CleanStop, Signalled
+        with CleanStop() as stop:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pause()
+            except Signalled:
+                os.kill(os.getpid(), signal.SIGINT)  # before the writing starts
+                print("noted", signal.Signals(stop.signum).name, flush=True)
+            with stop.deferred():
+                print("written", flush=True)
+        stop.exit()
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert r.stdout.split() == ["noted", "SIGTERM", "written"] and "KeyboardInterrupt" not in r.stderr, r.stderr

@@ -4,8 +4,9 @@
 SIGINT. While :class:`CleanStop` is installed, SIGTERM and SIGHUP become an exception in the main thread
 that unwinds the profiled program like Ctrl-C does (SIGINT stays KeyboardInterrupt); once the trace is
 written, :meth:`CleanStop.exit` ends the process with the signal's own status (as if it had not been
-caught). While the trace is written (:meth:`CleanStop.deferred`) all three only are noted, Ctrl-C
-included, so that a second signal cannot cut the file short::
+caught). Once one has been raised in the program, and while the trace is written
+(:meth:`CleanStop.deferred`), all three only are noted, Ctrl-C included, so that a second signal cannot
+cut the file short (nor land between the program's end and the writing)::
 
     with CleanStop() as stop:
         try:
@@ -67,7 +68,7 @@ class CleanStop:
     def _handle(self, signum: int, frame: Any) -> None:
         if self._exiting:  # the trace is written and the process about to end as the first signal asks
             return
-        if self._defer:  # the trace is being written: only note it
+        if self._defer or self._raised:  # the trace is being written, or is next: only note it
             if self.signum is None:
                 self.signum = signum
             return
