@@ -44,7 +44,7 @@ class build_py_with_pth(build_py):
 
 ext_modules = []
 if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
-    files = ("module", "recorder", "chrome_format", "columns", "perfetto_format", "merge_events", "merge_packets", "merge_passes", "read_events", "read_packets", "perfetto_args", "pytrace")
+    files = ("module", "recorder", "chrome_format", "columns", "perfetto_format", "merge_events", "merge_packets", "merge_passes", "read_events", "read_packets", "perfetto_args", "pytrace", "row_chunks")
     sources = [f"src/polyprof/csrc/{name}.c" for name in files]
     ext_modules.append(
         Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h", "src/polyprof/csrc/json_scan.h", "src/polyprof/csrc/protobuf.h"], optional=True)

@@ -1,7 +1,7 @@
 """The C EventBuffer (32 bytes per event, names and args beside) gives back exactly what its pure-Python
 twin does, for the values the compact layout keeps outside its rows: durations past 4.3 s or negative,
 names repeated as one object or as equal strings, unhashable names, args on a few rows, take() while
-events keep coming."""
+events keep coming, rows across the chunks (8,192 rows each) the buffer keeps them in."""
 
 from __future__ import annotations
 
@@ -31,17 +31,17 @@ def test_random_events_round_trip_as_the_python_twin_keeps_them():
     names = [shared, "step", "a" * 40, ["unhashable"], 7, "zéro"] + [f"n{i}" for i in range(200)]
     c, py = fast.EventBuffer(), PyEventBuffer()
     seen = 0
-    for i in range(20_000):
+    for i in range(40_000):
         start = rng.randrange(0, 2**40)
         dur = rng.choice([0, 5, 1000, 2**32 - 2, 2**32 - 1, 2**32, 10**12, -3])
         event = (rng.choice([0, 1, 2]), start, start + dur, rng.choice(names), rng.randrange(2**62),
                  rng.choice([0, rng.randrange(2**62)]), rng.choice([None] * 9 + [{"i": i}, "text"]))  # fmt: skip
         c.add(*event)
         py.add(*event)
-        if i % 4999 == 4998:  # hand over part way, as a flush does; the buffers go on empty
+        if i in (8_191, 24_576):  # hand over part way, as a flush does (a chunk just full; three chunks)
             seen += _same(c.take(), py.take())
     seen += _same(c, py)
-    assert seen == 20_000 and len(c) == len(py) == 20_000 - 4 * 4999
+    assert seen == 40_000 and len(c) == len(py) == 40_000 - 24_577
 
 
 def test_many_distinct_names_and_a_cleared_buffer():
@@ -76,3 +76,31 @@ def test_instant_and_counter_take_their_arguments_by_name_too(impl, monkeypatch)
         instant()
     with pytest.raises(TypeError):
         counter("only a name")
+
+
+@pytest.mark.filterwarnings("ignore:polyprof backend 'host'")  # the string and None, refused at collect
+def test_counter_values_kept_in_the_row_come_back_as_they_were_given():
+    """A float or an int that fits is kept in the counter's row (no args entry); snapshot() gives the
+    value back with its type; any other value (a bool, an int past 64 bits, a string) is kept beside,
+    the object itself, as the Python twin keeps every value."""
+    import math
+
+    from polyprof import annotations
+
+    values = [1.5, -0.0, math.inf, math.nan, 3, -(2**63), 2**63 - 1, 2**63, -(2**70), True, "x", None]
+    with polyprof.profile(["cpu"]):
+        for v in values:
+            fast.counter("c", v)
+        rows, names, args = snapshot(annotations.recorder.buffer())
+    assert rows[:, 0].tolist() == [annotations.COUNTER] * len(values) and not rows[:, 3].any()
+    assert names == ["c"] * len(values)
+    for given, back in zip(values, args, strict=True):
+        assert type(back) is type(given), (given, back)
+        assert back is given or back == given or (math.isnan(given) and math.isnan(back))
+    assert math.copysign(1.0, args[1]) == -1.0  # the sign of -0.0 kept
+    assert args[9] is True and args[10] == "x" and args[11] is None
+
+
+def test_the_buffers_own_row_types_are_refused_from_python():
+    with pytest.raises(ValueError, match="from 0 to 239"):
+        fast.EventBuffer().add(240, 0, 1, "x", 0, 0, None)

@@ -117,6 +117,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddFunctions(m, pp_merge_pass_methods) < 0 ||
         PyModule_AddFunctions(m, pp_read_methods) < 0 || PyModule_AddFunctions(m, pp_read_packets_methods) < 0 ||
         PyModule_AddFunctions(m, pp_perfetto_args_methods) < 0 || PyModule_AddFunctions(m, pp_pytrace_methods) < 0 ||
+        PyModule_AddFunctions(m, pp_row_chunks_methods) < 0 || pp_row_chunks_init() < 0 ||
         pp_recorder_add_types(m) < 0 || pp_pytrace_add_types(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -14,6 +14,7 @@
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
  *   merge_packets.c  one rank's .pftrace packets rewritten field by field for `polyprof merge`
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
+ *   row_chunks.c     memory for recorded rows in chunks, faulted in ahead by a helper while recording
  *
  * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
  * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
@@ -79,6 +80,17 @@ static inline int ob_reserve(outbuf *b, Py_ssize_t more) {
     return 0;
 }
 
+/* Memory for recorded rows (row_chunks.c): chunks of PP_CHUNK_BYTES, page-aligned, usable without
+   the GIL. pp_chunk_new(1) takes one faulted in ahead when the pool has one (a fresh one otherwise,
+   as does pp_chunk_new(0)); NULL when out of memory. pp_chunk_pool_run(1) while recording keeps
+   PP_CHUNK_READY of them ready; pp_chunk_pool_run(0) stops the helper and unmaps the pool. */
+#define PP_CHUNK_BYTES (256 * 1024)
+#define PP_CHUNK_READY 4
+void *pp_chunk_new(int ahead);
+void pp_chunk_free(void *chunk);
+void pp_chunk_pool_run(int on);
+int pp_row_chunks_init(void);
+
 /* The next process-wide correlation id (module.c); only touched with the GIL held. */
 extern unsigned long long pp_next_id;
 
@@ -94,6 +106,7 @@ extern PyMethodDef pp_read_methods[];
 extern PyMethodDef pp_read_packets_methods[];
 extern PyMethodDef pp_perfetto_args_methods[];
 extern PyMethodDef pp_pytrace_methods[];
+extern PyMethodDef pp_row_chunks_methods[];
 int pp_pytrace_add_types(PyObject *module);
 int pp_recorder_add_types(PyObject *module);
 

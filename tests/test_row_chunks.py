@@ -1,0 +1,88 @@
+"""The recorder's rows live in 256 KiB chunks that a helper thread faults in ahead while recording
+(row_chunks.c): the helper runs only while recording, the pool is unmapped when recording ends, every
+chunk is unmapped when its buffer goes, and a process forked while recording records on."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+import pytest
+
+import polyprof
+import polyprof._accel
+
+fast = polyprof._accel.speedups
+pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
+ROWS_PER_CHUNK = 8192
+
+
+def _wait_for(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_chunks_come_faulted_in_while_recording_and_all_go_back_after():
+    gc.collect()
+    before = fast.row_chunks_stats()
+    assert not before["helper"] and before["ready"] == 0
+    with polyprof.profile(["cpu"]) as p:
+        assert _wait_for(lambda: fast.row_chunks_stats()["ready"] == 4)  # the helper filled the pool
+        for _ in range(6):  # a chunk's worth at a time, so that the helper keeps up
+            for _ in range(ROWS_PER_CHUNK):
+                polyprof.instant("x")
+            assert _wait_for(lambda: fast.row_chunks_stats()["ready"] == 4)
+        during = fast.row_chunks_stats()
+    after_stop = fast.row_chunks_stats()
+    # the buffer's first chunk faults in as it fills; the next five came from the pool
+    assert during["faulted_ahead"] - before["faulted_ahead"] >= 5
+    assert during["helper"] and not after_stop["helper"] and after_stop["ready"] == 0
+    events = [e for e in p.trace.activities if e.name == "x"]
+    assert len(events) == 6 * ROWS_PER_CHUNK
+    assert all(a.start <= b.start for a, b in zip(events, events[1:], strict=False))
+    del p, events
+    gc.collect()
+    assert fast.row_chunks_stats()["mapped"] == before["mapped"]  # every chunk unmapped
+
+
+def test_a_process_forked_while_recording_records_on_in_both():
+    with polyprof.profile(["cpu"]) as p:
+        for _ in range(ROWS_PER_CHUNK + 1):
+            polyprof.instant("before")
+        child = os.fork()
+        if child == 0:  # the child: no helper came with it; its chunks are mapped as they are needed
+            code = 1
+            try:
+                for _ in range(3 * ROWS_PER_CHUNK):
+                    polyprof.instant("child")
+                stats = fast.row_chunks_stats()
+                code = 0 if stats["ready"] <= 4 and stats["mapped"] >= 3 else 2
+            finally:
+                os._exit(code)
+        for _ in range(3 * ROWS_PER_CHUNK):
+            polyprof.instant("parent")
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    names = [e.name for e in p.trace.activities if e.name in ("before", "parent", "child")]
+    assert names.count("before") == ROWS_PER_CHUNK + 1 and names.count("parent") == 3 * ROWS_PER_CHUNK
+    assert "child" not in names
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the C extension is built on Linux only")
+def test_the_helper_takes_no_signal():
+    with polyprof.profile(["cpu"]):
+        assert _wait_for(lambda: fast.row_chunks_stats()["helper"])
+        threads = os.listdir(f"/proc/{os.getpid()}/task")
+        blocked = []
+        for tid in threads:
+            with open(f"/proc/{os.getpid()}/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            blocked.append(int(fields["SigBlk"].strip(), 16))
+    # one thread (the helper) blocks every signal (SIGKILL and SIGSTOP cannot be, whatever the mask says)
+    assert any((mask | 1 << 8 | 1 << 18) & 0x7FFFFFFF == 0x7FFFFFFF for mask in blocked), [hex(m) for m in blocked]
