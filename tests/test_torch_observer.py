@@ -165,9 +165,12 @@ def test_ops_are_timed_and_nested_on_the_profiling_thread():
 
 
 def test_polyprofs_spans_and_the_observers_ops_nest_though_their_clocks_are_read_differently():
-    """polyprof's spans read the TSC (scaled to CLOCK_MONOTONIC, where the kernel's clocksource is the
-    TSC), the observer's ops clock_gettime: 20,000 ops each inside its span, across sleeps (the
-    recorder's clock taking its pair again)."""
+    """polyprof's spans read the TSC scaled to CLOCK_MONOTONIC from the recorder's (TSC, clock_gettime)
+    pair (where the kernel's clocksource is the TSC), the observer's ops the TSC from a pair of each
+    op thread's own at the recorder's rate: 20,000 ops each inside its span, on the main thread and on
+    two others at once, across sleeps (each clock taking its pair again); and ops without spans each
+    between the clock_gettime reads (time.perf_counter_ns) around them."""
+    import threading
     import time
 
     import numpy as np
@@ -176,20 +179,45 @@ def test_polyprofs_spans_and_the_observers_ops_nest_though_their_clocks_are_read
     from polyprof.profiler import ProfilerActivity, profile
 
     a = torch.ones(4)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for i in range(20_000):
-            with polyprof.record_function("span"):
+
+    def spans_around_ops(name: str, n: int) -> None:
+        for i in range(n):
+            with polyprof.record_function(name):
                 torch.add(a, a)
-            if i % 5_000 == 0:
+            if i % 2_500 == 0:
+                time.sleep(0.003)
+
+    bracket = []
+    every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
+        workers = [threading.Thread(target=spans_around_ops, args=(f"span{k}", 5_000)) for k in (1, 2)]
+        for w in workers:
+            w.start()
+        spans_around_ops("span0", 10_000)
+        for w in workers:
+            w.join()
+        for i in range(3_000):
+            t0 = time.perf_counter_ns()
+            torch.mul(a, a)
+            bracket.append((t0, time.perf_counter_ns()))
+            if i % 1_000 == 0:
                 time.sleep(0.003)
     acts = prof.trace.activities
     names = np.array(acts.strings.strings, dtype=object)[acts["name"]]
-    spans, ops = np.flatnonzero(names == "span"), np.flatnonzero(names == "aten::add")
+    spans = np.flatnonzero(np.isin(names, ["span0", "span1", "span2"]))
+    ops = np.flatnonzero(names == "aten::add")
     assert len(spans) == len(ops) == 20_000
-    span_at, op_at = np.argsort(acts["start"][spans]), np.argsort(acts["start"][ops])
-    s0, s1 = acts["start"][spans][span_at], acts["end"][spans][span_at]
-    o0, o1 = acts["start"][ops][op_at], acts["end"][ops][op_at]
-    assert ((s0 <= o0) & (o1 <= s1)).all()
+    for thread in np.unique(acts["resource"][spans]):
+        s = spans[acts["resource"][spans] == thread]
+        o = ops[acts["resource"][ops] == thread]
+        span_at, op_at = np.argsort(acts["start"][s]), np.argsort(acts["start"][o])
+        s0, s1 = acts["start"][s][span_at], acts["end"][s][span_at]
+        o0, o1 = acts["start"][o][op_at], acts["end"][o][op_at]
+        assert len(s) == len(o) and ((s0 <= o0) & (o1 <= s1)).all()
+    muls = np.flatnonzero(names == "aten::mul")
+    m0, m1 = np.sort(acts["start"][muls]), np.sort(acts["end"][muls])
+    b0, b1 = np.array(bracket).T
+    assert len(muls) == 3_000 and ((b0 <= m0) & (m1 <= b1)).all()
 
 
 def _forked_mm(x):
@@ -567,3 +595,30 @@ def test_with_modules_in_eager_mode_writes_torchscripts_hierarchy_from_the_frame
                                   "TOP(C)::forward.layers(Sequential)::forward.2(Linear)::forward."]  # fmt: skip
     assert got["aten::relu"] == ["TOP(C)::forward.layers(Sequential)::forward.1(ReLU)::forward."]
     assert not any("Call stack" in a.args for a in prof.trace.activities), "stacks only with with_stack"
+
+
+@needs_observer
+@pytest.mark.skipif(polyprof_speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+def test_the_observers_op_rows_come_from_the_recorders_chunks_and_go_back():
+    """The observer keeps its op rows in polyprof's row chunks: after the first, faulted in ahead by
+    the helper while recording; every one unmapped once the profile is gone."""
+    import gc
+    import time
+
+    from polyprof.profiler import ProfilerActivity, profile
+
+    speedups = polyprof_speedups
+    a = torch.ones(4)
+    gc.collect()
+    before = speedups.row_chunks_stats()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            for _ in range(8_192):  # a chunk of ops at a time, so that the helper keeps up
+                a.neg()
+            time.sleep(0.02)
+    during = speedups.row_chunks_stats()
+    assert sum(1 for x in prof.trace.activities if x.name == "aten::neg") == 4 * 8_192
+    assert during["faulted_ahead"] - before["faulted_ahead"] >= 3
+    del prof
+    gc.collect()
+    assert speedups.row_chunks_stats()["mapped"] == before["mapped"]

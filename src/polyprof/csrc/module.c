@@ -25,14 +25,18 @@ long long pp_tsc_pair(void) {
     }
     pp_tsc_clock *c = &pp_tsc;
     if (width == UINT64_MAX || c->base_tsc == 0 || tsc <= c->base_tsc || ns <= c->base_ns) {
-        c->base_tsc = tsc, c->base_ns = ns, c->refresh = 0;
+        c->base_tsc = tsc, c->base_ns = ns;
+        __atomic_store_n(&c->refresh, 0, __ATOMIC_RELAXED);
     } else if (ns - c->base_ns >= (c->refresh ? 1000000000LL : 2000000LL)) {
         uint64_t mult = (uint64_t)(((unsigned __int128)(uint64_t)(ns - c->base_ns) << 32) / (tsc - c->base_tsc));
         if (c->mult && (mult > c->mult + c->mult / 1000 || mult < c->mult - c->mult / 1000) && c->refresh) {
-            c->base_tsc = tsc, c->base_ns = ns, c->refresh = 0;  /* the rate moved: measure it again */
+            c->base_tsc = tsc, c->base_ns = ns;  /* the rate moved: measure it again */
+            __atomic_store_n(&c->refresh, 0, __ATOMIC_RELAXED);
         } else {
-            c->mult = mult;
-            c->refresh = mult ? (uint64_t)(((unsigned __int128)1000000 << 32) / mult) : 0;  /* 1 ms of ticks */
+            /* (atomic stores: threads without the GIL read these two, the torch observer's clock) */
+            __atomic_store_n(&c->mult, mult, __ATOMIC_RELAXED);
+            __atomic_store_n(&c->refresh, mult ? (uint64_t)(((unsigned __int128)1000000 << 32) / mult) : 0,
+                             __ATOMIC_RELAXED);  /* 1 ms of ticks */
             if (ns - c->base_ns >= 60000000000LL) c->base_tsc = tsc, c->base_ns = ns;
         }
     }
@@ -92,7 +96,16 @@ static PyObject *sp_clock_source(PyObject *m, PyObject *unused) {
     return PyUnicode_FromString(pp_tsc.on ? "tsc" : "clock_gettime");
 }
 
+/* (&rate, &refresh) of the TSC clock, for C code timing events without the GIL (the torch observer
+   reads both and keeps its own anchor per thread); (0, 0) where the clock is clock_gettime. */
+static PyObject *sp_tsc_rate_addresses(PyObject *m, PyObject *unused) {
+    if (!pp_tsc.on) return Py_BuildValue("(ii)", 0, 0);
+    return Py_BuildValue("(NN)", PyLong_FromVoidPtr(&pp_tsc.mult), PyLong_FromVoidPtr(&pp_tsc.refresh));
+}
+
 static PyMethodDef module_methods[] = {
+    {"tsc_rate_addresses", sp_tsc_rate_addresses, METH_NOARGS,
+     "(&rate, &refresh) of the TSC clock as C addresses (uint64: ns per tick in 32.32, 1 ms in ticks), or (0, 0)."},
     {"next_id", sp_next_id, METH_NOARGS, "A new process-wide correlation id."},
     {"reserve_ids", sp_reserve_ids, METH_O, "reserve_ids(n): the first of n consecutive new ids."},
     {"now_ns", sp_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns on Linux)."},

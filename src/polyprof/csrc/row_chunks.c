@@ -162,7 +162,14 @@ static PyObject *sp_row_chunks_stats(PyObject *m, PyObject *unused) {
                          "populate", __atomic_load_n(&g_populate, __ATOMIC_RELAXED) ? Py_True : Py_False);
 }
 
+static PyObject *sp_row_chunk_functions(PyObject *m, PyObject *unused) {
+    return Py_BuildValue("(NNn)", PyLong_FromVoidPtr((void *)(uintptr_t)&pp_chunk_new),
+                         PyLong_FromVoidPtr((void *)(uintptr_t)&pp_chunk_free), (Py_ssize_t)PP_CHUNK_BYTES);
+}
+
 PyMethodDef pp_row_chunks_methods[] = {
+    {"row_chunk_functions", sp_row_chunk_functions, METH_NOARGS,
+     "(pp_chunk_new, pp_chunk_free, chunk bytes): C addresses, for C code that records rows (the torch observer)."},
     {"row_chunks_stats", sp_row_chunks_stats, METH_NOARGS,
      "The row chunks: mapped (now, the pool's included), ready (faulted in ahead, in the pool), helper "
      "(running), faulted_ahead (handed out from the pool so far), populate (MADV_POPULATE_WRITE works)."},

@@ -34,7 +34,7 @@ from polyprof.backends.torch.observer.builder import BuildError, build, cached_l
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK = 1, 2, 4, 8, 16, 32, 64
 
@@ -99,12 +99,30 @@ class Observer:
         lib.polyprof_rf_enter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
         lib.polyprof_rf_enter.restype = ctypes.c_void_p
         lib.polyprof_rf_exit.argtypes = [ctypes.c_void_p]
+        lib.polyprof_observer_use_runtime.argtypes = [ctypes.c_void_p] * 4
+        lib.polyprof_observer_use_runtime.restype = ctypes.c_int
         self.lib = lib
         self.path = path
+        self._use_runtime()
+
+    def _use_runtime(self) -> None:
+        """Lend the observer what polyprof's C extension has: its row chunks (faulted in ahead while
+        recording) and its TSC clock's rate (the ops then share the recorder's clock at its cost)."""
+        from polyprof._accel import speedups
+
+        if speedups is None:
+            return
+        chunk_new, chunk_free, _ = speedups.row_chunk_functions()
+        rate, refresh = speedups.tsc_rate_addresses()
+        self.lib.polyprof_observer_use_runtime(chunk_new, chunk_free, rate or None, refresh or None)
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
         WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK."""
+        from polyprof._accel import speedups
+
+        if speedups is not None:
+            speedups.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
         if self.lib.polyprof_observer_start(int(options)) != 0:
             raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
 

@@ -14,7 +14,7 @@
 //     does, with the RecordFunction's handle.
 //
 // Threading: callbacks run on the threads that run operators. Each thread appends to its own buffer; the
-// only shared state touched per operator is the `recording` flag. Stop clears the flag, then waits until
+// only shared state touched per operator is the `recording` flag (and, read only, the TSC clock's rate). Stop clears the flag, then waits until
 // no callback is inside a buffer (each buffer's `busy` count), so reading afterwards is race-free.
 // While recording, polyprof_observer_take hands over what threads have completed: it claims a buffer
 // whose thread is outside any callback and has no operator open (busy set to kClaimed; a callback that
@@ -34,6 +34,9 @@
 
 #include <sys/syscall.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,7 +55,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 7;
+constexpr int kAbiVersion = 8;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -118,28 +121,50 @@ struct Rare {
   int32_t name, overload;
 };
 
-// The ops of a thread in chunks of 4,094 (just under 128 KiB with malloc's header: 32 pages, each chunk
-// its own mapping, given back when freed), so that an op costs its 32 bytes and nothing more (a
-// std::deque's 512-byte blocks cost 33 with malloc's headers), and an op's index stays valid while more
-// are added (async ops end by index).
+// Memory for op rows from polyprof's C extension (row_chunks.c: 256 KiB chunks, faulted in ahead by
+// its helper thread while recording), set once by polyprof_observer_use_runtime before the first
+// recording; without it (no C extension) chunks come from operator new.
+using ChunkNewFn = void* (*)(int ahead);
+using ChunkFreeFn = void (*)(void* chunk);
+ChunkNewFn g_chunk_new = nullptr;
+ChunkFreeFn g_chunk_free = nullptr;
+std::atomic<bool> g_chunks_used{false};  // a chunk was allocated: the allocator stays as it is
+
+// The ops of a thread in chunks of 8,192 (256 KiB: one of row_chunks.c's chunks, page-aligned, given
+// back when freed), so that an op costs its 32 bytes and nothing more (a std::deque's 512-byte blocks
+// cost 33 with malloc's headers), and an op's index stays valid while more are added (async ops end by
+// index). A store's first chunk faults in as it fills (a thread that runs few ops keeps little
+// resident); the next come faulted in ahead where the pool has them.
 class OpStore {
  public:
-  static constexpr size_t kChunk = 4094;
+  static constexpr size_t kChunk = 8192;
+  static constexpr size_t kChunkBytes = kChunk * sizeof(Op);
+  OpStore() = default;
+  OpStore(const OpStore&) = delete;
+  OpStore& operator=(const OpStore&) = delete;
+  ~OpStore() { clear(); }
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   Op& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
   const Op& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
   Op& back() { return (*this)[n_ - 1]; }
   void push_back(const Op& op) {
-    if (n_ == chunks_.size() * kChunk) chunks_.emplace_back(new Op[kChunk]);
-    (*this)[n_++] = op;
+    if (n_ == chunks_.size() * kChunk) grow();
+    Op* slot = &chunks_.back()[n_ % kChunk];
+    new (slot) Op(op);
+    __builtin_prefetch(slot + 8, 1, 3);  // the pool's chunks were faulted in on another core
+    n_++;
   }
   void swap(OpStore& other) {
     chunks_.swap(other.chunks_);
     std::swap(n_, other.n_);
   }
   void clear() {
-    std::vector<std::unique_ptr<Op[]>>().swap(chunks_);
+    for (Op* chunk : chunks_) {
+      if (g_chunk_free != nullptr) g_chunk_free(chunk);
+      else ::operator delete(chunk);
+    }
+    std::vector<Op*>().swap(chunks_);
     n_ = 0;
   }
   struct const_iterator {
@@ -156,7 +181,14 @@ class OpStore {
   const_iterator end() const { return {this, n_}; }
 
  private:
-  std::vector<std::unique_ptr<Op[]>> chunks_;
+  void grow() {
+    g_chunks_used.store(true, std::memory_order_relaxed);
+    chunks_.reserve(chunks_.size() + 1);  // (a throw here leaves nothing allocated)
+    void* chunk = g_chunk_new != nullptr ? g_chunk_new(!chunks_.empty()) : ::operator new(kChunkBytes);
+    if (chunk == nullptr) throw std::bad_alloc();
+    chunks_.push_back(static_cast<Op*>(chunk));
+  }
+  std::vector<Op*> chunks_;
   size_t n_ = 0;
 };
 
@@ -289,10 +321,51 @@ thread_local uint64_t t_generation = 0;
 // set by polyprof_rf_enter around the RecordFunction it opens: the observer leaves that one to polyprof
 thread_local bool t_skip_next = false;
 
-inline int64_t now_ns() {
+inline int64_t gettime_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);  // the clock of Python's time.perf_counter_ns on Linux
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The ops' clock: CLOCK_MONOTONIC, read through the TSC where polyprof's recorder does (its clock,
+// module.c): one rdtsc scaled by the recorder's rate (ns per tick, 32.32 fixed point), from a
+// (TSC, clock_gettime) pair this thread takes again every millisecond of ticks, so that no state is
+// shared between the threads that run ops but the rate, which only the recorder writes.
+const uint64_t* g_tsc_mult = nullptr;     // the recorder's rate, 0 until measured
+const uint64_t* g_tsc_refresh = nullptr;  // its millisecond in ticks
+thread_local uint64_t t_anchor_tsc = 0;
+thread_local int64_t t_anchor_ns = 0;
+thread_local int64_t t_last_ns = 0;
+
+#if defined(__x86_64__)
+int64_t tsc_pair_ns() {  // the anchor again: the clock read between two TSC reads, the tightest of three
+  uint64_t width = UINT64_MAX;
+  for (int i = 0; i < 3; i++) {
+    uint64_t a = __rdtsc();
+    int64_t ns = gettime_ns();
+    uint64_t b = __rdtsc();
+    if (b >= a && b - a < width) width = b - a, t_anchor_tsc = a + (b - a) / 2, t_anchor_ns = ns;
+  }
+  int64_t ns = t_anchor_ns < t_last_ns ? t_last_ns : t_anchor_ns;
+  return t_last_ns = ns;
+}
+#endif
+
+inline int64_t now_ns() {
+#if defined(__x86_64__)
+  if (g_tsc_mult != nullptr) {
+    uint64_t mult = __atomic_load_n(g_tsc_mult, __ATOMIC_RELAXED);
+    uint64_t refresh = __atomic_load_n(g_tsc_refresh, __ATOMIC_RELAXED);
+    if (mult != 0 && refresh != 0) {
+      uint64_t d = __rdtsc() - t_anchor_tsc;
+      if (d >= refresh) return tsc_pair_ns();
+      int64_t ns = t_anchor_ns + int64_t((static_cast<unsigned __int128>(d) * mult) >> 32);
+      if (ns < t_last_ns) ns = t_last_ns;
+      return t_last_ns = ns;
+    }
+  }
+#endif
+  return gettime_ns();
 }
 
 ThreadBuffer* thread_buffer() {
@@ -1033,6 +1106,19 @@ int64_t append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t 
 extern "C" {
 
 int polyprof_observer_abi() { return kAbiVersion; }
+
+// What polyprof's C extension lends the observer (0 where it is not built): its row chunks' allocator
+// (pp_chunk_new / pp_chunk_free) and its TSC clock's rate and refresh interval (read only here). Once,
+// before the first recording; returns -1 after it.
+int polyprof_observer_use_runtime(void* chunk_new, void* chunk_free, const uint64_t* tsc_mult,
+                                  const uint64_t* tsc_refresh) {
+  if (g_handle != 0 || g_chunks_used) return -1;
+  g_chunk_new = chunk_new != nullptr && chunk_free != nullptr ? reinterpret_cast<ChunkNewFn>(chunk_new) : nullptr;
+  g_chunk_free = g_chunk_new != nullptr ? reinterpret_cast<ChunkFreeFn>(chunk_free) : nullptr;
+  g_tsc_mult = tsc_mult != nullptr && tsc_refresh != nullptr ? tsc_mult : nullptr;
+  g_tsc_refresh = g_tsc_mult != nullptr ? tsc_refresh : nullptr;
+  return 0;
+}
 
 const char* polyprof_observer_error() { return g_error.c_str(); }
 
