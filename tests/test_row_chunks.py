@@ -33,18 +33,23 @@ def test_chunks_come_faulted_in_while_recording_and_all_go_back_after():
     before = fast.row_chunks_stats()
     assert not before["helper"] and before["ready"] == 0
     with polyprof.profile(["cpu"]) as p:
-        assert _wait_for(lambda: fast.row_chunks_stats()["ready"] == 4)  # the helper filled the pool
-        for _ in range(6):  # a chunk's worth at a time, so that the helper keeps up
+        for _ in range(ROWS_PER_CHUNK):
+            polyprof.instant("x")
+        assert not fast.row_chunks_stats()["helper"]  # a recording within one chunk a thread starts none
+        polyprof.instant("x")  # the buffer's second chunk: the helper starts and fills the pool
+        assert _wait_for(lambda: fast.row_chunks_stats()["ready"] == 4)
+        for _ in range(5):  # a chunk's worth at a time, so that the helper keeps up
             for _ in range(ROWS_PER_CHUNK):
                 polyprof.instant("x")
             assert _wait_for(lambda: fast.row_chunks_stats()["ready"] == 4)
         during = fast.row_chunks_stats()
     after_stop = fast.row_chunks_stats()
-    # the buffer's first chunk faults in as it fills; the next five came from the pool
+    # the buffer's first chunk faulted in as it filled, its second was mapped fresh (the pool was
+    # empty), the next five came from the pool
     assert during["faulted_ahead"] - before["faulted_ahead"] >= 5
     assert during["helper"] and not after_stop["helper"] and after_stop["ready"] == 0
     events = [e for e in p.trace.activities if e.name == "x"]
-    assert len(events) == 6 * ROWS_PER_CHUNK
+    assert len(events) == 6 * ROWS_PER_CHUNK + 1
     assert all(a.start <= b.start for a, b in zip(events, events[1:], strict=False))
     del p, events
     gc.collect()
@@ -77,6 +82,8 @@ def test_a_process_forked_while_recording_records_on_in_both():
 @pytest.mark.skipif(sys.platform != "linux", reason="the C extension is built on Linux only")
 def test_the_helper_takes_no_signal():
     with polyprof.profile(["cpu"]):
+        for _ in range(ROWS_PER_CHUNK + 1):  # into a second chunk: the helper starts
+            polyprof.instant("x")
         assert _wait_for(lambda: fast.row_chunks_stats()["helper"])
         threads = os.listdir(f"/proc/{os.getpid()}/task")
         blocked = []

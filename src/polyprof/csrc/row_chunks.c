@@ -2,9 +2,9 @@
  *
  * A fresh page costs the thread that first writes it a page fault: ~1.7 us per 4 KiB on this
  * project's VMs (the kernel zeroes the page), 13 ns per 32-byte row, a fifth of an instant's cost.
- * While recording, a helper thread keeps PP_CHUNK_READY chunks mapped and faulted in
- * (MADV_POPULATE_WRITE, or a write per page on kernels before 5.14), so that a recording thread
- * taking its next chunk finds its pages already there; when the pool is empty (many threads recording
+ * While recording, from the first time a buffer fills its first chunk, a helper thread keeps
+ * PP_CHUNK_READY chunks mapped and faulted in (MADV_POPULATE_WRITE, or a write per page on kernels
+ * before 5.14), so that a recording thread taking its next chunk finds its pages already there; when the pool is empty (many threads recording
  * at full rate) a chunk is mapped fresh and faults in as it fills, as any memory would. The helper
  * takes no GIL and no Python object, blocks every signal, and is joined when recording ends, when the
  * pool's chunks are unmapped: what stays mapped is only the rows buffers hold, each chunk unmapped
@@ -96,7 +96,9 @@ void *pp_chunk_new(int ahead) {
             p = g_ready[--g_n_ready];
             g_faulted_ahead++;
         }
-        if (g_wanted && !g_helper_alive) start_helper();  /* in a child forked while recording */
+        /* the first buffer past its first chunk starts the helper: a short recording (under 8,192
+           rows a thread) never does, nor pays for the pool it would fill */
+        if (g_wanted && !g_helper_alive) start_helper();
         pthread_cond_signal(&g_wake);
         pthread_mutex_unlock(&g_lock);
     }
@@ -114,8 +116,7 @@ void pp_chunk_free(void *chunk) {
 
 void pp_chunk_pool_run(int on) {
     pthread_mutex_lock(&g_lock);
-    g_wanted = on;
-    if (on && !g_helper_alive) start_helper();
+    g_wanted = on;  /* the helper itself starts when a buffer first asks for a chunk ahead */
     pthread_cond_signal(&g_wake);
     int join = !on && g_helper_alive;
     pthread_mutex_unlock(&g_lock);

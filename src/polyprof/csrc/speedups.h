@@ -82,8 +82,9 @@ static inline int ob_reserve(outbuf *b, Py_ssize_t more) {
 
 /* Memory for recorded rows (row_chunks.c): chunks of PP_CHUNK_BYTES, page-aligned, usable without
    the GIL. pp_chunk_new(1) takes one faulted in ahead when the pool has one (a fresh one otherwise,
-   as does pp_chunk_new(0)); NULL when out of memory. pp_chunk_pool_run(1) while recording keeps
-   PP_CHUNK_READY of them ready; pp_chunk_pool_run(0) stops the helper and unmaps the pool. */
+   as does pp_chunk_new(0)); NULL when out of memory. pp_chunk_pool_run(1) while recording lets a
+   helper keep PP_CHUNK_READY of them ready once one is asked for ahead; pp_chunk_pool_run(0) stops
+   the helper and unmaps the pool. */
 #define PP_CHUNK_BYTES (256 * 1024)
 #define PP_CHUNK_READY 4
 void *pp_chunk_new(int ahead);
