@@ -119,3 +119,20 @@ def test_flows_away_from_their_events_land_on_the_same_rows_as_the_readers(monke
     got = chrome_scan.scan_trace(data, "shuffled.json")
     assert got is not None and int((got.activities["flow_id"] != 0).sum()) > 20
     assert _same(got, _reference(data, "shuffled.json", monkeypatch))
+
+
+@pytest.mark.parametrize("raw", [b"\x00", b"\x01", b"\n"], ids=["NUL", "SOH", "newline"])
+def test_an_args_key_with_a_raw_control_byte_is_declined_and_refused_in_one_line(raw):
+    """Found by test_reader_fuzz: a NUL inside an args key split the key block's signature in two (7
+    keys for 6 columns) and the trace read could not be written. Such a key is not JSON: the scanner
+    declines it, the reader refuses the file; the same key escaped reads and writes again."""
+    event = b'{"ph":"X","name":"op","pid":1,"tid":1,"ts":1,"dur":2,"args":{"In' + raw + b'put":[1],"b":2}}'
+    data = b'{"traceEvents":[' + event + b"]}"
+    assert chrome_scan.scan_trace(data, "t.json") is None
+    with pytest.raises(chrome.TraceFormatError) as exc:
+        parse_trace(data, "t.json")
+    assert str(exc.value).startswith("t.json: ") and "\n" not in str(exc.value)
+    escaped = data.replace(raw, b"\\u%04x" % raw[0])
+    trace = parse_trace(escaped, "t.json")
+    args = orjson.loads(dumps_chrome_trace(trace))["traceEvents"]
+    assert any(e.get("args", {}).get("In" + raw.decode() + "put") == [1] for e in args)

@@ -133,6 +133,14 @@ static int32_t cached_code(scan_state *st, PyObject *dict, const char *p, Py_ssi
 
 static int has_byte(const char *s, span x, char c) { return memchr(s + x.a, c, x.b - x.a) != NULL; }
 
+/* A key the reader reads otherwise: escaped, or with a raw control byte (not JSON: the reader refuses
+   it; and a NUL would split the block's key signature in two). */
+static int key_declined(const char *s, span x) {
+    for (Py_ssize_t i = x.a; i < x.b; i++)
+        if (s[i] == '\\' || (unsigned char)s[i] < 0x20) return 1;
+    return 0;
+}
+
 /* A pid or tid the reader keys by value: tokens that are equal exactly when the values are. */
 static int plain_id_token(const char *s, span x) {
     if (x.a == x.b) return 1; /* absent: None */
@@ -318,7 +326,7 @@ static int scan_args(scan_state *st, const char *s, span args, int64_t row, int6
     Py_ssize_t i = args.a + 1;
     span key, val;
     while ((r = next_pair(s, &i, args.b, &key, &val)) == 1) {
-        if (has_byte(s, key, '\\')) return DECLINED;
+        if (key_declined(s, key)) return DECLINED;
         int ok;
         if (is(s, key, "External id")) {
             int64_t v = int_token(s, val, &ok);
@@ -400,7 +408,7 @@ static int scan_event(scan_state *st, const char *s, Py_ssize_t a, Py_ssize_t n,
                 v[k] = val;
                 break;
             }
-        if (has_byte(s, key, '\\')) return DECLINED;
+        if (key_declined(s, key)) return DECLINED;
     }
     if (r == INCOMPLETE) return INCOMPLETE;
     if (r != 0) return DECLINED;
