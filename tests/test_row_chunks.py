@@ -93,3 +93,18 @@ def test_the_helper_takes_no_signal():
             blocked.append(int(fields["SigBlk"].strip(), 16))
     # one thread (the helper) blocks every signal (SIGKILL and SIGSTOP cannot be, whatever the mask says)
     assert any((mask | 1 << 8 | 1 << 18) & 0x7FFFFFFF == 0x7FFFFFFF for mask in blocked), [hex(m) for m in blocked]
+
+
+def test_chunks_freed_while_recording_are_reused_and_unmapped_when_it_ends():
+    """A buffer handed over and dropped while recording gives its chunk to the pool (its pages are
+    faulted in already); the pool is unmapped when recording ends, though no helper ever ran."""
+    gc.collect()
+    before = fast.row_chunks_stats()
+    with polyprof.profile(["cpu"]):
+        polyprof.instant("x")
+        taken = fast.thread_buffer().take()  # as a flush does
+        del taken
+        during = fast.row_chunks_stats()
+        assert during["ready"] == 1 and not during["helper"]
+    after = fast.row_chunks_stats()
+    assert after["ready"] == 0 and after["mapped"] == before["mapped"]

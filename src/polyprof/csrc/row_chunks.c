@@ -120,16 +120,14 @@ void pp_chunk_pool_run(int on) {
     pthread_cond_signal(&g_wake);
     int join = !on && g_helper_alive;
     pthread_mutex_unlock(&g_lock);
-    if (!join) return;
-    pthread_join(g_helper, NULL);  /* at most one chunk's faulting away (~0.1 ms) */
+    if (on) return;
+    if (join) pthread_join(g_helper, NULL);  /* at most one chunk's faulting away (~0.1 ms) */
     pthread_mutex_lock(&g_lock);
-    g_helper_alive = 0;
+    if (join) g_helper_alive = 0;
     void *drop[PP_CHUNK_READY];
     int n = 0;
-    if (!g_wanted) {  /* (unless recording started again meanwhile) */
+    if (!g_wanted) {  /* the pool (the helper's, and chunks freed while recording), unless recording again */
         while (g_n_ready > 0) drop[n++] = g_ready[--g_n_ready];
-    } else {
-        start_helper();
     }
     pthread_mutex_unlock(&g_lock);
     for (int i = 0; i < n; i++) unmap_chunk(drop[i]);
