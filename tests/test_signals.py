@@ -295,47 +295,35 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
     assert {f"span {i}" for i in range(40)} <= {s["name"] for s in Parsed((tmp_path / "r.pftrace").read_bytes()).slices}
 
 
-def test_a_signal_after_the_trace_is_written_waits_for_the_exit_the_first_one_asked_for(tmp_path):
-    """The window between CleanStop's block and its exit(): a Ctrl-C there (the second of a SIGTERM)
-    does not turn the SIGTERM exit into a KeyboardInterrupt."""
-    script = tmp_path / "s.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal
-        from polyprof.engine.signals import CleanStop, Signalled
-        with CleanStop() as stop:
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                signal.pause()
-            except Signalled:
-                pass
-            with stop.deferred():
-                pass
-        os.kill(os.getpid(), signal.SIGINT)  # after the block, before exit()
-        print("still here", flush=True)
-        stop.exit()
-    """))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == -signal.SIGTERM and "still here" in r.stdout and "KeyboardInterrupt" not in r.stderr, r.stderr
+SECOND_SIGNAL_SCRIPT = """
+import os, signal
+from polyprof.engine.signals import CleanStop, Signalled
+def ctrl_c(where):
+    if where == WHERE:
+        os.kill(os.getpid(), signal.SIGINT)
+        print("noted", signal.Signals(stop.signum).name, flush=True)
+with CleanStop() as stop:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    except Signalled:
+        ctrl_c("before the writing")
+    with stop.deferred():
+        print("written", flush=True)
+ctrl_c("after the block")
+stop.exit()
+"""
 
 
-def test_a_signal_between_the_programs_end_and_the_writing_waits_for_it(tmp_path):
-    """The window after the Signalled unwound the program and before the trace's deferred block: a
-    Ctrl-C there (the second of a SIGTERM) is noted, not raised, so the trace is still written."""
+@pytest.mark.parametrize("where", ["before the writing", "after the block"])
+def test_a_second_signal_between_the_first_and_the_exit_waits_for_it(tmp_path, where):
+    """The windows around the trace's deferred block: after the Signalled unwound the program and
+    before the writing starts, and after CleanStop's block and before its exit(). A Ctrl-C there (the
+    second of a SIGTERM) is noted, not raised: the trace is written and the process ends as SIGTERM
+    asked, not with a KeyboardInterrupt."""
     script = tmp_path / "s.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal
-        from polyprof.engine.signals import CleanStop, Signalled
-        with CleanStop() as stop:
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                signal.pause()
-            except Signalled:
-                os.kill(os.getpid(), signal.SIGINT)  # before the writing starts
-                print("noted", signal.Signals(stop.signum).name, flush=True)
-            with stop.deferred():
-                print("written", flush=True)
-        stop.exit()
-    """))
+    script.write_text(f"WHERE = {where!r}" + SECOND_SIGNAL_SCRIPT)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == -signal.SIGTERM, r.stderr
-    assert r.stdout.split() == ["noted", "SIGTERM", "written"] and "KeyboardInterrupt" not in r.stderr, r.stderr
+    assert r.returncode == -signal.SIGTERM and "KeyboardInterrupt" not in r.stderr, r.stderr
+    expected = ["noted", "SIGTERM", "written"] if where == "before the writing" else ["written", "noted", "SIGTERM"]
+    assert r.stdout.split() == expected, r.stderr
