@@ -392,7 +392,8 @@ static PyObject *eb_take(EventBufferObject *b, PyObject *unused) {
     if (eb_init_tables(&fresh) < 0) { eb_release(&fresh); Py_DECREF(out); return NULL; }
     eb_release(out);  /* out's empty tables, replaced by this buffer's */
 #define MOVE(field) (out->field = b->field, b->field = fresh.field)
-    MOVE(chunks); MOVE(nchunks); MOVE(chunks_cap); MOVE(tail); MOVE(n); MOVE(cap); MOVE(names); MOVE(codes); MOVE(args); MOVE(far_names);
+    MOVE(chunks); MOVE(nchunks); MOVE(chunks_cap); MOVE(tail); MOVE(n); MOVE(cap);
+    MOVE(names); MOVE(codes); MOVE(args); MOVE(far_names);
     MOVE(arg_rows); MOVE(far_ends); MOVE(far_rows);
 #undef MOVE
     for (int i = 0; i < NAME_CACHE; i++) {
@@ -566,8 +567,8 @@ typedef struct {  /* CPython's PyContext (Include/internal/pycore_context.h, 3.1
     int ctx_entered;
 } context_layout;
 
-static int g_thread_context_fast = 0;
-static PyObject *g_zero = NULL;  /* the int 0 (the variable's default), set with the variable */  /* the layout was checked: spans of a thread's own context skip the variable */
+static int g_thread_context_fast = 0;  /* the layout was checked: spans of a thread's own context skip the variable */
+static PyObject *g_zero = NULL;        /* the int 0 (the variable's default), set with the variable */
 
 static inline int in_entered_context_of(PyThreadState *state) {
     if (!g_thread_context_fast) return 1;
