@@ -108,7 +108,7 @@ void *pp_chunk_new(int ahead) {
 void pp_chunk_free(void *chunk) {
     if (chunk == NULL) return;
     pthread_mutex_lock(&g_lock);
-    int kept = g_wanted && g_n_ready < PP_CHUNK_READY;  /* its pages are still faulted in: reused */
+    int kept = g_wanted && g_n_ready < PP_CHUNK_READY;  /* reused: the pages it wrote are faulted in */
     if (kept) g_ready[g_n_ready++] = chunk;
     pthread_mutex_unlock(&g_lock);
     if (!kept) unmap_chunk(chunk);
