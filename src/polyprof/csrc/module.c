@@ -9,22 +9,35 @@ unsigned long long pp_next_id = 1;
 
 pp_tsc_clock pp_tsc;
 
-/* A (TSC, CLOCK_MONOTONIC) pair (the clock read between two TSC reads, the tightest of three) made the
- * anchor; the rate from the base pair once they are 2 ms apart at first, then re-measured over at least
- * a second (a new base after a minute, or when the rate jumps by over 0.1%: a suspend, a TSC reset).
- * Returns CLOCK_MONOTONIC now. */
-long long pp_tsc_pair(void) {
+/* A (TSC, CLOCK_MONOTONIC) pair: the clock read between two TSC reads, the tightest of three, its TSC
+ * the middle of the two. Returns 0 (the outputs untouched) when no two reads were in order or off x86-64.
+ * Usable without the GIL (the torch observer takes its own pairs through it). */
+int pp_tsc_sample(uint64_t *tsc, long long *ns) {
 #if defined(__x86_64__)
-    uint64_t tsc = 0, width = UINT64_MAX;
-    long long ns = 0;
+    uint64_t width = UINT64_MAX;
     for (int i = 0; i < 3; i++) {
         uint64_t a = __rdtsc();
         long long n = pp_now_ns();
         uint64_t b = __rdtsc();
-        if (b >= a && b - a < width) width = b - a, tsc = a + (b - a) / 2, ns = n;
+        if (b >= a && b - a < width) width = b - a, *tsc = a + (b - a) / 2, *ns = n;
     }
+    return width != UINT64_MAX;
+#else
+    (void)tsc, (void)ns;
+    return 0;
+#endif
+}
+
+/* A (TSC, CLOCK_MONOTONIC) pair (pp_tsc_sample) made the anchor; the rate from the base pair once they are 2 ms apart at first, then re-measured over at least
+ * a second (a new base after a minute, or when the rate jumps by over 0.1%: a suspend, a TSC reset).
+ * Returns CLOCK_MONOTONIC now. */
+long long pp_tsc_pair(void) {
+#if defined(__x86_64__)
+    uint64_t tsc = 0;
+    long long ns = 0;
+    int found = pp_tsc_sample(&tsc, &ns);
     pp_tsc_clock *c = &pp_tsc;
-    if (width == UINT64_MAX || c->base_tsc == 0 || tsc <= c->base_tsc || ns <= c->base_ns) {
+    if (!found || c->base_tsc == 0 || tsc <= c->base_tsc || ns <= c->base_ns) {
         c->base_tsc = tsc, c->base_ns = ns;
         __atomic_store_n(&c->refresh, 0, __ATOMIC_RELAXED);
     } else if (ns - c->base_ns >= (c->refresh ? 1000000000LL : 2000000LL)) {
@@ -96,16 +109,19 @@ static PyObject *sp_clock_source(PyObject *m, PyObject *unused) {
     return PyUnicode_FromString(pp_tsc.on ? "tsc" : "clock_gettime");
 }
 
-/* (&rate, &refresh) of the TSC clock, for C code timing events without the GIL (the torch observer
-   reads both and keeps its own anchor per thread); (0, 0) where the clock is clock_gettime. */
-static PyObject *sp_tsc_rate_addresses(PyObject *m, PyObject *unused) {
-    if (!pp_tsc.on) return Py_BuildValue("(ii)", 0, 0);
-    return Py_BuildValue("(NN)", PyLong_FromVoidPtr(&pp_tsc.mult), PyLong_FromVoidPtr(&pp_tsc.refresh));
+/* (&rate, &refresh, pp_tsc_sample) of the TSC clock as C addresses, for C code timing events without the
+   GIL (the torch observer reads the rate and takes its own pairs per thread); (0, 0, 0) where the clock
+   is clock_gettime. */
+static PyObject *sp_tsc_clock_addresses(PyObject *m, PyObject *unused) {
+    if (!pp_tsc.on) return Py_BuildValue("(iii)", 0, 0, 0);
+    return Py_BuildValue("(NNN)", PyLong_FromVoidPtr(&pp_tsc.mult), PyLong_FromVoidPtr(&pp_tsc.refresh),
+                         PyLong_FromVoidPtr((void *)(uintptr_t)&pp_tsc_sample));
 }
 
 static PyMethodDef module_methods[] = {
-    {"tsc_rate_addresses", sp_tsc_rate_addresses, METH_NOARGS,
-     "(&rate, &refresh) of the TSC clock as C addresses (uint64: ns per tick in 32.32, 1 ms in ticks), or (0, 0)."},
+    {"tsc_clock_addresses", sp_tsc_clock_addresses, METH_NOARGS,
+     "(&rate, &refresh, pp_tsc_sample) of the TSC clock as C addresses (uint64: ns per tick in 32.32, 1 ms in "
+     "ticks; int (uint64_t *tsc, long long *ns)), or (0, 0, 0)."},
     {"next_id", sp_next_id, METH_NOARGS, "A new process-wide correlation id."},
     {"reserve_ids", sp_reserve_ids, METH_O, "reserve_ids(n): the first of n consecutive new ids."},
     {"now_ns", sp_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in ns (the clock of time.perf_counter_ns on Linux)."},

@@ -49,6 +49,7 @@ typedef struct {
 } pp_tsc_clock;
 extern pp_tsc_clock pp_tsc;
 long long pp_tsc_pair(void);
+int pp_tsc_sample(uint64_t *tsc, long long *ns);
 
 #if defined(__x86_64__)
 #include <x86intrin.h>

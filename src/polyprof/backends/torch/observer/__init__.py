@@ -99,7 +99,7 @@ class Observer:
         lib.polyprof_rf_enter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
         lib.polyprof_rf_enter.restype = ctypes.c_void_p
         lib.polyprof_rf_exit.argtypes = [ctypes.c_void_p]
-        lib.polyprof_observer_use_runtime.argtypes = [ctypes.c_void_p] * 4
+        lib.polyprof_observer_use_runtime.argtypes = [ctypes.c_void_p] * 5
         lib.polyprof_observer_use_runtime.restype = ctypes.c_int
         self.lib = lib
         self.path = path
@@ -113,8 +113,8 @@ class Observer:
         if speedups is None:
             return
         chunk_new, chunk_free, _ = speedups.row_chunk_functions()
-        rate, refresh = speedups.tsc_rate_addresses()
-        self.lib.polyprof_observer_use_runtime(chunk_new, chunk_free, rate or None, refresh or None)
+        rate, refresh, sample = speedups.tsc_clock_addresses()
+        self.lib.polyprof_observer_use_runtime(chunk_new, chunk_free, rate or None, refresh or None, sample or None)
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,

@@ -333,23 +333,19 @@ inline int64_t gettime_ns() {
 // shared between the threads that run ops but the rate, which only the recorder writes.
 const uint64_t* g_tsc_mult = nullptr;     // the recorder's rate, 0 until measured
 const uint64_t* g_tsc_refresh = nullptr;  // its millisecond in ticks
+using TscSampleFn = int (*)(uint64_t* tsc, long long* ns);
+TscSampleFn g_tsc_sample = nullptr;       // the recorder's (TSC, clock_gettime) pair (pp_tsc_sample)
 thread_local uint64_t t_anchor_tsc = 0;
 thread_local int64_t t_anchor_ns = 0;
 thread_local int64_t t_last_ns = 0;
 
-#if defined(__x86_64__)
-int64_t tsc_pair_ns() {  // the anchor again: the clock read between two TSC reads, the tightest of three
-  uint64_t width = UINT64_MAX;
-  for (int i = 0; i < 3; i++) {
-    uint64_t a = __rdtsc();
-    int64_t ns = gettime_ns();
-    uint64_t b = __rdtsc();
-    if (b >= a && b - a < width) width = b - a, t_anchor_tsc = a + (b - a) / 2, t_anchor_ns = ns;
-  }
-  int64_t ns = t_anchor_ns < t_last_ns ? t_last_ns : t_anchor_ns;
-  return t_last_ns = ns;
+int64_t tsc_pair_ns() {  // this thread's anchor taken again
+  uint64_t tsc;
+  long long ns;
+  if (g_tsc_sample(&tsc, &ns)) t_anchor_tsc = tsc, t_anchor_ns = ns;
+  int64_t now = t_anchor_ns < t_last_ns ? t_last_ns : t_anchor_ns;
+  return t_last_ns = now;
 }
-#endif
 
 inline int64_t now_ns() {
 #if defined(__x86_64__)
@@ -1108,15 +1104,18 @@ extern "C" {
 int polyprof_observer_abi() { return kAbiVersion; }
 
 // What polyprof's C extension lends the observer (0 where it is not built): its row chunks' allocator
-// (pp_chunk_new / pp_chunk_free) and its TSC clock's rate and refresh interval (read only here). Once,
+// (pp_chunk_new / pp_chunk_free), and its TSC clock's rate and refresh interval (read only here) with
+// the function that takes a (TSC, clock_gettime) pair (pp_tsc_sample). Once,
 // before the first recording; returns -1 after it.
 int polyprof_observer_use_runtime(void* chunk_new, void* chunk_free, const uint64_t* tsc_mult,
-                                  const uint64_t* tsc_refresh) {
+                                  const uint64_t* tsc_refresh, void* tsc_sample) {
   if (g_handle != 0 || g_chunks_used) return -1;
   g_chunk_new = chunk_new != nullptr && chunk_free != nullptr ? reinterpret_cast<ChunkNewFn>(chunk_new) : nullptr;
   g_chunk_free = g_chunk_new != nullptr ? reinterpret_cast<ChunkFreeFn>(chunk_free) : nullptr;
-  g_tsc_mult = tsc_mult != nullptr && tsc_refresh != nullptr ? tsc_mult : nullptr;
-  g_tsc_refresh = g_tsc_mult != nullptr ? tsc_refresh : nullptr;
+  bool tsc = tsc_mult != nullptr && tsc_refresh != nullptr && tsc_sample != nullptr;
+  g_tsc_mult = tsc ? tsc_mult : nullptr;
+  g_tsc_refresh = tsc ? tsc_refresh : nullptr;
+  g_tsc_sample = tsc ? reinterpret_cast<TscSampleFn>(tsc_sample) : nullptr;
   return 0;
 }
 
