@@ -45,6 +45,7 @@ INSTANT = 1
 COUNTER = 2
 GC = 3  # a garbage collection (recorded by the host backend with record_python_gc_info)
 FIELDS = 5  # type, start, end, id, parent
+_STRIDE = FIELDS + 2  # and name, args: one event in a PyEventBuffer
 
 
 class Routed(NamedTuple):
@@ -96,17 +97,19 @@ def set_framework_bridge(bridge: FrameworkBridge | None) -> None:
 
 
 class PyEventBuffer:
-    """Pure-Python twin of ``polyprof._speedups.EventBuffer``. One list of whole events, so that another
-    thread taking them (:meth:`take`) never splits an event."""
+    """Pure-Python twin of ``polyprof._speedups.EventBuffer``. One flat list, seven items an event
+    (type, start, end, id, parent, name, args), each event added by one ``extend``, so that another
+    thread taking them (:meth:`take`) never splits an event. Flat rather than a tuple per event: no
+    object per event for the garbage collector to count and scan, and 56 bytes an event, not 120."""
 
     __slots__ = ("events", "open")
 
     def __init__(self) -> None:
-        self.events: list[tuple] = []  # (type, start, end, id, parent, name, args)
+        self.events: list[Any] = []  # flat: FIELDS columns, then name and args, per event
         self.open: list[Any] = []  # spans entered while recording and not exited yet
 
     def add(self, type_: int, start: int, end: int, name: Any, ident: int, parent: int, args: Any) -> None:
-        self.events.append((type_, start, end, ident, parent, name, args))
+        self.events.extend((type_, start, end, ident, parent, name, args))
 
     def clear(self) -> None:
         self.events = []
@@ -127,12 +130,13 @@ class PyEventBuffer:
         import numpy as np
 
         events = self.events[:]
-        n = len(events)
-        rows = np.array([e[:FIELDS] for e in events], dtype=np.int64).reshape(n, FIELDS)
-        return rows, [e[5] for e in events], [e[6] for e in events]
+        rows = np.empty((len(events) // _STRIDE, FIELDS), dtype=np.int64)
+        for field in range(FIELDS):
+            rows[:, field] = events[field::_STRIDE]
+        return rows, events[FIELDS::_STRIDE], events[FIELDS + 1 :: _STRIDE]
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.events) // _STRIDE
 
 
 def snapshot(buffer: Any) -> tuple[Any, list, list]:
@@ -262,13 +266,11 @@ class _PyRecordFunction:  # noqa: N801
     def __init__(self, name: str, args: str | dict[str, Any] | None = None) -> None:
         self.name = name
         self.args = args
-        self._start = -1
-        self._range = None
-        self._handle = 0
+        self._start = -1  # _range and _handle are set only where a framework range was entered
 
     def __enter__(self) -> _PyRecordFunction:
-        if _bridge is not None and _bridge.consumers():
-            self._range, self._handle = _bridge.enter(str(self.name), args_text(self.args))
+        if _bridge is not None:
+            self._enter_range()
         if recorder.active:
             self._id = i = _new_id()
             self._parent = _current_id()
@@ -287,36 +289,37 @@ class _PyRecordFunction:  # noqa: N801
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         start = self._start
         if start < 0:
-            rng, self._handle, self._range = self._range, 0, None
-            if rng is not None and _bridge is not None:
-                _bridge.exit(rng)
+            if _bridge is not None:
+                self._exit_range()
             return
         end = host_ns()
-        if self._range is not None:
-            rng, self._range = self._range, None
-            if _bridge is not None:
-                _bridge.exit(rng)
         self._start = -1
+        args = self._exit_range() if _bridge is not None else self.args
         _current_reset(self._token)
-        self._token = None
         if correlation.targets:
             correlation.pop(correlation.KIND_ANNOTATION)
-        buf, self._buf = self._buf, None  # the entering thread's (a task may close it on another)
+        buf = self._buf  # the entering thread's (a task may close it on another)
         spans = buf.open
         if spans and spans[-1] is self:
             spans.pop()
         else:
             _forget(spans, self)
-        handle = self._handle
-        if handle:
-            self._handle = 0
-            args = Routed(self.args, handle)
-        else:
-            args = self.args
-        if type(buf) is PyEventBuffer:
-            buf.events.append((SPAN, start, end, self._id, self._parent, self.name, args))  # add(), inlined
+        if type(buf) is PyEventBuffer:  # add(), inlined
+            buf.events.extend((SPAN, start, end, self._id, self._parent, self.name, args))
         else:
             buf.add(SPAN, start, end, self.name, self._id, self._parent, args)
+
+    def _enter_range(self) -> None:
+        if _bridge.consumers():
+            self._range, self._handle = _bridge.enter(str(self.name), args_text(self.args))
+
+    def _exit_range(self) -> Any:
+        """Exit the framework range entered with the span, if any; the span's args to record."""
+        rng, handle = getattr(self, "_range", None), getattr(self, "_handle", 0)
+        if rng is not None:
+            self._range, self._handle = None, 0
+            _bridge.exit(rng)
+        return Routed(self.args, handle) if handle else self.args
 
     @property
     def open_state(self) -> tuple[int, int, int] | None:
@@ -348,14 +351,20 @@ def _instant_py(name: str, args: dict[str, Any] | None = None) -> None:
     """A point in time on the calling thread's row (Chrome `i` event)."""
     if recorder.active:
         ts = host_ns()
-        recorder.buffer().add(INSTANT, ts, ts, name, 0, _current_id(), args)
+        try:  # the thread's PyEventBuffer, add() inlined
+            _local.events.events.extend((INSTANT, ts, ts, 0, _current_id(), name, args))
+        except AttributeError:  # the thread's first event, or the C buffers
+            recorder.buffer().add(INSTANT, ts, ts, name, 0, _current_id(), args)
 
 
 def _counter_py(name: str, value: float) -> None:
     """A sample of a user counter (Chrome `C` event on the host process)."""
     if recorder.active:
         ts = host_ns()
-        recorder.buffer().add(COUNTER, ts, ts, name, 0, 0, value)  # checked (and counted) at collect
+        try:  # checked (and counted) at collect
+            _local.events.events.extend((COUNTER, ts, ts, 0, 0, name, value))
+        except AttributeError:
+            recorder.buffer().add(COUNTER, ts, ts, name, 0, 0, value)
 
 
 # one C call each where the extension is built (the twins above otherwise)
