@@ -1,7 +1,9 @@
-"""The C EventBuffer (32 bytes per event, names and args beside) gives back exactly what its pure-Python
+"""The C EventBuffer (24 bytes per event, names and args beside) gives back exactly what its pure-Python
 twin does, for the values the compact layout keeps outside its rows: durations past 4.3 s or negative,
-names repeated as one object or as equal strings, unhashable names, args on a few rows, take() while
-events keep coming, rows across the chunks (8,192 rows each) the buffer keeps them in."""
+ids and parents 2^31 or more from their chunk's base (the process's next id when the chunk began) or
+at the edges of that range, names repeated as one object or as equal strings, unhashable names, args on
+a few rows, take() while events keep coming, rows across the chunks (8,192 rows each) the buffer keeps
+them in."""
 
 from __future__ import annotations
 
@@ -31,17 +33,37 @@ def test_random_events_round_trip_as_the_python_twin_keeps_them():
     names = [shared, "step", "a" * 40, ["unhashable"], 7, "zéro"] + [f"n{i}" for i in range(200)]
     c, py = fast.EventBuffer(), PyEventBuffer()
     seen = 0
+
+    def an_id() -> int:  # mostly near the next id, as spans' ids are; the edges of a 32-bit offset; far ones
+        near = fast.next_id()  # (and the next chunk's base moves on)
+        return rng.choice([near - rng.randrange(5000), near - rng.randrange(5000), 0, near - 2**31 + 1,
+                           near - 2**31 + 2, near + 2**31 - 2, near + 2**31 - 1, near + 2**31,
+                           rng.randrange(2**62), -7, -(2**63), 2**63 - 1])  # fmt: skip
+
     for i in range(40_000):
         start = rng.randrange(0, 2**40)
         dur = rng.choice([0, 5, 1000, 2**32 - 2, 2**32 - 1, 2**32, 10**12, -3])
-        event = (rng.choice([0, 1, 2]), start, start + dur, rng.choice(names), rng.randrange(2**62),
-                 rng.choice([0, rng.randrange(2**62)]), rng.choice([None] * 9 + [{"i": i}, "text"]))  # fmt: skip
+        event = (rng.choice([0, 1, 2]), start, start + dur, rng.choice(names), an_id(), an_id(),
+                 rng.choice([None] * 9 + [{"i": i}, "text"]))  # fmt: skip
         c.add(*event)
         py.add(*event)
         if i in (8_191, 24_576):  # hand over part way, as a flush does (a chunk just full; three chunks)
             seen += _same(c.take(), py.take())
     seen += _same(c, py)
     assert seen == 40_000 and len(c) == len(py) == 40_000 - 24_577
+
+
+def test_ids_at_the_edges_of_a_rows_offset_from_its_chunks_base():
+    c, py = fast.EventBuffer(), PyEventBuffer()
+    edges = [-(2**31), -(2**31) + 1, -(2**31) + 2, -1, 0, 1, 2**31 - 1, 2**31]
+    for _ in range(3):  # three chunks, each with its own base
+        base = fast.next_id() + 1  # the process's next id, which the chunk begun by the next row takes
+        for k in range(8192):
+            ident = base + edges[k % len(edges)] if k < 64 else base - k
+            parent = base + edges[(k // len(edges)) % len(edges)] if k < 64 else 0
+            c.add(0, k, k + 1, "x", ident, parent, None)
+            py.add(0, k, k + 1, "x", ident, parent, None)
+    assert _same(c, py) == 3 * 8192
 
 
 def test_many_distinct_names_and_a_cleared_buffer():

@@ -1,4 +1,4 @@
-"""The recorder's rows live in 256 KiB chunks that a helper thread faults in ahead while recording
+"""The recorder's rows live in 192 KiB chunks that a helper thread faults in ahead while recording
 (row_chunks.c): the helper runs only while recording, the pool is unmapped when recording ends, every
 chunk is unmapped when its buffer goes, and a process forked while recording records on."""
 

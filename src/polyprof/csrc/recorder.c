@@ -41,7 +41,7 @@ static PyObject *g_routed = NULL;       /* (args, handle) -> the buffer's args e
 static PyObject *g_args_text = NULL;    /* (args) -> str or None: the range's string input */
 
 
-/* ---- EventBuffer: one thread's recorded events, 32 bytes each ------------------------------- */
+/* ---- EventBuffer: one thread's recorded events, 24 bytes each ------------------------------- */
 #define EB_FIELDS 5       /* what snapshot() gives per event: type, start, end, id, parent (int64) */
 #define NAME_CACHE 64     /* name objects -> codes, by identity (a loop's name is one constant) */
 #define CODE_FAR 0xFFFFFFu /* a name past 2^24 - 1 distinct ones: kept in `far_names` */
@@ -52,12 +52,37 @@ static PyObject *g_args_text = NULL;    /* (args) -> str or None: the range's st
    out as the counter's args by snapshot(). */
 enum { EV_SPAN = 0, EV_INSTANT = 1, EV_COUNTER = 2, EV_LAST = 239, ROW_COUNTER_F64 = 240, ROW_COUNTER_I64 = 241 };
 
+/* A row's id and parent are kept as offsets from its chunk's base (the process's next id when the
+   chunk was started: a span's id is drawn shortly before it is written, its parent before that), so
+   that they take 32 bits each; 0 (no id, no parent) has its own code, and a row whose id or parent is
+   2^31 or more away from the base (an outer span billions of ids old, a value a caller set) has both
+   in `far_ids`. A counter row keeps its value's 64 bits there instead. */
+#define ID_FAR INT32_MIN         /* the id and parent are in far_ids */
+#define ID_ZERO (INT32_MIN + 1)  /* the value 0 */
+
 typedef struct {
-    int64_t start, id, parent;
+    int64_t start;
     uint32_t dur;        /* end - start */
     uint32_t name_type;  /* name code << 8 | type */
+    union {
+        struct { int32_t id, parent; } off;  /* from the chunk's base, or ID_ZERO / ID_FAR */
+        int64_t value;                       /* ROW_COUNTER_F64 / ROW_COUNTER_I64: the counter's value */
+    } u;
 } eb_row;
-_Static_assert(sizeof(eb_row) == 32, "an event row is 32 bytes");
+_Static_assert(sizeof(eb_row) == 24, "an event row is 24 bytes");
+
+/* `x` as an offset from `base`: 0 if it does not fit in one (nonzero otherwise). */
+static inline int id_offset(long long x, long long base, int32_t *out) {
+    long long d;
+    if (x == 0) { *out = ID_ZERO; return 1; }
+    if (__builtin_sub_overflow(x, base, &d) || d < (long long)INT32_MIN + 2 || d > INT32_MAX) return 0;
+    *out = (int32_t)d;
+    return 1;
+}
+
+static inline long long id_from_offset(int32_t off, long long base) {
+    return off == ID_ZERO ? 0 : (long long)((unsigned long long)base + (unsigned long long)(long long)off);
+}
 
 /* Rows live in chunks (row_chunks.c): row i is chunks[i >> EB_CHUNK_SHIFT][i & EB_CHUNK_MASK]. */
 #define EB_CHUNK_ROWS (PP_CHUNK_BYTES / (Py_ssize_t)sizeof(eb_row))
@@ -82,8 +107,10 @@ static int vec_push(i64_vec *v, int64_t x) {
 typedef struct {
     PyObject_HEAD
     eb_row **chunks;   /* the rows, EB_CHUNK_ROWS to a chunk */
+    long long *bases;  /* each chunk's base for its rows' ids and parents */
     Py_ssize_t nchunks, chunks_cap;
     eb_row *tail;      /* the last chunk, where the next row goes */
+    long long tail_base;
     Py_ssize_t n, cap; /* rows recorded; rows the chunks hold */
     PyObject *names;   /* list: the distinct names, by code */
     PyObject *codes;   /* dict: name -> code */
@@ -94,6 +121,7 @@ typedef struct {
     i64_vec far_ends;  /* (row, end) pairs of the durations that do not fit */
     i64_vec far_rows;  /* rows whose name is in far_names */
     PyObject *far_names;
+    i64_vec far_ids;   /* (row, id, parent) of the rows whose id or parent has no offset (ID_FAR) */
     PyObject *open;    /* list: RecordFunction objects entered while recording and not yet exited */
 } EventBufferObject;
 
@@ -111,12 +139,14 @@ static int eb_init_tables(EventBufferObject *b) {
 static void eb_release(EventBufferObject *b) {
     for (Py_ssize_t i = 0; i < b->nchunks; i++) pp_chunk_free(b->chunks[i]);
     PyMem_Free(b->chunks);
-    b->chunks = NULL, b->tail = NULL, b->nchunks = b->chunks_cap = b->n = b->cap = 0;
+    PyMem_Free(b->bases);
+    b->chunks = NULL, b->bases = NULL, b->tail = NULL, b->nchunks = b->chunks_cap = b->n = b->cap = 0;
     for (int i = 0; i < NAME_CACHE; i++) Py_CLEAR(b->cache_obj[i]);
     PyMem_Free(b->arg_rows.p);
     PyMem_Free(b->far_ends.p);
     PyMem_Free(b->far_rows.p);
-    b->arg_rows = b->far_ends = b->far_rows = (i64_vec){NULL, 0, 0};
+    PyMem_Free(b->far_ids.p);
+    b->arg_rows = b->far_ends = b->far_rows = b->far_ids = (i64_vec){NULL, 0, 0};
     Py_CLEAR(b->names);
     Py_CLEAR(b->codes);
     Py_CLEAR(b->args);
@@ -160,10 +190,14 @@ static int eb_grow(EventBufferObject *b) {
         Py_ssize_t cap = b->chunks_cap ? b->chunks_cap * 2 : 16;
         eb_row **c = PyMem_Realloc(b->chunks, (size_t)cap * sizeof(eb_row *));
         if (c == NULL) { PyErr_NoMemory(); return -1; }
-        b->chunks = c, b->chunks_cap = cap;
+        b->chunks = c;
+        long long *bases = PyMem_Realloc(b->bases, (size_t)cap * sizeof(long long));
+        if (bases == NULL) { PyErr_NoMemory(); return -1; }
+        b->bases = bases, b->chunks_cap = cap;
     }
     eb_row *chunk = pp_chunk_new(b->nchunks > 0);
     if (chunk == NULL) { PyErr_NoMemory(); return -1; }
+    b->bases[b->nchunks] = b->tail_base = (long long)pp_next_id;
     b->chunks[b->nchunks++] = chunk;
     b->tail = chunk;
     b->cap += EB_CHUNK_ROWS;
@@ -180,19 +214,29 @@ static __attribute__((noinline)) int eb_add_general(EventBufferObject *b, long l
     Py_ssize_t row = b->n;
     long long dur = end - start;
     int far_dur = dur < 0 || dur >= (long long)DUR_FAR;
+    int32_t id_off = 0, parent_off = 0;
+    int inline_value = type == ROW_COUNTER_F64 || type == ROW_COUNTER_I64;
+    int far_id = !inline_value && !(id_offset(id, b->tail_base, &id_off) && id_offset(parent, b->tail_base, &parent_off));
     /* the side entries first, so that a failure leaves no half event */
     if (far_dur && (vec_push(&b->far_ends, row) < 0 || vec_push(&b->far_ends, end) < 0)) {
         b->far_ends.n &= ~(Py_ssize_t)1;
         return -1;
     }
+    if (far_id && (vec_push(&b->far_ids, row) < 0 || vec_push(&b->far_ids, id) < 0 || vec_push(&b->far_ids, parent) < 0)) {
+        b->far_ids.n -= b->far_ids.n % 3;
+        if (far_dur) b->far_ends.n -= 2;
+        return -1;
+    }
     if (code == CODE_FAR && (vec_push(&b->far_rows, row) < 0 || PyList_Append(b->far_names, name) < 0)) {
         if (b->far_rows.n > PyList_GET_SIZE(b->far_names)) b->far_rows.n--;
         if (far_dur) b->far_ends.n -= 2;
+        if (far_id) b->far_ids.n -= 3;
         return -1;
     }
     if (args != Py_None && (vec_push(&b->arg_rows, row) < 0 || PyList_Append(b->args, args) < 0)) {
         if (b->arg_rows.n > PyList_GET_SIZE(b->args)) b->arg_rows.n--;
         if (far_dur) b->far_ends.n -= 2;
+        if (far_id) b->far_ids.n -= 3;
         if (code == CODE_FAR) {
             b->far_rows.n--;
             PyList_SetSlice(b->far_names, PyList_GET_SIZE(b->far_names) - 1, PY_SSIZE_T_MAX, NULL);
@@ -200,7 +244,14 @@ static __attribute__((noinline)) int eb_add_general(EventBufferObject *b, long l
         return -1;
     }
     eb_row *r = b->tail + (row & EB_CHUNK_MASK);  /* (rows fill the chunks in order: row is in the last) */
-    r->start = start, r->id = id, r->parent = parent;
+    r->start = start;
+    if (inline_value) {
+        r->u.value = id;
+    } else if (far_id) {
+        r->u.off.id = r->u.off.parent = ID_FAR;
+    } else {
+        r->u.off.id = id_off, r->u.off.parent = parent_off;
+    }
     r->dur = far_dur ? DUR_FAR : (uint32_t)dur;
     r->name_type = ((uint32_t)code << 8) | (uint32_t)(type & 0xFF);
     b->n++;
@@ -214,9 +265,14 @@ static inline __attribute__((always_inline)) int eb_add(EventBufferObject *b, lo
                                                         PyObject *name, PyObject *args) {
     size_t slot = ((uintptr_t)name >> 4) & (NAME_CACHE - 1);
     unsigned long long dur = (unsigned long long)(end - start);
-    if (b->n < b->cap && b->cache_obj[slot] == name && args == Py_None && dur < DUR_FAR) {
+    int32_t id_off, parent_off;
+    int inline_value = type == ROW_COUNTER_F64 || type == ROW_COUNTER_I64;
+    if (b->n < b->cap && b->cache_obj[slot] == name && args == Py_None && dur < DUR_FAR &&
+        (inline_value || (id_offset(id, b->tail_base, &id_off) && id_offset(parent, b->tail_base, &parent_off)))) {
         eb_row *r = b->tail + (b->n & EB_CHUNK_MASK);  /* (rows fill the chunks in order: row n is in the last) */
-        r->start = start, r->id = id, r->parent = parent;
+        r->start = start;
+        if (inline_value) r->u.value = id;
+        else r->u.off.id = id_off, r->u.off.parent = parent_off;
         r->dur = (uint32_t)dur;
         r->name_type = b->cache_code[slot] << 8 | (uint32_t)type;
         /* the line 8 rows on, fetched for writing now: the helper faulted the chunk in on another core,
@@ -288,7 +344,7 @@ static PyObject *eb_snapshot(EventBufferObject *b, PyObject *unused) {
     PyObject *names = PyList_New(n), *args = PyList_New(n);
     if (raw == NULL || names == NULL || args == NULL) { Py_XDECREF(raw); Py_XDECREF(names); Py_XDECREF(args); return NULL; }
     long long *out = (long long *)PyBytes_AS_STRING(raw);
-    Py_ssize_t far_end = 0, far_name = 0, n_table = PyList_GET_SIZE(b->names);
+    Py_ssize_t far_end = 0, far_name = 0, far_id = 0, n_table = PyList_GET_SIZE(b->names);
     for (Py_ssize_t i = 0; i < n; i++) {
         const eb_row *r = b->chunks[i >> EB_CHUNK_SHIFT] + (i & EB_CHUNK_MASK);
         long long end = r->start + (long long)r->dur;
@@ -306,18 +362,25 @@ static PyObject *eb_snapshot(EventBufferObject *b, PyObject *unused) {
         }
         Py_INCREF(name);
         PyList_SET_ITEM(names, i, name);
-        long long type = r->name_type & 0xFF, id = r->id;
+        long long type = r->name_type & 0xFF, id, parent;
         PyObject *arg = Py_NewRef(Py_None);
         if (type == ROW_COUNTER_F64 || type == ROW_COUNTER_I64) {
             double f;
-            memcpy(&f, &id, sizeof f);
-            Py_SETREF(arg, type == ROW_COUNTER_F64 ? PyFloat_FromDouble(f) : PyLong_FromLongLong(id));
+            memcpy(&f, &r->u.value, sizeof f);
+            Py_SETREF(arg, type == ROW_COUNTER_F64 ? PyFloat_FromDouble(f) : PyLong_FromLongLong(r->u.value));
             if (arg == NULL) { Py_DECREF(raw); Py_DECREF(names); Py_DECREF(args); return NULL; }
-            type = EV_COUNTER, id = 0;
+            type = EV_COUNTER, id = parent = 0;
+        } else if (r->u.off.id == ID_FAR) {
+            while (far_id + 2 < b->far_ids.n && b->far_ids.p[far_id] < i) far_id += 3;
+            int found = far_id + 2 < b->far_ids.n && b->far_ids.p[far_id] == i;
+            id = found ? b->far_ids.p[far_id + 1] : 0, parent = found ? b->far_ids.p[far_id + 2] : 0;
+        } else {
+            long long base = b->bases[i >> EB_CHUNK_SHIFT];
+            id = id_from_offset(r->u.off.id, base), parent = id_from_offset(r->u.off.parent, base);
         }
         PyList_SET_ITEM(args, i, arg);
         long long *o = out + i * EB_FIELDS;
-        o[0] = type, o[1] = r->start, o[2] = end, o[3] = id, o[4] = r->parent;
+        o[0] = type, o[1] = r->start, o[2] = end, o[3] = id, o[4] = parent;
     }
     for (Py_ssize_t k = 0; k < b->arg_rows.n && k < PyList_GET_SIZE(b->args); k++) {
         Py_ssize_t row = (Py_ssize_t)b->arg_rows.p[k];
@@ -354,7 +417,7 @@ static PyTypeObject EventBufferType = {
     .tp_traverse = (traverseproc)eb_traverse,
     .tp_methods = eb_methods,
     .tp_as_sequence = &eb_as_sequence,
-    .tp_doc = "One thread's events, 32 bytes each (start, id, parent, duration, name code and type), names "
+    .tp_doc = "One thread's events, 24 bytes each (start, duration, name code and type, id and parent as 32-bit offsets), names "
               "and args beside; snapshot() spells them out as int64 columns type, start, end, id, parent.",
 };
 
@@ -392,9 +455,9 @@ static PyObject *eb_take(EventBufferObject *b, PyObject *unused) {
     if (eb_init_tables(&fresh) < 0) { eb_release(&fresh); Py_DECREF(out); return NULL; }
     eb_release(out);  /* out's empty tables, replaced by this buffer's */
 #define MOVE(field) (out->field = b->field, b->field = fresh.field)
-    MOVE(chunks); MOVE(nchunks); MOVE(chunks_cap); MOVE(tail); MOVE(n); MOVE(cap);
+    MOVE(chunks); MOVE(bases); MOVE(nchunks); MOVE(chunks_cap); MOVE(tail); MOVE(tail_base); MOVE(n); MOVE(cap);
     MOVE(names); MOVE(codes); MOVE(args); MOVE(far_names);
-    MOVE(arg_rows); MOVE(far_ends); MOVE(far_rows);
+    MOVE(arg_rows); MOVE(far_ends); MOVE(far_rows); MOVE(far_ids);
 #undef MOVE
     for (int i = 0; i < NAME_CACHE; i++) {
         out->cache_obj[i] = b->cache_obj[i], out->cache_code[i] = b->cache_code[i];

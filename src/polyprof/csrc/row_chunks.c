@@ -1,7 +1,8 @@
 /* Memory for recorded rows, in chunks of PP_CHUNK_BYTES, faulted in ahead of use.
  *
  * A fresh page costs the thread that first writes it a page fault: ~1.7 us per 4 KiB on this
- * project's VMs (the kernel zeroes the page), 13 ns per 32-byte row, a fifth of an instant's cost.
+ * project's VMs (the kernel zeroes the page): 13 ns a row when rows were 32 bytes, a fifth of an
+ * instant's cost.
  * While recording, from the first time a buffer fills its first chunk, a helper thread keeps
  * PP_CHUNK_READY chunks mapped and faulted in (MADV_POPULATE_WRITE, or a write per page on kernels
  * before 5.14), so that a recording thread taking its next chunk finds its pages already there; when the pool is empty (many threads recording

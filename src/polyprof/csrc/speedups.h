@@ -86,7 +86,7 @@ static inline int ob_reserve(outbuf *b, Py_ssize_t more) {
    as does pp_chunk_new(0)); NULL when out of memory. pp_chunk_pool_run(1) while recording lets a
    helper keep PP_CHUNK_READY of them ready once one is asked for ahead; pp_chunk_pool_run(0) stops
    the helper and unmaps the pool. */
-#define PP_CHUNK_BYTES (256 * 1024)
+#define PP_CHUNK_BYTES (192 * 1024) /* 8,192 rows of 24 bytes */
 #define PP_CHUNK_READY 4
 void *pp_chunk_new(int ahead);
 void pp_chunk_free(void *chunk);

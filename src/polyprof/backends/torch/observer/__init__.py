@@ -34,7 +34,7 @@ from polyprof.backends.torch.observer.builder import BuildError, build, cached_l
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK = 1, 2, 4, 8, 16, 32, 64
 
@@ -99,7 +99,9 @@ class Observer:
         lib.polyprof_rf_enter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
         lib.polyprof_rf_enter.restype = ctypes.c_void_p
         lib.polyprof_rf_exit.argtypes = [ctypes.c_void_p]
-        lib.polyprof_observer_use_runtime.argtypes = [ctypes.c_void_p] * 5
+        lib.polyprof_observer_use_runtime.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64] + [
+            ctypes.c_void_p
+        ] * 3
         lib.polyprof_observer_use_runtime.restype = ctypes.c_int
         self.lib = lib
         self.path = path
@@ -112,9 +114,11 @@ class Observer:
 
         if speedups is None:
             return
-        chunk_new, chunk_free, _ = speedups.row_chunk_functions()
+        chunk_new, chunk_free, chunk_bytes = speedups.row_chunk_functions()
         rate, refresh, sample = speedups.tsc_clock_addresses()
-        self.lib.polyprof_observer_use_runtime(chunk_new, chunk_free, rate or None, refresh or None, sample or None)
+        self.lib.polyprof_observer_use_runtime(
+            chunk_new, chunk_free, chunk_bytes, rate or None, refresh or None, sample or None
+        )
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,

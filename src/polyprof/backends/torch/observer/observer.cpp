@@ -55,7 +55,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 8;
+constexpr int kAbiVersion = 9;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -94,9 +94,10 @@ struct OpFields {
   uint8_t scope = 0;
 };
 
-// An operator as buffered: 32 bytes. What an op without args rarely has (a forward thread other than
+// An operator as buffered: 24 bytes. What an op without args rarely has (a forward thread other than
 // its buffer's usual one, another RecordFunction thread id, shapes, extra args, a handle, an overload, a
-// sequence number past int32, a duration past ~4.3 s, a name id past 2^24) is in ThreadBuffer::rare.
+// sequence number past int32, a duration past ~4.3 s, a name id past 2^24) is in ThreadBuffer::rare;
+// its Python frames (with_stack, with_modules) are in ThreadBuffer::frames.
 constexpr uint32_t kStillOpen = 0xFFFFFFFFu;  // dur while the op runs
 constexpr uint32_t kFarEnd = 0xFFFFFFFEu;     // dur: the end is in its Rare
 constexpr int32_t kSeqRare = INT32_MIN;       // seq: in its Rare
@@ -104,16 +105,16 @@ constexpr uint32_t kNameRare = 0xFFFFFFu;     // name bits: in its Rare
 constexpr uint32_t kFwdCommon = 0x10;         // name_scope flag: fwd_tid is the buffer's usual one
 constexpr uint32_t kHasShapes = 0x20;         // name_scope flag: the op's inputs are the buffer's next
                                               // shapes record (records are in op order: no offset kept)
+constexpr uint32_t kHasFrames = 0x40;         // name_scope flag: its (stack, modules) ids are the
+                                              // buffer's next pair in ThreadBuffer::frames (op order)
 struct Op {
   int64_t start = 0;
   uint32_t dur = kStillOpen;
   uint32_t name_scope = 0;  // name << 8 | flags (0xF0) | scope (0x0F)
   int32_t seq = -1;
   uint32_t rare = 0;        // 1 + index into ThreadBuffer::rare; 0: none
-  int32_t stack = -1;
-  int32_t modules = -1;
 };
-static_assert(sizeof(Op) == 32, "an operator row is 32 bytes");
+static_assert(sizeof(Op) == 24, "an operator row is 24 bytes");
 
 struct Rare {
   int64_t seq, fwd_tid, rf_tid, extra, end;
@@ -121,7 +122,7 @@ struct Rare {
   int32_t name, overload;
 };
 
-// Memory for op rows from polyprof's C extension (row_chunks.c: 256 KiB chunks, faulted in ahead by
+// Memory for op rows from polyprof's C extension (row_chunks.c: 192 KiB chunks, faulted in ahead by
 // its helper thread while recording), set once by polyprof_observer_use_runtime before the first
 // recording; without it (no C extension) chunks come from operator new.
 using ChunkNewFn = void* (*)(int ahead);
@@ -130,9 +131,9 @@ ChunkNewFn g_chunk_new = nullptr;
 ChunkFreeFn g_chunk_free = nullptr;
 std::atomic<bool> g_chunks_used{false};  // a chunk was allocated: the allocator stays as it is
 
-// The ops of a thread in chunks of 8,192 (256 KiB: one of row_chunks.c's chunks, page-aligned, given
-// back when freed), so that an op costs its 32 bytes and nothing more (a std::deque's 512-byte blocks
-// cost 33 with malloc's headers), and an op's index stays valid while more are added (async ops end by
+// The ops of a thread in chunks of 8,192 (192 KiB: one of row_chunks.c's chunks, page-aligned, given
+// back when freed), so that an op costs its 24 bytes and nothing more (a std::deque's 512-byte blocks
+// cost more with malloc's headers), and an op's index stays valid while more are added (async ops end by
 // index). A store's first chunk faults in as it fills (a thread that runs few ops keeps little
 // resident); the next come faulted in ahead where the pool has them.
 class OpStore {
@@ -215,6 +216,7 @@ struct ThreadBuffer {
   std::unordered_map<std::string, int32_t> name_ids;
   std::unordered_map<const char*, int32_t> name_by_ptr;  // cache, verified by content
   std::vector<int64_t> shapes;
+  std::vector<int32_t> frames;  // (stack, modules) of each op flagged kHasFrames, in op order
   std::vector<c10::IValue> values;
   std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
   std::vector<Mem> mem;
@@ -235,17 +237,16 @@ void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
   to.name_ids.swap(from.name_ids);
   to.name_by_ptr.swap(from.name_by_ptr);
   to.shapes.swap(from.shapes);
+  to.frames.swap(from.frames);
   to.values.swap(from.values);
   to.extra.swap(from.extra);
   to.mem.swap(from.mem);
 }
 
-// An op's fields packed into its 32-byte row (and a Rare when it needs one; `async` ops always get one,
+// An op's fields packed into its 24-byte row (and a Rare when it needs one; `async` ops always get one,
 // so that ending them on another thread never grows this buffer's vectors).
 Op pack(ThreadBuffer* b, const OpFields& f, bool async) {
   Op op;
-  op.stack = f.stack;
-  op.modules = f.modules;
   op.seq = f.seq >= -1 && f.seq <= INT32_MAX ? int32_t(f.seq) : kSeqRare;
   if (!b->rf_set) b->rf_common = f.rf_tid, b->rf_set = true;
   if (f.fwd_tid != 0 && !b->fwd_set) b->fwd_common = f.fwd_tid, b->fwd_set = true;
@@ -265,9 +266,7 @@ Op pack(ThreadBuffer* b, const OpFields& f, bool async) {
 OpFields unpack(const ThreadBuffer& b, const Op& op) {
   OpFields f;
   uint32_t name = op.name_scope >> 8;
-  f.scope = uint8_t(op.name_scope & 0x0F);
-  f.stack = op.stack;
-  f.modules = op.modules;
+  f.scope = uint8_t(op.name_scope & 0x0F);  // (stack and modules: in the frames, read in op order)
   f.seq = op.seq;
   f.fwd_tid = (op.name_scope & kFwdCommon) ? b.fwd_common : 0;
   f.rf_tid = b.rf_common;
@@ -924,6 +923,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   int64_t index = int64_t(b->ops.size());
   b->ops.push_back(pack(b, op, fn.isAsync()));
+  if (op.stack >= 0 || op.modules >= 0) {
+    try {
+      b->frames.push_back(op.stack);
+      b->frames.push_back(op.modules);
+      b->ops.back().name_scope |= kHasFrames;
+    } catch (...) {  // kept without its frames
+      b->frames.resize(b->frames.size() & ~size_t(1));
+    }
+  }
   b->ops.back().start = now_ns();
   if (fn.isAsync()) {  // may end on another thread
     b->async_open.fetch_add(1, std::memory_order_relaxed);
@@ -1104,13 +1112,14 @@ extern "C" {
 int polyprof_observer_abi() { return kAbiVersion; }
 
 // What polyprof's C extension lends the observer (0 where it is not built): its row chunks' allocator
-// (pp_chunk_new / pp_chunk_free), and its TSC clock's rate and refresh interval (read only here) with
-// the function that takes a (TSC, clock_gettime) pair (pp_tsc_sample). Once,
-// before the first recording; returns -1 after it.
-int polyprof_observer_use_runtime(void* chunk_new, void* chunk_free, const uint64_t* tsc_mult,
+// (pp_chunk_new / pp_chunk_free, used only if its chunks are this store's size), and its TSC clock's
+// rate and refresh interval (read only here) with the function that takes a (TSC, clock_gettime) pair
+// (pp_tsc_sample). Once, before the first recording; returns -1 after it.
+int polyprof_observer_use_runtime(void* chunk_new, void* chunk_free, int64_t chunk_bytes, const uint64_t* tsc_mult,
                                   const uint64_t* tsc_refresh, void* tsc_sample) {
   if (g_handle != 0 || g_chunks_used) return -1;
-  g_chunk_new = chunk_new != nullptr && chunk_free != nullptr ? reinterpret_cast<ChunkNewFn>(chunk_new) : nullptr;
+  bool chunks = chunk_new != nullptr && chunk_free != nullptr && chunk_bytes == int64_t(OpStore::kChunkBytes);
+  g_chunk_new = chunks ? reinterpret_cast<ChunkNewFn>(chunk_new) : nullptr;
   g_chunk_free = g_chunk_new != nullptr ? reinterpret_cast<ChunkFreeFn>(chunk_free) : nullptr;
   bool tsc = tsc_mult != nullptr && tsc_refresh != nullptr && tsc_sample != nullptr;
   g_tsc_mult = tsc ? tsc_mult : nullptr;
@@ -1256,6 +1265,7 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
   int64_t i = 0;
   int32_t name_base = 0;
   for (auto& b : g_taken) {
+    size_t frames_at = 0;  // the next flagged op's pair: they are in op order
     for (const Op& op : b->ops) {
       OpFields f = unpack(*b, op);
       start[i] = op.start;
@@ -1268,8 +1278,10 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
       scope[i] = f.scope;
       handle[i] = f.handle;
       overload[i] = f.overload >= 0 ? name_base + f.overload : -1;
-      stack[i] = op.stack;
-      modules[i] = op.modules;
+      bool framed = (op.name_scope & kHasFrames) && frames_at + 1 < b->frames.size();
+      stack[i] = framed ? b->frames[frames_at] : -1;
+      modules[i] = framed ? b->frames[frames_at + 1] : -1;
+      if (framed) frames_at += 2;
       ++i;
     }
     name_base += int32_t(b->names.size());
@@ -1378,6 +1390,7 @@ void polyprof_observer_reset() {
     b->ops.clear();
     std::vector<Rare>().swap(b->rare);
     std::vector<int64_t>().swap(b->shapes);
+    std::vector<int32_t>().swap(b->frames);
     std::vector<c10::IValue>().swap(b->values);
     std::string().swap(b->extra);
     std::vector<Mem>().swap(b->mem);
