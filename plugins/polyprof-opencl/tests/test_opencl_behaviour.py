@@ -13,6 +13,11 @@ from polyprof.testing import assert_conforms
 POLYPROF = [sys.executable, "-m", "polyprof"]
 
 
+def _what_was_recorded(trace) -> str:
+    """For a failed assertion: every activity, and what the backends reported."""
+    return f"activities: {[(a.kind.name, a.name, a.args) for a in trace.activities]}; backends: {trace.backends}"
+
+
 def test_device_index_that_does_not_exist_is_an_error_listing_devices(cl):
     with pytest.raises(polyprof.ConfigError) as err:
         polyprof.profile(["cpu", "opencl"], backend_options={"opencl": {"devices": [42]}})
@@ -71,7 +76,7 @@ def test_enable_queue_profiling_makes_earlier_queues_timed(cl, context, program)
         with polyprof.profile(["opencl"]) as prof:
             program.add_one(early_queue, (64,), None, buf)
             early_queue.finish()
-    assert len(prof.trace.activities_of(ActivityKind.KERNEL)) == 1
+    assert len(prof.trace.activities_of(ActivityKind.KERNEL)) == 1, _what_was_recorded(prof.trace)
 
 
 def test_commands_from_several_queues_and_threads_land_on_their_rows(cl, context, program):
@@ -237,7 +242,7 @@ def test_queues_created_at_any_step_of_a_scheduled_profile_are_timed(cl, context
                 queue.finish()
             prof.step()
     kernels = prof.trace.activities_of(ActivityKind.KERNEL)
-    assert len(kernels) == 3  # the kernel of each active step, timed
+    assert len(kernels) == 3, _what_was_recorded(prof.trace)  # the kernel of each active step, timed
     assert "device records (queue without PROFILING_ENABLE)" not in prof.trace.backends["opencl"].dropped
     after = cl.CommandQueue(context)  # after the profile: pyopencl's own class again
     assert not after.properties & cl.command_queue_properties.PROFILING_ENABLE
