@@ -2,7 +2,7 @@
 time is not (a shared VM), and available where the CPU's counters are not (perf stat says "not
 supported" in this project's VMs).
 
-    .venv/bin/python benchmarks/instruction_counts.py [--n 100000] [--torch]
+    .venv/bin/python benchmarks/instruction_counts.py [--n 100000] [--torch] [--ops]
 
 Each case runs in a child Python under ``valgrind --tool=callgrind`` twice, with N and 2N iterations;
 the difference of the two totals over N is the cost of one iteration (interpreter start, imports and
@@ -11,7 +11,9 @@ main thread's instructions count, and a clock read is a system call under valgri
 side of it (the vDSO's, natively) is not in the figures. Cases: an empty loop, a bare ``with lock:``, a plain function
 call, ``polyprof.record_function`` not profiling and while profiling (context manager and decorator),
 ``polyprof.instant`` while profiling, and with ``--torch`` torch.profiler's ``record_function`` while
-profiling (slow under valgrind: torch's import).
+profiling (slow under valgrind: torch's import). ``--ops`` counts an aten operator instead (``x.neg()``,
+N/10 of them): unprofiled, under polyprof.profiler's observer and under torch.profiler's, and the
+instructions each adds per operator.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ TORCH_CASE = (
     "p = profile(activities=[ProfilerActivity.CPU]); p.__enter__()",
     "with rf('x'): pass",
 )
+OP_CASES = {  # an aten operator (x.neg() on 4 floats), unprofiled and under each profiler's observer
+    "aten_op_unprofiled": ("import torch; x = torch.ones(4)", "x.neg()"),
+    "aten_op_polyprof": ("import torch, polyprof.profiler as pp; x = torch.ones(4); "
+                         "p = pp.profile(activities=[pp.ProfilerActivity.CPU]); p.__enter__()", "x.neg()"),
+    "aten_op_torch": ("import torch; from torch.profiler import profile, ProfilerActivity; x = torch.ones(4); "
+                      "p = profile(activities=[ProfilerActivity.CPU]); p.__enter__()", "x.neg()"),
+}  # fmt: skip
 
 SCRIPT = """
 import polyprof
@@ -50,17 +59,17 @@ def run(n):
     for _ in range(n):
         {body}
 run({n})
-"""
+{tail}"""
 
 
-def instructions(setup: str, body: str, n: int) -> int:
+def instructions(setup: str, body: str, n: int, tail: str = "") -> int:
     """The instructions (callgrind's Ir) the main thread of a child Python running `body` n times
     executes (a profile's background threads wake by wall time, which valgrind stretches: not counted)."""
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "callgrind.out")
         r = subprocess.run(
             ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-             sys.executable, "-c", SCRIPT.format(setup=setup, body=body, n=n)],
+             sys.executable, "-c", SCRIPT.format(setup=setup, body=body, n=n, tail=tail)],
             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
         )  # fmt: skip  (a fixed hash seed: the same start-up in both runs, so that it cancels out)
         with open(out + "-01") as f:
@@ -70,17 +79,20 @@ def instructions(setup: str, body: str, n: int) -> int:
         return int(found.group(1))
 
 
-def per_iteration(setup: str, body: str, n: int) -> float:
-    return (instructions(setup, body, 2 * n) - instructions(setup, body, n)) / n
+def per_iteration(setup: str, body: str, n: int, tail: str = "") -> float:
+    return (instructions(setup, body, 2 * n, tail) - instructions(setup, body, n, tail)) / n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--torch", action="store_true", help="also torch.profiler's record_function (slow)")
+    ap.add_argument("--ops", action="store_true", help="only an aten operator: unprofiled, polyprof, torch (slow)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (Debian: apt install valgrind)")
+    if args.ops:
+        return _ops(args.n // 10)
     cases = dict(CASES)
     if args.torch:
         cases["torch_record_function_profiling"] = TORCH_CASE
@@ -97,6 +109,18 @@ def main() -> None:
             counts["record_function_profiling"] / counts["torch_record_function_profiling"], 4
         )
     report("instruction_counts", results)
+
+
+def _ops(n: int) -> None:
+    """Instructions an aten operator adds under polyprof's observer and under torch.profiler's."""
+    # leaving at once after the loop: the profiles' stop is not counted (and torch's at exit crashes
+    # under valgrind)
+    quit_now = "import os; os._exit(0)\n"
+    counts = {name: round(per_iteration(setup, body, n, quit_now), 1) for name, (setup, body) in OP_CASES.items()}
+    plain = counts["aten_op_unprofiled"]
+    added = {"polyprof": round(counts["aten_op_polyprof"] - plain, 1), "torch": round(counts["aten_op_torch"] - plain, 1)}
+    report("instruction_counts", {"n": n, "instructions_per_iteration": counts, "added_per_op": added,
+                                  "ratio_added_polyprof_over_torch": round(added["polyprof"] / added["torch"], 3)})  # fmt: skip
 
 
 if __name__ == "__main__":
