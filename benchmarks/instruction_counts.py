@@ -12,7 +12,7 @@ side of it (the vDSO's, natively) is not in the figures. Cases: an empty loop, a
 call, ``polyprof.record_function`` not profiling and while profiling (context manager and decorator),
 ``polyprof.instant`` while profiling, and with ``--torch`` torch.profiler's ``record_function`` while
 profiling (slow under valgrind: torch's import). ``--ops`` counts an aten operator instead (``x.neg()``,
-N/10 of them): unprofiled, under polyprof.profiler's observer and under torch.profiler's, and the
+N of them: torch's start differs by ~1 M instructions from one run to the next, so N must be large): unprofiled, under polyprof.profiler's observer and under torch.profiler's, and the
 instructions each adds per operator.
 """
 
@@ -92,7 +92,7 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (Debian: apt install valgrind)")
     if args.ops:
-        return _ops(args.n // 10)
+        return _ops(args.n)
     cases = dict(CASES)
     if args.torch:
         cases["torch_record_function_profiling"] = TORCH_CASE
