@@ -296,9 +296,10 @@ class _PyRecordFunction:  # noqa: N801
         self._start = -1
         args = self._exit_range() if _bridge is not None else self.args
         _current_reset(self._token)
+        self._token = None
         if correlation.targets:
             correlation.pop(correlation.KIND_ANNOTATION)
-        buf = self._buf  # the entering thread's (a task may close it on another)
+        buf, self._buf = self._buf, None  # the entering thread's (a task may close it on another)
         spans = buf.open
         if spans and spans[-1] is self:
             spans.pop()
