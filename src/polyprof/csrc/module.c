@@ -28,8 +28,9 @@ int pp_tsc_sample(uint64_t *tsc, long long *ns) {
 #endif
 }
 
-/* A (TSC, CLOCK_MONOTONIC) pair (pp_tsc_sample) made the anchor; the rate from the base pair once they are 2 ms apart at first, then re-measured over at least
- * a second (a new base after a minute, or when the rate jumps by over 0.1%: a suspend, a TSC reset).
+/* A (TSC, CLOCK_MONOTONIC) pair (pp_tsc_sample) made the anchor; the rate from the base pair once
+ * they are 2 ms apart at first, then re-measured over at least a second (a new base after a minute, or
+ * when the rate jumps by over 0.1%: a suspend, a TSC reset).
  * Returns CLOCK_MONOTONIC now. */
 long long pp_tsc_pair(void) {
 #if defined(__x86_64__)

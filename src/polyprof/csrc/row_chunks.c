@@ -5,8 +5,9 @@
  * instant's cost.
  * While recording, from the first time a buffer fills its first chunk, a helper thread keeps
  * PP_CHUNK_READY chunks mapped and faulted in (MADV_POPULATE_WRITE, or a write per page on kernels
- * before 5.14), so that a recording thread taking its next chunk finds its pages already there; when the pool is empty (many threads recording
- * at full rate) a chunk is mapped fresh and faults in as it fills, as any memory would. The helper
+ * before 5.14), so that a recording thread taking its next chunk finds its pages already there; when
+ * the pool is empty (many threads recording at full rate) a chunk is mapped fresh and faults in as it
+ * fills, as any memory would. The helper
  * takes no GIL and no Python object, blocks every signal, and is joined when recording ends, when the
  * pool's chunks are unmapped: what stays mapped is only the rows buffers hold, each chunk unmapped
  * when its buffer lets it go.
