@@ -48,6 +48,23 @@ def test_fit_with_noise_reports_residual_and_keeps_ns_precision_on_19_digit_time
     assert np.max(np.abs(mapped - true_host)) < 400, "the fit is better than the individual noisy pairs"
 
 
+def test_a_drift_within_the_pairs_noise_is_not_fitted():
+    """Two markers 20 ms apart, each bracketed to +-100 us (a loaded CI machine): one read 100 us late
+    would fit a 5000 ppm "drift" that throws device work out of its window; the offset is kept instead."""
+    dev = [1_000_000_000, 1_020_000_000]
+    host = [5_000_000_000, 5_020_100_000]
+    m = ClockMapping.fit(dev, host, uncertainty_ns=100_000)
+    assert m.slope == 1.0 and m.to_host(1_010_000_000) == 5_010_050_000
+    assert m.error_ns <= 150_000, "every pair within its uncertainty plus the residual"
+
+
+def test_a_drift_larger_than_the_pairs_noise_is_fitted():
+    dev = [0, 10_000_000_000]  # 10 s apart, 50 ppm: 500 us of drift against +-100 us pairs
+    host = [0, 10_000_500_000]
+    m = ClockMapping.fit(dev, host, uncertainty_ns=100_000)
+    assert m.drift_ppm == pytest.approx(50, abs=0.01)
+
+
 def test_one_pair_gives_an_offset_only():
     m = ClockMapping.fit([1000], [5000])
     assert m.slope == 1.0 and m.to_host(1500) == 5500 and m.residual_ns == 0

@@ -65,6 +65,14 @@ def base_time_ns(epoch_ns: int) -> int:
     return epoch_ns - epoch_ns % BASE_TIME_GRID_NS
 
 
+def _drift_is_measurable(slope: float, span_ns: float, uncertainty_ns: float) -> bool:
+    """Whether a fitted drift is more than the pairs' noise: over the pairs' span it must move the line
+    by more than two pairs' uncertainty (each end may be off by one). Two markers 20 ms apart, each
+    known to +-100 us on a loaded machine, give "drifts" of +-1 % from noise alone; such a slope
+    maps device work far outside its launch window, while an offset-only fit stays within 100 us."""
+    return uncertainty_ns <= 0 or abs(slope - 1.0) * span_ns > 2 * uncertainty_ns
+
+
 @dataclass(frozen=True)
 class ClockMapping:
     """``host = host_ref + round(slope * (device - device_ref)) + intercept``.
@@ -97,7 +105,8 @@ class ClockMapping:
         fit_drift: bool = True,
         uncertainty_ns: float = 0.0,
     ) -> ClockMapping:
-        """Fit from paired samples. One pair (or ``fit_drift=False``) fits an offset only."""
+        """Fit from paired samples. One pair (or ``fit_drift=False``) fits an offset only, and so does a
+        drift too small for the pairs' ``uncertainty_ns`` to tell from their noise."""
         import numpy as np
 
         dev = np.asarray(device_ts, dtype=np.int64)
@@ -107,12 +116,12 @@ class ClockMapping:
         d0, h0 = int(dev[0]), int(host[0])
         x = (dev - d0).astype(np.float64)
         y = (host - h0).astype(np.float64)
-        if len(dev) == 1 or not fit_drift or np.ptp(x) == 0:
-            slope = 1.0
-            intercept = float(np.mean(y - x))
-        else:
-            slope, intercept = np.polyfit(x, y, 1)
-            slope, intercept = float(slope), float(intercept)
+        slope = 1.0
+        if len(dev) > 1 and fit_drift and np.ptp(x) > 0:
+            fitted, _ = np.polyfit(x, y, 1)
+            if _drift_is_measurable(float(fitted), float(np.ptp(x)), uncertainty_ns):
+                slope = float(fitted)
+        intercept = float(np.mean(y - slope * x))
         residual = float(np.max(np.abs(y - (slope * x + intercept)))) if len(dev) > 1 else 0.0
         return cls(d0, h0, slope, intercept, residual, float(uncertainty_ns), int(len(dev)))
 
