@@ -543,6 +543,59 @@ def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill
     assert ops["aten::addmm"] >= 20, "the ops of the steps that ended well before the stop are in the spill"
 
 
+HAND_OVERS_AMID_THREADS = """
+import threading
+from collections import Counter
+import torch
+import polyprof
+from polyprof.model import ActivityKind
+from polyprof.profiler import ProfilerActivity
+
+per_thread, a = 4_000, torch.ones(4)
+ops = ["aten::neg", "aten::cos", "aten::exp", "aten::sin"]  # none calls another of its name
+
+def run(k):
+    f = getattr(torch, ops[k].split("::")[1])
+    for _ in range(per_thread):
+        f(a)
+
+every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+with polyprof.profiler.profile(
+    activities=[ProfilerActivity.CPU], experimental_config=every_thread, flush_interval_s=0.001
+) as prof:
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+status = prof.trace.backends["torch"]
+assert status.state == "ran", status
+recorded = [x for x in prof.trace.activities_of(ActivityKind.CPU_OP) if x.name in ops]
+assert Counter(x.name for x in recorded) == dict.fromkeys(ops, per_thread), Counter(x.name for x in recorded)
+assert all(x.end >= x.start > 0 for x in recorded)
+threads_of = {name: {x.resource for x in recorded if x.name == name} for name in ops}
+assert all(len(t) == 1 for t in threads_of.values()) and len(set.union(*threads_of.values())) == 4, threads_of
+print(status.details["hand-over barrier"])
+"""
+
+
+@pytest.mark.parametrize("barrier", ["membarrier", "fence"])
+def test_hand_overs_amid_many_threads_running_ops_lose_and_split_nothing(barrier):
+    """Four threads run ops flat out while a flush every millisecond claims their buffers between ops:
+    every op is in the trace exactly once, on its own thread, ended. Both ways of seeing callbacks in
+    progress: a plain-store mark with the hand-over and stop running membarrier(2), and the fallback
+    (an old kernel, a seccomp filter) where each callback pays a full fence."""
+    env = {**os.environ, "POLYPROF_OBSERVER_MEMBARRIER": "1" if barrier == "membarrier" else "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", HAND_OVERS_AMID_THREADS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    used = out.stdout.split()[-1]
+    if barrier == "membarrier" and used == "fence":
+        pytest.skip("membarrier(2) is not available here (kernel or seccomp): only the fence path ran")
+    assert used == barrier
+
+
 def test_with_modules_in_eager_mode_writes_torchscripts_hierarchy_from_the_frames():
     """torch gives a Module Hierarchy only for TorchScript; polyprof writes the same text for eager
     nn.Modules from the op thread's frames: TOP, attribute paths, SELF for a module's own methods

@@ -95,6 +95,7 @@ class TorchSession:
             self.observer = obs
             self.enabled = True
             self.ctx.report.detail("recorder", "polyprof observer")
+            self.ctx.report.detail("hand-over barrier", obs.barrier())
             return
         self.ctx.report.detail("recorder", f"torch collector ({why_not})")
         self.collector = Collector(self.config, self.ctx)

@@ -78,6 +78,7 @@ class Observer:
         if lib.polyprof_observer_abi() != ABI_VERSION:
             raise BuildError(f"{path} speaks observer ABI {lib.polyprof_observer_abi()}, not {ABI_VERSION}")
         lib.polyprof_observer_error.restype = ctypes.c_char_p
+        lib.polyprof_observer_barrier.restype = ctypes.c_char_p
         lib.polyprof_observer_start.argtypes = [ctypes.c_int]
         lib.polyprof_observer_start.restype = ctypes.c_int
         lib.polyprof_observer_stop.restype = ctypes.c_int64
@@ -129,6 +130,11 @@ class Observer:
             speedups.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
         if self.lib.polyprof_observer_start(int(options)) != 0:
             raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
+
+    def barrier(self) -> str:
+        """How the hand-over and stop see callbacks in progress, once started: ``"membarrier"`` (a
+        callback's mark is a plain store) or ``"fence"`` (each callback pays a full fence)."""
+        return self.lib.polyprof_observer_barrier().decode()
 
     def stop(self) -> int:
         """Stops recording; returns how many operators were recorded."""

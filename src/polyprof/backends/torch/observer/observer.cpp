@@ -14,11 +14,12 @@
 //     does, with the RecordFunction's handle.
 //
 // Threading: callbacks run on the threads that run operators. Each thread appends to its own buffer; the
-// only shared state touched per operator is the `recording` flag (and, read only, the TSC clock's rate). Stop clears the flag, then waits until
-// no callback is inside a buffer (each buffer's `busy` count), so reading afterwards is race-free.
-// While recording, polyprof_observer_take hands over what threads have completed: it claims a buffer
-// whose thread is outside any callback and has no operator open (busy set to kClaimed; a callback that
-// starts meanwhile waits the few microseconds the hand-over takes) and moves its contents out.
+// only shared state touched per operator is the `recording` flag (and, read only, the TSC clock's
+// rate). Stop clears the flag, then waits until no callback is inside a buffer (each buffer's `inside`
+// mark, see Busy), so reading afterwards is race-free. While recording, polyprof_observer_take hands
+// over what threads have completed: it claims the buffers, and moves the contents out of those whose
+// thread is outside any callback and has no operator open (a callback that starts meanwhile waits the
+// few microseconds the hand-over takes).
 // Everything read out (names, fill, fragments, memory) is the set last taken: by take, or by stop.
 
 #include <Python.h>  // with_stack: the Python frames of the thread that runs an op
@@ -32,6 +33,7 @@
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/profiler/util.h>
 
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <time.h>
 #if defined(__x86_64__)
@@ -43,6 +45,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -204,6 +207,20 @@ struct Mem {
   int64_t device_index;
 };
 
+// A name's id by the address torch handed it at (an operator's name lives as long as the operator): a
+// direct-mapped cache in front of ThreadBuffer::name_ids, verified by content, since a range named by
+// a string (a Python record_function) may hand a later, different name at a freed name's address.
+struct NameSlot {
+  const char* ptr;
+  int32_t id;
+};
+constexpr size_t kNameSlots = 256;
+
+inline size_t name_slot(const char* name) {
+  auto a = uintptr_t(name);
+  return (a ^ (a >> 9)) & (kNameSlots - 1);
+}
+
 struct ThreadBuffer {
   int64_t tid = 0;
   OpStore ops;
@@ -214,17 +231,16 @@ struct ThreadBuffer {
   std::vector<const void*> open_keys;  // their RecordFunctions, to pair start and end
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
-  std::unordered_map<const char*, int32_t> name_by_ptr;  // cache, verified by content
+  NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address, verified by content
   std::vector<int64_t> shapes;
   std::vector<int32_t> frames;  // (stack, modules) of each op flagged kHasFrames, in op order
   std::vector<c10::IValue> values;
   std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
   std::vector<Mem> mem;
-  std::atomic<int> busy{0};        // callbacks inside this buffer; kClaimed while take moves it out
+  std::atomic<int> inside{0};         // callbacks of its thread inside it (written by that thread only)
+  std::atomic<bool> claimed{false};   // take is moving its contents out (written by take only)
   std::atomic<int> async_open{0};  // async operators started here and not yet ended (they hold indices)
 };
-
-constexpr int kClaimed = -(1 << 30);
 
 // Moves what `from` recorded into `to` (same thread id), leaving `from` empty for its thread.
 void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
@@ -235,7 +251,7 @@ void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
   to.rf_set = from.rf_set, to.fwd_set = from.fwd_set;
   to.names.swap(from.names);
   to.name_ids.swap(from.name_ids);
-  to.name_by_ptr.swap(from.name_by_ptr);
+  std::swap(to.name_by_ptr, from.name_by_ptr);
   to.shapes.swap(from.shapes);
   to.frames.swap(from.frames);
   to.values.swap(from.values);
@@ -315,10 +331,19 @@ int g_options = 0;
 at::CallbackHandle g_handle = 0;
 std::string g_error;
 
-thread_local std::shared_ptr<ThreadBuffer> t_buffer;
-thread_local uint64_t t_generation = 0;
-// set by polyprof_rf_enter around the RecordFunction it opens: the observer leaves that one to polyprof
-thread_local bool t_skip_next = false;
+// What a callback reads of its thread, in one plain struct: a C++ thread_local with a constructor or
+// destructor is reached through a guard and a wrapper, and each variable of a shared library through
+// its own __tls_get_addr call; this is one lookup per callback.
+struct ThreadState {
+  ThreadBuffer* buffer;  // t_owner's
+  uint64_t generation;   // the recording `buffer` belongs to (g_generation when it was made)
+  uint64_t anchor_tsc;   // the ops' clock: this thread's last (TSC, clock_gettime) pair, see now_ns
+  int64_t anchor_ns;
+  int64_t last_ns;
+  bool skip_next;  // set by polyprof_rf_enter around the RecordFunction it opens: left to polyprof
+};
+thread_local ThreadState t_state;
+thread_local std::shared_ptr<ThreadBuffer> t_owner;  // keeps t_state.buffer alive
 
 inline int64_t gettime_ns() {
   timespec ts;
@@ -334,56 +359,66 @@ const uint64_t* g_tsc_mult = nullptr;     // the recorder's rate, 0 until measur
 const uint64_t* g_tsc_refresh = nullptr;  // its millisecond in ticks
 using TscSampleFn = int (*)(uint64_t* tsc, long long* ns);
 TscSampleFn g_tsc_sample = nullptr;       // the recorder's (TSC, clock_gettime) pair (pp_tsc_sample)
-thread_local uint64_t t_anchor_tsc = 0;
-thread_local int64_t t_anchor_ns = 0;
-thread_local int64_t t_last_ns = 0;
 
-int64_t tsc_pair_ns() {  // this thread's anchor taken again
+__attribute__((noinline)) int64_t tsc_pair_ns(ThreadState& ts) {  // this thread's anchor taken again
   uint64_t tsc;
   long long ns;
-  if (g_tsc_sample(&tsc, &ns)) t_anchor_tsc = tsc, t_anchor_ns = ns;
-  int64_t now = t_anchor_ns < t_last_ns ? t_last_ns : t_anchor_ns;
-  return t_last_ns = now;
+  if (g_tsc_sample(&tsc, &ns)) ts.anchor_tsc = tsc, ts.anchor_ns = ns;
+  int64_t now = ts.anchor_ns < ts.last_ns ? ts.last_ns : ts.anchor_ns;
+  return ts.last_ns = now;
 }
 
-inline int64_t now_ns() {
+inline int64_t now_ns(ThreadState& ts) {
 #if defined(__x86_64__)
   if (g_tsc_mult != nullptr) {
     uint64_t mult = __atomic_load_n(g_tsc_mult, __ATOMIC_RELAXED);
     uint64_t refresh = __atomic_load_n(g_tsc_refresh, __ATOMIC_RELAXED);
     if (mult != 0 && refresh != 0) {
-      uint64_t d = __rdtsc() - t_anchor_tsc;
-      if (d >= refresh) return tsc_pair_ns();
-      int64_t ns = t_anchor_ns + int64_t((static_cast<unsigned __int128>(d) * mult) >> 32);
-      if (ns < t_last_ns) ns = t_last_ns;
-      return t_last_ns = ns;
+      uint64_t d = __rdtsc() - ts.anchor_tsc;
+      if (d >= refresh) return tsc_pair_ns(ts);
+      int64_t ns = ts.anchor_ns + int64_t((static_cast<unsigned __int128>(d) * mult) >> 32);
+      if (ns < ts.last_ns) ns = ts.last_ns;
+      return ts.last_ns = ns;
     }
   }
 #endif
   return gettime_ns();
 }
 
-ThreadBuffer* thread_buffer() {
-  uint64_t gen = g_generation.load(std::memory_order_relaxed);
-  if (t_generation != gen || !t_buffer) {
-    auto b = std::make_shared<ThreadBuffer>();
-    b->tid = int64_t(syscall(SYS_gettid));
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      g_buffers.push_back(b);
-    }
-    t_buffer = std::move(b);
-    t_generation = gen;
+inline int64_t now_ns() { return now_ns(t_state); }
+
+__attribute__((noinline)) ThreadBuffer* new_thread_buffer(ThreadState& ts, uint64_t gen) {
+  auto b = std::make_shared<ThreadBuffer>();
+  b->tid = int64_t(syscall(SYS_gettid));
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_buffers.push_back(b);
   }
-  return t_buffer.get();
+  t_owner = std::move(b);
+  ts.buffer = t_owner.get();
+  ts.generation = gen;
+  return ts.buffer;
 }
 
-int32_t intern(ThreadBuffer* b, const char* name) {
+// The calling thread's buffer for the current recording.
+inline ThreadBuffer* thread_buffer(ThreadState& ts) {
+  uint64_t gen = g_generation.load(std::memory_order_relaxed);
+  if (ts.generation != gen || ts.buffer == nullptr) return new_thread_buffer(ts, gen);
+  return ts.buffer;
+}
+
+inline ThreadBuffer* thread_buffer() { return thread_buffer(t_state); }
+
+int32_t intern_slow(ThreadBuffer* b, const char* name);
+
+inline int32_t intern(ThreadBuffer* b, const char* name) {
   if (name == nullptr) name = "";
-  auto hit = b->name_by_ptr.find(name);
-  if (hit != b->name_by_ptr.end() && std::strcmp(b->names[hit->second].c_str(), name) == 0) {
-    return hit->second;
-  }
+  const NameSlot& slot = b->name_by_ptr[name_slot(name)];
+  if (slot.ptr == name && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) return slot.id;
+  return intern_slow(b, name);
+}
+
+__attribute__((noinline)) int32_t intern_slow(ThreadBuffer* b, const char* name) {
   std::string s(name);
   auto found = b->name_ids.find(s);
   int32_t id;
@@ -394,19 +429,60 @@ int32_t intern(ThreadBuffer* b, const char* name) {
     b->names.push_back(s);
     b->name_ids.emplace(std::move(s), id);
   }
-  b->name_by_ptr[name] = id;
+  b->name_by_ptr[name_slot(name)] = NameSlot{name, id};
   return id;
+}
+
+// -- who is inside a buffer ---------------------------------------------------------------------------
+// A callback marks its thread's buffer while it works in it (Busy); stop waits for marked buffers and
+// take skips them. The mark must be visible before the callback reads the recording flag or the claim,
+// and stop's flag (take's claim) before they read the marks: Dekker's pattern, which needs a full
+// barrier on both sides. With membarrier(2) the callback's side is a plain store behind a compiler
+// barrier, and stop and take have the kernel run a full barrier on every thread of the process
+// (MEMBARRIER_CMD_PRIVATE_EXPEDITED, a few microseconds) between their write and their reads; two
+// atomic read-modify-writes per callback were ~15 ns of an operator's ~160. Without membarrier (an
+// old kernel, a seccomp filter; POLYPROF_OBSERVER_MEMBARRIER=0) callbacks pay a full fence instead.
+bool g_membarrier = false;  // decided once, before the first recording registers its callbacks
+
+void decide_membarrier() {
+  static bool decided = false;
+  if (decided) return;
+  decided = true;
+  const char* choice = std::getenv("POLYPROF_OBSERVER_MEMBARRIER");
+  if (choice != nullptr && std::strcmp(choice, "0") == 0) return;
+#if defined(__NR_membarrier)
+  long commands = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  g_membarrier = commands > 0 && (commands & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+                 syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#endif
+}
+
+inline void light_barrier() {
+  if (g_membarrier) std::atomic_signal_fence(std::memory_order_seq_cst);
+  else std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void heavy_barrier() {
+#if defined(__NR_membarrier)
+  // registered: it cannot fail (EINVAL/EPERM are for unknown or unregistered commands)
+  if (g_membarrier) syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+#endif
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 struct Busy {
   ThreadBuffer* b;
-  explicit Busy(ThreadBuffer* buffer) : b(buffer) {
-    while (b->busy.fetch_add(1, std::memory_order_seq_cst) < 0) {  // being handed over: wait for it
-      b->busy.fetch_sub(1, std::memory_order_relaxed);
-      std::this_thread::yield();
+  int outer;
+  explicit Busy(ThreadBuffer* buffer) : b(buffer), outer(buffer->inside.load(std::memory_order_relaxed)) {
+    for (;;) {
+      b->inside.store(outer + 1, std::memory_order_relaxed);
+      light_barrier();
+      if (!b->claimed.load(std::memory_order_acquire)) return;
+      b->inside.store(outer, std::memory_order_release);  // being handed over: wait the few us it takes
+      while (b->claimed.load(std::memory_order_acquire)) std::this_thread::yield();
     }
   }
-  ~Busy() { b->busy.fetch_sub(1, std::memory_order_release); }
+  ~Busy() { b->inside.store(outer, std::memory_order_release); }
 };
 
 // -- the profiler state torch-side code sees while polyprof records ---------------------------------
@@ -425,7 +501,7 @@ struct PolyprofState : public ProfilerStateBase {
     if (!g_recording.load(std::memory_order_relaxed)) return;
     ThreadBuffer* b = thread_buffer();
     Busy busy(b);
-    if (!g_recording.load(std::memory_order_seq_cst)) return;
+    if (!g_recording.load(std::memory_order_relaxed)) return;
     b->mem.push_back(Mem{now_ns(), int64_t(reinterpret_cast<intptr_t>(ptr)), alloc_size,
                          int64_t(total_allocated), int64_t(total_reserved), int64_t(device.type()),
                          int64_t(device.index())});
@@ -885,14 +961,15 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
 // -- the callbacks -----------------------------------------------------------------------------------
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (t_skip_next) {  // polyprof's own record_function: its host backend records it
-    t_skip_next = false;
+  ThreadState& ts = t_state;
+  if (ts.skip_next) {  // polyprof's own record_function: its host backend records it
+    ts.skip_next = false;
     return nullptr;
   }
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
-  ThreadBuffer* b = thread_buffer();
+  ThreadBuffer* b = thread_buffer(ts);
   Busy busy(b);
-  if (!g_recording.load(std::memory_order_seq_cst)) return nullptr;
+  if (!g_recording.load(std::memory_order_relaxed)) return nullptr;  // read after the mark (see Busy)
   OpFields op;
   op.name = intern(b, fn.name());
   op.seq = fn.seqNr();
@@ -932,11 +1009,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       b->frames.resize(b->frames.size() & ~size_t(1));
     }
   }
-  b->ops.back().start = now_ns();
+  b->ops.back().start = now_ns(ts);
   if (fn.isAsync()) {  // may end on another thread
     b->async_open.fetch_add(1, std::memory_order_relaxed);
     auto ctx = std::make_unique<AsyncContext>();
-    ctx->buffer = t_buffer;
+    ctx->buffer = t_owner;
     ctx->index = index;
     return ctx;
   }
@@ -946,11 +1023,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  int64_t t = now_ns();
+  ThreadState& ts = t_state;
+  int64_t t = now_ns(ts);
   if (!g_recording.load(std::memory_order_relaxed)) return;
-  ThreadBuffer* b = thread_buffer();
+  ThreadBuffer* b = thread_buffer(ts);
   Busy busy(b);
-  if (!g_recording.load(std::memory_order_seq_cst)) return;
+  if (!g_recording.load(std::memory_order_relaxed)) return;
   if (ctx != nullptr) {
     auto* async = static_cast<AsyncContext*>(ctx);
     set_end(*async->buffer, async->buffer->ops[async->index], t);  // its Rare exists: no allocation here
@@ -970,10 +1048,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 }
 
 void wait_until_idle() {
+  heavy_barrier();  // the recording flag, cleared, before the marks are read (see Busy)
   std::lock_guard<std::mutex> lock(g_mutex);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (auto& b : g_buffers) {
-    while (b->busy.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < deadline) {
+    while (b->inside.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::yield();
     }
   }
@@ -1130,6 +1209,10 @@ int polyprof_observer_use_runtime(void* chunk_new, void* chunk_free, int64_t chu
 
 const char* polyprof_observer_error() { return g_error.c_str(); }
 
+// How stop and take see which callbacks are inside a buffer (once a recording has started): "membarrier"
+// (the callbacks' mark is a plain store) or "fence" (each callback pays a full fence).
+const char* polyprof_observer_barrier() { return g_membarrier ? "membarrier" : "fence"; }
+
 // Starts recording the calling thread's operators (and those of threads that inherit its
 // RecordFunction state, such as autograd's; with kAllThreads, every thread's). `options` is a sum of
 // the k* flags above. Returns 0, or -1 with polyprof_observer_error().
@@ -1146,6 +1229,7 @@ int polyprof_observer_start(int options) {
     }
     g_options = options;
     bool needs_inputs = (options & (kRecordShapes | kWithFlops)) != 0;
+    decide_membarrier();
     g_generation.fetch_add(1);
     g_recording.store(true, std::memory_order_seq_cst);
     auto callback = at::RecordFunctionCallback(on_start, on_end).needsInputs(needs_inputs);
@@ -1206,20 +1290,22 @@ int64_t polyprof_observer_take(int64_t patience_us) {
   int64_t n = 0;
   while (!pending.empty()) {
     std::vector<ThreadBuffer*> again;
+    for (ThreadBuffer* b : pending) b->claimed.store(true, std::memory_order_relaxed);
+    heavy_barrier();  // the claims before the marks are read (see Busy)
     for (ThreadBuffer* b : pending) {
-      int idle = 0;
-      if (!b->busy.compare_exchange_strong(idle, kClaimed, std::memory_order_acq_rel)) {
-        again.push_back(b);
-        continue;
-      }
-      bool between_ops = b->open.empty() && b->async_open.load(std::memory_order_acquire) == 0;
+      bool between_ops = b->inside.load(std::memory_order_acquire) == 0 && b->open.empty() &&
+                         b->async_open.load(std::memory_order_acquire) == 0;
       if (between_ops && (!b->ops.empty() || !b->mem.empty())) {
-        auto out = std::make_shared<ThreadBuffer>();
-        move_contents(*b, *out);
-        n += int64_t(out->ops.size());
-        g_taken.push_back(std::move(out));
+        try {
+          g_taken.reserve(g_taken.size() + 1);  // nothing throws once the contents are moved
+          auto out = std::make_shared<ThreadBuffer>();
+          move_contents(*b, *out);
+          n += int64_t(out->ops.size());
+          g_taken.push_back(std::move(out));
+        } catch (...) {  // no memory for the hand-over: the buffer keeps its ops for a later take or stop
+        }
       }
-      b->busy.fetch_sub(kClaimed, std::memory_order_release);
+      b->claimed.store(false, std::memory_order_release);
       if (!between_ops) again.push_back(b);
     }
     pending.swap(again);
@@ -1441,18 +1527,18 @@ void* polyprof_rf_enter(const char* name, const char* args, uint64_t* handle) {
       delete rf;
       return nullptr;
     }
-    t_skip_next = true;
+    t_state.skip_next = true;
     if (rf->needsInputs() && args != nullptr) {
       c10::IValue input{std::string(args)};
       rf->before(name, c10::ArrayRef<const c10::IValue>(&input, 1));
     } else {
       rf->before(name);
     }
-    t_skip_next = false;
+    t_state.skip_next = false;
     *handle = rf->handle();
     return rf;
   } catch (...) {
-    t_skip_next = false;
+    t_state.skip_next = false;
     return nullptr;
   }
 }
