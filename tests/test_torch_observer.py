@@ -143,6 +143,47 @@ def test_key_averages_by_input_shape_match_torchs():
 
 
 @needs_observer
+def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_path):
+    """The observer writes a contiguous tensor's sizes only and rebuilds its strides: a transposed view,
+    a size-1 dimension with a stride no contiguous tensor has, an expanded (stride 0) view, a 0-dim
+    tensor, empty and tensor-list inputs must still come out as torch.profiler writes them, and so must
+    records after the first chunk of shapes records (24,576 ints: a few thousand ops)."""
+    from polyprof.profiler import ProfilerActivity, profile
+
+    base = torch.arange(24.0).reshape(4, 6)
+    odd = [
+        base,
+        base.t(),
+        torch.empty_strided((4, 1), (1, 7)),
+        torch.ones(1, 6).expand(4, 6),
+        torch.tensor(2.5),
+        torch.empty(0, 3),
+        base[:, ::2],
+    ]
+
+    def work():
+        for _ in range(1_000):
+            for t in odd:
+                t.neg()
+            torch.cat([base, base.t().t()], dim=1)
+            torch.add(base, base.t().t(), alpha=2)
+
+    work()
+    docs = {}
+    for name, prof in (
+        ("theirs", torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)),
+        ("ours", profile(activities=[ProfilerActivity.CPU], record_shapes=True)),
+    ):
+        with prof:
+            work()
+        prof.export_chrome_trace(str(tmp_path / f"{name}.json"))
+        docs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    ours, theirs = shape_args(docs["ours"]), shape_args(docs["theirs"])
+    assert ours == theirs
+    assert sum(ours.values()) >= 1_000 * 9 and any('[1, 7]' in key for _, key in ours), "the odd strides are there"
+
+
+@needs_observer
 def test_ops_are_timed_and_nested_on_the_profiling_thread():
     import threading
 

@@ -69,17 +69,21 @@ constexpr int kAllThreads = 16;
 constexpr int kOverloadNames = 32;
 constexpr int kWithStack = 64;
 
-// Input encodings in ThreadBuffer::shapes (record_shapes).
+// Input encodings in ThreadBuffer::shapes (record_shapes): one head per input, tag | payload << 8, and
+// for tensors the sizes (and strides) after it.
 enum InputTag : int64_t {
   kNone = 0,         // None: type ""
   kOther = 1,        // device, string, generator...: type ""
-  kTensor = 2,       // dtype, ndim, sizes..., strides...
-  kTensorNoShape = 3,  // nested/sparse/symbolic tensors: dtype only
+  kTensor = 2,       // payload dtype | ndim << 8; sizes..., strides...
+  kTensorNoShape = 3,  // nested/sparse/symbolic tensors: payload dtype
   kUndefinedTensor = 4,
-  kScalar = 5,       // index into ThreadBuffer::values
-  kScalarList = 6,   // index into ThreadBuffer::values
-  kTensorList = 7,   // count, then one tensor encoding per element
+  kScalar = 5,       // payload: index into ThreadBuffer::values
+  kScalarList = 6,   // payload: index into ThreadBuffer::values
+  kTensorList = 7,   // payload: count; then one tensor encoding per element
+  kTensorContiguous = 8,  // as kTensor, its strides the contiguous ones of its sizes: sizes only
 };
+
+inline int64_t input_head(int64_t tag, int64_t payload) { return tag | payload << 8; }
 
 // What on_start learns of an operator, before it is buffered (packed into an Op, and a Rare if needed).
 struct OpFields {
@@ -196,6 +200,76 @@ class OpStore {
   size_t n_ = 0;
 };
 
+// A thread's shapes records (record_shapes), in op order, in chunks from the same allocator as the op
+// rows (faulted in ahead, never copied to grow: a vector doubling faulted its new pages in and moved
+// every record, ~10 % of an op's time with shapes). A record never spans chunks; one bigger than a
+// chunk (an op with thousands of inputs) gets a chunk of its own size.
+class ShapeStore {
+ public:
+  static constexpr size_t kInts = OpStore::kChunkBytes / sizeof(int64_t);
+  struct Mark {
+    size_t chunks, filled;
+  };
+  struct Cursor {
+    size_t chunk = 0, pos = 0;
+  };
+  ShapeStore() = default;
+  ShapeStore(const ShapeStore&) = delete;
+  ShapeStore& operator=(const ShapeStore&) = delete;
+  ~ShapeStore() { clear(); }
+
+  // Room for `need` ints after the last record; commit() says how many were written.
+  int64_t* reserve(size_t need) {
+    if (chunks_.empty() || chunks_.back().filled + need > chunks_.back().cap) grow(need);
+    Chunk& c = chunks_.back();
+    return c.data + c.filled;
+  }
+  void commit(const int64_t* end) { chunks_.back().filled = size_t(end - chunks_.back().data); }
+  Mark mark() const { return {chunks_.size(), chunks_.empty() ? 0 : chunks_.back().filled}; }
+  void rollback(Mark m) {  // back to a mark: the records after it are gone
+    while (chunks_.size() > m.chunks) {
+      release(chunks_.back());
+      chunks_.pop_back();
+    }
+    if (!chunks_.empty()) chunks_.back().filled = m.filled;
+  }
+  // The record at `c` (records are read in the order they were written); advance with advance().
+  const int64_t* at(Cursor& c) const {
+    while (c.pos >= chunks_[c.chunk].filled) c.chunk++, c.pos = 0;
+    return chunks_[c.chunk].data + c.pos;
+  }
+  void advance(Cursor& c, const int64_t* end) const { c.pos = size_t(end - chunks_[c.chunk].data); }
+  void swap(ShapeStore& other) { chunks_.swap(other.chunks_); }
+  void clear() {
+    for (Chunk& c : chunks_) release(c);
+    std::vector<Chunk>().swap(chunks_);
+  }
+
+ private:
+  struct Chunk {
+    int64_t* data;
+    size_t cap, filled;
+  };
+  void grow(size_t need) {
+    chunks_.reserve(chunks_.size() + 1);  // (a throw here leaves nothing allocated)
+    size_t cap = std::max(need, kInts);
+    void* data;
+    if (cap == kInts && g_chunk_new != nullptr) {
+      g_chunks_used.store(true, std::memory_order_relaxed);
+      data = g_chunk_new(!chunks_.empty());
+      if (data == nullptr) throw std::bad_alloc();
+    } else {
+      data = ::operator new(cap * sizeof(int64_t));
+    }
+    chunks_.push_back(Chunk{static_cast<int64_t*>(data), cap, 0});
+  }
+  static void release(Chunk& c) {
+    if (c.cap == kInts && g_chunk_free != nullptr) g_chunk_free(c.data);
+    else ::operator delete(c.data);
+  }
+  std::vector<Chunk> chunks_;
+};
+
 // One allocator report: positive bytes allocate, negative free.
 struct Mem {
   int64_t ts;
@@ -232,7 +306,7 @@ struct ThreadBuffer {
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
   NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address, verified by content
-  std::vector<int64_t> shapes;
+  ShapeStore shapes;
   std::vector<int32_t> frames;  // (stack, modules) of each op flagged kHasFrames, in op order
   std::vector<c10::IValue> values;
   std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
@@ -526,9 +600,19 @@ bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_nested() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
-size_t tensor_ints(const at::Tensor& t) {
-  if (!t.defined()) return 1;
-  return plain_tensor(t) ? 3 + 2 * t.dim() : 2;
+size_t tensor_ints(const at::Tensor& t) {  // at most
+  return t.defined() ? 1 + 2 * size_t(t.dim()) : 1;
+}
+
+// Whether `strides` are the contiguous strides of `sizes` (as at::Tensor::contiguous() makes them;
+// exactly, not is_contiguous(), which lets a size-1 dimension have any stride).
+bool contiguous_strides(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (strides[d] != expected) return false;
+    expected *= std::max<int64_t>(sizes[d], 1);
+  }
+  return true;
 }
 
 int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
@@ -536,15 +620,17 @@ int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
     *p++ = kUndefinedTensor;
     return p;
   }
-  bool plain = plain_tensor(t);
-  *p++ = plain ? kTensor : kTensorNoShape;
-  *p++ = int64_t(t.scalar_type());
-  if (!plain) return p;
+  int64_t st = int64_t(t.scalar_type());
+  if (!plain_tensor(t)) {
+    *p++ = input_head(kTensorNoShape, st);
+    return p;
+  }
   auto sizes = t.sizes();
   auto strides = t.strides();
-  *p++ = int64_t(sizes.size());
+  bool contiguous = contiguous_strides(sizes, strides);
+  *p++ = input_head(contiguous ? kTensorContiguous : kTensor, st | int64_t(sizes.size()) << 8);
   p = std::copy(sizes.begin(), sizes.end(), p);
-  return std::copy(strides.begin(), strides.end(), p);
+  return contiguous ? p : std::copy(strides.begin(), strides.end(), p);
 }
 
 // An op's shapes record, appended to ThreadBuffer::shapes in one step (sized first, then written).
@@ -556,18 +642,14 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
     if (v.isTensor()) {
       need += tensor_ints(v.toTensor());
     } else if (v.isTensorList()) {
-      need += 2;
+      need += 1;
       for (const at::Tensor& t : v.toTensorList()) need += tensor_ints(t);
     } else {
-      need += 2;
+      need += 1;
     }
   }
-  auto& shapes = b->shapes;
-  size_t at = shapes.size();
-  if (shapes.capacity() < at + need) shapes.reserve(std::max(at + need, 2 * shapes.capacity()));  // geometric
-  shapes.resize(at + need);
-  int64_t* p = shapes.data() + at;
-  op.shapes = int64_t(at);
+  int64_t* p = b->shapes.reserve(need);
+  op.shapes = 0;  // (the records are read back in op order: the flag is all the op keeps)
   *p++ = int64_t(inputs.size());
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
@@ -575,19 +657,17 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
     } else if (v.isNone()) {
       *p++ = kNone;
     } else if (v.isScalar() || v.isIntList() || v.isDoubleList() || v.isBoolList()) {
-      *p++ = v.isScalar() ? kScalar : kScalarList;
-      *p++ = int64_t(b->values.size());
+      *p++ = input_head(v.isScalar() ? kScalar : kScalarList, int64_t(b->values.size()));
       b->values.push_back(v);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
-      *p++ = kTensorList;
-      *p++ = int64_t(list.size());
+      *p++ = input_head(kTensorList, int64_t(list.size()));
       for (const at::Tensor& t : list) p = write_tensor(p, t);
     } else {
       *p++ = kOther;
     }
   }
-  shapes.resize(size_t(p - shapes.data()));
+  b->shapes.commit(p);
 }
 
 void append_json_string(std::string& out, const std::string& s) {
@@ -982,12 +1062,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (op_name.has_value()) op.overload = intern(b, op_name->overload_name.c_str());
   }
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
-    size_t shapes_at = b->shapes.size(), values_at = b->values.size();
+    ShapeStore::Mark shapes_at = b->shapes.mark();
+    size_t values_at = b->values.size();
     try {
       encode_inputs(b, fn, op);
     } catch (...) {  // an input this torch cannot describe: the op is kept without shapes
       op.shapes = -1;
-      b->shapes.resize(shapes_at);  // no partial record: the records are read back in op order
+      b->shapes.rollback(shapes_at);  // no partial record: the records are read back in op order
       b->values.resize(values_at);
     }
   }
@@ -1064,47 +1145,50 @@ struct Input {
   int64_t st = -1;  // scalar type of a tensor, -1 otherwise
   int64_t ndim = 0;
   const int64_t* sizes = nullptr;
-  const int64_t* strides = nullptr;
+  const int64_t* strides = nullptr;  // nullptr for a kTensorContiguous: computed from its sizes
   int64_t value = -1;  // index into ThreadBuffer::values for scalars
   std::vector<Input> elements;  // a tensor list's tensors
 };
 
-const int64_t* decode_tensor(const int64_t* p, int64_t tag, Input& in) {
-  in.tag = tag;
-  if (tag == kTensor || tag == kTensorNoShape) {
-    in.st = *p++;
+const int64_t* decode_tensor(const int64_t* p, int64_t head, Input& in) {
+  int64_t tag = head & 0xFF, payload = head >> 8;
+  in.tag = tag == kTensorContiguous ? kTensor : tag;
+  if (tag == kTensor || tag == kTensorContiguous || tag == kTensorNoShape) in.st = payload & 0xFF;
+  if (tag == kTensor || tag == kTensorContiguous) {
+    in.ndim = payload >> 8;
+    in.sizes = p;
+    p += in.ndim;
     if (tag == kTensor) {
-      in.ndim = *p++;
-      in.sizes = p;
-      in.strides = p + in.ndim;
-      p += 2 * in.ndim;
+      in.strides = p;
+      p += in.ndim;
     }
   }
   return p;
 }
 
-// The inputs of the shapes record at `offset`; `next` gets the offset of the record after it.
-std::vector<Input> decode_inputs(const ThreadBuffer& b, int64_t offset, int64_t* next) {
-  const int64_t* p = b.shapes.data() + offset;
+// The inputs of the shapes record at `at`, which is moved on to the next record.
+std::vector<Input> decode_inputs(const ThreadBuffer& b, ShapeStore::Cursor& at) {
+  const int64_t* p = b.shapes.at(at);
   int64_t n = *p++;
   std::vector<Input> inputs(static_cast<size_t>(n));
   for (auto& in : inputs) {
-    int64_t tag = *p++;
+    int64_t head = *p++;
+    int64_t tag = head & 0xFF;
     if (tag == kScalar || tag == kScalarList) {
       in.tag = tag;
-      in.value = *p++;
+      in.value = head >> 8;
     } else if (tag == kTensorList) {
       in.tag = tag;
-      in.elements.resize(size_t(*p++));
+      in.elements.resize(size_t(head >> 8));
       for (auto& e : in.elements) {
-        int64_t etag = *p++;
-        p = decode_tensor(p, etag, e);
+        int64_t element = *p++;
+        p = decode_tensor(p, element, e);
       }
     } else {
-      p = decode_tensor(p, tag, in);
+      p = decode_tensor(p, head, in);
     }
   }
-  *next = int64_t(p - b.shapes.data());
+  b.shapes.advance(at, p);
   return inputs;
 }
 
@@ -1126,14 +1210,30 @@ void append_ints(std::string& out, const int64_t* v, int64_t n) {
   out.push_back(']');
 }
 
+// A tensor's strides; those of a contiguous one computed from its sizes (see contiguous_strides).
+void append_strides(std::string& out, const Input& in) {
+  if (in.strides != nullptr || in.ndim == 0) {
+    append_ints(out, in.strides, in.ndim);
+    return;
+  }
+  int64_t local[16];
+  std::vector<int64_t> many(in.ndim > 16 ? size_t(in.ndim) : 0);
+  int64_t* strides = in.ndim > 16 ? many.data() : local;
+  int64_t stride = 1;
+  for (int64_t d = in.ndim; d-- > 0;) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(in.sizes[d], 1);
+  }
+  append_ints(out, strides, in.ndim);
+}
+
 // torch.profiler's record_shapes args for one op, as four JSON values appended to `out`, each
 // followed by a NUL byte: Concrete Inputs, Input type, Input Strides, Input Dims. A tensor list is one
 // input: "TensorList" in Input type, the list of its tensors' sizes (strides) in Input Dims (Strides).
-// Appends the shapes record at `offset` as four fragments; returns the next record's offset.
-int64_t append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t offset) {
+// Appends the shapes record at `at` as four fragments, moving `at` on to the next record.
+void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore::Cursor& at) {
   static std::ostringstream os;  // reused: constructing one per value costs more than formatting it
-  int64_t next = offset;
-  std::vector<Input> inputs = decode_inputs(b, offset, &next);
+  std::vector<Input> inputs = decode_inputs(b, at);
   auto list = [&out, &inputs](auto&& item) {
     out.push_back('[');
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -1173,15 +1273,17 @@ int64_t append_shape_fragments(std::string& out, const ThreadBuffer& b, int64_t 
         for (size_t k = 0; k < in.elements.size(); ++k) {
           if (k) out += ", ";
           const Input& e = in.elements[k];
-          append_ints(out, which == 0 ? e.strides : e.sizes, e.ndim);
+          if (which == 0) append_strides(out, e);
+          else append_ints(out, e.sizes, e.ndim);
         }
         out.push_back(']');
+      } else if (which == 0) {
+        append_strides(out, in);
       } else {
-        append_ints(out, which == 0 ? in.strides : in.sizes, in.ndim);
+        append_ints(out, in.sizes, in.ndim);
       }
     });
   }
-  return next;
 }
 
 }  // namespace
@@ -1384,7 +1486,7 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
   out.clear();
   std::lock_guard<std::mutex> lock(g_mutex);
   for (auto& b : g_taken) {
-    int64_t shapes_at = 0;  // the next op's record: they are in op order
+    ShapeStore::Cursor shapes_at;  // the next op's record: they are in op order
     for (const Op& packed : b->ops) {
       OpFields op = unpack(*b, packed);
       if (op.seq >= 0) append_int(out, op.seq);
@@ -1392,7 +1494,7 @@ const char* polyprof_observer_arg_fragments(int64_t* size) {
       if (op.seq >= 0) append_int(out, op.fwd_tid);
       out.push_back('\0');
       if (packed.name_scope & kHasShapes) {
-        shapes_at = append_shape_fragments(out, *b, shapes_at);
+        append_shape_fragments(out, *b, shapes_at);
       } else {
         out.append(4, '\0');
       }
@@ -1475,7 +1577,7 @@ void polyprof_observer_reset() {
   for (auto& b : g_buffers) {  // threads keep a reference to their buffer until they next record
     b->ops.clear();
     std::vector<Rare>().swap(b->rare);
-    std::vector<int64_t>().swap(b->shapes);
+    b->shapes.clear();
     std::vector<int32_t>().swap(b->frames);
     std::vector<c10::IValue>().swap(b->values);
     std::string().swap(b->extra);
