@@ -254,8 +254,8 @@ class ShapeStore {
     chunks_.reserve(chunks_.size() + 1);  // (a throw here leaves nothing allocated)
     size_t cap = std::max(need, kInts);
     void* data;
+    g_chunks_used.store(true, std::memory_order_relaxed);  // the allocator stays as release() expects
     if (cap == kInts && g_chunk_new != nullptr) {
-      g_chunks_used.store(true, std::memory_order_relaxed);
       data = g_chunk_new(!chunks_.empty());
       if (data == nullptr) throw std::bad_alloc();
     } else {
