@@ -146,8 +146,9 @@ def test_key_averages_by_input_shape_match_torchs():
 def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_path):
     """The observer writes a contiguous tensor's sizes only and rebuilds its strides: a transposed view,
     a size-1 dimension with a stride no contiguous tensor has, an expanded (stride 0) view, a 0-dim
-    tensor, empty and tensor-list inputs must still come out as torch.profiler writes them, and so must
-    records after the first chunk of shapes records (24,576 ints: a few thousand ops)."""
+    tensor, empty and tensor-list inputs must still come out as torch.profiler writes them, as must the
+    int, float and bool scalars and lists kept in the record, and the records after the first chunk of
+    shapes records (24,576 ints: a few thousand ops)."""
     from polyprof.profiler import ProfilerActivity, profile
 
     base = torch.arange(24.0).reshape(4, 6)
@@ -160,6 +161,8 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
         torch.empty(0, 3),
         base[:, ::2],
     ]
+    image, weight = base[None, None], torch.ones(1, 1, 3, 3)
+    grad = torch.nn.functional.conv2d(image, weight)
 
     def work():
         for _ in range(1_000):
@@ -167,6 +170,12 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
                 t.neg()
             torch.cat([base, base.t().t()], dim=1)
             torch.add(base, base.t().t(), alpha=2)
+            torch.add(base, base, alpha=0.5)  # scalars and lists of them are kept in the record
+            base.sum(dim=[0, 1], keepdim=True)
+            torch.nn.functional.interpolate(image, scale_factor=(2.0, 1.5))
+            torch.ops.aten.convolution_backward(
+                grad, image, weight, [1], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, False, True]
+            )
 
     work()
     docs = {}
@@ -181,6 +190,9 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     ours, theirs = shape_args(docs["ours"]), shape_args(docs["theirs"])
     assert ours == theirs
     assert sum(ours.values()) >= 1_000 * 9 and any('[1, 7]' in key for _, key in ours), "the odd strides are there"
+    concrete = " ".join(key for _, key in ours)
+    for kept in ("0.5", "[0, 1]", "True", "[2., 1.5]", "[True, False, True]"):
+        assert kept in concrete, kept
 
 
 @needs_observer

@@ -77,11 +77,20 @@ enum InputTag : int64_t {
   kTensor = 2,       // payload dtype | ndim << 8; sizes..., strides...
   kTensorNoShape = 3,  // nested/sparse/symbolic tensors: payload dtype
   kUndefinedTensor = 4,
-  kScalar = 5,       // payload: index into ThreadBuffer::values
-  kScalarList = 6,   // payload: index into ThreadBuffer::values
+  kScalar = 5,       // payload: index into ThreadBuffer::values (a complex or symbolic scalar)
+  kScalarList = 6,   // (read out only: what kIntList, kDoubleList and kBoolList are)
   kTensorList = 7,   // payload: count; then one tensor encoding per element
   kTensorContiguous = 8,  // as kTensor, its strides the contiguous ones of its sizes: sizes only
+  kInt = 9,          // a Scalar int, its value after the head
+  kDouble = 10,      // a Scalar double, its bits after the head
+  kBool = 11,        // a Scalar bool, its value after the head
+  kIntList = 12,     // payload: count; the ints after the head
+  kDoubleList = 13,  // payload: count; the doubles' bits after the head
+  kBoolList = 14,    // payload: count; the bools after the head
 };
+// Scalars and lists of them are kept in the record (kInt... kBoolList), not as IValues: keeping the
+// c10::List torch boxed an int[] argument into held its memory past the op (so that malloc could not
+// hand the same block to the next op) and cost an atomic reference count per op.
 
 inline int64_t input_head(int64_t tag, int64_t payload) { return tag | payload << 8; }
 
@@ -641,11 +650,14 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
       need += tensor_ints(v.toTensor());
-    } else if (v.isTensorList()) {
-      need += 1;
-      for (const at::Tensor& t : v.toTensorList()) need += tensor_ints(t);
+    } else if (v.isList()) {  // at most: a tensor list's tensors, or the values of a list of scalars
+      auto elements = v.toListRef();
+      need += 1 + elements.size();
+      for (const c10::IValue& e : elements) {
+        if (e.isTensor()) need += tensor_ints(e.toTensor());
+      }
     } else {
-      need += 1;
+      need += 2;
     }
   }
   int64_t* p = b->shapes.reserve(need);
@@ -656,8 +668,33 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
       p = write_tensor(p, v.toTensor());
     } else if (v.isNone()) {
       *p++ = kNone;
-    } else if (v.isScalar() || v.isIntList() || v.isDoubleList() || v.isBoolList()) {
-      *p++ = input_head(v.isScalar() ? kScalar : kScalarList, int64_t(b->values.size()));
+    } else if (v.isInt()) {
+      *p++ = kInt;
+      *p++ = v.toInt();
+    } else if (v.isDouble()) {
+      *p++ = kDouble;
+      double d = v.toDouble();
+      std::memcpy(p++, &d, sizeof d);
+    } else if (v.isBool()) {
+      *p++ = kBool;
+      *p++ = v.toBool();
+    } else if (v.isIntList()) {
+      auto elements = v.toListRef();
+      *p++ = input_head(kIntList, int64_t(elements.size()));
+      for (const c10::IValue& e : elements) *p++ = e.toInt();
+    } else if (v.isDoubleList()) {
+      auto elements = v.toListRef();
+      *p++ = input_head(kDoubleList, int64_t(elements.size()));
+      for (const c10::IValue& e : elements) {
+        double d = e.toDouble();
+        std::memcpy(p++, &d, sizeof d);
+      }
+    } else if (v.isBoolList()) {
+      auto elements = v.toListRef();
+      *p++ = input_head(kBoolList, int64_t(elements.size()));
+      for (const c10::IValue& e : elements) *p++ = e.toBool();
+    } else if (v.isScalar()) {  // complex, symbolic: kept whole
+      *p++ = input_head(kScalar, int64_t(b->values.size()));
       b->values.push_back(v);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
@@ -1146,9 +1183,49 @@ struct Input {
   int64_t ndim = 0;
   const int64_t* sizes = nullptr;
   const int64_t* strides = nullptr;  // nullptr for a kTensorContiguous: computed from its sizes
-  int64_t value = -1;  // index into ThreadBuffer::values for scalars
+  int64_t value = -1;  // index into ThreadBuffer::values for a kScalar
+  int64_t kept = kNone;  // kInt... kBoolList: a scalar or list of them kept in the record
+  int64_t count = 0;     // how many values of it
+  const int64_t* values = nullptr;
   std::vector<Input> elements;  // a tensor list's tensors
 };
+
+double as_double(const int64_t* bits) {
+  double d;
+  std::memcpy(&d, bits, sizeof d);
+  return d;
+}
+
+// The IValue a scalar kept in a record was (torch formats Concrete Inputs from it).
+c10::IValue kept_value(const Input& in) {
+  const int64_t* v = in.values;
+  switch (in.kept) {
+    case kInt:
+      return c10::IValue(v[0]);
+    case kDouble:
+      return c10::IValue(as_double(v));
+    case kBool:
+      return c10::IValue(v[0] != 0);
+    case kIntList: {
+      c10::List<int64_t> list;
+      list.reserve(size_t(in.count));
+      for (int64_t i = 0; i < in.count; ++i) list.push_back(v[i]);
+      return c10::IValue(std::move(list));
+    }
+    case kDoubleList: {
+      c10::List<double> list;
+      list.reserve(size_t(in.count));
+      for (int64_t i = 0; i < in.count; ++i) list.push_back(as_double(v + i));
+      return c10::IValue(std::move(list));
+    }
+    default: {
+      c10::List<bool> list;
+      list.reserve(size_t(in.count));
+      for (int64_t i = 0; i < in.count; ++i) list.push_back(v[i] != 0);
+      return c10::IValue(std::move(list));
+    }
+  }
+}
 
 const int64_t* decode_tensor(const int64_t* p, int64_t head, Input& in) {
   int64_t tag = head & 0xFF, payload = head >> 8;
@@ -1174,9 +1251,16 @@ std::vector<Input> decode_inputs(const ThreadBuffer& b, ShapeStore::Cursor& at) 
   for (auto& in : inputs) {
     int64_t head = *p++;
     int64_t tag = head & 0xFF;
-    if (tag == kScalar || tag == kScalarList) {
+    if (tag == kScalar) {
       in.tag = tag;
       in.value = head >> 8;
+    } else if (tag >= kInt && tag <= kBoolList) {
+      bool list = tag >= kIntList;
+      in.tag = list ? kScalarList : kScalar;
+      in.kept = tag;
+      in.count = list ? head >> 8 : 1;
+      in.values = p;
+      p += in.count;
     } else if (tag == kTensorList) {
       in.tag = tag;
       in.elements.resize(size_t(head >> 8));
@@ -1244,10 +1328,11 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore:
     out.push_back('\0');
   };
   list([&](const Input& in) {
-    if (in.value >= 0) {
+    if (in.value >= 0 || in.kept != kNone) {
       os.str(std::string());
       os.clear();
-      os << b.values[size_t(in.value)];
+      if (in.value >= 0) os << b.values[size_t(in.value)];
+      else os << kept_value(in);
       append_json_string(out, os.str());
     } else {
       out += "\"\"";
