@@ -146,6 +146,8 @@ class DistributedWatch:
             sync = watch._measure("stop")
             if sync is not None:  # every rank is done with its collectives: measure before the group goes
                 sync.finish()  # (rank 0 until it has answered every rank; a few ms, at most the time limit)
+            if getattr(dist, "destroy_process_group", None) is destroy_process_group:  # left by remove()
+                dist.destroy_process_group = destroy
             return destroy(*args, **kwargs)
 
         init_process_group.__wrapped__ = init  # type: ignore[attr-defined]
@@ -155,11 +157,16 @@ class DistributedWatch:
 
     def remove(self) -> None:
         self.note()
+        measuring = None
         if self.info is not None and distributed_info() is not None:
             # in the background: a rank waiting here could hold up a collective that another rank must
             # finish before it stops too (the result is read at collect, on the background writer)
-            self._measure("stop")
+            measuring = self._measure("stop")
         for name, original in self._originals.items():
+            if name == "destroy_process_group" and measuring is not None:
+                # stays until it is called: rank 0's store (the pings go through it) ends with the
+                # group, so a destroy right after the profile waits for the stop pings first
+                continue
             if getattr(getattr(self._dist, name, None), "__wrapped__", None) is original:
                 setattr(self._dist, name, original)
         self._dist, self._originals = None, {}
