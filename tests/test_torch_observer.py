@@ -196,6 +196,25 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
 
 
 @needs_observer
+def test_ops_defined_and_deleted_while_recording_keep_their_own_names():
+    """The observer trusts an op's name by its address (the schema's, which no other name can share
+    while the op is registered); a deleted op's schema is freed, and the next op defined may get its
+    name's address: each op must still be recorded under its own name."""
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.ones(3)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(40):
+            lib = torch.library.Library("polyprof_names", "FRAGMENT")
+            lib.define(f"op{i}(Tensor x) -> Tensor")
+            lib.impl(f"op{i}", lambda t: t + 1, "CompositeExplicitAutograd")
+            getattr(torch.ops.polyprof_names, f"op{i}")(x)
+            lib._destroy()  # deregisters op{i} now (as torch's own tests do; `del` leaves it to the GC)
+    recorded = [a.name for a in prof.trace.activities_of(ActivityKind.CPU_OP) if a.name.startswith("polyprof_names")]
+    assert recorded == [f"polyprof_names::op{i}" for i in range(40)]
+
+
+@needs_observer
 def test_ops_are_timed_and_nested_on_the_profiling_thread():
     import threading
 

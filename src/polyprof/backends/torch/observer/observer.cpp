@@ -25,6 +25,7 @@
 #include <Python.h>  // with_stack: the Python frames of the thread that runs an op
 #include <frameobject.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -290,12 +291,15 @@ struct Mem {
   int64_t device_index;
 };
 
-// A name's id by the address torch handed it at (an operator's name lives as long as the operator): a
-// direct-mapped cache in front of ThreadBuffer::name_ids, verified by content, since a range named by
-// a string (a Python record_function) may hand a later, different name at a freed name's address.
+// A name's id by the address torch handed it at: a direct-mapped cache in front of
+// ThreadBuffer::name_ids. A range named by a string (a Python record_function) may hand a later,
+// different name at a freed name's address, so such a hit is verified by content; an operator's name
+// lives in its schema, which no other name can share while the operator is registered, so a slot
+// marked with the schema epoch (see SchemaEpoch) needs no check while the epoch holds.
 struct NameSlot {
   const char* ptr;
   int32_t id;
+  uint64_t schema_epoch;  // 0: verify by content
 };
 constexpr size_t kNameSlots = 256;
 
@@ -492,16 +496,57 @@ inline ThreadBuffer* thread_buffer(ThreadState& ts) {
 
 inline ThreadBuffer* thread_buffer() { return thread_buffer(t_state); }
 
-int32_t intern_slow(ThreadBuffer* b, const char* name);
+// Operators' names (see NameSlot) are trusted by address until an operator is deregistered: that
+// frees its schema, and so its name's memory, and moves the epoch on, which every slot marked before
+// then no longer matches. (Deregistration runs the listeners before it frees anything.)
+std::atomic<uint64_t> g_schema_epoch{1};
+
+struct SchemaEpoch : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    g_schema_epoch.fetch_add(1, std::memory_order_acq_rel);
+  }
+};
+
+void listen_for_deregistrations() {  // once; the listener stays for the process, as this library does
+  static auto* handle = new c10::RegistrationHandleRAII(
+      c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<SchemaEpoch>()));
+  (void)handle;
+}
+
+int32_t intern_slow(ThreadBuffer* b, const char* name, uint64_t schema_epoch = 0);
 
 inline int32_t intern(ThreadBuffer* b, const char* name) {
   if (name == nullptr) name = "";
   const NameSlot& slot = b->name_by_ptr[name_slot(name)];
-  if (slot.ptr == name && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) return slot.id;
+  if (slot.ptr == name && slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) {
+    return slot.id;
+  }
   return intern_slow(b, name);
 }
 
-__attribute__((noinline)) int32_t intern_slow(ThreadBuffer* b, const char* name) {
+// An op's name id; *from_schema says whether the RecordFunction is an operator's (named by its schema,
+// so without keyword inputs: the dispatcher passes none) rather than a range named by a string.
+inline int32_t intern_op(ThreadBuffer* b, const at::RecordFunction& fn, bool* from_schema) {
+  const char* name = fn.name();
+  if (name == nullptr) name = "";
+  const NameSlot& slot = b->name_by_ptr[name_slot(name)];
+  if (slot.ptr == name) {
+    if (slot.schema_epoch != 0 && slot.schema_epoch == g_schema_epoch.load(std::memory_order_acquire)) {
+      *from_schema = true;
+      return slot.id;
+    }
+    if (slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) {
+      *from_schema = false;
+      return slot.id;
+    }
+  }
+  uint64_t epoch = g_schema_epoch.load(std::memory_order_acquire);
+  *from_schema = fn.operator_name().has_value();
+  return intern_slow(b, name, *from_schema ? epoch : 0);
+}
+
+__attribute__((noinline)) int32_t intern_slow(ThreadBuffer* b, const char* name, uint64_t schema_epoch) {
   std::string s(name);
   auto found = b->name_ids.find(s);
   int32_t id;
@@ -512,7 +557,7 @@ __attribute__((noinline)) int32_t intern_slow(ThreadBuffer* b, const char* name)
     b->names.push_back(s);
     b->name_ids.emplace(std::move(s), id);
   }
-  b->name_by_ptr[name_slot(name)] = NameSlot{name, id};
+  b->name_by_ptr[name_slot(name)] = NameSlot{name, id, schema_epoch};
   return id;
 }
 
@@ -1015,7 +1060,7 @@ void encode_collective(std::string& body, const at::RecordFunction& fn) {
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
 // NUL-terminated JSON object body.
-void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
+void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, bool from_schema) {
   std::string body;
   bool jit_modules = false;
   if (g_options & kWithModules) {
@@ -1038,7 +1083,7 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
     if (g_options & kWithStack) op.stack = id;
     if (eager_modules) op.modules = id;
   }
-  if ((g_options & kRecordShapes) && fn.needsInputs()) {
+  if ((g_options & kRecordShapes) && fn.needsInputs() && !from_schema) {  // (kwinputs() copies a map)
     for (const auto& kv : fn.kwinputs()) {
       std::string value;
       if (!append_kwarg_value(value, kv.first, kv.second)) continue;
@@ -1088,7 +1133,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Busy busy(b);
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;  // read after the mark (see Busy)
   OpFields op;
-  op.name = intern(b, fn.name());
+  bool from_schema = false;
+  op.name = intern_op(b, fn, &from_schema);
   op.seq = fn.seqNr();
   op.fwd_tid = int64_t(fn.forwardThreadId());
   op.rf_tid = int64_t(fn.threadId());
@@ -1111,7 +1157,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta() || is_collective_work(fn)) {
     try {
-      encode_extra(b, fn, op);
+      encode_extra(b, fn, op, from_schema);
     } catch (...) {
       op.extra = -1;
     }
@@ -1417,6 +1463,7 @@ int polyprof_observer_start(int options) {
     g_options = options;
     bool needs_inputs = (options & (kRecordShapes | kWithFlops)) != 0;
     decide_membarrier();
+    listen_for_deregistrations();
     g_generation.fetch_add(1);
     g_recording.store(true, std::memory_order_seq_cst);
     auto callback = at::RecordFunctionCallback(on_start, on_end).needsInputs(needs_inputs);
