@@ -318,7 +318,7 @@ struct ThreadBuffer {
   std::vector<const void*> open_keys;  // their RecordFunctions, to pair start and end
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
-  NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address, verified by content
+  NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address (see NameSlot)
   ShapeStore shapes;
   std::vector<int32_t> frames;  // (stack, modules) of each op flagged kHasFrames, in op order
   std::vector<c10::IValue> values;
@@ -516,13 +516,15 @@ void listen_for_deregistrations() {  // once; the listener stays for the process
 
 int32_t intern_slow(ThreadBuffer* b, const char* name, uint64_t schema_epoch = 0);
 
+// Whether `slot` holds `name` as a name checked by content (not one trusted by its schema).
+inline bool same_text(const ThreadBuffer* b, const NameSlot& slot, const char* name) {
+  return slot.ptr == name && slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0;
+}
+
 inline int32_t intern(ThreadBuffer* b, const char* name) {
   if (name == nullptr) name = "";
   const NameSlot& slot = b->name_by_ptr[name_slot(name)];
-  if (slot.ptr == name && slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) {
-    return slot.id;
-  }
-  return intern_slow(b, name);
+  return same_text(b, slot, name) ? slot.id : intern_slow(b, name);
 }
 
 // An op's name id; *from_schema says whether the RecordFunction is an operator's (named by its schema,
@@ -531,15 +533,14 @@ inline int32_t intern_op(ThreadBuffer* b, const at::RecordFunction& fn, bool* fr
   const char* name = fn.name();
   if (name == nullptr) name = "";
   const NameSlot& slot = b->name_by_ptr[name_slot(name)];
-  if (slot.ptr == name) {
-    if (slot.schema_epoch != 0 && slot.schema_epoch == g_schema_epoch.load(std::memory_order_acquire)) {
-      *from_schema = true;
-      return slot.id;
-    }
-    if (slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0) {
-      *from_schema = false;
-      return slot.id;
-    }
+  if (slot.ptr == name && slot.schema_epoch != 0 &&
+      slot.schema_epoch == g_schema_epoch.load(std::memory_order_acquire)) {
+    *from_schema = true;
+    return slot.id;
+  }
+  if (same_text(b, slot, name)) {
+    *from_schema = false;
+    return slot.id;
   }
   uint64_t epoch = g_schema_epoch.load(std::memory_order_acquire);
   *from_schema = fn.operator_name().has_value();
