@@ -33,6 +33,24 @@ def per_call_ns(fn: Callable[[int], None], n: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def mlp_inference(passes: int = 20) -> Callable[[], None]:
+    """The torch benchmarks' workload: `passes` forward passes (no grad) of a 20-layer MLP of 64-wide
+    Linear layers on a batch of 8, ~200 aten ops a pass. Seeded, so every run builds the same one."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(20)])
+    x = torch.randn(8, 64)
+
+    def work() -> None:
+        with torch.no_grad():
+            for _ in range(passes):
+                model(x)
+
+    return work
+
+
 def report(name: str, results: dict) -> None:
     print(json.dumps({"benchmark": name, "machine": machine(), **results}, indent=2))
 

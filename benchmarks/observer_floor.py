@@ -1,5 +1,5 @@
 """What any RecordFunction observer pays, against polyprof's observer and torch.profiler, per aten op of
-the 20-layer MLP of torch_overhead.py, in one process:
+the 20-layer MLP of torch_overhead.py (`_common.mlp_inference`), in one process:
 
     .venv/bin/python benchmarks/observer_floor.py [--rounds 41] [--record-shapes]
 
@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from _common import report
+from _common import mlp_inference, report
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -66,7 +66,6 @@ def main() -> None:
     ap.add_argument("--record-shapes", action="store_true")
     args = ap.parse_args()
     import torch
-    from torch import nn
     from torch.utils.cpp_extension import load_inline
 
     import polyprof.profiler as pp
@@ -75,14 +74,7 @@ def main() -> None:
         "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
         build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(20)])
-    x = torch.randn(8, 64)
-
-    def work() -> None:
-        with torch.no_grad():
-            for _ in range(20):
-                model(x)
+    work = mlp_inference()
 
     @contextlib.contextmanager
     def minimal(mode: int):

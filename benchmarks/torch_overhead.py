@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import time
 
-from _common import report
+from _common import mlp_inference, report
 
 
 def main() -> None:
@@ -30,19 +30,10 @@ def main() -> None:
     ap.add_argument("--with-stack", action="store_true", help="profile both with with_stack=True")
     args = ap.parse_args()
     import torch
-    from torch import nn
 
     import polyprof.profiler as pp
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(20)])
-    x = torch.randn(8, 64)
-
-    def work() -> None:
-        with torch.no_grad():
-            for _ in range(args.passes):
-                model(x)
-
+    work = mlp_inference(args.passes)
     work()  # warm up
     folder = tempfile.mkdtemp()
     samples: dict[str, list[float]] = {
