@@ -81,15 +81,26 @@ def compile_command(torch: Any, output: Path) -> list[str]:
 
 def library_path(torch: Any) -> Path:
     """Where the library for this torch is (or will be) cached."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    for part in (
-        getattr(torch, "__version__", ""),
-        getattr(getattr(torch, "version", None), "git_version", ""),
-        str(Path(torch.__file__).resolve().parent),
-        " ".join(compile_command(torch, Path("out"))),
-    ):
-        digest.update(b"\0" + str(part).encode())
-    return cache_root() / "torch-observer" / digest.hexdigest()[:20] / LIBRARY_NAME
+    return cache_root() / "torch-observer" / _library_key(torch) / LIBRARY_NAME
+
+
+_keys: dict[tuple[int, str], str] = {}  # (id of the torch module, compiler): key, once per process
+
+
+def _library_key(torch: Any) -> str:
+    # every profile's start asks (hashing the source and resolving paths took ~0.8 ms of it)
+    known = (id(torch), compiler())
+    if known not in _keys:
+        digest = hashlib.sha256(SOURCE.read_bytes())
+        for part in (
+            getattr(torch, "__version__", ""),
+            getattr(getattr(torch, "version", None), "git_version", ""),
+            str(Path(torch.__file__).resolve().parent),
+            " ".join(compile_command(torch, Path("out"))),
+        ):
+            digest.update(b"\0" + str(part).encode())
+        _keys[known] = digest.hexdigest()[:20]
+    return _keys[known]
 
 
 def _trusted(path: Path) -> bool:
