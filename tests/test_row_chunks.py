@@ -108,3 +108,52 @@ def test_chunks_freed_while_recording_are_reused_and_unmapped_when_it_ends():
         assert during["ready"] == 1 and not during["helper"]
     after = fast.row_chunks_stats()
     assert after["ready"] == 0 and after["mapped"] == before["mapped"]
+
+
+def _record_one_instant_on_a_new_thread() -> None:
+    import threading
+
+    t = threading.Thread(target=polyprof.instant, args=("one",))
+    t.start()
+    t.join()
+
+
+def _faults_recording_a_chunk_on_a_new_thread() -> int:
+    """Page faults that a fresh thread takes while recording one chunk's worth of instants."""
+    import resource
+    import threading
+
+    faults = []
+
+    def record() -> None:
+        polyprof.instant("first")  # the thread's buffer and its first chunk
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for _ in range(ROWS_PER_CHUNK - 100):
+            polyprof.instant("x")
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+
+    t = threading.Thread(target=record)
+    t.start()
+    t.join()
+    return faults[0]
+
+
+def test_chunks_warmed_at_a_start_are_the_first_chunks_buffers_take_and_unused_ones_go_back():
+    gc.collect()
+    before = fast.row_chunks_stats()
+    with polyprof.profile(["cpu"]) as p:
+        for _ in range(fast.row_chunks_stats()["warm"]):  # those the start warmed (the torch observer's)
+            _record_one_instant_on_a_new_thread()
+        cold = _faults_recording_a_chunk_on_a_new_thread()
+        fast.warm_row_chunks(2)  # what the torch observer's start asks for with record_shapes
+        warmed = fast.row_chunks_stats()
+        assert warmed["warm"] == 2
+        faulted_in = _faults_recording_a_chunk_on_a_new_thread()
+        assert fast.row_chunks_stats()["warm"] == 1  # the new thread's buffer took one
+    # a chunk's worth of rows is 48 pages: cold, each faults in as it is first written
+    assert cold >= 40 and faulted_in <= 5, (cold, faulted_in)
+    assert fast.row_chunks_stats()["warm"] == 0  # the one nobody took is unmapped at the end
+    assert sum(1 for e in p.trace.activities if e.name == "x") == 2 * (ROWS_PER_CHUNK - 100)
+    del p
+    gc.collect()
+    assert fast.row_chunks_stats()["mapped"] == before["mapped"]

@@ -30,6 +30,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_wake = PTHREAD_COND_INITIALIZER;
 static void *g_ready[PP_CHUNK_READY];
 static int g_n_ready = 0;
+static void *g_warm[PP_CHUNK_READY];  /* faulted in at a profile's start, for buffers' first chunks */
+static int g_n_warm = 0;
 static int g_wanted = 0;        /* recording: the helper keeps the pool full */
 static int g_helper_alive = 0;  /* a helper thread exists (joinable) */
 static pthread_t g_helper;
@@ -92,6 +94,11 @@ static void start_helper(void) {
 
 void *pp_chunk_new(int ahead) {
     void *p = NULL;
+    if (!ahead) {  /* a buffer's first chunk (once a buffer: the lock is no cost) */
+        pthread_mutex_lock(&g_lock);
+        if (g_n_warm > 0) p = g_warm[--g_n_warm];
+        pthread_mutex_unlock(&g_lock);
+    }
     if (ahead) {
         pthread_mutex_lock(&g_lock);
         if (g_n_ready > 0) {
@@ -105,6 +112,30 @@ void *pp_chunk_new(int ahead) {
         pthread_mutex_unlock(&g_lock);
     }
     return p != NULL ? p : map_chunk();
+}
+
+/* Up to n chunks mapped and faulted in now, on the calling thread (a profile's start, which knows how
+   many buffers its first operations begin: the observer's rows, and its shapes records), handed out as
+   buffers' first chunks; otherwise a profile's first thousands of operations fault their pages in one
+   by one (90 faults over the first 4,000 ops of an MLP with record_shapes). At most PP_CHUNK_READY are
+   held; those not taken are unmapped when recording ends. */
+void pp_chunk_warm(int n) {
+    while (n-- > 0) {
+        pthread_mutex_lock(&g_lock);
+        int room = g_n_warm < PP_CHUNK_READY;
+        pthread_mutex_unlock(&g_lock);
+        if (!room) return;
+        void *p = map_chunk();
+        if (p == NULL) return;
+        fault_in(p);
+        pthread_mutex_lock(&g_lock);
+        if (g_n_warm < PP_CHUNK_READY) {
+            g_warm[g_n_warm++] = p;
+            p = NULL;
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (p != NULL) unmap_chunk(p);
+    }
 }
 
 void pp_chunk_free(void *chunk) {
@@ -128,11 +159,15 @@ void pp_chunk_pool_run(int on) {
     if (join) g_helper_alive = 0;
     void *drop[PP_CHUNK_READY];
     int n = 0;
+    void *warm[PP_CHUNK_READY];
+    int n_warm = 0;
     if (!g_wanted) {  /* the pool (the helper's, and chunks freed while recording), unless recording again */
         while (g_n_ready > 0) drop[n++] = g_ready[--g_n_ready];
+        while (g_n_warm > 0) warm[n_warm++] = g_warm[--g_n_warm];
     }
     pthread_mutex_unlock(&g_lock);
     for (int i = 0; i < n; i++) unmap_chunk(drop[i]);
+    for (int i = 0; i < n_warm; i++) unmap_chunk(warm[i]);
 }
 
 /* fork(): the lock is held across it, so the child finds the pool consistent; there the helper does
@@ -143,6 +178,7 @@ static void after_fork_child(void) {
     pthread_cond_init(&g_wake, NULL);
     g_helper_alive = 0;
     while (g_n_ready > 0) unmap_chunk(g_ready[--g_n_ready]);
+    while (g_n_warm > 0) unmap_chunk(g_warm[--g_n_warm]);
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -155,12 +191,21 @@ int pp_row_chunks_init(void) {
 
 static PyObject *sp_row_chunks_stats(PyObject *m, PyObject *unused) {
     pthread_mutex_lock(&g_lock);
-    int ready = g_n_ready, helper = g_helper_alive;
+    int ready = g_n_ready, warm = g_n_warm, helper = g_helper_alive;
     long ahead = g_faulted_ahead;
     pthread_mutex_unlock(&g_lock);
-    return Py_BuildValue("{s:l,s:i,s:O,s:l,s:O}", "mapped", __atomic_load_n(&g_mapped, __ATOMIC_RELAXED),
-                         "ready", ready, "helper", helper ? Py_True : Py_False, "faulted_ahead", ahead,
+    return Py_BuildValue("{s:l,s:i,s:i,s:O,s:l,s:O}", "mapped", __atomic_load_n(&g_mapped, __ATOMIC_RELAXED),
+                         "ready", ready, "warm", warm, "helper", helper ? Py_True : Py_False, "faulted_ahead", ahead,
                          "populate", __atomic_load_n(&g_populate, __ATOMIC_RELAXED) ? Py_True : Py_False);
+}
+
+static PyObject *sp_warm_row_chunks(PyObject *m, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pp_chunk_warm((int)(n < PP_CHUNK_READY ? n : PP_CHUNK_READY));
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *sp_row_chunk_functions(PyObject *m, PyObject *unused) {
@@ -171,8 +216,12 @@ static PyObject *sp_row_chunk_functions(PyObject *m, PyObject *unused) {
 PyMethodDef pp_row_chunks_methods[] = {
     {"row_chunk_functions", sp_row_chunk_functions, METH_NOARGS,
      "(pp_chunk_new, pp_chunk_free, chunk bytes): C addresses, for C code that records rows (the torch observer)."},
+    {"warm_row_chunks", sp_warm_row_chunks, METH_O,
+     "warm_row_chunks(n): n chunks (at most 4 held) faulted in now, for the first chunks of the buffers a "
+     "recording begins (a profile's start); those not taken are unmapped when recording ends."},
     {"row_chunks_stats", sp_row_chunks_stats, METH_NOARGS,
-     "The row chunks: mapped (now, the pool's included), ready (faulted in ahead, in the pool), helper "
+     "The row chunks: mapped (now, the pool's included), ready (faulted in ahead, in the pool), warm (faulted "
+     "in at a start, for first chunks), helper "
      "(running), faulted_ahead (handed out from the pool so far), populate (MADV_POPULATE_WRITE works)."},
     {NULL, NULL, 0, NULL},
 };

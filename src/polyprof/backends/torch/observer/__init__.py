@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -113,13 +114,15 @@ class Observer:
         recording) and its TSC clock's rate (the ops then share the recorder's clock at its cost)."""
         from polyprof._accel import speedups
 
+        self._warm_chunks: Callable[[int], None] | None = None
         if speedups is None:
             return
         chunk_new, chunk_free, chunk_bytes = speedups.row_chunk_functions()
         rate, refresh, sample = speedups.tsc_clock_addresses()
-        self.lib.polyprof_observer_use_runtime(
+        lent = self.lib.polyprof_observer_use_runtime(
             chunk_new, chunk_free, chunk_bytes, rate or None, refresh or None, sample or None
         )
+        self._warm_chunks = speedups.warm_row_chunks if lent == 0 else None
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
@@ -128,6 +131,8 @@ class Observer:
 
         if speedups is not None:
             speedups.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
+        if self._warm_chunks is not None:  # the first chunks of the starting thread's rows (and shapes)
+            self._warm_chunks(2 if options & RECORD_SHAPES else 1)
         if self.lib.polyprof_observer_start(int(options)) != 0:
             raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
 
