@@ -66,7 +66,7 @@ def test_records_timing_thread_external_id_and_args():
     assert r2["queue"] == "queue-1" and (r2["a"], r2["b"], r2["c"]) == ("fb", 0, ["a", "b", "c", "queue"])
     cols.end()
     fn("q", 1, 2, 3)
-    assert len(columns[0]) == 2, "nothing recorded after end()"
+    assert len(cols.rows(columns)) == 2, "nothing recorded after end()"
 
 
 def test_nbytes_mode_and_exceptions_pass_through_unchanged():
@@ -110,3 +110,34 @@ def test_a_broken_fallback_never_reaches_the_caller():
     assert fn("q") == ("mapped", "event")
     assert rows(cols, columns)[0]["a"] is None
 
+
+
+def test_records_past_a_chunk_keep_every_field_and_let_their_objects_go_with_them():
+    import gc
+    import weakref
+
+    class Queue:
+        pass
+
+    cols, fn = make(MODE_ARGS_1_2_3)
+    records = cols.begin()
+    queues = [Queue() for _ in range(3)]
+    n = 2_500  # past two chunks of 1,024 records
+    for i in range(n):
+        fn(queues[i % 3], f"kernel-{i}", (i,), None)
+    cols.end()
+    records.append("PY", None, None, 2**62, 2**62 + 5, 7, 2**40, "Err: x", 1, None, None)  # the Python wrapper's way
+    got = rows(cols, records)
+    assert len(got) == len(records) == n + 1
+    assert [r["a"] for r in got[:n]] == [f"kernel-{i}" for i in range(n)]
+    assert all(r["queue"] is queues[i % 3] and r["b"] == (i,) and r["c"] is None for i, r in enumerate(got[:n]))
+    assert all(0 < r["start"] <= r["end"] and r["error"] == "" for r in got[:n])
+    assert got[n] == dict(zip(FIELDS, ("PY", None, None, 2**62, 2**62 + 5, 7, 2**40, "Err: x", 1, None, None), strict=True))
+    assert cols.events(records)[:2] == ["event", "event"]
+    watched = weakref.ref(queues[0])
+    del queues, got
+    gc.collect()
+    assert watched() is not None, "the records hold their queues"
+    del records
+    gc.collect()
+    assert watched() is None, "and let them go with the records"

@@ -6,8 +6,8 @@ time: replacing those attributes for a recording catches every command, and outs
 wrapped. Not caught: a function taken from ``pyopencl._cl`` before the profile started and called
 directly, and commands enqueued by C code.
 
-A wrapper appends one record per call to column lists (:data:`FIELDS`): no container per call, so the
-garbage collector's passes stay short. The wrapper is the C interceptor of ``_intercept.c`` (a few
+A wrapper appends one record per call (:data:`FIELDS`): into the C extension's ``CallRecords`` (fixed
+width, in chunks: no Python int or list append per call), else to one list per field. The wrapper is the C interceptor of ``_intercept.c`` (a few
 hundred ns per call, the caller's arguments forwarded untouched) or, without a compiler, the same in
 Python. Kernels keep their kernel object and work sizes (a, b, c), other commands their byte count (a);
 the command's event is kept as a raw retained handle, never the user's object (a NannyEvent keeps its
@@ -38,29 +38,41 @@ MODE_FALLBACK, MODE_ARGS_1_2_3, MODE_NBYTES_OF_ARG = 0, 1, 2  # how a, b, c are 
 
 
 class CallColumns:
-    """Where wrappers record: ``holder[0]`` is one list per field while recording, else None."""
+    """Where wrappers record: ``holder[0]`` while recording (else None) is the C extension's
+    ``CallRecords`` (a fixed-width record per call), or without it one list per field."""
 
     def __init__(self) -> None:
         self.holder: list[Any] = [None]
 
-    def begin(self) -> tuple[list, ...]:
-        self.holder[0] = columns = tuple([] for _ in FIELDS)
-        return columns
+    def begin(self) -> Any:
+        self.holder[0] = records = _intercept.CallRecords() if _c_records() else tuple([] for _ in FIELDS)
+        return records
 
     def end(self) -> None:
         self.holder[0] = None
 
     @staticmethod
-    def rows(columns: tuple[list, ...]) -> list[tuple]:
-        n = min(len(c) for c in columns)  # a call on another thread may be mid-append
-        return list(zip(*(c[:n] for c in columns), strict=True))
+    def rows(records: Any) -> list[tuple]:
+        """Every call recorded, as a tuple of FIELDS, in call order."""
+        if type(records) is not tuple:
+            return records.rows()
+        n = min(len(c) for c in records)  # a call on another thread may be mid-append
+        return list(zip(*(c[:n] for c in records), strict=True))
+
+    @staticmethod
+    def events(records: Any) -> list[Any]:
+        return records.events() if type(records) is not tuple else list(records[FIELDS.index("event")])
+
+
+def _c_records() -> bool:
+    return _intercept is not None and os.environ.get("POLYPROF_PURE_PYTHON", "") in ("", "0")
 
 
 def interceptor(original: Callable, spec: Any, columns: CallColumns, *, mode: int, fallback: Callable,
                 pos: int = 0, kw_name: str | None = None, handle_type: type | None = None,
                 plain_event: Callable | None = None, retain_address: int = 0) -> Callable | None:  # fmt: skip
     """The C interceptor of `original` (None when it is not built or POLYPROF_PURE_PYTHON is set)."""
-    if _intercept is None or os.environ.get("POLYPROF_PURE_PYTHON", "") not in ("", "0"):
+    if not _c_records():
         return None
     return _intercept.Interceptor(original, spec, columns.holder, mode, pos, kw_name, fallback, handle_type,
                                   plain_event or (lambda *a: None), retain_address)  # fmt: skip
@@ -113,8 +125,11 @@ def _python_wrapper(original: Callable, spec: CommandSpec, payload: Callable, qu
             event = _own_handle(result[1] if type(result) is tuple else result)
             row = (spec, arg(args, kwargs, queue_at, "queue"), event, start, host_ns(), threading.get_native_id(),
                    _current_external_id(), error, *payload(args, kwargs))  # fmt: skip
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
+            if type(columns) is tuple:
+                for column, value in zip(columns, row, strict=True):
+                    column.append(value)
+            else:
+                columns.append(*row)
 
     wrapper.__polyprof_original__ = original  # type: ignore[attr-defined]
     return wrapper

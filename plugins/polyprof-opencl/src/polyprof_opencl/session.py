@@ -27,7 +27,7 @@ class OpenCLSession(SessionBase):
         wanted = ctx.options.get("devices")
         self.devices = [d for d in devices if wanted is None or d.index in wanted]
         self.clocks = {d.index: (DeviceClock(cl, d.device), ClockPairs()) for d in self.devices}
-        self.columns: tuple[list, ...] | None = None
+        self.columns: Any = None  # the calls recorded (intercept.CallColumns.begin)
 
     def _sample_clocks(self) -> None:
         for index, (clock, pairs) in self.clocks.items():
@@ -49,13 +49,13 @@ class OpenCLSession(SessionBase):
 
     def close(self) -> None:
         self.stop()
-        for event in self.columns[2] if self.columns else ():  # never collected: release retained handles
+        for event in recorder.events(self.columns) if self.columns is not None else ():  # never collected: release retained handles
             adopt_event(event)
         self.columns = None  # no events, queues or kernels kept alive after the profile
 
     # -- collect ----------------------------------------------------------------------------------
     def collect(self, sink: Sink) -> None:
-        rows, self.columns = (recorder.rows(self.columns) if self.columns else []), None
+        rows, self.columns = (recorder.rows(self.columns) if self.columns is not None else []), None
         devices = {int(d.device.int_ptr): d for d in self.devices}
         mappings = self._mappings()
         for d in self.devices:
