@@ -126,14 +126,14 @@ def test_records_past_a_chunk_keep_every_field_and_let_their_objects_go_with_the
     for i in range(n):
         fn(queues[i % 3], f"kernel-{i}", (i,), None)
     cols.end()
-    records.append("PY", None, None, 2**62, 2**62 + 5, 7, 2**40, "Err: x", 1, None, None)  # the Python wrapper's way
+    records.append(("PY", None, None, 2**62, 2**62 + 5, 7, 2**40, "Err: x", 1, None, None))  # the Python wrappers' way
     got = rows(cols, records)
     assert len(got) == len(records) == n + 1
     assert [r["a"] for r in got[:n]] == [f"kernel-{i}" for i in range(n)]
     assert all(r["queue"] is queues[i % 3] and r["b"] == (i,) and r["c"] is None for i, r in enumerate(got[:n]))
     assert all(0 < r["start"] <= r["end"] and r["error"] == "" for r in got[:n])
     assert got[n] == dict(zip(FIELDS, ("PY", None, None, 2**62, 2**62 + 5, 7, 2**40, "Err: x", 1, None, None), strict=True))
-    assert cols.events(records)[:2] == ["event", "event"]
+    assert [r["event"] for r in got[:2]] == ["event", "event"]
     watched = weakref.ref(queues[0])
     del queues, got
     gc.collect()

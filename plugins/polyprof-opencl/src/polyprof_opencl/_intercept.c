@@ -135,35 +135,29 @@ static PyObject *records_rows(CallRecordsObject *self, PyObject *unused) {
     return out;
 }
 
-static PyObject *records_events(CallRecordsObject *self, PyObject *unused) {
-    PyObject *out = PyList_New(self->n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < self->n; i++) PyList_SET_ITEM(out, i, object_or_none(records_at(self, i)->objects[F_EVENT]));
-    return out;
-}
-
-static PyObject *records_append(CallRecordsObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "append() takes the 11 fields of a call (see intercept.FIELDS)");
+static PyObject *records_append(CallRecordsObject *self, PyObject *row) {
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 11) {
+        PyErr_SetString(PyExc_TypeError, "append() takes a tuple of the 11 fields of a call (see intercept.FIELDS)");
         return NULL;
     }
-    long long start = PyLong_AsLongLong(args[3]), end = PyLong_AsLongLong(args[4]);
-    unsigned long tid = PyLong_AsUnsignedLong(args[5]);
-    long long ext = PyLong_AsLongLong(args[6]);
+    PyObject *const *f = &PyTuple_GET_ITEM(row, 0);
+    long long start = PyLong_AsLongLong(f[3]), end = PyLong_AsLongLong(f[4]);
+    unsigned long tid = PyLong_AsUnsignedLong(f[5]);
+    long long ext = PyLong_AsLongLong(f[6]);
     if (PyErr_Occurred()) return NULL;
     CallRecord *r = records_next(self);
     if (r == NULL) return NULL;
     static const int objects[] = {0, 1, 2, 7, 8, 9, 10};  /* the FIELDS that are objects, in F_ order */
-    for (int f = 0; f < N_OBJECTS; f++) r->objects[f] = args[objects[f]] == Py_None ? NULL : Py_NewRef(args[objects[f]]);
+    for (int i = 0; i < N_OBJECTS; i++) r->objects[i] = f[objects[i]] == Py_None ? NULL : Py_NewRef(f[objects[i]]);
     r->start = start, r->end = end, r->tid = tid, r->external_id = ext;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef records_methods[] = {
-    {"append", (PyCFunction)(void (*)(void))records_append, METH_FASTCALL,
-     "append(spec, queue, event, start, end, tid, external_id, error, a, b, c): one call's record."},
+    {"append", (PyCFunction)records_append, METH_O,
+     "append((spec, queue, event, start, end, tid, external_id, error, a, b, c)): one call's record, as a "
+     "list of row tuples takes it (the Python wrappers')."},
     {"rows", (PyCFunction)records_rows, METH_NOARGS, "Every record as a tuple of the 11 FIELDS, in call order."},
-    {"events", (PyCFunction)records_events, METH_NOARGS, "Every record's event (None where it had none)."},
     {NULL, NULL, 0, NULL},
 };
 

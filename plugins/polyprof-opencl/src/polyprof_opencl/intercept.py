@@ -7,7 +7,7 @@ wrapped. Not caught: a function taken from ``pyopencl._cl`` before the profile s
 directly, and commands enqueued by C code.
 
 A wrapper appends one record per call (:data:`FIELDS`): into the C extension's ``CallRecords`` (fixed
-width, in chunks: no Python int or list append per call), else to one list per field. The wrapper is the C interceptor of ``_intercept.c`` (a few
+width, in chunks: no Python int or list append per call), else a row tuple to a list. The wrapper is the C interceptor of ``_intercept.c`` (a few
 hundred ns per call, the caller's arguments forwarded untouched) or, without a compiler, the same in
 Python. Kernels keep their kernel object and work sizes (a, b, c), other commands their byte count (a);
 the command's event is kept as a raw retained handle, never the user's object (a NannyEvent keeps its
@@ -39,13 +39,13 @@ MODE_FALLBACK, MODE_ARGS_1_2_3, MODE_NBYTES_OF_ARG = 0, 1, 2  # how a, b, c are 
 
 class CallColumns:
     """Where wrappers record: ``holder[0]`` while recording (else None) is the C extension's
-    ``CallRecords`` (a fixed-width record per call), or without it one list per field."""
+    ``CallRecords`` (a fixed-width record per call), or without it a list of row tuples."""
 
     def __init__(self) -> None:
         self.holder: list[Any] = [None]
 
     def begin(self) -> Any:
-        self.holder[0] = records = _intercept.CallRecords() if _c_records() else tuple([] for _ in FIELDS)
+        self.holder[0] = records = _intercept.CallRecords() if _c_records() else []
         return records
 
     def end(self) -> None:
@@ -54,14 +54,7 @@ class CallColumns:
     @staticmethod
     def rows(records: Any) -> list[tuple]:
         """Every call recorded, as a tuple of FIELDS, in call order."""
-        if type(records) is not tuple:
-            return records.rows()
-        n = min(len(c) for c in records)  # a call on another thread may be mid-append
-        return list(zip(*(c[:n] for c in records), strict=True))
-
-    @staticmethod
-    def events(records: Any) -> list[Any]:
-        return records.events() if type(records) is not tuple else list(records[FIELDS.index("event")])
+        return list(records) if type(records) is list else records.rows()
 
 
 def _c_records() -> bool:
@@ -125,11 +118,7 @@ def _python_wrapper(original: Callable, spec: CommandSpec, payload: Callable, qu
             event = _own_handle(result[1] if type(result) is tuple else result)
             row = (spec, arg(args, kwargs, queue_at, "queue"), event, start, host_ns(), threading.get_native_id(),
                    _current_external_id(), error, *payload(args, kwargs))  # fmt: skip
-            if type(columns) is tuple:
-                for column, value in zip(columns, row, strict=True):
-                    column.append(value)
-            else:
-                columns.append(*row)
+            columns.append(row)
 
     wrapper.__polyprof_original__ = original  # type: ignore[attr-defined]
     return wrapper

@@ -49,8 +49,8 @@ class OpenCLSession(SessionBase):
 
     def close(self) -> None:
         self.stop()
-        for event in recorder.events(self.columns) if self.columns is not None else ():  # never collected: release retained handles
-            adopt_event(event)
+        for row in recorder.rows(self.columns) if self.columns is not None else ():  # never collected: release
+            adopt_event(row[2])  # the retained handles
         self.columns = None  # no events, queues or kernels kept alive after the profile
 
     # -- collect ----------------------------------------------------------------------------------
