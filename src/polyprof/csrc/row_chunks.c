@@ -104,6 +104,8 @@ void *pp_chunk_new(int ahead) {
         if (g_n_ready > 0) {
             p = g_ready[--g_n_ready];
             g_faulted_ahead++;
+        } else if (g_n_warm > 0) {  /* the pool is empty while its helper starts: a warm one left over */
+            p = g_warm[--g_n_warm];
         }
         /* the first buffer past its first chunk starts the helper: a short recording (under 8,192
            rows a thread) never does, nor pays for the pool it would fill */
@@ -116,7 +118,7 @@ void *pp_chunk_new(int ahead) {
 
 /* Up to n chunks mapped and faulted in now, on the calling thread (a profile's start, which knows how
    many buffers its first operations begin: the observer's rows, and its shapes records), handed out as
-   buffers' first chunks; otherwise a profile's first thousands of operations fault their pages in one
+   buffers' first chunks, and as a second chunk while the pool is still empty; otherwise a profile's first thousands of operations fault their pages in one
    by one (90 faults over the first 4,000 ops of an MLP with record_shapes). At most PP_CHUNK_READY are
    held; those not taken are unmapped when recording ends. */
 void pp_chunk_warm(int n) {
