@@ -94,33 +94,28 @@ static void start_helper(void) {
 
 void *pp_chunk_new(int ahead) {
     void *p = NULL;
-    if (!ahead) {  /* a buffer's first chunk (once a buffer: the lock is no cost) */
-        pthread_mutex_lock(&g_lock);
-        if (g_n_warm > 0) p = g_warm[--g_n_warm];
-        pthread_mutex_unlock(&g_lock);
+    pthread_mutex_lock(&g_lock);  /* (a buffer's first chunk asks once a buffer: the lock is no cost) */
+    if (ahead && g_n_ready > 0) {
+        p = g_ready[--g_n_ready];
+        g_faulted_ahead++;
+    } else if (g_n_warm > 0) {  /* a first chunk, or a later one while the pool is empty (its helper starting) */
+        p = g_warm[--g_n_warm];
     }
     if (ahead) {
-        pthread_mutex_lock(&g_lock);
-        if (g_n_ready > 0) {
-            p = g_ready[--g_n_ready];
-            g_faulted_ahead++;
-        } else if (g_n_warm > 0) {  /* the pool is empty while its helper starts: a warm one left over */
-            p = g_warm[--g_n_warm];
-        }
         /* the first buffer past its first chunk starts the helper: a short recording (under 8,192
            rows a thread) never does, nor pays for the pool it would fill */
         if (g_wanted && !g_helper_alive) start_helper();
         pthread_cond_signal(&g_wake);
-        pthread_mutex_unlock(&g_lock);
     }
+    pthread_mutex_unlock(&g_lock);
     return p != NULL ? p : map_chunk();
 }
 
 /* Up to n chunks mapped and faulted in now, on the calling thread (a profile's start, which knows how
-   many buffers its first operations begin: the observer's rows, and its shapes records), handed out as
-   buffers' first chunks, and as a second chunk while the pool is still empty; otherwise a profile's first thousands of operations fault their pages in one
-   by one (90 faults over the first 4,000 ops of an MLP with record_shapes). At most PP_CHUNK_READY are
-   held; those not taken are unmapped when recording ends. */
+   many its first operations fill: the observer's rows, and its shapes records), handed out as buffers'
+   first chunks, and as later ones while the pool is still empty; otherwise a profile's first thousands
+   of operations fault their pages in one by one (90 faults over the first 4,000 ops of an MLP with
+   record_shapes). At most PP_CHUNK_READY are held; those not taken are unmapped when recording ends. */
 void pp_chunk_warm(int n) {
     while (n-- > 0) {
         pthread_mutex_lock(&g_lock);
@@ -159,17 +154,15 @@ void pp_chunk_pool_run(int on) {
     if (join) pthread_join(g_helper, NULL);  /* at most one chunk's faulting away (~0.1 ms) */
     pthread_mutex_lock(&g_lock);
     if (join) g_helper_alive = 0;
-    void *drop[PP_CHUNK_READY];
+    void *drop[2 * PP_CHUNK_READY];
     int n = 0;
-    void *warm[PP_CHUNK_READY];
-    int n_warm = 0;
-    if (!g_wanted) {  /* the pool (the helper's, and chunks freed while recording), unless recording again */
+    if (!g_wanted) {  /* the pool (the helper's, chunks freed while recording) and the warm chunks left,
+                         unless recording again */
         while (g_n_ready > 0) drop[n++] = g_ready[--g_n_ready];
-        while (g_n_warm > 0) warm[n_warm++] = g_warm[--g_n_warm];
+        while (g_n_warm > 0) drop[n++] = g_warm[--g_n_warm];
     }
     pthread_mutex_unlock(&g_lock);
     for (int i = 0; i < n; i++) unmap_chunk(drop[i]);
-    for (int i = 0; i < n_warm; i++) unmap_chunk(warm[i]);
 }
 
 /* fork(): the lock is held across it, so the child finds the pool consistent; there the helper does

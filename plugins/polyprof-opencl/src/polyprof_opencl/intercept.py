@@ -7,9 +7,9 @@ wrapped. Not caught: a function taken from ``pyopencl._cl`` before the profile s
 directly, and commands enqueued by C code.
 
 A wrapper appends one record per call (:data:`FIELDS`): into the C extension's ``CallRecords`` (fixed
-width, in chunks: no Python int or list append per call), else a row tuple to a list. The wrapper is the C interceptor of ``_intercept.c`` (a few
-hundred ns per call, the caller's arguments forwarded untouched) or, without a compiler, the same in
-Python. Kernels keep their kernel object and work sizes (a, b, c), other commands their byte count (a);
+width, in chunks: no Python int or list append per call), else a row tuple to a list. The wrapper is
+the C interceptor of ``_intercept.c`` (a few hundred ns per call, the caller's arguments forwarded
+untouched) or, without a compiler, the same in Python. Kernels keep their kernel object and work sizes (a, b, c), other commands their byte count (a);
 the command's event is kept as a raw retained handle, never the user's object (a NannyEvent keeps its
 host array alive and blocks when dropped).
 """

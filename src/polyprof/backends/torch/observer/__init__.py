@@ -131,8 +131,8 @@ class Observer:
 
         if speedups is not None:
             speedups.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
-        if self._warm_chunks is not None:  # the starting thread's first chunk of rows; with shapes, two
-            self._warm_chunks(3 if options & RECORD_SHAPES else 1)  # of those (~72 bytes an op: 4,000 ops)
+        if self._warm_chunks is not None:  # the starting thread's first chunk of op rows, and with shapes
+            self._warm_chunks(3 if options & RECORD_SHAPES else 1)  # two of shapes records (~72 B an op)
         if self.lib.polyprof_observer_start(int(options)) != 0:
             raise RuntimeError(self.lib.polyprof_observer_error().decode(errors="replace"))
 
