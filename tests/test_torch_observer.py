@@ -750,29 +750,46 @@ def test_the_observers_op_rows_come_from_the_recorders_chunks_and_go_back():
     assert speedups.row_chunks_stats()["mapped"] == before["mapped"]
 
 
+FIRST_OPS_FAULTS = """
+import json, resource, sys
+import torch
+from polyprof._accel import speedups
+from polyprof.profiler import ProfilerActivity, profile
+
+record_shapes = sys.argv[1] == "1"
+a = torch.ones(2, 3)
+rows = 6_000  # within the first chunk of rows (8,192) and of shapes records (32 bytes each here)
+for _ in range(rows):  # the loop's own first-time allocations, outside the count
+    a.neg()
+with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof:
+    warm_at_start = speedups.row_chunks_stats()["warm"]
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for _ in range(rows):
+        a.neg()
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    warm_after = speedups.row_chunks_stats()["warm"]
+ops = sum(1 for x in prof.trace.activities if x.name == "aten::neg")
+print(json.dumps({"warm_at_start": warm_at_start, "warm_after": warm_after, "faults": faults, "ops": ops}))
+"""
+
+
 @needs_observer
 @pytest.mark.skipif(polyprof_speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
 @pytest.mark.parametrize("record_shapes", [False, True])
 def test_a_profiles_first_ops_write_into_chunks_faulted_in_at_its_start(record_shapes):
     """The start faults in the first chunk of the starting thread's op rows (and two of its shapes
-    records), so that a profile's first thousands of ops do not fault their pages in one by one."""
-    import resource
-
-    from polyprof.profiler import ProfilerActivity, profile
-
-    speedups = polyprof_speedups
-    a = torch.ones(2, 3)
-    rows = 6_000  # within the first chunk of rows (8,192) and of shapes records (32 bytes each here)
-    for _ in range(rows):  # the loop's own first-time allocations, outside the count
-        a.neg()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof:
-        assert speedups.row_chunks_stats()["warm"] == (3 if record_shapes else 1)
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        for _ in range(rows):
-            a.neg()
-        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
-        # the thread's first chunks were warm ones (with shapes, one is left for the second shapes chunk)
-        assert speedups.row_chunks_stats()["warm"] == (1 if record_shapes else 0)
+    records), so that a profile's first thousands of ops do not fault their pages in one by one.
+    Counted in a fresh process: what earlier tests left (traces being freed, a trimmed heap) would
+    fault pages in on this thread too."""
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_OPS_FAULTS, "1" if record_shapes else "0"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["warm_at_start"] == (3 if record_shapes else 1)
+    # the thread's first chunks were warm ones (with shapes, one is left for the second shapes chunk)
+    assert got["warm_after"] == (1 if record_shapes else 0)
     # cold, 6,000 rows of 24 bytes fault ~35 pages in, and their shapes records ~47 more
-    assert faults <= 10, faults
-    assert sum(1 for x in prof.trace.activities if x.name == "aten::neg") == rows
+    assert got["faults"] <= 10, got["faults"]
+    assert got["ops"] == 6_000
