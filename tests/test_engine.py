@@ -606,6 +606,34 @@ def test_rows_handed_over_by_flush_while_recording_join_those_of_collect(registr
     assert trace.backends["flushy"].activities == 6
 
 
+def test_a_span_open_across_flushes_is_written_once_and_whole(registry):
+    """A flush hands over what the threads completed; a span open through it (and through the next)
+    comes once, whole, with its args, and what was made under it keeps it as parent."""
+    import time
+
+    backend = _FlushingBackend()
+    registry.register(backend)
+    with polyprof.profile(["cpu", "flushy"], registry=registry, flush_interval_s=0.02) as prof:
+        with polyprof.record_function("across", {"k": 1}):
+            with polyprof.record_function("done before"):
+                pass
+            deadline = time.monotonic() + 5
+            while backend.session.flushes < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            polyprof.instant("mark")
+        with polyprof.record_function("after"):
+            pass
+    trace = prof.trace
+    assert backend.session.flushes >= 2 and "flush" in trace.backends["host"].timings_ms
+    spans = {a.name: a for a in trace.activities_of(ActivityKind.USER_ANNOTATION)}
+    assert len(trace.activities_of(ActivityKind.USER_ANNOTATION)) == 3 and set(spans) == {"across", "done before", "after"}
+    across, before, after = spans["across"], spans["done before"], spans["after"]
+    assert across.args == {"k": 1}, "complete: not written as unfinished"
+    assert across.start <= before.start <= before.end <= across.end <= after.start
+    (mark,) = trace.activities_of(ActivityKind.INSTANT)
+    assert across.start <= mark.start <= across.end and mark.external_id == across.correlation
+
+
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_span_closing_while_the_profile_stops_is_written_once(registry, attempt):
     """Under heavy thread switching, spans close between the recorder's end and the hand-over of their

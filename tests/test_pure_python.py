@@ -135,3 +135,19 @@ def test_the_c_decorator_behaves_as_the_python_wrapper_did():
         assert failed.end >= failed.start and "finished" not in (failed.args or {})
     finally:
         _decorated_module_function = plain
+
+
+def test_the_engines_span_tests_pass_on_the_pure_python_path():
+    """The pure-Python recorder keeps open spans as placeholders in the thread's event list: the
+    engine's tests of spans open at a stop, across flushes, closing while the profile stops, from
+    threads and asyncio tasks, run again on it (the suite itself runs on the C path where it is built)."""
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "test_engine.py"), "-k",
+         "span or annotation or flush"],
+        capture_output=True, text=True, env={**os.environ, "POLYPROF_PURE_PYTHON": "1"}, cwd=tests.parent,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "deselected" in r.stdout

@@ -100,43 +100,66 @@ class PyEventBuffer:
     """Pure-Python twin of ``polyprof._speedups.EventBuffer``. One flat list, seven items an event
     (type, start, end, id, parent, name, args), each event added by one ``extend``, so that another
     thread taking them (:meth:`take`) never splits an event. Flat rather than a tuple per event: no
-    object per event for the garbage collector to count and scan, and 56 bytes an event, not 120."""
+    object per event for the garbage collector to count and scan, and 56 bytes an event, not 120.
 
-    __slots__ = ("events", "open")
+    A span is written when it is entered, with ``None`` (:data:`OPEN`) as its end, and its exit
+    writes the end in place: the placeholders are the thread's open spans, so there is no list of
+    them to keep, and an exit is one store. A span still open when its list was taken (a flush) or
+    cleared (a new recording) leaves that list alone and is written whole into the new one."""
+
+    __slots__ = ("events",)
 
     def __init__(self) -> None:
         self.events: list[Any] = []  # flat: FIELDS columns, then name and args, per event
-        self.open: list[Any] = []  # spans entered while recording and not exited yet
 
     def add(self, type_: int, start: int, end: int, name: Any, ident: int, parent: int, args: Any) -> None:
         self.events.extend((type_, start, end, ident, parent, name, args))
 
     def clear(self) -> None:
         self.events = []
-        self.open.clear()
 
-    def open_spans(self) -> list[Any]:
-        return list(self.open)
+    def open_spans(self) -> list[tuple]:
+        """(name, args, start, id, parent) of each span open in these events (entered, not exited)."""
+        events = self.events
+        return [(events[at + 5], events[at + 6], events[at + 1], events[at + 3], events[at + 4])
+                for at in _open_at(events)]  # fmt: skip
 
     def take(self) -> PyEventBuffer:
-        """A new buffer with every event; this one is left empty. The new one's open spans are the
-        states of the spans open now: (name, args, start, id, parent)."""
+        """A new buffer with every event; this one is left empty. The spans open now stay open in
+        the new one (:meth:`open_spans`): their exits write into this buffer's next events."""
         out = PyEventBuffer()
         out.events, self.events = self.events, []
-        out.open = [(s.name, s.args, *state) for s in list(self.open) if (state := s.open_state) is not None]
         return out
 
     def snapshot(self) -> tuple[Any, list, list]:
         import numpy as np
 
         events = self.events[:]
+        for at in reversed(_open_at(events)):  # the open spans are not events yet
+            del events[at : at + _STRIDE]
         rows = np.empty((len(events) // _STRIDE, FIELDS), dtype=np.int64)
         for field in range(FIELDS):
             rows[:, field] = events[field::_STRIDE]
         return rows, events[FIELDS::_STRIDE], events[FIELDS + 1 :: _STRIDE]
 
     def __len__(self) -> int:
-        return len(self.events) // _STRIDE
+        ends = self.events[2::_STRIDE]
+        return len(ends) - ends.count(OPEN)
+
+
+#: A span's end while it is open (PyEventBuffer).
+OPEN = None
+
+
+def _open_at(events: list) -> list[int]:
+    """Where the open spans' events begin in a flat event list."""
+    ends = events[2::_STRIDE]
+    found, at = [], 0
+    for _ in range(ends.count(OPEN)):
+        at = ends.index(OPEN, at)
+        found.append(at * _STRIDE)
+        at += 1
+    return found
 
 
 def snapshot(buffer: Any) -> tuple[Any, list, list]:
@@ -261,19 +284,20 @@ class _PyRecordFunction:  # noqa: N801
     `args` is a string (as in torch) or a dict of JSON-serialisable values.
     """
 
-    __slots__ = ("name", "args", "_start", "_id", "_token", "_parent", "_range", "_handle", "_buf")
+    __slots__ = ("name", "args", "_events", "_at", "_buf", "_token", "_range", "_handle")
 
     def __init__(self, name: str, args: str | dict[str, Any] | None = None) -> None:
         self.name = name
         self.args = args
-        self._start = -1  # _range and _handle are set only where a framework range was entered
+        self._events = None  # while open in a recording: the list its event is in (_range and _handle
+        # are set only where the bridge to a framework's ranges was installed)
 
     def __enter__(self) -> _PyRecordFunction:
         if _bridge is not None:
             self._enter_range()
         if recorder.active:
-            self._id = i = _new_id()
-            self._parent = _current_id()
+            i = _new_id()
+            parent = _current_id()
             self._token = _current_set(i)
             if correlation.targets:
                 correlation.push(i, correlation.KIND_ANNOTATION)
@@ -281,42 +305,48 @@ class _PyRecordFunction:  # noqa: N801
                 buf = _local.events
             except AttributeError:
                 buf = recorder.buffer()
-            buf.open.append(self)
             self._buf = buf
-            self._start = host_ns()
+            start = host_ns()
+            events = buf.events  # (read after the last call: a take() in between would miss the event)
+            events.extend((SPAN, start, OPEN, i, parent, self.name, self.args))
+            self._at = len(events) - _STRIDE  # only this thread appends to its list
+            self._events = events
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        start = self._start
-        if start < 0:
+        events = self._events
+        if events is None:
             if _bridge is not None:
                 self._exit_range()
             return
         end = host_ns()
-        self._start = -1
-        args = self._exit_range() if _bridge is not None else self.args
+        self._events = None
         _current_reset(self._token)
         self._token = None
         if correlation.targets:
             correlation.pop(correlation.KIND_ANNOTATION)
-        buf, self._buf = self._buf, None  # the entering thread's (a task may close it on another)
-        spans = buf.open
-        if spans and spans[-1] is self:
-            spans.pop()
-        else:
-            _forget(spans, self)
-        if type(buf) is PyEventBuffer:  # add(), inlined
-            buf.events.extend((SPAN, start, end, self._id, self._parent, self.name, args))
-        else:
-            buf.add(SPAN, start, end, self.name, self._id, self._parent, args)
+        at, buf = self._at, self._buf  # the entering thread's (a task may close it on another)
+        self._buf = None
+        if events is buf.events:  # (no call between the test and the store: no other thread runs)
+            events[at + 2] = end
+            if _bridge is not None and (args := self._exit_range()) is not self.args:
+                events[at + 6] = args
+        else:  # its list was taken or cleared meanwhile: the whole span goes to the new one
+            args = self._exit_range() if _bridge is not None else self.args
+            buf.events.extend((SPAN, events[at + 1], end, events[at + 3], events[at + 4], self.name, args))
 
     def _enter_range(self) -> None:
-        if _bridge.consumers():
-            self._range, self._handle = _bridge.enter(str(self.name), args_text(self.args))
+        # both set either way: an unset slot read with getattr's default raises inside (~0.3 us)
+        self._range, self._handle = (
+            _bridge.enter(str(self.name), args_text(self.args)) if _bridge.consumers() else (None, 0)
+        )
 
     def _exit_range(self) -> Any:
         """Exit the framework range entered with the span, if any; the span's args to record."""
-        rng, handle = getattr(self, "_range", None), getattr(self, "_handle", 0)
+        try:
+            rng, handle = self._range, self._handle
+        except AttributeError:  # entered before the bridge was installed
+            return self.args
         if rng is not None:
             self._range, self._handle = None, 0
             _bridge.exit(rng)
@@ -325,16 +355,13 @@ class _PyRecordFunction:  # noqa: N801
     @property
     def open_state(self) -> tuple[int, int, int] | None:
         """(start, id, parent) while the span is open in a recording, else None."""
-        return (self._start, self._id, self._parent) if self._start >= 0 else None
+        events = self._events
+        if events is None:
+            return None
+        at = self._at
+        return events[at + 1], events[at + 3], events[at + 4]
 
     __call__ = _decorate
-
-
-def _forget(open_spans: list, span: Any) -> None:
-    for i in range(len(open_spans) - 1, -1, -1):  # usually the last one
-        if open_spans[i] is span:
-            del open_spans[i]
-            return
 
 
 if speedups is not None:
