@@ -142,3 +142,38 @@ def test_ring_mode_keeps_the_last_seconds_only(registry):
     assert names == ["recent"]
     assert prof.trace.backends["host"].dropped.get("older than the ring (ring_s)", 0) + \
         prof.trace.backends["host"].dropped.get("outside capture window", 0) >= 1  # fmt: skip
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["stop", "windows on the writer"])
+def test_a_dropped_profile_and_its_trace_are_freed_without_the_garbage_collector(registry, scheduled):
+    """A profile keeps its window jobs, and a job's closure holds the profile: once the job has run the
+    closure is let go, so dropping the profile frees it and its traces at once, not at some later
+    collection that would land in the user's loop (and keep a large trace's memory until then)."""
+    import gc
+    import weakref
+
+    traces = []
+    gc.collect()
+    gc.disable()
+    try:
+        if scheduled:
+            sched = polyprof.schedule(wait=0, warmup=0, active=1, repeat=2)
+            keep = lambda p: traces.append(weakref.ref(p.trace))  # noqa: E731
+            with polyprof.profile(["cpu"], schedule=sched, on_trace_ready=keep) as prof:
+                for _ in range(3):
+                    with polyprof.record_function("work"):
+                        pass
+                    prof.step()
+            assert len(traces) == 2
+        else:
+            with polyprof.profile(["cpu"]) as prof:
+                with polyprof.record_function("work"):
+                    pass
+            traces.append(weakref.ref(prof.trace))
+        assert traces[-1]() is not None, "the last window's trace is the profile's"
+        profile_ref = weakref.ref(prof)
+        del prof
+        assert profile_ref() is None, "the profile outlived its last reference (a reference cycle)"
+        assert all(t() is None for t in traces), "a trace outlived its profile"
+    finally:
+        gc.enable()

@@ -29,7 +29,7 @@ class Job:
     __slots__ = ("run", "collected", "merged", "done", "error", "result")
 
     def __init__(self, run: Callable[[Job], Any]) -> None:
-        self.run = run
+        self.run: Callable[[Job], Any] | None = run
         self.collected = threading.Event()  # the backends handed over (their next window may start)
         self.merged = threading.Event()  # the trace exists
         self.done = threading.Event()  # handlers ran
@@ -37,6 +37,9 @@ class Job:
         self.result: Any = None
 
     def finish(self) -> None:
+        # the run closure holds its profile, and the profile keeps its jobs: let go of it once it has run,
+        # so that a profile and its trace are freed when the user drops them, not by a later GC pass
+        self.run = None
         self.collected.set()
         self.merged.set()
         self.done.set()
