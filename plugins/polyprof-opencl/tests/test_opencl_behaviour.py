@@ -268,3 +268,28 @@ def test_device_rows_are_numbered_from_one_and_copies_named_for_hta(cl, context)
     assert {a.name for a in rows} >= {"Memcpy HtoD (Host -> Device)", "Memset (Fill)", "Memcpy Map", "Memcpy Unmap"}
     assert all(a.name.startswith(("Memcpy", "Memset")) for a in rows)  # HTA types these as memory
     assert {trace.resources[a.resource].id for a in rows} == {1} and {a.args["stream"] for a in rows} == {1}
+
+
+def test_a_profiles_start_reuses_the_wrappers_and_loader_lookup_of_earlier_profiles(cl, context, program, monkeypatch):
+    """The wrappers and clRetainEvent's address are made once a process: a start that rebuilt them made
+    ~100 objects for the collector (and a new ctypes type per start) inside the user's window."""
+    from polyprof_opencl import intercept
+
+    queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    buf = cl.Buffer(context, cl.mem_flags.READ_WRITE, 64 * 4)
+    host = np.ones(64, np.float32)
+    wrappers, copies = [], []
+    for n in range(2):
+        with polyprof.profile(["opencl"]) as prof:
+            wrappers.append((cl._cl.enqueue_nd_range_kernel, cl.enqueue_copy))
+            program.add_one(queue, (64,), None, buf)
+            cl.enqueue_copy(queue, buf, host, is_blocking=False).wait()
+            queue.finish()
+        if n == 0:
+            assert intercept.cl_retain_event_address() != 0, "PoCL's loader has clRetainEvent"
+            monkeypatch.setattr(intercept, "_find_cl_retain_event", lambda: pytest.fail("looked up a second time"))
+        assert len(prof.trace.activities_of(ActivityKind.KERNEL)) == 1, _what_was_recorded(prof.trace)
+        copies.append(prof.trace.activities_of(ActivityKind.GPU_MEMCPY))
+    assert wrappers[0][0] is wrappers[1][0] and wrappers[0][1] is wrappers[1][1], "the same wrappers"
+    assert wrappers[0][0] is not cl._cl.enqueue_nd_range_kernel, "and pyopencl's own function after the profile"
+    assert [len(c) for c in copies] == [1, 1] and all(c[0].args["bytes"] == 256 for c in copies)
