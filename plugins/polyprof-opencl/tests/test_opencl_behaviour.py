@@ -270,7 +270,7 @@ def test_device_rows_are_numbered_from_one_and_copies_named_for_hta(cl, context)
     assert {trace.resources[a.resource].id for a in rows} == {1} and {a.args["stream"] for a in rows} == {1}
 
 
-def test_a_profiles_start_reuses_the_wrappers_and_loader_lookup_of_earlier_profiles(cl, context, program, monkeypatch):
+def test_a_profiles_start_reuses_the_wrappers_and_loader_lookup_of_earlier_profiles(cl, context, program):
     """The wrappers and clRetainEvent's address are made once a process: a start that rebuilt them made
     ~100 objects for the collector (and a new ctypes type per start) inside the user's window."""
     from polyprof_opencl import intercept
@@ -287,9 +287,10 @@ def test_a_profiles_start_reuses_the_wrappers_and_loader_lookup_of_earlier_profi
             queue.finish()
         if n == 0:
             assert intercept.cl_retain_event_address() != 0, "PoCL's loader has clRetainEvent"
-            monkeypatch.setattr(intercept, "_find_cl_retain_event", lambda: pytest.fail("looked up a second time"))
+            lookups = intercept.cl_retain_event_address.cache_info().misses
         assert len(prof.trace.activities_of(ActivityKind.KERNEL)) == 1, _what_was_recorded(prof.trace)
         copies.append(prof.trace.activities_of(ActivityKind.GPU_MEMCPY))
+    assert intercept.cl_retain_event_address.cache_info().misses == lookups, "clRetainEvent looked up again"
     assert wrappers[0][0] is wrappers[1][0] and wrappers[0][1] is wrappers[1][1], "the same wrappers"
     assert wrappers[0][0] is not cl._cl.enqueue_nd_range_kernel, "and pyopencl's own function after the profile"
     assert [len(c) for c in copies] == [1, 1] and all(c[0].args["bytes"] == 256 for c in copies)

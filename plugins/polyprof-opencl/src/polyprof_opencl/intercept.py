@@ -88,7 +88,9 @@ def _payload(spec: CommandSpec) -> Callable[[tuple, dict], tuple]:
     return lambda args, kwargs: (nbytes_of(spec, args, kwargs), None, None)
 
 
-def _wrap(original: Callable, spec: CommandSpec) -> Callable:
+@functools.cache  # made once a process: a start that built ~20 interceptors gave the GC work in the window
+def _wrap(original: Callable, spec: CommandSpec, c_records: bool) -> Callable:
+    """The wrapper of `original`; `c_records` (whether it records into C records) keys the cache."""
     mode, pos, kw_name = MODE_FALLBACK, 0, None
     if spec.category == KERNEL:
         mode = MODE_ARGS_1_2_3
@@ -124,19 +126,9 @@ def _python_wrapper(original: Callable, spec: CommandSpec, payload: Callable, qu
     return wrapper
 
 
+@functools.cache  # a CDLL is a dlopen and a new ctypes type: once a process
 def cl_retain_event_address() -> int:
-    """Address of clRetainEvent in the OpenCL loader already loaded in this process (pyopencl's), or 0.
-    Found once a process (a CDLL is a dlopen and a new ctypes type); a 0 is looked for again."""
-    global _retain_address
-    if not _retain_address:
-        _retain_address = _find_cl_retain_event()
-    return _retain_address
-
-
-_retain_address = 0
-
-
-def _find_cl_retain_event() -> int:
+    """Address of clRetainEvent in the OpenCL loader already loaded in this process (pyopencl's), or 0."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")}
@@ -165,16 +157,6 @@ class Patches:
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
         self._lock = threading.Lock()
-        # wrappers made by earlier installs, by name, with what they wrap: a profile's start reuses
-        # them rather than building ~20 interceptors and closures for the collector to walk each time
-        self._made: dict[tuple[str, bool], tuple[Any, Callable]] = {}
-
-    def _wrapper(self, name: str, original: Any, make: Callable[[], Callable]) -> Callable:
-        key = (name, _c_records())  # a C interceptor records only into C records, and the reverse
-        made = self._made.get(key)
-        if made is None or made[0] is not original:
-            self._made[key] = made = (original, make())
-        return made[1]
 
     @property
     def installed(self) -> bool:
@@ -190,15 +172,12 @@ class Patches:
             for spec in COMMANDS:
                 original = getattr(_cl, spec.attr, None)
                 if original is not None:
-                    wrapper = self._wrapper(spec.attr, original, functools.partial(_wrap, original, spec))
-                    self._set(_cl, spec.attr, wrapper)
+                    self._set(_cl, spec.attr, wrapper := _wrap(original, spec, _c_records()))
                     if getattr(cl, spec.attr, None) is original:  # re-exported under the same name
                         self._set(cl, spec.attr, wrapper)
             memory_map = getattr(_cl, "MemoryMap", None)
             if memory_map is not None and hasattr(memory_map, "release"):
-                original = memory_map.release
-                release = self._wrapper("MemoryMap.release", original, lambda: _python_wrapper(
-                    original, UNMAP_SPEC, _payload(UNMAP_SPEC), queue_at=1))  # fmt: skip
+                release = _python_wrapper(memory_map.release, UNMAP_SPEC, _payload(UNMAP_SPEC), queue_at=1)
                 self._set(memory_map, "release", release)
             if cl.CommandQueue is not (queue_class := profiling_queue_class(cl)):
                 self._set(cl, "CommandQueue", queue_class)
