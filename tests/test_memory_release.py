@@ -14,7 +14,7 @@ from polyprof import memory
 
 
 class _Owner:
-    """Something that holds a trace in a reference cycle, as a profile does."""
+    """Something that holds a trace in a reference cycle (a user's object; a profile is in none)."""
 
     def __init__(self, payload):
         self.payload, self.me = payload, self

@@ -9,8 +9,8 @@ holds free (``malloc_trim``) after that object has been collected::
     release_when_collected(trace)
 
 The trace's finalizer only marks the release as due; it happens at the end of the garbage collector's
-next pass, when whatever the trace's owner (a profile, in reference cycles) held is freed too, and in
-no other thread. Elsewhere (another C library, another OS) nothing is done.
+next pass, when whatever the trace's owner held is freed too (an owner in a reference cycle included),
+and in no other thread. Elsewhere (another C library, another OS) nothing is done.
 """
 
 from __future__ import annotations
