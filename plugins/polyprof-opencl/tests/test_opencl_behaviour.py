@@ -272,7 +272,7 @@ def test_device_rows_are_numbered_from_one_and_copies_named_for_hta(cl, context)
 
 def test_a_profiles_start_reuses_the_wrappers_and_loader_lookup_of_earlier_profiles(cl, context, program):
     """The wrappers and clRetainEvent's address are made once a process: a start that rebuilt them made
-    ~100 objects for the collector (and a new ctypes type per start) inside the user's window."""
+    ~100 objects and a new ctypes type (a CDLL of the loader) every time."""
     from polyprof_opencl import intercept
 
     queue = cl.CommandQueue(context, properties=cl.command_queue_properties.PROFILING_ENABLE)

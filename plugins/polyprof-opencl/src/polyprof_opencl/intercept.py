@@ -88,7 +88,7 @@ def _payload(spec: CommandSpec) -> Callable[[tuple, dict], tuple]:
     return lambda args, kwargs: (nbytes_of(spec, args, kwargs), None, None)
 
 
-@functools.cache  # made once a process: a start that built ~20 interceptors gave the GC work in the window
+@functools.cache  # made once a process, not ~20 interceptors and their closures at every profile's start
 def _wrap(original: Callable, spec: CommandSpec, c_records: bool) -> Callable:
     """The wrapper of `original`; `c_records` (whether it records into C records) keys the cache."""
     mode, pos, kw_name = MODE_FALLBACK, 0, None
