@@ -20,12 +20,9 @@ therefore pins the enqueueing thread to one CPU and every other thread of the pr
 others, which holds the placement fixed for both modes: what remains is what polyprof adds to a call.
 The same case also runs unpinned (`*_unpinned`), as before.
 
-A dropped profile's trace asks glibc to give its freed memory back (polyprof.memory: `malloc_trim` at
-the end of the next garbage collection), and the pages it gave back fault in again in whatever allocates
-next: a cost per window (~0.15 ms and ~130 page faults on the 2-core VM), not per enqueue, which here
-would always land in the next unprofiled batch and make the added figure look smaller. The children
-turn it off (`--trim 1` keeps it). Targets, pinned: under 2 us added per enqueue (issue #3); host-buffer
-writes at most +0.8 us (issue #21).
+Since polyprof.memory trims the heap only after traces of RELEASE_MIN_ROWS or more, the trim no
+longer follows these small windows (it did, and landed in the next unprofiled batch: BENCHMARKS.md).
+Targets, pinned: under 2 us added per enqueue (issue #3); host-buffer writes at most +0.8 us (issue #21).
 """
 
 from __future__ import annotations
@@ -49,17 +46,11 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=5, help="fresh child processes per case")
     ap.add_argument("--case", choices=["kernel_enqueue", "write_enqueue"], help=argparse.SUPPRESS)
     ap.add_argument("--pin", type=int, choices=[0, 1], default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--trim", type=int, choices=[0, 1], default=0, help="keep the trim after each window")
     args = ap.parse_args()
     if args.case is None:
         return _parent(args)
     os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "1")
     import pyopencl as cl
-
-    if not args.trim:
-        from polyprof import memory
-
-        memory._trim = None  # a per-window cost (see the module docstring), not an enqueue's
 
     ctx = cl.create_some_context(interactive=False)
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -132,8 +123,7 @@ def _parent(args: argparse.Namespace) -> None:
     import subprocess
     import sys
 
-    results: dict = {"n_per_batch": args.n, "repeats": args.repeats, "processes": args.processes,
-                     "trim_after_window": bool(args.trim)}  # fmt: skip
+    results: dict = {"n_per_batch": args.n, "repeats": args.repeats, "processes": args.processes}
     cases = [
         (case, target, pin)
         for case, target in (("kernel_enqueue", 2000), ("write_enqueue", 800))
@@ -143,8 +133,7 @@ def _parent(args: argparse.Namespace) -> None:
         runs = []
         for _ in range(args.processes):
             out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--repeats", str(args.repeats),
-                                  "--case", case, "--pin", str(pin), "--trim", str(args.trim)],
-                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
+                                  "--case", case, "--pin", str(pin)], capture_output=True, text=True, check=True).stdout  # fmt: skip
             runs.append(json.loads(out.strip().splitlines()[-1]))
         results.setdefault("device", runs[0]["device"])
         results.setdefault("pocl_threads", runs[0]["pocl_threads"])

@@ -24,6 +24,7 @@ class _Owner:
 def test_the_release_waits_for_the_collection_that_frees_the_owner(monkeypatch):
     calls = []
     monkeypatch.setattr(memory, "_trim", lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(memory, "RELEASE_MIN_ROWS", 1)
     with polyprof.profile(["cpu"]) as prof:
         with polyprof.record_function("x"):
             pass
@@ -40,6 +41,27 @@ def test_the_release_waits_for_the_collection_that_frees_the_owner(monkeypatch):
 
 
 def test_a_program_that_exits_with_a_trace_alive_exits_at_once():
-    code = "import polyprof\nwith polyprof.profile(['cpu']) as p:\n    polyprof.instant('x')\nkeep = p.trace\n"
+    code = (
+        "import polyprof, polyprof.memory\npolyprof.memory.RELEASE_MIN_ROWS = 1\n"
+        "with polyprof.profile(['cpu']) as p:\n    polyprof.instant('x')\nkeep = p.trace\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(memory._trim is None, reason="needs glibc's malloc_trim (Linux)")
+def test_only_a_trace_of_release_min_rows_or_more_asks_for_the_release(monkeypatch):
+    """A trim gives back every free page of the heap, the program's too, and they fault in again: after
+    a small window that costs more than it frees."""
+    calls = []
+    monkeypatch.setattr(memory, "_trim", lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(memory, "RELEASE_MIN_ROWS", 3)
+    for rows, expected in ((2, []), (3, [0])):
+        calls.clear()
+        with polyprof.profile(["cpu"]) as prof:
+            for _ in range(rows):
+                polyprof.instant("x")
+        assert len(prof.trace.activities) == rows
+        del prof
+        gc.collect()
+        assert calls == expected, f"a trace of {rows} rows"

@@ -2,11 +2,11 @@
 
 glibc keeps the pages of small blocks freed amid others (a profile's columns and conversion leave many)
 for the process's next allocations, so a 2 M-event profile could leave tens of MiB resident after
-every reference to it was dropped. ``release_when_collected(trace)`` asks glibc to return what it
+every reference to it was dropped. ``release_when_collected(trace, rows)`` asks glibc to return what it
 holds free (``malloc_trim``) after that object has been collected::
 
     trace = merge(...)
-    release_when_collected(trace)
+    release_when_collected(trace, len(trace.activities))
 
 The trace's finalizer only marks the release as due; it happens at the end of the garbage collector's
 next pass, when whatever the trace's owner held is freed too (an owner in a reference cycle included),
@@ -50,10 +50,16 @@ def _after_collection(phase: str, info: dict) -> None:
         release_freed_memory()
 
 
-def release_when_collected(obj: Any) -> None:
-    """Return freed memory after `obj` is collected (at the end of the next garbage collection; not at
-    exit)."""
-    if _trim is None:
+#: Traces of fewer rows ask for no release: what they and their merge free is small, the allocator
+#: reuses it for the next window, and a trim gives back every free page of the heap (the program's too),
+#: which then faults in again (~0.15 ms and ~130 page faults after each small window on a 2-core VM).
+RELEASE_MIN_ROWS = 100_000
+
+
+def release_when_collected(obj: Any, rows: int) -> None:
+    """Return freed memory after `obj`, of `rows` rows, is collected (at the end of the next garbage
+    collection; not at exit), when it has at least :data:`RELEASE_MIN_ROWS`."""
+    if _trim is None or rows < RELEASE_MIN_ROWS:
         return
     if _after_collection not in gc.callbacks:
         gc.callbacks.append(_after_collection)

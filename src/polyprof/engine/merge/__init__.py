@@ -297,7 +297,7 @@ def merge(
         window=window,
         timings_ms={"merge_passes": took},
     )
-    release_when_collected(trace)  # what its columns and the merge freed goes back once it is gone
+    release_when_collected(trace, len(activities))  # a large one: what it and the merge freed goes back
     return trace
 
 
