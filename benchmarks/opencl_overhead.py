@@ -14,8 +14,8 @@ Where the scheduler puts PoCL's worker decides most of an unpinned figure on a 2
 worker shares the enqueueing thread's core and commands pile up while it waits (an enqueue costs ~0.8 us
 here), or it sleeps on the other core and every enqueue wakes it (~1.9 us, the enqueueing thread then
 often preempted by it: /proc's context-switch counts show which). Which of the two a batch gets moves
-from process to process and with what ran just before (a profile's start and stop wait on the device),
-so unpinned, profiled minus unprofiled swings by a microsecond either way. After the warm-up each child
+from process to process and with what ran just before (not the profile's clock markers: kernels read the
+same with clock sampling turned off), so unpinned, profiled minus unprofiled swings by a microsecond. After the warm-up each child
 therefore pins the enqueueing thread to one CPU and every other thread of the process (PoCL's) to the
 others, which holds the placement fixed for both modes: what remains is what polyprof adds to a call.
 The same case also runs unpinned (`*_unpinned`), as before.
