@@ -215,6 +215,25 @@ def test_ops_defined_and_deleted_while_recording_keep_their_own_names():
 
 
 @needs_observer
+def test_more_names_than_the_name_cache_holds_each_recorded_as_itself():
+    """The observer caches a name's id by the name's address (two ways per set, a few hundred slots):
+    600 range names and the ops inside them, taken in turns so that names keep evicting each other,
+    are each recorded under their own name."""
+    from polyprof.profiler import ProfilerActivity, profile
+
+    x = torch.ones(2)
+    names = [f"range_{i:03d}" for i in range(600)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            for name in names:
+                with torch.profiler.record_function(name):
+                    x.neg()
+    recorded = [a.name for a in prof.trace.activities if a.name.startswith("range_") or a.name == "aten::neg"]
+    expected = [n for _ in range(2) for name in names for n in (name, "aten::neg")]
+    assert recorded == expected
+
+
+@needs_observer
 def test_ops_are_timed_and_nested_on_the_profiling_thread():
     import threading
 

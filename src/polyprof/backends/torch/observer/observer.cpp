@@ -291,21 +291,23 @@ struct Mem {
   int64_t device_index;
 };
 
-// A name's id by the address torch handed it at: a direct-mapped cache in front of
-// ThreadBuffer::name_ids. A range named by a string (a Python record_function) may hand a later,
-// different name at a freed name's address, so such a hit is verified by content; an operator's name
-// lives in its schema, which no other name can share while the operator is registered, so a slot
-// marked with the schema epoch (see SchemaEpoch) needs no check while the epoch holds.
+// A name's id by the address torch handed it at: a two-way cache in front of ThreadBuffer::name_ids
+// (direct-mapped, two of a model's few op names sharing a slot took turns evicting each other: in some
+// processes one op in five went the slow way, copying its operator name). A range named by a string
+// (a Python record_function) may hand a later, different name at a freed name's address, so such a hit
+// is verified by content; an operator's name lives in its schema, which no other name can share while
+// the operator is registered, so a slot marked with the schema epoch (see SchemaEpoch) needs no check
+// while the epoch holds.
 struct NameSlot {
   const char* ptr;
   int32_t id;
   uint64_t schema_epoch;  // 0: verify by content
 };
-constexpr size_t kNameSlots = 256;
+constexpr size_t kNameSlots = 256;  // 128 sets of two
 
-inline size_t name_slot(const char* name) {
-  auto a = uintptr_t(name);
-  return (a ^ (a >> 9)) & (kNameSlots - 1);
+inline size_t name_set(const char* name) {  // the first of its set's two slots
+  uint64_t a = uint64_t(uintptr_t(name)) * 0x9E3779B97F4A7C15ull;  // every address bit moves the top ones
+  return size_t(a >> 57) * 2;
 }
 
 struct ThreadBuffer {
@@ -516,6 +518,13 @@ void listen_for_deregistrations() {  // once; the listener stays for the process
 
 int32_t intern_slow(ThreadBuffer* b, const char* name, uint64_t schema_epoch = 0);
 
+// The slot cached for a name's address, or nullptr.
+inline const NameSlot* cached_name(const ThreadBuffer* b, const char* name) {
+  const NameSlot* set = &b->name_by_ptr[name_set(name)];
+  if (set[0].ptr == name) return &set[0];
+  return set[1].ptr == name ? &set[1] : nullptr;
+}
+
 // Whether `slot` holds `name` as a name checked by content (not one trusted by its schema).
 inline bool same_text(const ThreadBuffer* b, const NameSlot& slot, const char* name) {
   return slot.ptr == name && slot.schema_epoch == 0 && std::strcmp(b->names[size_t(slot.id)].c_str(), name) == 0;
@@ -523,8 +532,8 @@ inline bool same_text(const ThreadBuffer* b, const NameSlot& slot, const char* n
 
 inline int32_t intern(ThreadBuffer* b, const char* name) {
   if (name == nullptr) name = "";
-  const NameSlot& slot = b->name_by_ptr[name_slot(name)];
-  return same_text(b, slot, name) ? slot.id : intern_slow(b, name);
+  const NameSlot* slot = cached_name(b, name);
+  return slot != nullptr && same_text(b, *slot, name) ? slot->id : intern_slow(b, name);
 }
 
 // An op's name id; *from_schema says whether the RecordFunction is an operator's (named by its schema,
@@ -532,15 +541,16 @@ inline int32_t intern(ThreadBuffer* b, const char* name) {
 inline int32_t intern_op(ThreadBuffer* b, const at::RecordFunction& fn, bool* from_schema) {
   const char* name = fn.name();
   if (name == nullptr) name = "";
-  const NameSlot& slot = b->name_by_ptr[name_slot(name)];
-  if (slot.ptr == name && slot.schema_epoch != 0 &&
-      slot.schema_epoch == g_schema_epoch.load(std::memory_order_acquire)) {
-    *from_schema = true;
-    return slot.id;
-  }
-  if (same_text(b, slot, name)) {
-    *from_schema = false;
-    return slot.id;
+  const NameSlot* slot = cached_name(b, name);
+  if (slot != nullptr) {
+    if (slot->schema_epoch != 0 && slot->schema_epoch == g_schema_epoch.load(std::memory_order_acquire)) {
+      *from_schema = true;
+      return slot->id;
+    }
+    if (same_text(b, *slot, name)) {
+      *from_schema = false;
+      return slot->id;
+    }
   }
   uint64_t epoch = g_schema_epoch.load(std::memory_order_acquire);
   *from_schema = fn.operator_name().has_value();
@@ -558,7 +568,9 @@ __attribute__((noinline)) int32_t intern_slow(ThreadBuffer* b, const char* name,
     b->names.push_back(s);
     b->name_ids.emplace(std::move(s), id);
   }
-  b->name_by_ptr[name_slot(name)] = NameSlot{name, id, schema_epoch};
+  NameSlot* set = &b->name_by_ptr[name_set(name)];
+  if (set[0].ptr != name) set[1] = set[0];  // the older name keeps the second slot
+  set[0] = NameSlot{name, id, schema_epoch};
   return id;
 }
 
