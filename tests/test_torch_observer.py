@@ -163,6 +163,7 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     ]
     image, weight = base[None, None], torch.ones(1, 1, 3, 3)
     grad = torch.nn.functional.conv2d(image, weight)
+    complex_base = base.to(torch.complex64)
 
     def work():
         for _ in range(1_000):
@@ -171,6 +172,7 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
             torch.cat([base, base.t().t()], dim=1)
             torch.add(base, base.t().t(), alpha=2)
             torch.add(base, base, alpha=0.5)  # scalars and lists of them are kept in the record
+            torch.add(complex_base, complex_base, alpha=0.5 + 2j)  # a complex one is kept as an IValue
             base.sum(dim=[0, 1], keepdim=True)
             torch.nn.functional.interpolate(image, scale_factor=(2.0, 1.5))
             torch.ops.aten.convolution_backward(
@@ -191,7 +193,7 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     assert ours == theirs
     assert sum(ours.values()) >= 1_000 * 9 and any('[1, 7]' in key for _, key in ours), "the odd strides are there"
     concrete = " ".join(key for _, key in ours)
-    for kept in ("0.5", "[0, 1]", "True", "[2., 1.5]", "[True, False, True]"):
+    for kept in ("0.5", "[0, 1]", "True", "[2., 1.5]", "[True, False, True]", "0.5+2.j"):
         assert kept in concrete, kept
 
 

@@ -234,6 +234,9 @@ class ShapeStore {
     Chunk& c = chunks_.back();
     return c.data + c.filled;
   }
+  // The room left after the last record, [room(), limit()) (both nullptr before the first chunk).
+  int64_t* room() const { return chunks_.empty() ? nullptr : chunks_.back().data + chunks_.back().filled; }
+  const int64_t* limit() const { return chunks_.empty() ? nullptr : chunks_.back().data + chunks_.back().cap; }
   void commit(const int64_t* end) { chunks_.back().filled = size_t(end - chunks_.back().data); }
   Mark mark() const { return {chunks_.size(), chunks_.empty() ? 0 : chunks_.back().filled}; }
   void rollback(Mark m) {  // back to a mark: the records after it are gone
@@ -433,6 +436,14 @@ struct ThreadState {
 };
 thread_local ThreadState t_state;
 thread_local std::shared_ptr<ThreadBuffer> t_owner;  // keeps t_state.buffer alive
+
+// t_state, looked up once: the compiler would otherwise look it up again (a __tls_get_addr call)
+// after each call it cannot see into rather than keep its address.
+inline ThreadState& thread_state() {
+  ThreadState* ts = &t_state;
+  asm("" : "+r"(ts));
+  return *ts;
+}
 
 inline int64_t gettime_ns() {
   timespec ts;
@@ -661,8 +672,7 @@ std::vector<at::RecordFunctionCallback::StartCallback> g_collector_callbacks;
 
 // -- operator inputs (record_shapes) ------------------------------------------------------------------
 
-// A tensor's part of a shapes record: its tag, then its scalar type, rank, sizes and strides (what
-// there is of them).
+// Whether a tensor has sizes and strides to record (strided, not nested, not symbolic).
 bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_nested() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
@@ -671,17 +681,10 @@ size_t tensor_ints(const at::Tensor& t) {  // at most
   return t.defined() ? 1 + 2 * size_t(t.dim()) : 1;
 }
 
-// Whether `strides` are the contiguous strides of `sizes` (as at::Tensor::contiguous() makes them;
-// exactly, not is_contiguous(), which lets a size-1 dimension have any stride).
-bool contiguous_strides(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  int64_t expected = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    if (strides[d] != expected) return false;
-    expected *= std::max<int64_t>(sizes[d], 1);
-  }
-  return true;
-}
-
+// A tensor's part of a shapes record: its head (tag, scalar type, rank), its sizes, and its strides
+// unless they are exactly the contiguous strides of its sizes (as at::Tensor::contiguous() makes them;
+// not is_contiguous(), which lets a size-1 dimension have any stride). One pass copies the sizes and
+// compares the strides.
 int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
   if (!t.defined()) {
     *p++ = kUndefinedTensor;
@@ -692,39 +695,58 @@ int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
     *p++ = input_head(kTensorNoShape, st);
     return p;
   }
-  auto sizes = t.sizes();
-  auto strides = t.strides();
-  bool contiguous = contiguous_strides(sizes, strides);
-  *p++ = input_head(contiguous ? kTensorContiguous : kTensor, st | int64_t(sizes.size()) << 8);
-  p = std::copy(sizes.begin(), sizes.end(), p);
-  return contiguous ? p : std::copy(strides.begin(), strides.end(), p);
+  c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+  const int64_t* size = sizes.data();
+  const int64_t* stride = strides.data();
+  size_t ndim = sizes.size();
+  int64_t* head = p++;
+  uint64_t expected = 1;  // (unsigned: huge expanded sizes wrap the product instead of overflowing)
+  bool contiguous = true;
+  for (size_t d = ndim; d-- > 0;) {
+    p[d] = size[d];
+    contiguous &= uint64_t(stride[d]) == expected;
+    expected *= uint64_t(std::max<int64_t>(size[d], 1));
+  }
+  p += ndim;
+  *head = input_head(contiguous ? kTensorContiguous : kTensor, st | int64_t(ndim) << 8);
+  if (contiguous) return p;
+  for (size_t d = 0; d < ndim; ++d) p[d] = stride[d];
+  return p + ndim;
 }
 
-// An op's shapes record, appended to ThreadBuffer::shapes in one step (sized first, then written).
-void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
-  auto inputs = fn.inputs();
-  if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
-  size_t need = 1;
-  for (const c10::IValue& v : inputs) {
-    if (v.isTensor()) {
-      need += tensor_ints(v.toTensor());
-    } else if (v.isList()) {  // at most: a tensor list's tensors, or the values of a list of scalars
-      auto elements = v.toListRef();
-      need += 1 + elements.size();
-      for (const c10::IValue& e : elements) {
-        if (e.isTensor()) need += tensor_ints(e.toTensor());
-      }
-    } else {
-      need += 2;
-    }
+// The most words an input can take in a record.
+size_t input_ints(const c10::IValue& v) {
+  if (v.isTensor()) return tensor_ints(v.toTensor());
+  if (v.isList()) {  // a tensor list's tensors, or the values of a list of scalars
+    auto elements = v.toListRef();
+    size_t n = 1 + elements.size();
+    if (!elements.empty() && (elements[0].isInt() || elements[0].isDouble() || elements[0].isBool())) return n;
+    for (const c10::IValue& e : elements) n += e.isTensor() ? tensor_ints(e.toTensor()) - 1 : 0;
+    return n;
   }
-  int64_t* p = b->shapes.reserve(need);
-  op.shapes = 0;  // (the records are read back in op order: the flag is all the op keeps)
+  return 2;
+}
+
+int64_t* drop_values(ThreadBuffer* b, size_t values_at) {
+  b->values.resize(values_at);
+  return nullptr;
+}
+
+// Writes the record of `inputs` at p, in one pass, if it fits before `limit`; returns its end, or
+// nullptr (then what it wrote is not kept, and its kept scalars are dropped from ThreadBuffer::values).
+int64_t* write_inputs(ThreadBuffer* b, c10::ArrayRef<c10::IValue> inputs, int64_t* p, const int64_t* limit) {
+  size_t values_at = b->values.size();
+  if (p == nullptr || limit - p < 1) return nullptr;
   *p++ = int64_t(inputs.size());
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
-      p = write_tensor(p, v.toTensor());
-    } else if (v.isNone()) {
+      const at::Tensor& t = v.toTensor();
+      if (size_t(limit - p) < tensor_ints(t)) return drop_values(b, values_at);
+      p = write_tensor(p, t);
+      continue;
+    }
+    if (v.isList() ? size_t(limit - p) < input_ints(v) : limit - p < 2) return drop_values(b, values_at);
+    if (v.isNone()) {
       *p++ = kNone;
     } else if (v.isInt()) {
       *p++ = kInt;
@@ -762,7 +784,24 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
       *p++ = kOther;
     }
   }
-  b->shapes.commit(p);
+  return p;
+}
+
+// An op's shapes record, appended to ThreadBuffer::shapes: written in one pass where the current
+// chunk has room for it (nearly always), sized first and written into a new chunk where not.
+void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
+  auto inputs = fn.inputs();
+  if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
+  int64_t* p = b->shapes.room();
+  int64_t* end = write_inputs(b, inputs, p, b->shapes.limit());
+  if (end == nullptr) {
+    size_t need = 1;
+    for (const c10::IValue& v : inputs) need += input_ints(v);
+    p = b->shapes.reserve(need);
+    end = write_inputs(b, inputs, p, p + need);
+  }
+  op.shapes = 0;  // (the records are read back in op order: the flag is all the op keeps)
+  b->shapes.commit(end);
 }
 
 void append_json_string(std::string& out, const std::string& s) {
@@ -1070,10 +1109,19 @@ void encode_collective(std::string& body, const at::RecordFunction& fn) {
   }
 }
 
+// Whether an op may have extra args to write (see encode_extra); `collective` is is_collective_work(fn).
+// An operator's (from_schema) have none with record_shapes alone: the dispatcher passes no kwargs.
+bool wants_extra(const at::RecordFunction& fn, bool from_schema, bool collective) {
+  if (g_options & (kWithFlops | kWithModules | kWithStack)) return true;
+  if ((g_options & kRecordShapes) && fn.needsInputs() && !from_schema) return true;  // its kwargs
+  return collective || fn.isNcclMeta();
+}
+
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
 // NUL-terminated JSON object body.
-void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, bool from_schema) {
+
+void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, bool from_schema, bool collective) {
   std::string body;
   bool jit_modules = false;
   if (g_options & kWithModules) {
@@ -1117,7 +1165,7 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, b
       }
     }
   }
-  if (is_collective_work(fn)) encode_collective(body, fn);
+  if (collective) encode_collective(body, fn);
   if (fn.isNcclMeta()) {  // record_param_comms: Kineto's collective args, already JSON values
     for (const auto& kv : torch::profiler::impl::saveNcclMeta(fn)) {
       if (kv.second.empty()) continue;
@@ -1136,7 +1184,7 @@ void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, b
 // -- the callbacks -----------------------------------------------------------------------------------
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  ThreadState& ts = t_state;
+  ThreadState& ts = thread_state();
   if (ts.skip_next) {  // polyprof's own record_function: its host backend records it
     ts.skip_next = false;
     return nullptr;
@@ -1168,15 +1216,17 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       b->values.resize(values_at);
     }
   }
-  if ((g_options & (kRecordShapes | kWithFlops | kWithModules | kWithStack)) || fn.isNcclMeta() || is_collective_work(fn)) {
+  bool collective = is_collective_work(fn);
+  if (wants_extra(fn, from_schema, collective)) {
     try {
-      encode_extra(b, fn, op, from_schema);
+      encode_extra(b, fn, op, from_schema, collective);
     } catch (...) {
       op.extra = -1;
     }
   }
   int64_t index = int64_t(b->ops.size());
-  b->ops.push_back(pack(b, op, fn.isAsync()));
+  bool async = fn.isAsync();
+  b->ops.push_back(pack(b, op, async));
   if (op.stack >= 0 || op.modules >= 0) {
     try {
       b->frames.push_back(op.stack);
@@ -1187,7 +1237,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
   }
   b->ops.back().start = now_ns(ts);
-  if (fn.isAsync()) {  // may end on another thread
+  if (async) {  // may end on another thread
     b->async_open.fetch_add(1, std::memory_order_relaxed);
     auto ctx = std::make_unique<AsyncContext>();
     ctx->buffer = t_owner;
@@ -1200,7 +1250,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  ThreadState& ts = t_state;
+  ThreadState& ts = thread_state();
   int64_t t = now_ns(ts);
   if (!g_recording.load(std::memory_order_relaxed)) return;
   ThreadBuffer* b = thread_buffer(ts);
@@ -1214,7 +1264,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
   auto& open = b->open;
   auto& keys = b->open_keys;
-  for (size_t i = open.size(); i-- > 0;) {  // innermost first: nearly always the last one
+  if (!keys.empty() && keys.back() == &fn) {  // the innermost: nearly always
+    set_end(*b, b->ops[open.back()], t);
+    open.pop_back();
+    keys.pop_back();
+    return;
+  }
+  for (size_t i = open.size(); i-- > 0;) {
     if (keys[i] == &fn) {
       set_end(*b, b->ops[open[i]], t);
       open.erase(open.begin() + long(i));
@@ -1353,7 +1409,7 @@ void append_ints(std::string& out, const int64_t* v, int64_t n) {
   out.push_back(']');
 }
 
-// A tensor's strides; those of a contiguous one computed from its sizes (see contiguous_strides).
+// A tensor's strides; those of a contiguous one computed from its sizes (see write_tensor).
 void append_strides(std::string& out, const Input& in) {
   if (in.strides != nullptr || in.ndim == 0) {
     append_ints(out, in.strides, in.ndim);
