@@ -166,12 +166,13 @@ class OpStore {
   Op& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
   const Op& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
   Op& back() { return (*this)[n_ - 1]; }
-  void push_back(const Op& op) {
+  Op& push_back(const Op& op) {
     if (n_ == chunks_.size() * kChunk) grow();
     Op* slot = &chunks_.back()[n_ % kChunk];
     new (slot) Op(op);
     __builtin_prefetch(slot + 8, 1, 3);  // the pool's chunks were faulted in on another core
     n_++;
+    return *slot;
   }
   void swap(OpStore& other) {
     chunks_.swap(other.chunks_);
@@ -1226,17 +1227,17 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   int64_t index = int64_t(b->ops.size());
   bool async = fn.isAsync();
-  b->ops.push_back(pack(b, op, async));
+  Op& row = b->ops.push_back(pack(b, op, async));
   if (op.stack >= 0 || op.modules >= 0) {
     try {
       b->frames.push_back(op.stack);
       b->frames.push_back(op.modules);
-      b->ops.back().name_scope |= kHasFrames;
+      row.name_scope |= kHasFrames;
     } catch (...) {  // kept without its frames
       b->frames.resize(b->frames.size() & ~size_t(1));
     }
   }
-  b->ops.back().start = now_ns(ts);
+  row.start = now_ns(ts);
   if (async) {  // may end on another thread
     b->async_open.fetch_add(1, std::memory_order_relaxed);
     auto ctx = std::make_unique<AsyncContext>();
