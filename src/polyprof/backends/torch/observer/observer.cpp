@@ -674,7 +674,7 @@ std::vector<at::RecordFunctionCallback::StartCallback> g_collector_callbacks;
 // -- operator inputs (record_shapes) ------------------------------------------------------------------
 
 // Whether a tensor has sizes and strides to record (strided, not nested, not symbolic).
-bool plain_tensor(const at::Tensor& t) {
+inline __attribute__((always_inline)) bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_nested() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
@@ -686,7 +686,7 @@ size_t tensor_ints(const at::Tensor& t) {  // at most
 // unless they are exactly the contiguous strides of its sizes (as at::Tensor::contiguous() makes them;
 // not is_contiguous(), which lets a size-1 dimension have any stride). One pass copies the sizes and
 // compares the strides.
-int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
+inline __attribute__((always_inline)) int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
   if (!t.defined()) {
     *p++ = kUndefinedTensor;
     return p;
