@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -800,6 +801,7 @@ void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) 
     for (const c10::IValue& v : inputs) need += input_ints(v);
     p = b->shapes.reserve(need);
     end = write_inputs(b, inputs, p, p + need);
+    if (end == nullptr) throw std::logic_error("a shapes record outgrew its size");  // (the op: no shapes)
   }
   op.shapes = 0;  // (the records are read back in op order: the flag is all the op keeps)
   b->shapes.commit(end);
@@ -1121,7 +1123,6 @@ bool wants_extra(const at::RecordFunction& fn, bool from_schema, bool collective
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
 // NUL-terminated JSON object body.
-
 void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, bool from_schema, bool collective) {
   std::string body;
   bool jit_modules = false;
