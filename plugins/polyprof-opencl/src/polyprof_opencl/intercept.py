@@ -90,14 +90,14 @@ def _payload(spec: CommandSpec) -> Callable[[tuple, dict], tuple]:
 
 @functools.cache  # made once a process, not ~20 interceptors and their closures at every profile's start
 def _wrap(original: Callable, spec: CommandSpec, c_records: bool) -> Callable:
-    """The wrapper of `original`; `c_records` (whether it records into C records) keys the cache."""
+    """The wrapper of `original`: the C interceptor where `c_records` (so it keys the cache), else Python's."""
     mode, pos, kw_name = MODE_FALLBACK, 0, None
     if spec.category == KERNEL:
         mode = MODE_ARGS_1_2_3
     elif spec.nbytes is hostbuf_bytes:
         mode, pos, kw_name = MODE_NBYTES_OF_ARG, 2, "hostbuf"
     fast = interceptor(original, spec, recorder, mode=mode, pos=pos, kw_name=kw_name, fallback=_payload(spec),
-                       handle_type=_nanny["type"], plain_event=_nanny["plain"], retain_address=_nanny["retain"])  # fmt: skip
+                       handle_type=_nanny["type"], plain_event=_nanny["plain"], retain_address=_nanny["retain"]) if c_records else None  # fmt: skip
     return fast if fast is not None else _python_wrapper(original, spec, _payload(spec))
 
 
