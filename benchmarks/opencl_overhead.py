@@ -15,9 +15,10 @@ worker shares the enqueueing thread's core and commands pile up while it waits (
 here), or it sleeps on the other core and every enqueue wakes it (~1.9 us, the enqueueing thread then
 often preempted by it: /proc's context-switch counts show which). Which of the two a batch gets moves
 from process to process and with what ran just before (not the profile's clock markers: kernels read the
-same with clock sampling turned off), so unpinned, profiled minus unprofiled swings by a microsecond. After the warm-up each child
-therefore pins the enqueueing thread to one CPU and every other thread of the process (PoCL's) to the
-others, which holds the placement fixed for both modes: what remains is what polyprof adds to a call.
+same with clock sampling turned off), so unpinned, profiled minus unprofiled swings by a microsecond.
+After the warm-up each child therefore pins the enqueueing thread to one CPU and every other thread of
+the process (PoCL's) to the others, which holds the placement fixed for both modes: what remains is what
+polyprof adds to a call.
 The same case also runs unpinned (`*_unpinned`), as before.
 
 Since polyprof.memory trims the heap only after traces of RELEASE_MIN_ROWS or more, the trim no
