@@ -147,8 +147,9 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     """The observer writes a contiguous tensor's sizes only and rebuilds its strides: a transposed view,
     a size-1 dimension with a stride no contiguous tensor has, an expanded (stride 0) view, a 0-dim
     tensor, empty and tensor-list inputs must still come out as torch.profiler writes them, as must the
-    int, float and bool scalars and lists kept in the record, and the records after the first chunk of
-    shapes records (24,576 ints: a few thousand ops)."""
+    int, float and bool scalars and lists kept in the record (an empty int list too, and a list of
+    optional tensors, which is none of these), and the records after the first chunk of shapes records
+    (24,576 ints: a few thousand ops)."""
     from polyprof.profiler import ProfilerActivity, profile
 
     base = torch.arange(24.0).reshape(4, 6)
@@ -164,6 +165,7 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     image, weight = base[None, None], torch.ones(1, 1, 3, 3)
     grad = torch.nn.functional.conv2d(image, weight)
     complex_base = base.to(torch.complex64)
+    rows = torch.tensor([0, 2])
 
     def work():
         for _ in range(1_000):
@@ -174,6 +176,8 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
             torch.add(base, base, alpha=0.5)  # scalars and lists of them are kept in the record
             torch.add(complex_base, complex_base, alpha=0.5 + 2j)  # a complex one is kept as an IValue
             base.sum(dim=[0, 1], keepdim=True)
+            base.new_zeros([])
+            base[rows]  # aten::index: a Tensor?[] list
             torch.nn.functional.interpolate(image, scale_factor=(2.0, 1.5))
             torch.ops.aten.convolution_backward(
                 grad, image, weight, [1], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, False, True]
@@ -193,7 +197,7 @@ def test_shape_args_of_odd_layouts_and_of_records_past_a_chunk_match_torchs(tmp_
     assert ours == theirs
     assert sum(ours.values()) >= 1_000 * 9 and any('[1, 7]' in key for _, key in ours), "the odd strides are there"
     concrete = " ".join(key for _, key in ours)
-    for kept in ("0.5", "[0, 1]", "True", "[2., 1.5]", "[True, False, True]", "0.5+2.j"):
+    for kept in ("0.5", "[0, 1]", "True", "[2., 1.5]", "[True, False, True]", "0.5+2.j", "[]"):
         assert kept in concrete, kept
 
 

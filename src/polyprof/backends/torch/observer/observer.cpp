@@ -168,8 +168,8 @@ class OpStore {
   const Op& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
   Op& back() { return (*this)[n_ - 1]; }
   Op& push_back(const Op& op) {
-    if (n_ == chunks_.size() * kChunk) grow();
-    Op* slot = &chunks_.back()[n_ % kChunk];
+    if (next_ == end_) grow();
+    Op* slot = next_++;
     new (slot) Op(op);
     __builtin_prefetch(slot + 8, 1, 3);  // the pool's chunks were faulted in on another core
     n_++;
@@ -178,6 +178,8 @@ class OpStore {
   void swap(OpStore& other) {
     chunks_.swap(other.chunks_);
     std::swap(n_, other.n_);
+    std::swap(next_, other.next_);
+    std::swap(end_, other.end_);
   }
   void clear() {
     for (Op* chunk : chunks_) {
@@ -186,6 +188,7 @@ class OpStore {
     }
     std::vector<Op*>().swap(chunks_);
     n_ = 0;
+    next_ = end_ = nullptr;
   }
   struct const_iterator {
     const OpStore* store;
@@ -207,9 +210,13 @@ class OpStore {
     void* chunk = g_chunk_new != nullptr ? g_chunk_new(!chunks_.empty()) : ::operator new(kChunkBytes);
     if (chunk == nullptr) throw std::bad_alloc();
     chunks_.push_back(static_cast<Op*>(chunk));
+    next_ = static_cast<Op*>(chunk);
+    end_ = next_ + kChunk;
   }
   std::vector<Op*> chunks_;
   size_t n_ = 0;
+  Op* next_ = nullptr;  // the next row's place in the last chunk
+  Op* end_ = nullptr;   // the last chunk's end
 };
 
 // A thread's shapes records (record_shapes), in op order, in chunks from the same allocator as the op
@@ -219,9 +226,6 @@ class OpStore {
 class ShapeStore {
  public:
   static constexpr size_t kInts = OpStore::kChunkBytes / sizeof(int64_t);
-  struct Mark {
-    size_t chunks, filled;
-  };
   struct Cursor {
     size_t chunk = 0, pos = 0;
   };
@@ -232,39 +236,39 @@ class ShapeStore {
 
   // Room for `need` ints after the last record; commit() says how many were written.
   int64_t* reserve(size_t need) {
-    if (chunks_.empty() || chunks_.back().filled + need > chunks_.back().cap) grow(need);
-    Chunk& c = chunks_.back();
-    return c.data + c.filled;
+    if (room_ == nullptr || size_t(limit_ - room_) < need) grow(need);
+    return room_;
   }
   // The room left after the last record, [room(), limit()) (both nullptr before the first chunk).
-  int64_t* room() const { return chunks_.empty() ? nullptr : chunks_.back().data + chunks_.back().filled; }
-  const int64_t* limit() const { return chunks_.empty() ? nullptr : chunks_.back().data + chunks_.back().cap; }
-  void commit(const int64_t* end) { chunks_.back().filled = size_t(end - chunks_.back().data); }
-  Mark mark() const { return {chunks_.size(), chunks_.empty() ? 0 : chunks_.back().filled}; }
-  void rollback(Mark m) {  // back to a mark: the records after it are gone
-    while (chunks_.size() > m.chunks) {
-      release(chunks_.back());
-      chunks_.pop_back();
-    }
-    if (!chunks_.empty()) chunks_.back().filled = m.filled;
-  }
-  // The record at `c` (records are read in the order they were written); advance with advance().
+  int64_t* room() const { return room_; }
+  const int64_t* limit() const { return limit_; }
+  void commit(int64_t* end) { room_ = end; }
+  // The record at `c` (records are read in the order they were written; an empty chunk, left by a
+  // record that threw, is passed over); advance with advance().
   const int64_t* at(Cursor& c) const {
-    while (c.pos >= chunks_[c.chunk].filled) c.chunk++, c.pos = 0;
+    while (c.pos >= filled(c.chunk)) c.chunk++, c.pos = 0;
     return chunks_[c.chunk].data + c.pos;
   }
   void advance(Cursor& c, const int64_t* end) const { c.pos = size_t(end - chunks_[c.chunk].data); }
-  void swap(ShapeStore& other) { chunks_.swap(other.chunks_); }
+  void swap(ShapeStore& other) {
+    chunks_.swap(other.chunks_);
+    std::swap(room_, other.room_);
+    std::swap(limit_, other.limit_);
+  }
   void clear() {
     for (Chunk& c : chunks_) release(c);
     std::vector<Chunk>().swap(chunks_);
+    room_ = limit_ = nullptr;
   }
 
  private:
   struct Chunk {
     int64_t* data;
-    size_t cap, filled;
+    size_t cap, filled;  // filled: kept up to date for all but the last chunk (room_ says its own)
   };
+  size_t filled(size_t chunk) const {
+    return chunk + 1 == chunks_.size() ? size_t(room_ - chunks_[chunk].data) : chunks_[chunk].filled;
+  }
   void grow(size_t need) {
     chunks_.reserve(chunks_.size() + 1);  // (a throw here leaves nothing allocated)
     size_t cap = std::max(need, kInts);
@@ -276,13 +280,18 @@ class ShapeStore {
     } else {
       data = ::operator new(cap * sizeof(int64_t));
     }
+    if (!chunks_.empty()) chunks_.back().filled = size_t(room_ - chunks_.back().data);
     chunks_.push_back(Chunk{static_cast<int64_t*>(data), cap, 0});
+    room_ = static_cast<int64_t*>(data);
+    limit_ = room_ + cap;
   }
   static void release(Chunk& c) {
     if (c.cap == kInts && g_chunk_free != nullptr) g_chunk_free(c.data);
     else ::operator delete(c.data);
   }
   std::vector<Chunk> chunks_;
+  int64_t* room_ = nullptr;   // after the last record, in the last chunk
+  int64_t* limit_ = nullptr;  // the last chunk's end
 };
 
 // One allocator report: positive bytes allocate, negative free.
@@ -315,14 +324,18 @@ inline size_t name_set(const char* name) {  // the first of its set's two slots
   return size_t(a >> 57) * 2;
 }
 
+struct OpenOp {
+  Op* row;          // in ops (its chunk never moves)
+  const void* key;  // its RecordFunction, to pair start and end
+};
+
 struct ThreadBuffer {
   int64_t tid = 0;
   OpStore ops;
   std::vector<Rare> rare;
   int64_t rf_common = 0, fwd_common = 0;  // the RecordFunction thread id and forward thread id most ops have
   bool rf_set = false, fwd_set = false;
-  std::vector<int64_t> open;  // indices into ops, innermost last
-  std::vector<const void*> open_keys;  // their RecordFunctions, to pair start and end
+  std::vector<OpenOp> open;  // innermost last
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
   NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address (see NameSlot)
@@ -396,12 +409,7 @@ int64_t op_end(const ThreadBuffer& b, const Op& op) {
   return op.start + int64_t(op.dur);
 }
 
-void set_end(ThreadBuffer& b, Op& op, int64_t t) {
-  int64_t d = t - op.start;
-  if (d >= 0 && d < int64_t(kFarEnd)) {
-    op.dur = uint32_t(d);
-    return;
-  }
+__attribute__((noinline)) void set_far_end(ThreadBuffer& b, Op& op, int64_t t) {
   if (op.rare == 0) {  // only on the op's own thread (async ops have theirs already)
     b.rare.push_back(Rare{op.seq, (op.name_scope & kFwdCommon) ? b.fwd_common : 0, b.rf_common, -1, 0, 0,
                           int32_t(op.name_scope >> 8), -1});
@@ -409,6 +417,12 @@ void set_end(ThreadBuffer& b, Op& op, int64_t t) {
   }
   b.rare[op.rare - 1].end = t;
   op.dur = kFarEnd;
+}
+
+inline void set_end(ThreadBuffer& b, Op& op, int64_t t) {
+  uint64_t d = uint64_t(t - op.start);
+  if (__builtin_expect(d < kFarEnd, 1)) op.dur = uint32_t(d);
+  else set_far_end(b, op, t);  // a negative duration too
 }
 
 struct AsyncContext : at::ObserverContext {
@@ -505,7 +519,7 @@ __attribute__((noinline)) ThreadBuffer* new_thread_buffer(ThreadState& ts, uint6
 // The calling thread's buffer for the current recording.
 inline ThreadBuffer* thread_buffer(ThreadState& ts) {
   uint64_t gen = g_generation.load(std::memory_order_relaxed);
-  if (ts.generation != gen || ts.buffer == nullptr) return new_thread_buffer(ts, gen);
+  if (ts.generation != gen) return new_thread_buffer(ts, gen);  // (0, a new thread's, is never a recording's)
   return ts.buffer;
 }
 
@@ -530,6 +544,7 @@ void listen_for_deregistrations() {  // once; the listener stays for the process
 }
 
 int32_t intern_slow(ThreadBuffer* b, const char* name, uint64_t schema_epoch = 0);
+int32_t intern_op_slow(ThreadBuffer* b, const at::RecordFunction& fn, const char* name, bool* from_schema);
 
 // The slot cached for a name's address, or nullptr.
 inline const NameSlot* cached_name(const ThreadBuffer* b, const char* name) {
@@ -565,6 +580,11 @@ inline int32_t intern_op(ThreadBuffer* b, const at::RecordFunction& fn, bool* fr
       return slot->id;
     }
   }
+  return intern_op_slow(b, fn, name, from_schema);
+}
+
+__attribute__((noinline)) int32_t intern_op_slow(ThreadBuffer* b, const at::RecordFunction& fn, const char* name,
+                                                 bool* from_schema) {
   uint64_t epoch = g_schema_epoch.load(std::memory_order_acquire);
   *from_schema = fn.operator_name().has_value();
   return intern_slow(b, name, *from_schema ? epoch : 0);
@@ -683,11 +703,12 @@ size_t tensor_ints(const at::Tensor& t) {  // at most
   return t.defined() ? 1 + 2 * size_t(t.dim()) : 1;
 }
 
-// A tensor's part of a shapes record: its head (tag, scalar type, rank), its sizes, and its strides
-// unless they are exactly the contiguous strides of its sizes (as at::Tensor::contiguous() makes them;
-// not is_contiguous(), which lets a size-1 dimension have any stride). One pass copies the sizes and
-// compares the strides.
-inline __attribute__((always_inline)) int64_t* write_tensor(int64_t* p, const at::Tensor& t) {
+// A tensor's part of a shapes record at p, if it fits before `limit` (else nullptr): its head (tag,
+// scalar type, rank), its sizes, and its strides unless they are exactly the contiguous strides of its
+// sizes (as at::Tensor::contiguous() makes them; not is_contiguous(), which lets a size-1 dimension
+// have any stride). One pass copies the sizes and compares the strides.
+inline __attribute__((always_inline)) int64_t* write_tensor(int64_t* p, const int64_t* limit, const at::Tensor& t) {
+  if (p >= limit) return nullptr;
   if (!t.defined()) {
     *p++ = kUndefinedTensor;
     return p;
@@ -701,6 +722,7 @@ inline __attribute__((always_inline)) int64_t* write_tensor(int64_t* p, const at
   const int64_t* size = sizes.data();
   const int64_t* stride = strides.data();
   size_t ndim = sizes.size();
+  if (size_t(limit - p) < 1 + 2 * ndim) return nullptr;
   int64_t* head = p++;
   uint64_t expected = 1;  // (unsigned: huge expanded sizes wrap the product instead of overflowing)
   bool contiguous = true;
@@ -729,26 +751,55 @@ size_t input_ints(const c10::IValue& v) {
   return 2;
 }
 
-int64_t* drop_values(ThreadBuffer* b, size_t values_at) {
-  b->values.resize(values_at);
-  return nullptr;
+// A list input's part of a record at p, if it fits before `limit` (else nullptr). Each is*List() asks
+// the list's element type out of line (isTensorList() with a shared_ptr's two atomics), so its first
+// element picks the one to ask; an empty list asks them in turn.
+int64_t* write_list(int64_t* p, const int64_t* limit, const c10::IValue& v) {
+  auto elements = v.toListRef();
+  size_t n = elements.size();
+  const c10::IValue* first = n != 0 ? &elements[0] : nullptr;
+  if ((first == nullptr || first->isTensor()) && v.isTensorList()) {
+    if (p >= limit) return nullptr;
+    *p++ = input_head(kTensorList, int64_t(n));
+    for (const c10::IValue& e : elements) {
+      p = write_tensor(p, limit, e.toTensor());
+      if (p == nullptr) return nullptr;
+    }
+    return p;
+  }
+  if (size_t(limit - p) < 1 + n) return nullptr;
+  if ((first == nullptr || first->isInt()) && v.isIntList()) {
+    *p++ = input_head(kIntList, int64_t(n));
+    for (const c10::IValue& e : elements) *p++ = e.toInt();
+  } else if ((first == nullptr || first->isDouble()) && v.isDoubleList()) {
+    *p++ = input_head(kDoubleList, int64_t(n));
+    for (const c10::IValue& e : elements) {
+      double d = e.toDouble();
+      std::memcpy(p++, &d, sizeof d);
+    }
+  } else if ((first == nullptr || first->isBool()) && v.isBoolList()) {
+    *p++ = input_head(kBoolList, int64_t(n));
+    for (const c10::IValue& e : elements) *p++ = e.toBool();
+  } else {
+    *p++ = kOther;
+  }
+  return p;
 }
 
 // Writes the record of `inputs` at p, in one pass, if it fits before `limit`; returns its end, or
-// nullptr (then what it wrote is not kept, and its kept scalars are dropped from ThreadBuffer::values).
+// nullptr (then what it wrote is not kept, and the caller drops the scalars it kept in
+// ThreadBuffer::values).
 int64_t* write_inputs(ThreadBuffer* b, c10::ArrayRef<c10::IValue> inputs, int64_t* p, const int64_t* limit) {
-  size_t values_at = b->values.size();
-  if (p == nullptr || limit - p < 1) return nullptr;
+  if (p == nullptr || p >= limit) return nullptr;
   *p++ = int64_t(inputs.size());
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (size_t(limit - p) < tensor_ints(t)) return drop_values(b, values_at);
-      p = write_tensor(p, t);
-      continue;
-    }
-    if (v.isList() ? size_t(limit - p) < input_ints(v) : limit - p < 2) return drop_values(b, values_at);
-    if (v.isNone()) {
+      p = write_tensor(p, limit, v.toTensor());
+    } else if (v.isList()) {
+      p = write_list(p, limit, v);
+    } else if (limit - p < 2) {
+      p = nullptr;
+    } else if (v.isNone()) {
       *p++ = kNone;
     } else if (v.isInt()) {
       *p++ = kInt;
@@ -760,46 +811,30 @@ int64_t* write_inputs(ThreadBuffer* b, c10::ArrayRef<c10::IValue> inputs, int64_
     } else if (v.isBool()) {
       *p++ = kBool;
       *p++ = v.toBool();
-    } else if (v.isIntList()) {
-      auto elements = v.toListRef();
-      *p++ = input_head(kIntList, int64_t(elements.size()));
-      for (const c10::IValue& e : elements) *p++ = e.toInt();
-    } else if (v.isDoubleList()) {
-      auto elements = v.toListRef();
-      *p++ = input_head(kDoubleList, int64_t(elements.size()));
-      for (const c10::IValue& e : elements) {
-        double d = e.toDouble();
-        std::memcpy(p++, &d, sizeof d);
-      }
-    } else if (v.isBoolList()) {
-      auto elements = v.toListRef();
-      *p++ = input_head(kBoolList, int64_t(elements.size()));
-      for (const c10::IValue& e : elements) *p++ = e.toBool();
     } else if (v.isScalar()) {  // complex, symbolic: kept whole
       *p++ = input_head(kScalar, int64_t(b->values.size()));
       b->values.push_back(v);
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      *p++ = input_head(kTensorList, int64_t(list.size()));
-      for (const at::Tensor& t : list) p = write_tensor(p, t);
     } else {
       *p++ = kOther;
     }
+    if (p == nullptr) return nullptr;
   }
   return p;
 }
 
 // An op's shapes record, appended to ThreadBuffer::shapes: written in one pass where the current
-// chunk has room for it (nearly always), sized first and written into a new chunk where not.
-void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op) {
+// chunk has room for it (nearly always), sized first and written into a new chunk where not. Nothing
+// is committed until the record is whole, so a throw leaves no partial record (at worst an empty
+// chunk, which readers pass over). `values_at`: ThreadBuffer::values' size before.
+void encode_inputs(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, size_t values_at) {
   auto inputs = fn.inputs();
   if (inputs.empty()) return;  // torch writes no shape args for ops without inputs
-  int64_t* p = b->shapes.room();
-  int64_t* end = write_inputs(b, inputs, p, b->shapes.limit());
+  int64_t* end = write_inputs(b, inputs, b->shapes.room(), b->shapes.limit());
   if (end == nullptr) {
+    b->values.resize(values_at);
     size_t need = 1;
     for (const c10::IValue& v : inputs) need += input_ints(v);
-    p = b->shapes.reserve(need);
+    int64_t* p = b->shapes.reserve(need);
     end = write_inputs(b, inputs, p, p + need);
     if (end == nullptr) throw std::logic_error("a shapes record outgrew its size");  // (the op: no shapes)
   }
@@ -1122,8 +1157,9 @@ bool wants_extra(const at::RecordFunction& fn, bool from_schema, bool collective
 
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
 // the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
-// NUL-terminated JSON object body.
-void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op, bool from_schema, bool collective) {
+// NUL-terminated JSON object body. Not inlined, so that on_start's common path stays small.
+__attribute__((noinline)) void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op,
+                                            bool from_schema, bool collective) {
   std::string body;
   bool jit_modules = false;
   if (g_options & kWithModules) {
@@ -1208,13 +1244,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (op_name.has_value()) op.overload = intern(b, op_name->overload_name.c_str());
   }
   if ((g_options & kRecordShapes) && fn.needsInputs()) {
-    ShapeStore::Mark shapes_at = b->shapes.mark();
     size_t values_at = b->values.size();
     try {
-      encode_inputs(b, fn, op);
+      encode_inputs(b, fn, op, values_at);
     } catch (...) {  // an input this torch cannot describe: the op is kept without shapes
       op.shapes = -1;
-      b->shapes.rollback(shapes_at);  // no partial record: the records are read back in op order
       b->values.resize(values_at);
     }
   }
@@ -1246,8 +1280,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     ctx->index = index;
     return ctx;
   }
-  b->open.push_back(index);
-  b->open_keys.push_back(&fn);
+  b->open.push_back(OpenOp{&row, &fn});
   return nullptr;
 }
 
@@ -1265,18 +1298,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     return;
   }
   auto& open = b->open;
-  auto& keys = b->open_keys;
-  if (!keys.empty() && keys.back() == &fn) {  // the innermost: nearly always
-    set_end(*b, b->ops[open.back()], t);
+  if (!open.empty() && open.back().key == &fn) {  // the innermost: nearly always
+    set_end(*b, *open.back().row, t);
     open.pop_back();
-    keys.pop_back();
     return;
   }
   for (size_t i = open.size(); i-- > 0;) {
-    if (keys[i] == &fn) {
-      set_end(*b, b->ops[open[i]], t);
+    if (open[i].key == &fn) {
+      set_end(*b, *open[i].row, t);
       open.erase(open.begin() + long(i));
-      keys.erase(keys.begin() + long(i));
       return;
     }
   }
