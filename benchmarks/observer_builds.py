@@ -16,14 +16,22 @@ revision, e.g.
 
 The libraries must speak this checkout's observer ABI. Only the observer's callbacks are compared:
 polyprof.profiler's own start and stop are not in the timed loop.
+
+`--floors` adds observer_floor.py's minimal observers to each round (`empty`, `clock`, and `inputs`: the
+clock observer asking for the inputs, as record_shapes does), so that both builds' distance above what
+any observer pays is measured in the same process; `--workload neg` times 4,000 `x.neg()` instead of the
+MLP (one tensor input an op, little code between the callbacks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 
 from _common import mlp_inference, report
 
@@ -34,6 +42,8 @@ def main() -> None:
     ap.add_argument("new", help="path of the new build's polyprof_torch_observer.so")
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--record-shapes", action="store_true", help="record with RECORD_SHAPES")
+    ap.add_argument("--floors", action="store_true", help="also time observer_floor.py's minimal observers")
+    ap.add_argument("--workload", choices=("mlp", "neg"), default="mlp")
     args = ap.parse_args()
     import torch
 
@@ -41,38 +51,84 @@ def main() -> None:
 
     options = RECORD_SHAPES if args.record_shapes else 0
     observers = {"old": Observer(args.old), "new": Observer(args.new)}
-    work = mlp_inference(20)
+    work = mlp_inference(20) if args.workload == "mlp" else negations(torch, 4_000)
     work()
-    rng = random.Random(0)
-    times: dict[str, list[int]] = {"plain": [], "old": [], "new": []}
+
+    @contextlib.contextmanager
+    def recording(observer: Observer):
+        observer.start(options)
+        try:
+            yield
+        finally:
+            ops[observer.path] = observer.stop()
+            observer.reset()
+
     ops: dict[str, int] = {}
+    ways: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+        "plain": contextlib.nullcontext,
+        "old": lambda: recording(observers["old"]),
+        "new": lambda: recording(observers["new"]),
+    }
+    if args.floors:
+        ways.update(floor_ways(torch))
+    rng = random.Random(0)
+    times: dict[str, list[int]] = {k: [] for k in ways}
     for _ in range(args.rounds):
-        order = list(times)
+        order = list(ways)
         rng.shuffle(order)
         for which in order:
-            observer = observers.get(which)
-            if observer is not None:
-                observer.start(options)
-            t0 = time.perf_counter_ns()
-            work()
-            times[which].append(time.perf_counter_ns() - t0)
-            if observer is not None:
-                ops[which] = observer.stop()
-                observer.reset()
+            with ways[which]():
+                t0 = time.perf_counter_ns()
+                work()
+                times[which].append(time.perf_counter_ns() - t0)
+    n = ops[args.new]
     plain = statistics.median(times["plain"])
-    added = {k: round((statistics.median(times[k]) - plain) / ops[k], 1) for k in ("old", "new")}
+    added = {k: round((statistics.median(v) - plain) / n, 1) for k, v in times.items() if k != "plain"}
     report(
         "observer_builds",
         {
             "torch_version": torch.__version__,
             "record_shapes": args.record_shapes,
+            "workload": args.workload,
             "rounds": args.rounds,
-            "ops_per_loop": ops["new"],
-            "plain_ns_per_op": round(plain / ops["new"], 1),
+            "ops_per_loop": n,
+            "plain_ns_per_op": round(plain / n, 1),
             "added_ns_per_op": added,
             "new_minus_old_ns": round(added["new"] - added["old"], 1),
         },
     )
+
+
+def negations(torch, count: int) -> Callable[[], None]:
+    """`count` x.neg() of an 8x64 tensor: one aten op each."""
+    x = torch.randn(8, 64)
+
+    def work() -> None:
+        for _ in range(count):
+            x.neg()
+
+    return work
+
+
+def floor_ways(torch) -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
+    """observer_floor.py's minimal observers (built here with torch.utils.cpp_extension)."""
+    from observer_floor import SOURCE
+    from torch.utils.cpp_extension import load_inline
+
+    floor = load_inline(
+        "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
+        build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
+    )  # fmt: skip
+
+    @contextlib.contextmanager
+    def minimal(mode: int):
+        floor.install(mode)
+        try:
+            yield
+        finally:
+            floor.install(0)
+
+    return {"empty": lambda: minimal(1), "clock": lambda: minimal(2), "inputs": lambda: minimal(3)}
 
 
 if __name__ == "__main__":
