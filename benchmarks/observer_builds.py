@@ -29,11 +29,11 @@ import argparse
 import contextlib
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 from _common import mlp_inference, report
+from observer_floor import minimal_observers
 
 
 def main() -> None:
@@ -70,7 +70,7 @@ def main() -> None:
         "new": lambda: recording(observers["new"]),
     }
     if args.floors:
-        ways.update(floor_ways(torch))
+        ways.update(minimal_observers())
     rng = random.Random(0)
     times: dict[str, list[int]] = {k: [] for k in ways}
     for _ in range(args.rounds):
@@ -108,27 +108,6 @@ def negations(torch, count: int) -> Callable[[], None]:
             x.neg()
 
     return work
-
-
-def floor_ways(torch) -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
-    """observer_floor.py's minimal observers (built here with torch.utils.cpp_extension)."""
-    from observer_floor import SOURCE
-    from torch.utils.cpp_extension import load_inline
-
-    floor = load_inline(
-        "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
-        build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
-    )  # fmt: skip
-
-    @contextlib.contextmanager
-    def minimal(mode: int):
-        floor.install(mode)
-        try:
-            yield
-        finally:
-            floor.install(0)
-
-    return {"empty": lambda: minimal(1), "clock": lambda: minimal(2), "inputs": lambda: minimal(3)}
 
 
 if __name__ == "__main__":

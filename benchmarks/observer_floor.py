@@ -21,6 +21,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 from _common import mlp_inference, report
 
@@ -66,29 +67,16 @@ def main() -> None:
     ap.add_argument("--record-shapes", action="store_true")
     args = ap.parse_args()
     import torch
-    from torch.utils.cpp_extension import load_inline
 
     import polyprof.profiler as pp
 
-    floor = load_inline(
-        "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
-        build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
-    )  # fmt: skip
+    floors = minimal_observers()
     work = mlp_inference()
-
-    @contextlib.contextmanager
-    def minimal(mode: int):
-        floor.install(mode)
-        try:
-            yield
-        finally:
-            floor.install(0)
-
     shapes = args.record_shapes
     ways = {
         "plain": contextlib.nullcontext,
-        "empty": lambda: minimal(1),
-        "clock": lambda: minimal(3 if shapes else 2),
+        "empty": floors["empty"],
+        "clock": floors["inputs" if shapes else "clock"],
         "polyprof": lambda: pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=shapes),
         "torch": lambda: torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes
@@ -123,6 +111,27 @@ def main() -> None:
             "ratio_over_torch": {k: round(v / added["torch"], 3) for k, v in added.items() if k != "torch"},
         },
     )
+
+
+def minimal_observers() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
+    """The minimal observers, built here with torch.utils.cpp_extension, each as a context manager that
+    installs it: `empty`, `clock`, and `inputs` (the clock observer asking for the op's inputs)."""
+    from torch.utils.cpp_extension import load_inline
+
+    floor = load_inline(
+        "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
+        build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
+    )  # fmt: skip
+
+    @contextlib.contextmanager
+    def minimal(mode: int):
+        floor.install(mode)
+        try:
+            yield
+        finally:
+            floor.install(0)
+
+    return {"empty": lambda: minimal(1), "clock": lambda: minimal(2), "inputs": lambda: minimal(3)}
 
 
 if __name__ == "__main__":
