@@ -159,3 +159,16 @@ def test_chunks_warmed_at_a_start_are_the_first_chunks_buffers_take_and_unused_o
     del p
     gc.collect()
     assert fast.row_chunks_stats()["mapped"] == before["mapped"]
+
+
+def test_a_recording_the_warm_chunks_hold_starts_no_helper():
+    """The helper starts only when a buffer past its first chunk finds none faulted in: a recording
+    that the chunks warmed at its start hold (a short window) never pays for a pool it would drop."""
+    with polyprof.profile(["cpu"]):
+        for _ in range(fast.row_chunks_stats()["warm"]):  # those the start warmed (the torch observer's)
+            _record_one_instant_on_a_new_thread()
+        fast.warm_row_chunks(2)
+        _faults_recording_a_chunk_on_a_new_thread(chunks=2)  # its first and second chunks: both warm
+        assert not fast.row_chunks_stats()["helper"]
+        _faults_recording_a_chunk_on_a_new_thread(chunks=2)  # its second finds none: the helper starts
+        assert fast.row_chunks_stats()["helper"]

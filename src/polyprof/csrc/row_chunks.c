@@ -3,14 +3,14 @@
  * A fresh page costs the thread that first writes it a page fault: ~1.7 us per 4 KiB on this
  * project's VMs (the kernel zeroes the page): 13 ns a row when rows were 32 bytes, a fifth of an
  * instant's cost.
- * While recording, from the first time a buffer fills its first chunk, a helper thread keeps
- * PP_CHUNK_READY chunks mapped and faulted in (MADV_POPULATE_WRITE, or a write per page on kernels
- * before 5.14), so that a recording thread taking its next chunk finds its pages already there; when
- * the pool is empty (many threads recording at full rate) a chunk is mapped fresh and faults in as it
- * fills, as any memory would. The helper
- * takes no GIL and no Python object, blocks every signal, and is joined when recording ends, when the
- * pool's chunks are unmapped: what stays mapped is only the rows buffers hold, each chunk unmapped
- * when its buffer lets it go.
+ * While recording, from the first time a buffer past its first chunk finds none faulted in for it
+ * (none of those warmed at the start left), a helper thread keeps PP_CHUNK_READY chunks mapped and
+ * faulted in (MADV_POPULATE_WRITE, or a write per page on kernels before 5.14), so that a recording
+ * thread taking its next chunk finds its pages already there; when the pool is empty (many threads
+ * recording at full rate) a chunk is mapped fresh and faults in as it fills, as any memory would. The
+ * helper takes no GIL and no Python object, blocks every signal, and is joined when recording ends,
+ * when the pool's chunks are unmapped: what stays mapped is only the rows buffers hold, each chunk
+ * unmapped when its buffer lets it go.
  *
  *     void *chunk = pp_chunk_new(1);   // faulted in ahead where the pool has one
  *     ...
@@ -102,9 +102,12 @@ void *pp_chunk_new(int ahead) {
         p = g_warm[--g_n_warm];
     }
     if (ahead) {
-        /* the first buffer past its first chunk starts the helper: a short recording (under 8,192
-           rows a thread) never does, nor pays for the pool it would fill */
-        if (g_wanted && !g_helper_alive) start_helper();
+        /* The helper starts when a buffer past its first chunk finds none faulted in (the pool empty,
+           the start's warm chunks all taken): a recording that those hold never starts it, nor pays
+           for the pool it would fill and drop unused at the stop. That was no small cost: faulting
+           in four chunks beside a short window (4,000 ops of an MLP with record_shapes, which the
+           start's warm chunks hold) added ~200 ns to each of its ops on the 2-core VM. */
+        if (p == NULL && g_wanted && !g_helper_alive) start_helper();
         pthread_cond_signal(&g_wake);
     }
     pthread_mutex_unlock(&g_lock);
