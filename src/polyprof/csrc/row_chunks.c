@@ -33,6 +33,9 @@ static int g_n_ready = 0;
 static void *g_warm[PP_CHUNK_READY];  /* faulted in at a profile's start, for buffers' first chunks */
 static int g_n_warm = 0;
 static int g_wanted = 0;        /* recording: the helper keeps the pool full */
+static int g_target = 1;        /* how many chunks full is: one when recording starts, one more each time
+                                   a buffer takes one from the pool, up to PP_CHUNK_READY (what the
+                                   pool holds when recording ends is faulted in for nothing) */
 static int g_helper_alive = 0;  /* a helper thread exists (joinable) */
 static pthread_t g_helper;
 static int g_populate = 1;      /* MADV_POPULATE_WRITE works here */
@@ -62,7 +65,7 @@ static void *helper_main(void *unused) {
     (void)unused;
     pthread_mutex_lock(&g_lock);
     while (g_wanted) {
-        if (g_n_ready >= PP_CHUNK_READY) {
+        if (g_n_ready >= g_target) {
             pthread_cond_wait(&g_wake, &g_lock);
             continue;
         }
@@ -72,7 +75,7 @@ static void *helper_main(void *unused) {
         pthread_mutex_lock(&g_lock);
         if (p == NULL) {  /* out of memory: the recording threads map their own (and see the error) */
             pthread_cond_wait(&g_wake, &g_lock);
-        } else if (g_wanted && g_n_ready < PP_CHUNK_READY) {
+        } else if (g_wanted && g_n_ready < g_target) {
             g_ready[g_n_ready++] = p;
         } else {
             unmap_chunk(p);
@@ -98,6 +101,7 @@ void *pp_chunk_new(int ahead) {
     if (ahead && g_n_ready > 0) {
         p = g_ready[--g_n_ready];
         g_faulted_ahead++;
+        if (g_target < PP_CHUNK_READY) g_target++;
     } else if (g_n_warm > 0) {  /* a first chunk, or a later one while the pool is empty (its helper starting) */
         p = g_warm[--g_n_warm];
     }
@@ -149,7 +153,8 @@ void pp_chunk_free(void *chunk) {
 
 void pp_chunk_pool_run(int on) {
     pthread_mutex_lock(&g_lock);
-    g_wanted = on;  /* the helper itself starts when a buffer first asks for a chunk ahead */
+    g_wanted = on;  /* the helper itself starts when a buffer asks for a chunk ahead and finds none */
+    if (on) g_target = 1;
     pthread_cond_signal(&g_wake);
     int join = !on && g_helper_alive;
     pthread_mutex_unlock(&g_lock);
