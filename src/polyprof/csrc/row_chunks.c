@@ -4,13 +4,14 @@
  * project's VMs (the kernel zeroes the page): 13 ns a row when rows were 32 bytes, a fifth of an
  * instant's cost.
  * While recording, from the first time a buffer past its first chunk finds none faulted in for it
- * (none of those warmed at the start left), a helper thread keeps PP_CHUNK_READY chunks mapped and
- * faulted in (MADV_POPULATE_WRITE, or a write per page on kernels before 5.14), so that a recording
- * thread taking its next chunk finds its pages already there; when the pool is empty (many threads
- * recording at full rate) a chunk is mapped fresh and faults in as it fills, as any memory would. The
- * helper takes no GIL and no Python object, blocks every signal, and is joined when recording ends,
- * when the pool's chunks are unmapped: what stays mapped is only the rows buffers hold, each chunk
- * unmapped when its buffer lets it go.
+ * (none of those warmed at the start left), a helper thread keeps a pool of chunks mapped and faulted
+ * in (MADV_POPULATE_WRITE, or a write per page on kernels before 5.14): one at first, one more each
+ * time a buffer takes one, up to PP_CHUNK_READY, so that a recording thread taking its next chunk
+ * finds its pages already there and a recording that ends soon leaves little faulted in for nothing;
+ * when the pool is empty (many threads recording at full rate) a chunk is mapped fresh and faults in
+ * as it fills, as any memory would. The helper takes no GIL and no Python object, blocks every signal,
+ * and is joined when recording ends, when the pool's chunks are unmapped: what stays mapped is only
+ * the rows buffers hold, each chunk unmapped when its buffer lets it go.
  *
  *     void *chunk = pp_chunk_new(1);   // faulted in ahead where the pool has one
  *     ...
@@ -33,9 +34,8 @@ static int g_n_ready = 0;
 static void *g_warm[PP_CHUNK_READY];  /* faulted in at a profile's start, for buffers' first chunks */
 static int g_n_warm = 0;
 static int g_wanted = 0;        /* recording: the helper keeps the pool full */
-static int g_target = 1;        /* how many chunks full is: one when recording starts, one more each time
-                                   a buffer takes one from the pool, up to PP_CHUNK_READY (what the
-                                   pool holds when recording ends is faulted in for nothing) */
+static int g_target = 1;        /* the pool's size the helper keeps: 1 when recording starts, 1 more each
+                                   time a buffer takes from the pool, up to PP_CHUNK_READY */
 static int g_helper_alive = 0;  /* a helper thread exists (joinable) */
 static pthread_t g_helper;
 static int g_populate = 1;      /* MADV_POPULATE_WRITE works here */
@@ -102,15 +102,14 @@ void *pp_chunk_new(int ahead) {
         p = g_ready[--g_n_ready];
         g_faulted_ahead++;
         if (g_target < PP_CHUNK_READY) g_target++;
-    } else if (g_n_warm > 0) {  /* a first chunk, or a later one while the pool is empty (its helper starting) */
+    } else if (g_n_warm > 0) {  /* a first chunk, or a later one while the pool is empty */
         p = g_warm[--g_n_warm];
     }
     if (ahead) {
         /* The helper starts when a buffer past its first chunk finds none faulted in (the pool empty,
            the start's warm chunks all taken): a recording that those hold never starts it, nor pays
-           for the pool it would fill and drop unused at the stop. That was no small cost: faulting
-           in four chunks beside a short window (4,000 ops of an MLP with record_shapes, which the
-           start's warm chunks hold) added ~200 ns to each of its ops on the 2-core VM. */
+           for a pool it would drop unused at the stop (on the 2-core VM, four chunks faulted in beside
+           a 4,000-op window that the warm chunks held added ~200 ns to each of its ops) */
         if (p == NULL && g_wanted && !g_helper_alive) start_helper();
         pthread_cond_signal(&g_wake);
     }

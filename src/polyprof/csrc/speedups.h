@@ -85,9 +85,9 @@ static inline int ob_reserve(outbuf *b, Py_ssize_t more) {
    the GIL. pp_chunk_new(1) takes one faulted in ahead when the pool has one, pp_chunk_new(0) (a
    buffer's first) none; either takes one that pp_chunk_warm faulted in at a start where one is left,
    else a fresh one; NULL when out of memory. pp_chunk_pool_run(1) while recording lets a helper
-   keep PP_CHUNK_READY of them ready once one asked for ahead finds none faulted in (neither in the
-   pool nor warm); pp_chunk_pool_run(0) stops the helper and unmaps the pool and the warm chunks not
-   taken. */
+   keep up to PP_CHUNK_READY of them ready once one asked for ahead finds none faulted in (neither in
+   the pool nor warm); pp_chunk_pool_run(0) stops the helper and unmaps the pool and the warm chunks
+   not taken. */
 #define PP_CHUNK_BYTES (192 * 1024) /* 8,192 rows of 24 bytes */
 #define PP_CHUNK_READY 4
 void *pp_chunk_new(int ahead);
