@@ -33,7 +33,7 @@ static void *g_ready[PP_CHUNK_READY];
 static int g_n_ready = 0;
 static void *g_warm[PP_CHUNK_READY];  /* faulted in at a profile's start, for buffers' first chunks */
 static int g_n_warm = 0;
-static int g_wanted = 0;        /* recording: the helper keeps the pool full */
+static int g_wanted = 0;        /* recording: the helper keeps the pool at g_target */
 static int g_target = 1;        /* the pool's size the helper keeps: 1 when recording starts, 1 more each
                                    time a buffer takes from the pool, up to PP_CHUNK_READY */
 static int g_helper_alive = 0;  /* a helper thread exists (joinable) */
