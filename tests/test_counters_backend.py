@@ -29,6 +29,31 @@ def test_process_and_system_tracks_sampled_while_recording():
     del keep
 
 
+def test_a_sample_taken_after_the_windows_end_is_neither_handed_over_nor_counted():
+    """The sampling thread may take a sample between the window's end and its stop; the trace keeps no
+    counter past the window, so the session neither hands that sample over nor counts it."""
+    from polyprof.backend import SessionContext
+    from polyprof.backends.counters import CountersSession
+    from polyprof.clock import host_ns
+    from polyprof.sink import Sink
+
+    ctx = SessionContext("counters", {"interval_ms": 60_000})  # no sample but the first and ours
+    session = CountersSession(None, ctx)
+    session.start()  # its thread takes the first sample at once
+    deadline = time.monotonic() + 5
+    while not session.sampler.samples and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ctx.window_end = host_ns()
+    time.sleep(0.001)
+    session.sampler.sample_once()  # after the window's end, before the stop
+    session.stop()
+    sink = Sink("counters")
+    session.collect(sink)
+    stamps = set(sink.counters.columns["ts"].tolist())
+    assert len(stamps) == 1 and max(stamps) <= ctx.window_end
+    assert ctx.status.details["samples"] == 1
+
+
 def test_without_psutil_it_says_how_to_get_it(monkeypatch):
     from polyprof.backends.counters import backend
 

@@ -4,7 +4,7 @@
     sampler = CounterSampler("polyprof-counters", interval_s=0.1, read=read_all)   # read() -> [(source, track, value)]
     sampler.start()      # in the session's start()
     sampler.stop()       # in stop(): the thread ends
-    for source, ts, track, value in sampler.take(): sink.counter(track, value, ts=ts, device=...)
+    for source, ts, track, value in sampler.take(ctx.window_end): sink.counter(track, value, ts=ts, device=...)
 
 `read` runs every `interval_s`; what it raises is counted (the first error kept in `first_error`) and
 sampling goes on. A track named in `rates` is read as a running total and written as its rate per
@@ -80,9 +80,11 @@ class CounterSampler:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def take(self) -> list[tuple[Hashable, int, str, float]]:
+    def take(self, until: int | None = None) -> list[tuple[Hashable, int, str, float]]:
+        """The samples so far, those taken after `until` (the window's end) left out: the thread may take
+        one between the window's end and its stop, and the trace keeps no counter past the window."""
         samples, self.samples = self.samples, []
-        return samples
+        return samples if until is None else [s for s in samples if s[1] <= until]
 
     def report(self, reporter: Any) -> None:
         """Tell the backend's status how sampling went (its errors, if any)."""
@@ -179,7 +181,7 @@ class DeviceCounterSession:
     def collect(self, sink: Any) -> None:
         if self.sampler is None or self.reader is None:
             return
-        samples = self.sampler.take()
+        samples = self.sampler.take(self.ctx.window_end)
         p = self.device_prefix
         devices = {i: sink.device(f"{p}:{i}", type=p, index=i, name=name, pid=i, label=f"GPU {i}")
                    for i, name in self.names.items()}  # fmt: skip

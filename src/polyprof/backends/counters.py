@@ -77,7 +77,7 @@ class CountersSession:
     def collect(self, sink: Sink) -> None:
         if self.sampler is None:
             return
-        samples = self.sampler.take()
+        samples = self.sampler.take(self.ctx.window_end)
         for _source, ts, track, value in samples:
             sink.counter(track, value, ts=ts)
         self.ctx.report.detail("samples", len({ts for _, ts, _, _ in samples}))
