@@ -9,6 +9,7 @@ from fake_backends import SimDeviceBackend
 
 import polyprof
 import polyprof.plugin
+from polyprof import annotations
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
 from polyprof.export import dumps_chrome_trace
 from polyprof.model import ActivityKind
@@ -248,6 +249,124 @@ def test_decorator_is_safe_for_recursion(registry):
     # properly nested: sorted by start, each span's end is within its parent's
     starts = np.array([a.start for a in acts])
     assert np.all(np.diff(starts) >= 0)
+
+
+def _with_block(name, args=None):
+    """What ``@record_function(name, args)`` is meant to be: each call inside a ``with`` block."""
+
+    def wrap(fn):
+        def call(*a, **kw):
+            with polyprof.record_function(name, args):
+                return fn(*a, **kw)
+
+        return call
+
+    return wrap
+
+
+@pytest.mark.parametrize("device", [True, False], ids=["pushes", "no-pushes"])
+@pytest.mark.parametrize("span", [polyprof.record_function, _with_block], ids=["decorator", "with"])
+def test_a_decorated_call_records_the_span_a_with_block_records(registry, span, device):
+    """Names, args, nesting, recursion, an exception and the External ids of instants are the same
+    whichever way the span is opened (the decorator has a way of its own on both paths: SpanCall in
+    C, an inlined wrapper in Python), with a device backend taking pushes (its launches get the
+    span's id both ways) or none; outside a profile the function is just called."""
+    sim = SimDeviceBackend()
+    registry.register(sim)
+
+    @span("leaf", {"k": 1})
+    def leaf(x):
+        sim.launch(f"k{x}")
+        polyprof.instant(f"in leaf {x}")
+        return x + 1
+
+    @span("fib")
+    def fib(n):
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    @span("fails", "s")
+    def fails():
+        leaf(0)
+        raise KeyError("boom")
+
+    @span("outer")
+    def outer():
+        polyprof.instant("mark")
+        return leaf(1) + fib(3)
+
+    groups = ["cpu", "simdev"] if device else ["cpu"]
+    with polyprof.profile(groups, registry=registry, flush_interval_s=None) as prof:
+        assert outer() == 4
+        with pytest.raises(KeyError, match="boom"):
+            fails()
+        sim.launch("k_none")
+        polyprof.instant("outside")
+        rows, names, _ = annotations.snapshot(annotations.recorder.buffer())
+    assert leaf(5) == 6 and fib(4) == 3
+    name_of = dict(zip(rows[:, 3].tolist(), names, strict=True)) | {0: None}
+    parents = sorted((name, name_of[parent]) for name, parent in zip(names, rows[:, 4].tolist(), strict=True))
+    assert parents == sorted([
+        ("outer", None), ("mark", "outer"), ("leaf", "outer"), ("in leaf 1", "leaf"), ("fib", "outer"),
+        ("fib", "fib"), ("fib", "fib"), ("fib", "fib"), ("fib", "fib"), ("fails", None), ("leaf", "fails"),
+        ("in leaf 0", "leaf"), ("outside", None),
+    ]), "each span's parent, as recorded"  # fmt: skip
+    trace = prof.trace
+    spans = sorted(trace.activities_of(ActivityKind.USER_ANNOTATION), key=lambda a: (a.start, -a.end))
+    assert [(a.name, a.args) for a in spans] == [
+        ("outer", {}), ("leaf", {"k": 1}), ("fib", {}), ("fib", {}), ("fib", {}), ("fib", {}), ("fib", {}),
+        ("fails", {"args": "s"}), ("leaf", {"k": 1}),
+    ]  # fmt: skip
+    assert all(a.end >= a.start for a in spans) and len({a.correlation for a in spans}) == len(spans)
+    outer_span, fails_span = spans[0], spans[7]
+    assert all(outer_span.start <= a.start <= a.end <= outer_span.end for a in spans[1:7])
+    assert fails_span.start <= spans[8].start <= spans[8].end <= fails_span.end
+    instants = {a.name: a.external_id for a in trace.activities_of(ActivityKind.INSTANT)}
+    assert instants == {
+        "mark": outer_span.correlation, "in leaf 1": spans[1].correlation, "in leaf 0": spans[8].correlation,
+        "outside": 0,
+    }  # fmt: skip
+    if device:
+        by_name = {k.name: k.external_id for k in trace.activities_of(ActivityKind.KERNEL)}
+        assert by_name == {"k1": spans[1].correlation, "k0": spans[8].correlation, "k_none": 0}
+        session = sim.sessions[0]
+        assert [k for _, k in session.pushed] == ["annotation"] * 9 and session.stack == []
+        assert [ext for _, _, ext, *_ in session.launches] == [spans[1].correlation, spans[8].correlation, 0]
+
+
+@pytest.mark.parametrize("span", [polyprof.record_function, _with_block], ids=["decorator", "with"])
+def test_a_decorated_call_open_across_flushes_or_the_stop_is_a_span_written_once(registry, span):
+    """A call open through two flushes comes once and whole; one open when the profile stops comes
+    unfinished, up to the window's end, and its return after the stop records nothing more."""
+    import time
+
+    backend = _FlushingBackend()
+    registry.register(backend)
+
+    @span("across", {"k": 1})
+    def across():
+        deadline = time.monotonic() + 5
+        while backend.session.flushes < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        polyprof.instant("mark")
+
+    with polyprof.profile(["cpu", "flushy"], registry=registry, flush_interval_s=0.02) as prof:
+        across()
+    (whole,) = prof.trace.activities_of(ActivityKind.USER_ANNOTATION)
+    (mark,) = prof.trace.activities_of(ActivityKind.INSTANT)
+    assert backend.session.flushes >= 2 and whole.args == {"k": 1}
+    assert whole.start <= mark.start <= whole.end and mark.external_id == whole.correlation
+
+    stopping = polyprof.profile(["cpu"], registry=registry)
+
+    @span("stops it")
+    def stops_it():
+        stopping.stop()
+        return "done"
+
+    stopping.start()
+    assert stops_it() == "done"
+    (unfinished,) = stopping.trace.activities
+    assert unfinished.args == {"finished": False} and unfinished.end == stopping.trace.window[1]
 
 
 def test_instants_and_counters(registry):

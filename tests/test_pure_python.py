@@ -151,3 +151,49 @@ def test_the_engines_span_tests_pass_on_the_pure_python_path():
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "deselected" in r.stdout
+
+
+BRIDGE_SCRIPT = r"""
+import json, polyprof
+from polyprof import annotations
+class Bridge(annotations.FrameworkBridge):
+    def __init__(self):
+        self.calls = []
+    def consumers(self):
+        return True
+    def enter(self, name, text):
+        self.calls.append(["enter", name, text])
+        return name, 7
+    def exit(self, rng):
+        self.calls.append(["exit", rng])
+bridge = Bridge()
+annotations.set_framework_bridge(bridge)
+@polyprof.record_function("deco", {"a": 1})
+def f():
+    return 5
+assert f() == 5
+with polyprof.profile(["cpu"]) as prof:
+    assert f() == 5
+annotations.set_framework_bridge(None)
+with polyprof.profile(["cpu"]) as changed:
+    assert f() == 5
+    annotations.set_framework_bridge(bridge)  # (torch imported while recording)
+    assert f() == 5
+    annotations.set_framework_bridge(None)
+    assert f() == 5
+print(json.dumps({"calls": bridge.calls, "args": [a.args for a in prof.trace.activities],
+                  "changed": [a.args for a in changed.trace.activities]}))
+"""
+
+
+def test_a_pure_python_decorated_call_is_a_framework_range_while_a_bridge_is_installed():
+    """The pure-Python decorator inlines a span only while it is no more than its event: with a bridge
+    to a framework's ranges (torch's, once torch is imported) each call is also that framework's range,
+    in a profile or not, and the span carries the range's handle; with the bridge removed, not; and a
+    bridge installed or removed while recording counts from the next call."""
+    env = {**os.environ, "POLYPROF_PURE_PYTHON": "1"}
+    r = subprocess.run([sys.executable, "-c", BRIDGE_SCRIPT], capture_output=True, text=True, env=env, check=True)
+    out = json.loads(r.stdout)
+    assert out["calls"] == [["enter", "deco", '{"a": 1}'], ["exit", "deco"]] * 3
+    ranged, not_ranged = {"a": 1, "Record function id": 7}, {"a": 1, "Record function id": 0}
+    assert out["args"] == [ranged] and out["changed"] == [not_ranged, ranged, not_ranged]

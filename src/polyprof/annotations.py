@@ -91,6 +91,7 @@ def set_framework_bridge(bridge: FrameworkBridge | None) -> None:
     """Install (or, with None, remove) the bridge to a framework's own ranges."""
     global _bridge
     _bridge = bridge
+    _refresh_plain()
     if speedups is not None:
         consumers, enter, exit_ = bridge.c_addresses if bridge is not None else (0, 0, 0)
         speedups.set_bridge(consumers, enter, exit_, Routed, args_text)
@@ -224,11 +225,13 @@ class Recorder:
             for b in self._buffers:
                 b.events.clear()
         self.active = True
+        _refresh_plain()
         if speedups is not None:
             speedups.set_active(True)
 
     def end(self) -> None:
         self.active = False
+        _refresh_plain()
         if speedups is not None:
             speedups.set_active(False)
 
@@ -244,6 +247,18 @@ class Recorder:
 
 
 recorder = Recorder()
+
+#: Recording, with no framework bridge and no correlation targets: all a span then does is record its
+#: event (the pure-Python decorator's way, :func:`_span_call`, checks this one flag).
+_plain = False
+
+
+def _refresh_plain(_has_targets: bool = False) -> None:
+    global _plain
+    _plain = recorder.active and _bridge is None and not correlation.targets
+
+
+correlation.targets_listeners.append(_refresh_plain)
 _new_id = correlation.new_id
 _current = correlation.current
 _current_set, _current_reset = _current.set, _current.reset
@@ -268,6 +283,8 @@ def _decorate(self: Any, fn: Any) -> Any:
 
     if speedups is not None and cls is speedups.RecordFunction:  # each call a span, in C
         return functools.update_wrapper(speedups.SpanCall(fn, name, args), fn)
+    if cls is _PyRecordFunction:  # (a subclass may override __enter__/__exit__: it goes the `with` way)
+        return _span_call(fn, name, args)
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
@@ -275,6 +292,43 @@ def _decorate(self: Any, fn: Any) -> Any:
             return fn(*a, **kw)
 
     return wrapper
+
+
+def _span_call(fn: Any, name: str, args: Any) -> Any:
+    """``@record_function(name, args)`` on a plain function, on the pure-Python path: while all a span
+    does is record its event (:data:`_plain`), each call opens and closes it inline, with no instance
+    and no ``with`` (as ``speedups.SpanCall`` does in C); otherwise the call goes through
+    :class:`_PyRecordFunction`. Both record the same event."""
+
+    @functools.wraps(fn)
+    def span_call(*a: Any, **kw: Any) -> Any:
+        if not _plain:  # not recording, or the span is more than its event: the `with` way
+            if recorder.active or _bridge is not None:
+                with _PyRecordFunction(name, args):
+                    return fn(*a, **kw)
+            return fn(*a, **kw)
+        i = _new_id()
+        parent = _current_id()
+        token = _current_set(i)
+        try:
+            buf = _local.events
+        except AttributeError:
+            buf = recorder.buffer()
+        start = host_ns()
+        events = buf.events
+        events.extend((SPAN, start, OPEN, i, parent, name, args))
+        end_at = len(events) - 5  # (the end's place in this event: only this thread appends to the list)
+        try:
+            return fn(*a, **kw)
+        finally:
+            end = host_ns()
+            _current_reset(token)
+            if events is buf.events:
+                events[end_at] = end
+            else:  # the list was taken or cleared during the call: the whole span goes to the new one
+                buf.events.extend((SPAN, start, end, i, parent, name, args))
+
+    return span_call
 
 
 class _PyRecordFunction:  # noqa: N801

@@ -70,12 +70,15 @@ class CorrelationTarget:
 #: Sessions to fan out to. Replaced (never mutated in place) so a reader iterating it is never hurt.
 targets: tuple[CorrelationTarget, ...] = ()
 
+#: Told whether there are targets each time they change: hot paths that keep the answer as a flag.
+targets_listeners: list[Callable[[bool], None]] = [speedups.set_has_targets] if speedups is not None else []
+
 
 def set_targets(new_targets: tuple[CorrelationTarget, ...]) -> None:
     global targets
     targets = new_targets
-    if speedups is not None:
-        speedups.set_has_targets(bool(new_targets))
+    for listener in targets_listeners:
+        listener(bool(new_targets))
 
 
 def push(correlation_id: int, kind: str) -> None:
