@@ -1,0 +1,160 @@
+"""How cheap a pure-Python span can be: stripped-down spans beside polyprof's, in one process.
+
+    POLYPROF_PURE_PYTHON=1 .venv/bin/python benchmarks/pure_python_span_floor.py [--n 50000] [--rounds 15]
+
+Issue #21 asks the pure-Python `record_function` for at most 1/10 of torch.profiler's cost. Each
+variant below adds one part of what a span needs, down to polyprof's own (`_PyRecordFunction`); all are
+timed as `with Span("x"): pass` while a polyprof profile records, and torch.profiler's
+`record_function` while torch's records, in alternating batches (so that this machine's drift hits
+them alike); reported as the fastest and the median batch, and as ratios to torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import statistics
+import threading
+import time
+from contextvars import ContextVar
+from typing import Any
+
+from _common import report
+
+import polyprof
+from polyprof import annotations
+from polyprof.annotations import _PyRecordFunction
+
+_clock = time.perf_counter_ns
+_new_id = itertools.count(1).__next__
+_current: ContextVar[int] = ContextVar("floor_current", default=0)
+_current_set, _current_reset = _current.set, _current.reset
+_unset = _current_set(0).MISSING
+_thread = threading.local()
+_thread.events = []
+_events: list = []
+
+
+class EmptySpan:
+    """The `with` itself: an instance, `__enter__` and `__exit__` that do nothing."""
+
+    __slots__ = ("name", "args")
+
+    def __init__(self, name: str, args: Any = None) -> None:
+        self.name, self.args = name, args
+
+    def __enter__(self) -> EmptySpan:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        pass
+
+
+class TimedSpan(EmptySpan):
+    """+ two clock reads, one event written at exit (no id, thread buffer or parent)."""
+
+    __slots__ = ("start",)
+
+    def __enter__(self) -> TimedSpan:
+        self.start = _clock()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _events.extend((0, self.start, _clock(), 0, 0, self.name, self.args))
+
+
+class IdentifiedSpan(EmptySpan):
+    """+ the thread's buffer and an id; written at entry, its end at exit (as polyprof's, so a flush
+    can see it open). No parent, and nothing made the current External id."""
+
+    __slots__ = ("_events", "_end_at")
+
+    def __enter__(self) -> IdentifiedSpan:
+        events = self._events = _thread.events
+        events.extend((0, _clock(), None, _new_id(), 0, self.name, self.args))
+        self._end_at = len(events) - 5
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._events[self._end_at] = _clock()
+
+
+class CurrentSpan(IdentifiedSpan):
+    """+ the id made current through a context variable (right per thread and asyncio task), the
+    parent from its token."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> CurrentSpan:
+        i = _new_id()
+        token = self._token = _current_set(i)
+        parent = token.old_value
+        events = self._events = _thread.events
+        events.extend((0, _clock(), None, i, 0 if parent is _unset else parent, self.name, self.args))
+        self._end_at = len(events) - 5
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._events[self._end_at] = _clock()
+        _current_reset(self._token)
+
+
+VARIANTS = {
+    "empty_with": EmptySpan,
+    "clocks_and_event": TimedSpan,
+    "thread_buffer_and_id": IdentifiedSpan,
+    "current_id_contextvar": CurrentSpan,
+    "polyprof_pure_python": _PyRecordFunction,
+}
+
+
+def timed(span: Any, n: int) -> float:
+    start = _clock()
+    for _ in range(n):
+        with span("x"):
+            pass
+    return (_clock() - start) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    try:
+        from torch.profiler import ProfilerActivity, profile, record_function
+    except ImportError:
+        profile = None
+    else:  # polyprof's spans as before torch is imported: no torch-side consumer to ask about
+        annotations.set_framework_bridge(None)
+    samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    torch_samples: list[float] = []
+    torch_n = max(args.n // 10, 1000)
+    gc.collect()
+    for _ in range(args.rounds):
+        with polyprof.profile(["cpu"], flush_interval_s=None):
+            for name, span in VARIANTS.items():
+                _events.clear()  # every batch starts with empty buffers, polyprof's too
+                _thread.events = []
+                annotations.recorder.take()
+                samples[name].append(timed(span, args.n))
+        if profile is not None:
+            with profile(activities=[ProfilerActivity.CPU]):
+                torch_samples.append(timed(record_function, torch_n))
+    results: dict[str, Any] = {"n_per_batch": args.n, "rounds": args.rounds}
+    for name, values in [*samples.items(), ("torch_record_function", torch_samples)]:
+        if values:
+            results[f"{name}_ns"] = {"fastest": round(min(values), 1), "median": round(statistics.median(values), 1)}
+    if torch_samples:
+        results["over_torch"] = {
+            name: {"fastest": round(min(v) / min(torch_samples), 3), "median": round(statistics.median(v) / statistics.median(torch_samples), 3)}
+            for name, v in samples.items()
+        }  # fmt: skip
+    else:
+        results["torch"] = "not installed"
+    report("pure_python_span_floor", results)
+
+
+if __name__ == "__main__":
+    main()
