@@ -24,6 +24,7 @@ from _common import report
 
 import polyprof
 from polyprof import annotations
+from polyprof._accel import speedups
 from polyprof.annotations import _PyRecordFunction
 
 _clock = time.perf_counter_ns
@@ -122,6 +123,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
+    if speedups is not None:
+        raise SystemExit("this compares pure-Python spans: run it with POLYPROF_PURE_PYTHON=1 in the environment")
     try:
         from torch.profiler import ProfilerActivity, profile, record_function
     except ImportError:
