@@ -17,7 +17,7 @@ import itertools
 import statistics
 import threading
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from _common import report
@@ -31,7 +31,7 @@ _clock = time.perf_counter_ns
 _new_id = itertools.count(1).__next__
 _current: ContextVar[int] = ContextVar("floor_current", default=0)
 _current_set, _current_reset = _current.set, _current.reset
-_unset = _current_set(0).MISSING
+_unset = Token.MISSING  # a token's old_value where the variable was not set
 _thread = threading.local()
 _thread.events = []
 _events: list = []
