@@ -333,6 +333,66 @@ def test_a_decorated_call_records_the_span_a_with_block_records(registry, span, 
         assert [ext for _, _, ext, *_ in session.launches] == [spans[1].correlation, spans[8].correlation, 0]
 
 
+def _signatures():
+    """Functions of every parameter kind, each returning what it was given."""
+    shared = []
+
+    def plain(a, b):
+        return a, b
+
+    def defaults(a, b=2, c=shared):
+        return a, b, c
+
+    def keyword_only(a, *, k, m=4):
+        return a, k, m
+
+    def positional_only(p, q=1, /, r=2):
+        return p, q, r
+
+    def star(a, *rest, **named):
+        return a, rest, named
+
+    def wrapper_names(span_fn, span_id, recorder, fn=None):  # the wrapper's own names, as parameters
+        return span_fn, span_id, recorder, fn
+
+    return [plain, defaults, keyword_only, positional_only, star, wrapper_names, lambda: "none"]
+
+
+_CALLS = [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), ((1,), {"b": 5}), ((), {"a": 1, "b": 2}),
+          ((1,), {"k": 3}), ((1,), {"k": 3, "m": 6}), ((1, 2), {"r": 7}), ((1,), {"q": 2}),
+          ((1, 2), {"x": 9}), ((), {"span_fn": 1, "span_id": 2, "recorder": 3}), ((1, 2, 3), {"fn": 4})]  # fmt: skip
+
+
+def test_a_decorated_span_takes_exactly_the_functions_own_arguments(registry):
+    """Whatever the parameters (defaults, keyword-only, positional-only, *args/**kwargs, names the
+    pure-Python wrapper uses itself), a decorated call returns what the function returns, a call that
+    does not fit raises the function's own TypeError, and each call that ran the function is a span.
+    (A call that does not fit raises inside its span in C, and before it opens where the pure-Python
+    wrapper takes the function's own parameters.)"""
+    for fn in _signatures():
+        decorated = polyprof.record_function(fn.__name__)(fn)
+        assert decorated.__wrapped__ is fn and decorated.__name__ == fn.__name__
+        expected: list = []
+        with polyprof.profile(["cpu"], registry=registry, flush_interval_s=None) as prof:
+            for call in _CALLS:
+                a, kw = call if len(call) == 2 and isinstance(call[1], dict) else (call, {})
+                try:
+                    want = ("returned", fn(*a, **kw))
+                except TypeError as exc:
+                    want = ("raised", str(exc))
+                try:
+                    got = ("returned", decorated(*a, **kw))
+                except TypeError as exc:
+                    got = ("raised", str(exc))
+                assert got == want, (fn.__name__, call)
+                expected += [fn.__name__] if want[0] == "returned" else []
+        ran = [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)]
+        assert set(ran) == {fn.__name__}, fn.__name__
+        assert len(ran) in (len(expected), len(_CALLS)), "a span for each call that ran, and a bad call one way"
+    _, defaults, *_ = _signatures()
+    assert polyprof.record_function("d")(defaults)(1)[2] is defaults.__defaults__[1], "a default is the same object"
+
+
 @pytest.mark.parametrize("span", [polyprof.record_function, _with_block], ids=["decorator", "with"])
 def test_a_decorated_call_open_across_flushes_or_the_stop_is_a_span_written_once(registry, span):
     """A call open through two flushes comes once and whole; one open when the profile stops comes

@@ -197,3 +197,19 @@ def test_a_pure_python_decorated_call_is_a_framework_range_while_a_bridge_is_ins
     assert out["calls"] == [["enter", "deco", '{"a": 1}'], ["exit", "deco"]] * 3
     ranged, not_ranged = {"a": 1, "Record function id": 7}, {"a": 1, "Record function id": 0}
     assert out["args"] == [ranged] and out["changed"] == [not_ranged, ranged, not_ranged]
+
+
+def test_a_traceback_through_the_pure_python_decorator_shows_the_wrappers_lines():
+    """The pure-Python wrapper is compiled from source; a traceback through it shows its line."""
+    import traceback
+
+    from polyprof import annotations
+
+    def fails(x, *, y=1):
+        raise ValueError(x + y)
+
+    wrapped = annotations._span_call(fails, "fails", None)
+    with pytest.raises(ValueError) as caught:
+        wrapped(1, y=2)
+    text = "".join(traceback.format_exception(caught.value))
+    assert "return span_fn(x, y=y)" in text and "raise ValueError(x + y)" in text
