@@ -1,12 +1,15 @@
 """How cheap a pure-Python span can be: stripped-down spans beside polyprof's, in one process.
 
     POLYPROF_PURE_PYTHON=1 .venv/bin/python benchmarks/pure_python_span_floor.py [--n 50000] [--rounds 15]
+    POLYPROF_PURE_PYTHON=1 .venv/bin/python benchmarks/pure_python_span_floor.py --instructions [--n 20000]
 
 Issue #21 asks the pure-Python `record_function` for at most 1/10 of torch.profiler's cost. Each
 variant below adds one part of what a span needs, down to polyprof's own (`_PyRecordFunction`); all are
 timed as `with Span("x"): pass` while a polyprof profile records, and torch.profiler's
 `record_function` while torch's records, in alternating batches (so that this machine's drift hits
-them alike); reported as the fastest and the median batch, and as ratios to torch's.
+them alike); reported as the fastest and the median batch, and as ratios to torch's. With
+``--instructions``, each variant's instructions a span instead, counted by callgrind as
+``instruction_counts.py`` counts (torch's: ``instruction_counts.py --torch``).
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import os
 import statistics
 import threading
 import time
+from asyncio import _get_running_loop
 from contextvars import ContextVar, Token
 from typing import Any
 
@@ -30,11 +35,24 @@ from polyprof.annotations import _PyRecordFunction
 _clock = time.perf_counter_ns
 _new_id = itertools.count(1).__next__
 _current: ContextVar[int] = ContextVar("floor_current", default=0)
-_current_set, _current_reset = _current.set, _current.reset
+_current_get, _current_set, _current_reset = _current.get, _current.set, _current.reset
 _unset = Token.MISSING  # a token's old_value where the variable was not set
 _thread = threading.local()
 _thread.events = []
 _events: list = []
+
+
+class _ThreadState:
+    """A thread's events and its innermost span of plain synchronous code (LazyCurrentSpan's)."""
+
+    __slots__ = ("events", "own", "seen")
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.own, self.seen = 0, None
+
+
+_thread.state = _ThreadState()
 
 
 class EmptySpan:
@@ -101,11 +119,46 @@ class CurrentSpan(IdentifiedSpan):
         _current_reset(self._token)
 
 
+class LazyCurrentSpan(IdentifiedSpan):
+    """+ the id made current as the C path makes it, as lean as Python allows: no event loop running on
+    the thread (plain synchronous code), the variable is left alone and the thread's state keeps the
+    innermost such span and the variable's value when it opened (newer if it changed since); inside an
+    event loop, the variable. Not polyprof's semantics in every case (Python cannot tell a
+    `Context.run` outside asyncio), measured for its cost."""
+
+    __slots__ = ("_state", "_previous", "_token")
+
+    def __enter__(self) -> LazyCurrentSpan:
+        state = self._state = _thread.state
+        i = _new_id()
+        value = _current_get()
+        if _get_running_loop() is None:
+            own = state.own
+            parent = own if own and value is state.seen else value
+            self._previous, self._token = (own, state.seen), None
+            state.own, state.seen = i, value
+        else:
+            parent = value or state.own
+            self._token = _current_set(i)
+        events = self._events = state.events
+        events.extend((0, _clock(), None, i, parent, self.name, self.args))
+        self._end_at = len(events) - 5
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._events[self._end_at] = _clock()
+        if self._token is None:
+            self._state.own, self._state.seen = self._previous
+        else:
+            _current_reset(self._token)
+
+
 VARIANTS = {
     "empty_with": EmptySpan,
     "clocks_and_event": TimedSpan,
     "thread_buffer_and_id": IdentifiedSpan,
     "current_id_contextvar": CurrentSpan,
+    "current_id_lazy_as_in_c": LazyCurrentSpan,
     "polyprof_pure_python": _PyRecordFunction,
 }
 
@@ -118,13 +171,31 @@ def timed(span: Any, n: int) -> float:
     return (_clock() - start) / n
 
 
+def instructions(n: int) -> None:
+    """Each variant's instructions a span while polyprof records (callgrind, N and 2N spans)."""
+    from instruction_counts import QUIT_NOW, per_iteration
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    counts = {}
+    for name in ["empty_loop", *VARIANTS]:
+        setup = (f"import sys; sys.path.insert(0, {here!r}); import pure_python_span_floor as floor; "
+                 f"span = floor.VARIANTS.get({name!r}); p = polyprof.profile(['cpu'], flush_interval_s=None); "
+                 "p.__enter__()")  # fmt: skip
+        body = "pass" if name == "empty_loop" else "with span('x'): pass"
+        counts[name] = round(per_iteration(setup, body, n, QUIT_NOW), 1)
+    report("pure_python_span_floor", {"n": n, "instructions_per_span": counts})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--instructions", action="store_true", help="instructions a span (callgrind), not time")
     args = ap.parse_args()
     if speedups is not None:
         raise SystemExit("this compares pure-Python spans: run it with POLYPROF_PURE_PYTHON=1 in the environment")
+    if args.instructions:
+        return instructions(args.n)
     try:
         from torch.profiler import ProfilerActivity, profile, record_function
     except ImportError:
