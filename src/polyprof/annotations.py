@@ -19,7 +19,9 @@ buffer (no locks on the hot path)::
     polyprof.counter("queue depth", 17)
 
 The hot path is implemented in C (``polyprof._speedups``) when that extension is built, and in
-Python otherwise; both record exactly the same events.
+Python otherwise; both record the same events, but for a decorated function called with arguments
+that do not fit its parameters: the C wrapper raises the TypeError inside the call's span, the Python
+one (where it takes the function's own parameters) before the span opens.
 
 When a framework-side consumer listens (torch's profiler, an ExecutionTraceObserver), each
 ``record_function`` is also that framework's own range, so the consumer sees polyprof's annotations;
