@@ -307,7 +307,7 @@ def _span_call(fn: Any, name: str, args: Any) -> Any:
     parameters where it can (:mod:`polyprof.forwarding`: ~700 instructions less a call than forwarding
     ``*a, **kw``), so a call that does not fit them raises before its span opens."""
     shape = signature_source(fn, defaults="span_defaults", kwdefaults="span_kwdefaults")
-    if shape is not None and not shape.names & _SPAN_CALL_NAMES:
+    if shape is not None and not shape.names & _span_call_names():
         make = _span_call_maker(shape.params, shape.call)
         span_call = make(fn, name, args, shape.defaults, shape.kwdefaults)
     else:  # not a plain function, *args or **kwargs, or a parameter named as a wrapper's own variable
@@ -366,8 +366,10 @@ def _names_in(code: types.CodeType) -> frozenset[str]:
     return frozenset(code.co_names + code.co_varnames + code.co_freevars + code.co_cellvars).union(*map(_names_in, inner))
 
 
-#: Every name the wrapper's code uses: a parameter of the decorated function must not be one of them.
-_SPAN_CALL_NAMES = _names_in(_span_call_maker("", "").__code__)
+@functools.cache
+def _span_call_names() -> frozenset[str]:
+    """Every name the wrapper's code uses: a parameter of the decorated function must not be one."""
+    return _names_in(_span_call_maker("", "").__code__)
 
 
 class _PyRecordFunction:  # noqa: N801
