@@ -16,12 +16,9 @@ A default is passed on as the object the function had when the wrapper was made 
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
-
-# a code object's flags for *args and **kwargs (inspect.CO_VARARGS, CO_VARKEYWORDS; importing inspect
-# costs ~8 ms, paid at `import polyprof` since annotations imports this module)
-_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08
 
 
 class SignatureSource:
@@ -45,7 +42,7 @@ def signature_source(fn: Any, defaults: str = "defaults", kwdefaults: str = "kwd
     if type(fn) is not types.FunctionType:  # a builtin, a partial, a callable object: its own rules
         return None
     code = fn.__code__
-    if code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS):
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
         return None
     n_positional, n_keyword = code.co_argcount, code.co_kwonlyargcount
     names = code.co_varnames[: n_positional + n_keyword]
