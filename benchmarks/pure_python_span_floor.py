@@ -37,6 +37,7 @@ _new_id = itertools.count(1).__next__
 _current: ContextVar[int] = ContextVar("floor_current", default=0)
 _current_get, _current_set, _current_reset = _current.get, _current.set, _current.reset
 _unset = Token.MISSING  # a token's old_value where the variable was not set
+_SPAN, _OPEN, _STRIDE = annotations.SPAN, annotations.OPEN, annotations._STRIDE  # polyprof's event layout
 _thread = threading.local()
 _thread.events = []
 _events: list = []
@@ -174,8 +175,8 @@ class LeanestPolyprofSpan(EmptySpan):
                 buf = annotations.recorder.buffer()
             self._buf = buf
             events = buf.events
-            events.extend((0, _clock(), None, i, 0 if parent is _unset else parent, self.name, self.args))
-            self._at = len(events) - 7
+            events.extend((_SPAN, _clock(), _OPEN, i, 0 if parent is _unset else parent, self.name, self.args))
+            self._at = len(events) - _STRIDE
             self._events = events
         return self
 
