@@ -157,3 +157,21 @@ def test_the_c_reader_gives_the_same_id():
         with polyprof.record_function("x") as x:
             assert reader() == current_external_id() == x.open_state[1]
         assert reader() == 0
+
+
+def test_a_thread_that_asked_before_it_had_spans_finds_its_first_span():
+    """A launching thread asks for the id before it records anything (no buffer yet: the C reader
+    remembers that); its first span must still be found, and a later thread starts from none again."""
+    seen: list[tuple[int, int]] = []
+
+    def thread() -> None:
+        before = current_external_id()
+        with polyprof.record_function("first") as first:
+            seen.append((before, current_external_id() - first.open_state[1]))
+
+    with polyprof.profile(["cpu"]):
+        for _ in range(3):
+            t = threading.Thread(target=thread)
+            t.start()
+            t.join()
+    assert seen == [(0, 0)] * 3

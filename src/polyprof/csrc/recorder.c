@@ -765,6 +765,9 @@ static void forget_open(EventBufferObject *buf, PyObject *self) {
 #define THREAD_LOCAL __thread __attribute__((tls_model("initial-exec")))
 static THREAD_LOCAL EventBufferObject *t_buffer;
 static THREAD_LOCAL uint64_t t_buffer_state = UINT64_MAX;
+/* The thread state last found to have no buffer: a thread that launches device work but records no
+   span of its own (an OpenCL loop, a CUDA callback thread) asks for its external id at every call. */
+static THREAD_LOCAL uint64_t t_no_buffer_state = UINT64_MAX;
 
 static __attribute__((noinline)) EventBufferObject *thread_buffer_found(PyThreadState *state) {
     PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
@@ -783,6 +786,7 @@ static __attribute__((noinline)) EventBufferObject *thread_buffer_found(PyThread
         }
     }
     t_buffer = (EventBufferObject *)buf, t_buffer_state = state->id;  /* PyThreadState_GetID's field */
+    if (t_no_buffer_state == state->id) t_no_buffer_state = UINT64_MAX;
     return t_buffer;
 }
 
@@ -797,9 +801,13 @@ static EventBufferObject *thread_buffer(void) { return thread_buffer_of(PyThread
 static EventBufferObject *existing_thread_buffer(void) {
     PyThreadState *ts = PyThreadState_Get();
     if (t_buffer != NULL && t_buffer_state == ts->id) return t_buffer;
+    if (t_no_buffer_state == ts->id) return NULL;  /* only thread_buffer_found, on this thread, adds one */
     PyObject *tdict = PyThreadState_GetDict();  /* borrowed */
     PyObject *buf = tdict != NULL ? PyDict_GetItemWithError(tdict, g_tls_key) : NULL;
-    if (buf == NULL) PyErr_Clear();
+    if (buf == NULL) {
+        PyErr_Clear();
+        t_no_buffer_state = ts->id;
+    }
     return (EventBufferObject *)buf;
 }
 
