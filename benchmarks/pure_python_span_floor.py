@@ -7,7 +7,9 @@ Issue #21 asks the pure-Python `record_function` for at most 1/10 of torch.profi
 variant below adds one part of what a span needs, down to polyprof's own (`_PyRecordFunction`); all are
 timed as `with Span("x"): pass` while a polyprof profile records, and torch.profiler's
 `record_function` while torch's records, in alternating batches (so that this machine's drift hits
-them alike); reported as the fastest and the median batch, and as ratios to torch's. With
+them alike); reported as the fastest and the median batch, and as ratios to torch's. One variant,
+`no_instance_state_in_contextvar`, leaves the ladder: no instance at all (one shared object a name),
+for what the instance and its `__init__` cost in a span that keeps a current id. With
 ``--instructions``, each variant's instructions a span instead, counted by callgrind as
 ``instruction_counts.py`` counts (torch's: ``instruction_counts.py --torch``).
 """
@@ -36,6 +38,8 @@ _clock = time.perf_counter_ns
 _new_id = itertools.count(1).__next__
 _current: ContextVar[int] = ContextVar("floor_current", default=0)
 _current_get, _current_set, _current_reset = _current.get, _current.set, _current.reset
+_node: ContextVar[tuple | None] = ContextVar("floor_node", default=None)  # _SharedSpan's
+_node_get, _node_set = _node.get, _node.set
 _unset = Token.MISSING  # a token's old_value where the variable was not set
 _SPAN, _OPEN, _STRIDE = annotations.SPAN, annotations.OPEN, annotations._STRIDE  # polyprof's event layout
 _thread = threading.local()
@@ -154,6 +158,39 @@ class LazyCurrentSpan(IdentifiedSpan):
             _current_reset(self._token)
 
 
+class _SharedSpan:
+    """One shared object per name (what :data:`shared_span` hands out): every span's state lives in a
+    context variable, as a node (id, event list, where its end goes, the enclosing node)."""
+
+    __slots__ = ("name", "args")
+
+    def __enter__(self) -> _SharedSpan:
+        i = _new_id()
+        node = _node_get()
+        events = _thread.events
+        events.extend((0, _clock(), None, i, node[0] if node is not None else 0, self.name, self.args))
+        _node_set((i, events, len(events) - 5, node))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _, events, end_at, enclosing = _node_get()
+        events[end_at] = _clock()
+        _node_set(enclosing)
+
+
+class _SharedSpans(dict):
+    def __missing__(self, name: str) -> _SharedSpan:
+        span = self[name] = _SharedSpan()
+        span.name, span.args = name, None
+        return span
+
+
+#: No instance a span: `shared_span("x")` is a dict lookup (a C call), its state a context variable's
+#: node. Not an API polyprof could ship (no `args=` keyword, no state on the object, one object for
+#: every span of a name), measured for what dropping the instance and `__init__` would buy.
+shared_span = _SharedSpans().__getitem__
+
+
 class LeanestPolyprofSpan(EmptySpan):
     """polyprof's own span with its checks as lean as they go: one flag for recording with no framework
     bridge and no correlation targets (polyprof's other cases left out), the parent from the token, the
@@ -196,6 +233,7 @@ VARIANTS = {
     "thread_buffer_and_id": IdentifiedSpan,
     "current_id_contextvar": CurrentSpan,
     "current_id_lazy_as_in_c": LazyCurrentSpan,
+    "no_instance_state_in_contextvar": shared_span,
     "polyprof_checks_leanest": LeanestPolyprofSpan,
     "polyprof_pure_python": _PyRecordFunction,
 }
