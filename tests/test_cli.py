@@ -187,3 +187,19 @@ def test_reasons_with_brackets_are_printed_verbatim(tmp_path):
     script.write_text("")
     r = run(["run", "-o", str(tmp_path / "t.json"), str(script)], env=env)
     assert r.returncode == 0 and "polyprof-bracket[cu13]" in "".join(r.stderr.split())
+
+
+def test_the_run_summary_gives_a_backends_warnings_when_it_has_no_error():
+    from polyprof.cli.render import backend_status_lines
+    from polyprof.model import BackendStatus, Trace
+
+    trace = Trace(backends={
+        "host": BackendStatus("host", activities=3, warnings=["spans cost more: reinstall polyprof"]),
+        "broken": BackendStatus("broken", state="failed", errors=["it raised"], warnings=["and warned"]),
+        "quiet": BackendStatus("quiet", activities=1),
+    })  # fmt: skip
+    assert backend_status_lines(trace) == [
+        "host: ran, 3 activities - spans cost more: reinstall polyprof",
+        "broken: failed, 0 activities - it raised",
+        "quiet: ran, 1 activities",
+    ]

@@ -213,3 +213,62 @@ def test_a_traceback_through_the_pure_python_decorator_shows_the_wrappers_lines(
         wrapped(1, y=2)
     text = "".join(traceback.format_exception(caught.value))
     assert "return span_fn(x, y=y)" in text and "raise ValueError(x + y)" in text
+
+
+RECORDER_SCRIPT = r"""
+import json, sys
+if sys.argv[1] == "missing":
+    sys.modules["polyprof._speedups"] = None  # the import fails as it does where the extension was not built
+import polyprof
+from polyprof.registry import default
+with polyprof.profile(["cpu"]) as prof:
+    with polyprof.record_function("kept"):
+        pass
+prof.export_chrome_trace(sys.argv[2])
+back = polyprof.load_trace(sys.argv[2]).backends["host"]
+probes = {e.name: default.probe(e) for e in default.entries() if e.name in ("host", "python")}
+print(json.dumps({
+    "spans": [a.name for a in prof.trace.activities],
+    "recorder": back.details.get("recorder"), "warnings": back.warnings,
+    "probe": dict(probes["host"].versions),
+    "python_backend": [probes["python"].available, probes["python"].reason],
+}))
+"""
+
+
+def recorder_run(case, tmp_path):
+    env = {**os.environ, "POLYPROF_PURE_PYTHON": "1" if case == "forced" else "0"}
+    path = str(tmp_path / f"{case}.json")
+    r = subprocess.run([sys.executable, "-c", RECORDER_SCRIPT, case, path], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.skipif(speedups is None, reason="the C extension is not built here: the C recorder cannot be in use")
+def test_the_c_recorder_is_named_in_the_backend_list_and_the_trace(tmp_path):
+    out = recorder_run("built", tmp_path)
+    assert out["recorder"] == out["probe"]["recorder"] == "C (polyprof._speedups)"
+    assert out["warnings"] == [] and out["spans"] == ["kept"]
+    assert out["python_backend"][0]
+
+
+def test_a_pure_python_recorder_chosen_by_the_user_is_named_without_a_warning(tmp_path):
+    out = recorder_run("forced", tmp_path)
+    assert out["recorder"] == out["probe"]["recorder"] == "pure Python (POLYPROF_PURE_PYTHON is set; unset it for the C recorder)"
+    assert out["warnings"] == [] and out["spans"] == ["kept"]
+    assert out["python_backend"] == [False, "needs polyprof's C extension, not in use here: "
+                                            "POLYPROF_PURE_PYTHON is set; unset it for the C recorder"]
+
+
+def test_a_c_extension_that_does_not_load_is_told_in_the_trace_with_the_fix(tmp_path):
+    """Installation succeeds without a compiler (the extension is optional), so the user learns of the
+    slower recorder from polyprof backends and from each trace: the reason, and how to get the C one."""
+    out = recorder_run("missing", tmp_path)
+    assert out["spans"] == ["kept"], "the profile still records"
+    recorder = out["recorder"]
+    assert recorder == out["probe"]["recorder"]
+    assert recorder.startswith("pure Python (polyprof's C extension did not load (import of polyprof._speedups halted")
+    assert "apt install gcc python3-dev), reinstall polyprof to build it" in recorder
+    [warning] = out["warnings"]
+    assert warning.startswith("spans, instants and counters cost several times more: polyprof's C extension did not load")
+    assert out["python_backend"][0] is False and "reinstall polyprof" in out["python_backend"][1]

@@ -213,10 +213,12 @@ class PythonBackend:
     on_by_default = False  # tracing every call has a cost: only when asked for by name
 
     def probe(self) -> Availability:
-        from polyprof._accel import speedups
+        from polyprof import _accel
 
-        if speedups is None or not hasattr(speedups, "pytrace_start"):
-            return Availability.no("needs polyprof's C extension (built when polyprof is installed with a C compiler)")
+        if _accel.speedups is None:
+            return Availability.no(f"needs polyprof's C extension, not in use here: {_accel.pure_python_reason}")
+        if not hasattr(_accel.speedups, "pytrace_start"):
+            return Availability.no("polyprof's C extension is older than its Python code: reinstall polyprof to rebuild it")
         return Availability.yes(devices=["host process"], python=sys.version.split()[0])
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> PythonSession:

@@ -48,7 +48,7 @@ def summary_table(rows: list[SummaryRow], title: str) -> Table:
 def backend_status_lines(trace: Trace) -> list[str]:
     lines = []
     for name, st in trace.backends.items():
-        detail = st.reason or "; ".join(st.errors) or ""
+        detail = st.reason or "; ".join(st.errors) or "; ".join(st.warnings)
         extra = []
         if st.rejected:
             extra.append(f"{st.rejected} rows rejected")
