@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from polyprof._accel import speedups
+from polyprof._accel import BUILT_HERE, speedups
 
 SCRIPT = r"""
 import asyncio, json, threading, polyprof
@@ -260,6 +260,7 @@ def test_a_pure_python_recorder_chosen_by_the_user_is_named_without_a_warning(tm
                                             "POLYPROF_PURE_PYTHON is set; unset it for the C recorder"]
 
 
+@pytest.mark.skipif(not BUILT_HERE, reason="the C extension is built for CPython on Linux only: elsewhere its absence is expected")
 def test_a_c_extension_that_does_not_load_is_told_in_the_trace_with_the_fix(tmp_path):
     """Installation succeeds without a compiler (the extension is optional), so the user learns of the
     slower recorder from polyprof backends and from each trace: the reason, and how to get the C one."""
