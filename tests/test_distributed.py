@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from ddp_teardown import DDP_TEARDOWN
 
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
 
@@ -27,8 +28,7 @@ def step():
         time.sleep(0.05)  # the slow rank
 
 MODE
-dist.destroy_process_group()
-"""
+""" + DDP_TEARDOWN
 
 UNDER_PROFILER = """
 import polyprof.profiler as pp
@@ -41,10 +41,15 @@ with pp.profile(activities=[pp.ProfilerActivity.CPU], schedule=pp.schedule(wait=
 """
 
 
-def _torchrun(tmp_path, *args):
+def _torchrun(tmp_path, *args, crashes_forgiven=0):
+    """``crashes_forgiven``: reruns allowed when a rank dies of a signal (torch.profiler's reference
+    runs only: its schedule corrupted the heap in 1 of 40 jobs here, "malloc(): unsorted double linked
+    list corrupted", with no polyprof in the process)."""
     env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    if r.returncode and crashes_forgiven and any(f"({sig})" in r.stderr for sig in ("SIGABRT", "SIGSEGV")):
+        return _torchrun(tmp_path, *args, crashes_forgiven=crashes_forgiven - 1)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -77,7 +82,7 @@ def ddp_traces(tmp_path_factory):
         body = UNDER_PROFILER.replace("polyprof.profiler", which).replace('"rank{rank}.json"', f'"{prefix}" + str(rank) + ".json"')
         script = folder / f"train_{prefix}.py"
         script.write_text(textwrap.dedent(TRAIN).replace("MODE", textwrap.dedent(body)))
-        _torchrun(folder, str(script), str(folder))
+        _torchrun(folder, str(script), str(folder), crashes_forgiven=int(prefix == "torch"))
     return folder
 
 
@@ -313,8 +318,7 @@ for i in range(60):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
     time.sleep(0.01)
-dist.destroy_process_group()
-"""
+""" + DDP_TEARDOWN
 
 
 def test_a_duration_window_under_torchrun_starts_at_the_same_step_on_every_rank(tmp_path):

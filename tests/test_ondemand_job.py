@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from ddp_teardown import DDP_TEARDOWN
 from test_ondemand import _ask, _cli, _env, _steps
 
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
@@ -28,8 +29,7 @@ while True:
     if flag.item():
         break
     time.sleep(0.02)
-dist.destroy_process_group()
-"""
+""" + DDP_TEARDOWN
 
 
 def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
