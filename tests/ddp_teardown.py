@@ -1,4 +1,5 @@
-"""How every multi-rank DDP script in these tests ends (appended to the script's text).
+"""How every multi-rank DDP script in these tests ends: appended to a script whose DDP module is
+``model`` and optimizer ``opt``.
 
 ``destroy_process_group`` alone leaves a gloo group alive while DDP still holds it. Its worker thread
 then frees the last all-reduce on its own time, and that work keeps backward's Python context (torch
