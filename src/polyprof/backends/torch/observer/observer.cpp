@@ -44,6 +44,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -856,9 +857,8 @@ void append_json_string(std::string& out, const std::string& s) {
 }
 
 void append_int(std::string& out, int64_t v) {
-  char buf[24];
-  int len = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
-  out.append(buf, size_t(len));
+  char buf[24];  // to_chars, not snprintf: a read-out with shapes writes ~10 ints an op
+  out.append(buf, size_t(std::to_chars(buf, buf + sizeof buf, v).ptr - buf));
 }
 
 // A keyword argument's value as Kineto writes it into the trace: strings lose newlines, backslashes
@@ -1387,11 +1387,13 @@ const int64_t* decode_tensor(const int64_t* p, int64_t head, Input& in) {
   return p;
 }
 
-// The inputs of the shapes record at `at`, which is moved on to the next record.
-std::vector<Input> decode_inputs(const ThreadBuffer& b, ShapeStore::Cursor& at) {
+// The inputs of the shapes record at `at` into `inputs` (reused: its storage outlives the call), `at`
+// moved on to the next record.
+void decode_inputs(const ThreadBuffer& b, ShapeStore::Cursor& at, std::vector<Input>& inputs) {
   const int64_t* p = b.shapes.at(at);
   int64_t n = *p++;
-  std::vector<Input> inputs(static_cast<size_t>(n));
+  inputs.clear();
+  inputs.resize(static_cast<size_t>(n));
   for (auto& in : inputs) {
     int64_t head = *p++;
     int64_t tag = head & 0xFF;
@@ -1417,7 +1419,6 @@ std::vector<Input> decode_inputs(const ThreadBuffer& b, ShapeStore::Cursor& at) 
     }
   }
   b.shapes.advance(at, p);
-  return inputs;
 }
 
 // torch's name of a scalar type ("float", "c10::BFloat16"...), computed once per type
@@ -1455,14 +1456,32 @@ void append_strides(std::string& out, const Input& in) {
   append_ints(out, strides, in.ndim);
 }
 
+// A kept int, bool or list of them as a JSON string, written as torch prints its IValue ("3", "True",
+// "[0, 1]", "[True, False]") without building one: the ostream path costs a List allocation and a
+// stream round trip for each.
+void append_kept_ints(std::string& out, const Input& in) {
+  bool list = in.kept == kIntList || in.kept == kBoolList;
+  bool bools = in.kept == kBool || in.kept == kBoolList;
+  out.push_back('"');
+  if (list) out.push_back('[');
+  for (int64_t i = 0; i < in.count; ++i) {
+    if (i) out += ", ";
+    if (bools) out += in.values[i] != 0 ? "True" : "False";
+    else append_int(out, in.values[i]);
+  }
+  if (list) out.push_back(']');
+  out.push_back('"');
+}
+
 // torch.profiler's record_shapes args for one op, as four JSON values appended to `out`, each
 // followed by a NUL byte: Concrete Inputs, Input type, Input Strides, Input Dims. A tensor list is one
 // input: "TensorList" in Input type, the list of its tensors' sizes (strides) in Input Dims (Strides).
 // Appends the shapes record at `at` as four fragments, moving `at` on to the next record.
 void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore::Cursor& at) {
   static std::ostringstream os;  // reused: constructing one per value costs more than formatting it
-  std::vector<Input> inputs = decode_inputs(b, at);
-  auto list = [&out, &inputs](auto&& item) {
+  static std::vector<Input> inputs;  // reused likewise (the read-out holds g_mutex)
+  decode_inputs(b, at, inputs);
+  auto list = [&out](auto&& item) {
     out.push_back('[');
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (i) out += ", ";
@@ -1472,7 +1491,9 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore:
     out.push_back('\0');
   };
   list([&](const Input& in) {
-    if (in.value >= 0 || in.kept != kNone) {
+    if (in.kept != kNone && in.kept != kDouble && in.kept != kDoubleList) {
+      append_kept_ints(out, in);
+    } else if (in.value >= 0 || in.kept != kNone) {
       os.str(std::string());
       os.clear();
       if (in.value >= 0) os << b.values[size_t(in.value)];
