@@ -813,6 +813,36 @@ def test_a_span_open_across_flushes_is_written_once_and_whole(registry):
     assert across.start <= mark.start <= across.end and mark.external_id == across.correlation
 
 
+def test_the_flushers_join_waits_for_the_hand_over_in_progress_and_none_starts_after_it():
+    """The window's collect comes after the flusher's join: a hand-over in progress must finish first
+    (its parts and the spill's record of them), and a stopped flusher starts no other."""
+    import time
+
+    from polyprof.engine.sessions import Flusher
+
+    entered, release, calls = threading.Event(), threading.Event(), []
+
+    class SlowSessions:
+        def flush(self):
+            calls.append(time.monotonic())
+            entered.set()
+            release.wait(5)
+            return []
+
+    flusher = Flusher(SlowSessions(), 0.001)  # type: ignore[arg-type]
+    assert entered.wait(5)
+    flusher.stop()
+    joined = threading.Event()
+    waiter = threading.Thread(target=lambda: (flusher.join(5), joined.set()))
+    waiter.start()
+    assert not joined.wait(0.1), "join returned while a hand-over was in progress"
+    release.set()
+    assert joined.wait(5)
+    waiter.join()
+    time.sleep(0.05)  # 50 of the flusher's intervals
+    assert len(calls) == 1, "a stopped flusher handed over again"
+
+
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_span_closing_while_the_profile_stops_is_written_once(registry, attempt):
     """Under heavy thread switching, spans close between the recorder's end and the hand-over of their

@@ -292,21 +292,29 @@ class Flusher:
         self.interval_s = interval_s
         self.on_parts = on_parts  # e.g. the spill
         self._stop = threading.Event()
+        self._busy = threading.Lock()  # held through a hand-over and its on_parts
         self._thread = threading.Thread(target=self._run, name="polyprof-flush", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                parts = self.sessions.flush()
-                if parts and self.on_parts is not None:
-                    self.on_parts(parts)
-            except Exception as exc:  # a backend's problem is in its status already; the spill's is said
-                warnings.warn(f"polyprof: handing over completed rows failed: {describe(exc)}", PolyprofWarning, stacklevel=1)
+            with self._busy:
+                if self._stop.is_set():  # stopped while this thread woke: the window's collect has it
+                    return
+                try:
+                    parts = self.sessions.flush()
+                    if parts and self.on_parts is not None:
+                        self.on_parts(parts)
+                except Exception as exc:  # a backend's problem is in its status already; the spill's is said
+                    warnings.warn(f"polyprof: handing over completed rows failed: {describe(exc)}", PolyprofWarning, stacklevel=1)
 
     def stop(self) -> None:
         """Ask the thread to end (it ends after the flush in progress, if any)."""
         self._stop.set()
 
     def join(self, timeout_s: float) -> None:
-        self._thread.join(timeout_s)
+        """After :meth:`stop`: wait until no hand-over is in progress (none starts after it). The thread
+        itself ends on its own: waiting for an idle one to wake costs the stop milliseconds on a busy
+        machine."""
+        if self._busy.acquire(timeout=timeout_s):
+            self._busy.release()
