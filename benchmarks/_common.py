@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -21,6 +24,14 @@ def machine() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def scratch_folder(prefix: str = "polyprof-bench-") -> str:
+    """A temporary folder for a benchmark's traces, spills or builds, removed when the process exits
+    (31 repeats of torch_overhead.py write ~80 MB of traces)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def per_call_ns(fn: Callable[[int], None], n: int, repeats: int) -> float:

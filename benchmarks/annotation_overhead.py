@@ -18,7 +18,7 @@ import gc
 import os
 import threading
 
-from _common import per_call_ns, report
+from _common import per_call_ns, report, scratch_folder
 
 import polyprof
 from polyprof._accel import speedups
@@ -81,9 +81,7 @@ def main() -> None:
     ap.add_argument("--counters", action="store_true", help="also run the counters backend (psutil) at its default rate")
     args = ap.parse_args()
     groups = ["cpu", "counters"] if args.counters else ["cpu"]
-    import tempfile
-
-    spill = os.path.join(tempfile.mkdtemp(), ".bench.spill") if args.spill else None
+    spill = os.path.join(scratch_folder(), ".bench.spill") if args.spill else None
     n, reps = args.n, args.repeats
     gc.collect()
     results: dict = {"n_per_batch": n, "repeats": reps, "c_hot_path": speedups is not None}

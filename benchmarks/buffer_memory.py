@@ -22,7 +22,7 @@ import sys
 from _common import report
 
 CHILD = r"""
-import gc, json, os, sys, tempfile, time
+import atexit, gc, json, os, shutil, sys, tempfile, time
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():
     gc.collect()
@@ -30,6 +30,7 @@ def rss():
         return int(f.read().split()[1]) * page
 n, which = int(sys.argv[1]), sys.argv[2]
 folder = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, folder, True)  # its traces (2 M events: hundreds of MB)
 if which == "polyprof_ops":  # torch.profiler's API, polyprof's observer
     import polyprof.profiler as pp
     make = lambda: pp.profile(activities=[pp.ProfilerActivity.CPU])

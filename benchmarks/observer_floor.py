@@ -19,11 +19,10 @@ import argparse
 import contextlib
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
-from _common import mlp_inference, report
+from _common import mlp_inference, report, scratch_folder
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -120,7 +119,7 @@ def minimal_observers() -> dict[str, Callable[[], contextlib.AbstractContextMana
 
     floor = load_inline(
         "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
-        build_directory=tempfile.mkdtemp(prefix="observer-floor-"),
+        build_directory=scratch_folder("observer-floor-"),
     )  # fmt: skip
 
     @contextlib.contextmanager

@@ -33,12 +33,11 @@ import argparse
 import inspect
 import os
 import statistics
-import tempfile
 import threading
 import time
 
 import numpy as np
-from _common import report
+from _common import report, scratch_folder
 
 import polyprof
 from polyprof.backend import API_VERSION, Availability
@@ -281,7 +280,7 @@ def main() -> None:
     backend = BenchBackend()
     backend.device_rows = args.device_rows
     polyprof.register_backend(backend)
-    folder = tempfile.mkdtemp()
+    folder = scratch_folder()
     runs = [run_polyprof(backend, args.annotations, folder) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     results: dict = {"polyprof": {k: round(v, 3) for k, v in med.items()}, "polyprof_runs": runs}

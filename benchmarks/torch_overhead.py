@@ -15,10 +15,9 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 
-from _common import mlp_inference, report
+from _common import mlp_inference, report, scratch_folder
 
 
 def main() -> None:
@@ -35,7 +34,7 @@ def main() -> None:
 
     work = mlp_inference(args.passes)
     work()  # warm up
-    folder = tempfile.mkdtemp()
+    folder = scratch_folder()
     samples: dict[str, list[float]] = {
         k: [] for k in ("plain", "torch", "polyprof", "torch_stop", "polyprof_stop")
     }
