@@ -56,6 +56,7 @@ def main() -> None:
         samples["torch_stop"].append(time.perf_counter_ns() - t0)
         with open(path) as f:
             ops["torch"] = sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op")
+        os.remove(path)  # see _common.scratch_folder: the next trace's pages are not fresh ones
 
     def run_polyprof(r: int) -> None:
         spill = os.path.join(folder, f".run{r}.spill") if args.spill else None
@@ -67,8 +68,10 @@ def main() -> None:
         samples["polyprof"].append(time.perf_counter_ns() - t0)
         t0 = time.perf_counter_ns()
         prof.__exit__(None, None, None)
-        prof.export_chrome_trace(os.path.join(folder, f"polyprof{r}.json"))
+        path = os.path.join(folder, f"polyprof{r}.json")
+        prof.export_chrome_trace(path)
         samples["polyprof_stop"].append(time.perf_counter_ns() - t0)
+        os.remove(path)
         ops["polyprof"] = int((prof.trace.activities["kind"] == 0).sum())
 
     for r in range(args.repeats):
