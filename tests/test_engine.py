@@ -843,6 +843,39 @@ def test_the_flushers_join_waits_for_the_hand_over_in_progress_and_none_starts_a
     assert len(calls) == 1, "a stopped flusher handed over again"
 
 
+def test_a_forked_child_does_not_wait_for_its_parents_hand_over():
+    """A child forked during a hand-over inherits the flusher's lock held by a thread it does not have:
+    its stop must not wait out the join's time limit for it."""
+    import os
+    import time
+
+    from polyprof.engine.sessions import Flusher
+
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowSessions:
+        def flush(self):
+            entered.set()
+            release.wait(10)
+            return []
+
+    flusher = Flusher(SlowSessions(), 0.001)  # type: ignore[arg-type]
+    assert entered.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when the join came back at once
+        started = time.monotonic()
+        flusher.stop()
+        flusher.join(30)
+        os._exit(0 if time.monotonic() - started < 10 else 1)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        flusher.stop()
+        flusher.join(5)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's join waited for a hand-over it does not have"
+
+
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_span_closing_while_the_profile_stops_is_written_once(registry, attempt):
     """Under heavy thread switching, spans close between the recorder's end and the hand-over of their

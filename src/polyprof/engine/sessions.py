@@ -316,5 +316,7 @@ class Flusher:
         """After :meth:`stop`: wait until no hand-over is in progress (none starts after it). The thread
         itself ends on its own: waiting for an idle one to wake costs the stop milliseconds on a busy
         machine."""
+        if not self._thread.is_alive():  # ended, or not in this process (a forked child: its lock may be held)
+            return
         if self._busy.acquire(timeout=timeout_s):
             self._busy.release()
