@@ -813,24 +813,31 @@ def test_a_span_open_across_flushes_is_written_once_and_whole(registry):
     assert across.start <= mark.start <= across.end and mark.external_id == across.correlation
 
 
-def test_the_flushers_join_waits_for_the_hand_over_in_progress_and_none_starts_after_it():
-    """The window's collect comes after the flusher's join: a hand-over in progress must finish first
-    (its parts and the spill's record of them), and a stopped flusher starts no other."""
-    import time
-
+def _flusher_in_a_hand_over():
+    """A Flusher (1 ms interval) whose first hand-over is in progress until the returned event is set;
+    and the list of its hand-overs."""
     from polyprof.engine.sessions import Flusher
 
     entered, release, calls = threading.Event(), threading.Event(), []
 
     class SlowSessions:
         def flush(self):
-            calls.append(time.monotonic())
+            calls.append(1)
             entered.set()
-            release.wait(5)
+            release.wait(10)
             return []
 
     flusher = Flusher(SlowSessions(), 0.001)  # type: ignore[arg-type]
     assert entered.wait(5)
+    return flusher, release, calls
+
+
+def test_the_flushers_join_waits_for_the_hand_over_in_progress_and_none_starts_after_it():
+    """The window's collect comes after the flusher's join: a hand-over in progress must finish first
+    (its parts and the spill's record of them), and a stopped flusher starts no other."""
+    import time
+
+    flusher, release, calls = _flusher_in_a_hand_over()
     flusher.stop()
     joined = threading.Event()
     waiter = threading.Thread(target=lambda: (flusher.join(5), joined.set()))
@@ -849,18 +856,7 @@ def test_a_forked_child_does_not_wait_for_its_parents_hand_over():
     import os
     import time
 
-    from polyprof.engine.sessions import Flusher
-
-    entered, release = threading.Event(), threading.Event()
-
-    class SlowSessions:
-        def flush(self):
-            entered.set()
-            release.wait(10)
-            return []
-
-    flusher = Flusher(SlowSessions(), 0.001)  # type: ignore[arg-type]
-    assert entered.wait(5)
+    flusher, release, _ = _flusher_in_a_hand_over()
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 when the join came back at once
         started = time.monotonic()
