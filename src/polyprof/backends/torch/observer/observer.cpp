@@ -1340,35 +1340,15 @@ double as_double(const int64_t* bits) {
   return d;
 }
 
-// The IValue a scalar kept in a record was (torch formats Concrete Inputs from it).
-c10::IValue kept_value(const Input& in) {
+// The IValue a double or list of doubles kept in a record was: torch formats Concrete Inputs from it
+// (its printing of doubles, "2." or "1.5", is kept as it is; kept ints and bools: append_kept_ints).
+c10::IValue kept_double_value(const Input& in) {
   const int64_t* v = in.values;
-  switch (in.kept) {
-    case kInt:
-      return c10::IValue(v[0]);
-    case kDouble:
-      return c10::IValue(as_double(v));
-    case kBool:
-      return c10::IValue(v[0] != 0);
-    case kIntList: {
-      c10::List<int64_t> list;
-      list.reserve(size_t(in.count));
-      for (int64_t i = 0; i < in.count; ++i) list.push_back(v[i]);
-      return c10::IValue(std::move(list));
-    }
-    case kDoubleList: {
-      c10::List<double> list;
-      list.reserve(size_t(in.count));
-      for (int64_t i = 0; i < in.count; ++i) list.push_back(as_double(v + i));
-      return c10::IValue(std::move(list));
-    }
-    default: {
-      c10::List<bool> list;
-      list.reserve(size_t(in.count));
-      for (int64_t i = 0; i < in.count; ++i) list.push_back(v[i] != 0);
-      return c10::IValue(std::move(list));
-    }
-  }
+  if (in.kept == kDouble) return c10::IValue(as_double(v));
+  c10::List<double> list;
+  list.reserve(size_t(in.count));
+  for (int64_t i = 0; i < in.count; ++i) list.push_back(as_double(v + i));
+  return c10::IValue(std::move(list));
 }
 
 const int64_t* decode_tensor(const int64_t* p, int64_t head, Input& in) {
@@ -1497,7 +1477,7 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore:
       os.str(std::string());
       os.clear();
       if (in.value >= 0) os << b.values[size_t(in.value)];
-      else os << kept_value(in);
+      else os << kept_double_value(in);  // the branch above took kept ints and bools
       append_json_string(out, os.str());
     } else {
       out += "\"\"";
