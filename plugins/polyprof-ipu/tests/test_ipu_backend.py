@@ -61,7 +61,9 @@ def test_runs_and_steps_land_on_each_ipu_at_their_host_time(monkeypatch):
         ran_at["us"] = time.time() * 1e6  # the program runs its engine: two runs, 10 ms apart
         time.sleep(0.02)
         poplar_writes_its_report()
+        made = json.loads(os.environ["POPLAR_ENGINE_OPTIONS"])["autoReport.directory"]
     assert "POPLAR_ENGINE_OPTIONS" not in os.environ, "given back at the end"
+    assert not os.path.exists(made), "the temporary folder made for Poplar's report is removed at the end"
     trace = prof.trace
     rows = [a for a in trace.activities if a.kind == ActivityKind.KERNEL]
     by_ipu = {}
@@ -77,6 +79,16 @@ def test_runs_and_steps_land_on_each_ipu_at_their_host_time(monkeypatch):
     status = trace.backends["ipu"]
     assert status.details["poplar"] == "3.4.0 (stand-in)" and "after the run" in status.details["timeline"]
     assert pva.opened and pva.opened[0].endswith(os.path.join("training", "profile.pop"))
+
+
+def test_a_report_dir_named_by_the_user_is_kept(monkeypatch, tmp_path):
+    monkeypatch.delenv("POPLAR_ENGINE_OPTIONS", raising=False)
+    monkeypatch.setitem(sys.modules, "pva", fake_pva([]))
+    with polyprof.profile(["cpu", "ipu"], backend_options={"ipu": {"report_dir": str(tmp_path)}}) as prof:
+        assert json.loads(os.environ["POPLAR_ENGINE_OPTIONS"])["autoReport.directory"] == str(tmp_path)
+        poplar_writes_its_report()
+    assert (tmp_path / "training" / "profile.pop").read_bytes() == b"stand-in"
+    assert prof.trace.backends["ipu"].details["report"] == str(tmp_path / "training" / "profile.pop")
 
 
 def test_no_report_is_said_and_a_users_engine_options_are_kept(monkeypatch, tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -56,13 +57,15 @@ class IpuSession:
         self.ctx = ctx
         self.report_dir = ctx.options.get("report_dir") or ""
         self.set_by_us = False
+        self.made_dir: str | None = None  # the temporary folder made for Poplar's report, removed at close
         self.previous: str | None = None
         self.started_wall = 0.0
 
     def prepare(self) -> None:
         self.previous = os.environ.get(ENGINE_OPTIONS)
         if self.previous is None:
-            self.report_dir = self.report_dir or tempfile.mkdtemp(prefix="polyprof-ipu-")
+            if not self.report_dir:
+                self.report_dir = self.made_dir = tempfile.mkdtemp(prefix="polyprof-ipu-")
             os.environ[ENGINE_OPTIONS] = json.dumps({"autoReport.all": "true", "autoReport.directory": self.report_dir})
             self.set_by_us = True
         elif not self.report_dir:
@@ -91,7 +94,8 @@ class IpuSession:
                                     "(did the program run a Poplar engine in it?)")  # fmt: skip
             return
         report = _import_pva().openReport(path)
-        self.ctx.report.detail("report", path)
+        self.ctx.report.detail("report", path if self.made_dir is None else
+                               f"{path} (a temporary folder, removed at the end: set report_dir to keep it)")
         self.ctx.report.detail("poplar", str(getattr(getattr(report, "poplarVersion", None), "string", "")))
         hz = float(report.compilation.target.clockFrequency)
         wall, host = time.time_ns(), host_ns()  # Unix-epoch microseconds onto the host clock
@@ -118,13 +122,19 @@ class IpuSession:
         if self.set_by_us:
             os.environ.pop(ENGINE_OPTIONS, None)
             self.set_by_us = False
+        if self.made_dir is not None:  # a Poplar report runs to gigabytes: not left behind in /tmp
+            shutil.rmtree(self.made_dir, ignore_errors=True)
+            self.made_dir = None
 
 
 class IpuBackend:
     name = "ipu"
     api_version = API_VERSION
     activities = frozenset({"IPU"})
-    options = OptionSchema(Option("report_dir", str, default="", help="where Poplar writes profile.pop (default: a temporary folder)"))
+    options = OptionSchema(
+        Option("report_dir", str, default="",
+               help="where Poplar writes profile.pop, kept there (default: a temporary folder, removed at the end)")
+    )  # fmt: skip
     in_process = True
 
     def probe(self) -> Availability:
