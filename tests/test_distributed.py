@@ -46,7 +46,9 @@ def _torchrun(tmp_path, *args, crashes_forgiven=0):
     runs only: its schedule corrupted the heap in 1 of 40 jobs here, "malloc(): unsorted double linked
     list corrupted", with no polyprof in the process)."""
     env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", *args]
+    # --log-dir: without it torchrun makes a torchelastic_* folder in /tmp and never removes it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "4", *args]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     if r.returncode and crashes_forgiven and any(f"({sig})" in r.stderr for sig in ("SIGABRT", "SIGSEGV")):
         return _torchrun(tmp_path, *args, crashes_forgiven=crashes_forgiven - 1)
@@ -279,8 +281,8 @@ def test_two_hosts_with_different_clocks_merge_onto_rank_0s(tmp_path):
         script = tmp_path / "clock.py"
         script.write_text(textwrap.dedent(CLOCK_SCRIPT))
         env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
-        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--master-addr", master, "--master-port", "29613"]  # fmt: skip
+        run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"),
+               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29613"]  # fmt: skip
         shifted = ["--no-python", "env", f"LD_PRELOAD={FAKETIME}", "FAKETIME=+5s", "FAKETIME_DONT_FAKE_MONOTONIC=1", sys.executable]
         procs = [
             subprocess.Popen(["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={iface}", *run, "--node-rank", str(node),

@@ -38,7 +38,8 @@ def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     stop = tmp_path / "stop"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(stop)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "2", str(script), str(stop)]  # fmt: skip
     job = subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=tmp_path, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -97,8 +98,8 @@ def test_a_rank_on_another_host_gets_the_request_through_the_store(tmp_path):
     try:
         for folder in (here, there):
             folder.mkdir(mode=0o700)
-        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--master-addr", master, "--master-port", "29614"]  # fmt: skip
+        run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"),
+               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29614"]  # fmt: skip
         for node, ns, iface, folder in ((0, ns0, if0, here), (1, ns1, if1, there)):
             env = _env(folder, POLYPROF_ON_DEMAND="1", GLOO_SOCKET_IFNAME=iface)
             procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *run, "--node-rank", str(node), str(script), str(stop)],

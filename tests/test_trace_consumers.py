@@ -55,7 +55,7 @@ prof.export_chrome_trace(sys.argv[1])
 """
 
 CHECK = r"""
-import json, sys, tempfile, warnings
+import json, sys, warnings
 warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
 analysis = TraceAnalysis(trace_dir=sys.argv[1])
@@ -66,7 +66,7 @@ temporal = analysis.get_temporal_breakdown(visualize=False)
 out["temporal_columns"] = list(temporal.columns)
 out["iterations"] = sorted(int(i) for i in analysis.t.get_trace(0)["iteration"].unique() if i >= 0)
 from torch_tb_profiler.profiler.data import RunProfileData
-tb = RunProfileData.parse("rank0", "span", sys.argv[2], tempfile.mkdtemp())
+tb = RunProfileData.parse("rank0", "span", sys.argv[2], sys.argv[3])  # its cache folder
 out["tb"] = {"has_kernel": tb.has_kernel, "has_memcpy_or_memset": tb.has_memcpy_or_memset,
              "steps": list(tb.steps_names), "distributed": tb.distributed_info}
 print(json.dumps(out))
@@ -92,13 +92,13 @@ def two_ranks(tmp_path_factory):
     return folder
 
 
-def test_hta_and_tensorboard_read_polyprof_traces(two_ranks):
+def test_hta_and_tensorboard_read_polyprof_traces(two_ranks, tmp_path):
     # HTA rounds start times up and ends down to whole microseconds, which gives device rows shorter
     # than 1 us (PoCL's fills and maps) a negative duration and trips its temporal breakdown; its own
     # switch keeps nanoseconds (README, "Trace consumers")
     env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
     done = subprocess.run(
-        [str(CONSUMERS), "-c", CHECK, str(two_ranks), str(two_ranks / "rank0.json.gz")],
+        [str(CONSUMERS), "-c", CHECK, str(two_ranks), str(two_ranks / "rank0.json.gz"), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
