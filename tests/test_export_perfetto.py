@@ -258,6 +258,44 @@ def test_the_same_activities_times_and_args_as_the_json(source, registry):
             assert meta["args"][key] == doc[key], key
 
 
+def test_rows_with_equal_args_share_one_encoding_and_their_own_correlation_wins():
+    sink = Sink("t")
+    gpu = sink.device("gpu:0", type="gpu", index=0, name="GPU 0")
+    stream = sink.resource(gpu, 7, "stream 7")
+    rows = [({"grid": [1, 1, 1], "stream": 7}, 1), ({"grid": [1, 1, 1], "stream": 7}, 2), ({"grid": [2, 1, 1]}, 3),
+            ({"correlation": 99, "grid": [1, 1, 1]}, 4), ({}, 5), ({"grid": [1, 1, 1], "stream": 7}, 6)]  # fmt: skip
+    for i, (args, corr) in enumerate(rows):
+        sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=stream, start=T0 + 10 * i, end=T0 + 10 * i + 5,
+                      correlation=corr, args=args)  # fmt: skip
+    trace = merge([sink.seal(BackendStatus("t"))], window=(T0, T0 + 100), epoch_offset_ns=0, base_time_ns=0, metadata={})
+    encoder = writer._RowEncoder(trace.activities, writer._Interned(), np.zeros(len(rows), np.int64),
+                                 trace.activities.columns["correlation"] != 0, np.zeros(len(rows), np.int64))  # fmt: skip
+    by_name = dict(zip((trace.activities.strings.strings[c] for c in trace.activities.columns["name"]), range(len(rows)),
+                       strict=True))  # fmt: skip
+    blob = lambda name: encoder.blobs[by_name[name]]  # noqa: E731
+    assert blob("k0") is blob("k1") is blob("k5") and blob("k2") != blob("k0"), "equal args: one encoding"
+    assert blob("k4") is None, "no args, no annotations"
+    writes_corr = encoder.cols[7].tolist()
+    assert writes_corr[by_name["k3"]] == 0 and writes_corr[by_name["k0"]] == 1, "a row's own correlation arg wins"
+    ours, _ = _pftrace_events(Parsed(dumps_perfetto_trace(trace)))
+    theirs, _ = _json_events(trace)
+    assert ours == theirs
+    k3 = next(s for s in Parsed(dumps_perfetto_trace(trace)).slices if s["name"] == "k3")
+    assert k3["args"] == {"correlation": 99, "grid": [1, 1, 1]}
+
+
+@pytest.mark.parametrize("lanes_max", [3, 50_000])  # a small table, and one so sparse it sorts instead
+def test_lanes_used_are_the_distinct_pairs_in_order(lanes_max):
+    rng = np.random.default_rng(7)
+    resource = rng.integers(0, 40, 5000).astype(np.int64)
+    lane = rng.integers(1, lanes_max + 1, 5000).astype(np.int32)
+    pairs, which = writer._lanes_used(resource, lane)
+    expected = sorted(set(zip(resource.tolist(), lane.tolist(), strict=True)))
+    assert pairs == expected
+    assert [pairs[w] for w in which.tolist()] == list(zip(resource.tolist(), lane.tolist(), strict=True))
+    assert writer._lanes_used(resource[:0], lane[:0])[0] == []
+
+
 def test_c_and_python_writers_give_the_same_bytes(monkeypatch):
     if speedups is None:
         pytest.skip("polyprof's C extension is not built here")
