@@ -130,14 +130,19 @@ def count_events(path: str) -> int:
         return len(json.loads(f.read())["traceEvents"])
 
 
+def remove_previous(path: str) -> None:
+    """Delete the previous run's file before a timed write: replacing it would time the file system
+    freeing it (~70 ms for the JSON's 210 MB here), which is not the writer's cost (see also
+    _common.scratch_folder)."""
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def median_seconds(fn, repeats: int, path: str) -> float:
-    """The median time of `repeats` calls of `fn`, which writes `path`. The previous file is deleted
-    before each call, untimed: replacing it would time the file system freeing it (~20 ms for the
-    JSON's 210 MB here), which is not the writer's cost (see also _common.scratch_folder)."""
+    """The median time of `repeats` calls of `fn`, which writes `path` (each after remove_previous)."""
     samples = []
     for _ in range(repeats):
-        if os.path.exists(path):
-            os.remove(path)
+        remove_previous(path)
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
@@ -182,8 +187,7 @@ def torch_export(n_ops: int, folder: str, repeats: int) -> dict:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(n_ops):
                 torch.add(a, a)
-        if os.path.exists(path):
-            os.remove(path)  # as median_seconds does for polyprof's writers
+        remove_previous(path)
         t0 = time.perf_counter()
         prof.export_chrome_trace(path)
         samples.append(time.perf_counter() - t0)
