@@ -294,13 +294,14 @@ def _lanes_used(resource: np.ndarray, lane: np.ndarray) -> tuple[list[tuple[int,
         return [], np.zeros(0, dtype=np.int64)
     width = int(lane.max()) + 1
     size = (int(resource.max()) + 1) * width
+    code = resource.astype(np.int64, copy=False) * width + lane
     if size > 4 * len(lane) + 4096:  # many lanes on many rows: a table would be mostly empty
-        codes, which = np.unique((resource << 32) | lane, return_inverse=True)
-        return [(k >> 32, k & 0xFFFFFFFF) for k in codes.tolist()], which.ravel()
-    code = resource * width + lane
-    present = np.bincount(code, minlength=size) > 0
-    codes = np.flatnonzero(present)
-    return [(k // width, k % width) for k in codes.tolist()], (np.cumsum(present) - 1)[code]
+        codes, which = np.unique(code, return_inverse=True)
+        which = which.ravel()
+    else:
+        present = np.bincount(code, minlength=size) > 0
+        codes, which = np.flatnonzero(present), (np.cumsum(present) - 1)[code]
+    return [divmod(k, width) for k in codes.tolist()], which
 
 
 def header(
