@@ -1,7 +1,6 @@
 """polyprof's own PyTorch operator observer (C++ RecordFunction callbacks, built against the installed
 torch) against torch.profiler's collector, and the fallbacks to that collector."""
 
-import inspect
 import json
 import os
 import subprocess
@@ -394,50 +393,6 @@ def test_consecutive_profiles_each_get_only_their_own_ops():
     names = lambda p: {a.name for a in p.trace.activities_of(ActivityKind.CPU_OP)}  # noqa: E731
     assert "aten::mul" in names(first) and "aten::div" not in names(first)
     assert "aten::div" in names(second) and "aten::mul" not in names(second)
-
-
-def test_with_stack_takes_each_ops_python_stack_through_the_observer(tmp_path):
-    """pytorch#117515: the line each frame is at (not the function's first line); pytorch#100253:
-    export_stacks is not empty; the Python frames are on the timeline too (the python backend)."""
-    from polyprof.profiler import ProfilerActivity, profile
-
-    def layer(x):
-        return x.sum()  # the line the stack names
-
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        layer(torch.ones(4, 4))
-    status = prof.trace.backends["torch"]
-    assert status.details["recorder"] == "polyprof observer"
-    op = next(a for a in prof.trace.activities if a.name == "aten::sum" and "Call stack" in a.args)
-    first = op.args["Call stack"].split(";")[0]
-    assert first == f"{__file__}({layer.__code__.co_firstlineno + 1}): layer", first
-    assert not any("/polyprof/" in f for f in op.args["Call stack"].split(";"))
-    prof.export_stacks(str(tmp_path / "stacks.txt"), "self_cpu_time_total")
-    assert "layer" in (tmp_path / "stacks.txt").read_text()
-    if polyprof_speedups is not None:  # the python backend's tracer is C: no frames on the timeline without it
-        assert any(a.kind == ActivityKind.PYTHON_FUNCTION and a.name.endswith(".layer") for a in prof.trace.activities)
-
-
-def test_ops_under_one_stack_share_its_text_and_others_get_their_own():
-    """Each distinct stack is formatted once and shared (the stack table), and the stack of each op is
-    still its own: a loop's ops share one Call stack, an op on another line has another."""
-    from polyprof.model.args import is_json_column
-    from polyprof.profiler import ProfilerActivity, profile
-
-    x = torch.ones(4)
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True) as prof:
-        for _ in range(50):
-            x.neg()  # one line: one stack
-        line = inspect.currentframe().f_lineno + 1
-        x.exp()  # another line
-    acts = prof.trace.activities
-    negs = [a.args["Call stack"] for a in acts if a.name == "aten::neg"]
-    exps = [a.args["Call stack"] for a in acts if a.name == "aten::exp"]
-    assert len(negs) == 50 and len(set(negs)) == 1 and len(exps) == 1 and exps[0] != negs[0]
-    assert exps[0].split(";")[0] == f"{__file__}({line}): test_ops_under_one_stack_share_its_text_and_others_get_their_own"
-    column = next(c for b in acts.args.blocks for k, c in zip(b.keys, b.columns, strict=True) if k == "Call stack")
-    assert is_json_column(column)
-    assert len({id(v) for v in column.tolist() if v}) == 2, "one shared value per distinct stack"
 
 
 @pytest.mark.parametrize("option", ["profile_memory", "with_flops", "with_modules", "record_shapes"])

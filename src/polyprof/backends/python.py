@@ -26,6 +26,12 @@ inside the event loop's own frames. Options (``backend_options={"python": {...}}
 
 On 3.10/3.11 it uses the interpreter's profile hook, as cProfile and VizTracer do: while it records,
 another tool's hook (``sys.setprofile``) is replaced, and given back at stop.
+
+A profile with ``with_stack=True`` records as torch.profiler's Python tracer does instead (*torch style*,
+:mod:`polyprof.backends.python_calls`): every call, C functions included, no library folding, only the
+threads there when recording starts, named and numbered as torch names them (``Python id``, ``Python
+parent id``, ``nn.Module: Linear_0``), with each call's callsite and caller for the call tree
+(``experimental_event_tree()``). ``min_duration_us``, ``max_depth``, ``include`` and ``exclude`` still apply.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.backends import python_calls
 from polyprof.model import ActivityKind, CodedStrings
 from polyprof.options import Option, OptionSchema
 from polyprof.sink import Sink
@@ -117,6 +124,7 @@ class PythonSession:
 
         self.ctx = ctx
         self.opts = dict(ctx.options)
+        self.torch_style = config.with_stack  # as torch.profiler's with_stack records Python calls
         self.speedups = speedups
         self.buffers: list[Any] = []
         self.previous: Any = None
@@ -128,17 +136,20 @@ class PythonSession:
 
     def start(self) -> None:
         o = self.opts
-        fold = library_prefixes() if o.get("fold_libraries", True) else ()
-        self.monitor = Monitoring(self.speedups, bool(o.get("c_calls"))) if USE_MONITORING else None
+        torch_style = self.torch_style
+        c_calls = torch_style or bool(o.get("c_calls"))
+        fold = library_prefixes() if o.get("fold_libraries", True) and not torch_style else ()
+        self.monitor = Monitoring(self.speedups, c_calls) if USE_MONITORING else None
         if self.monitor is not None:
             self.monitor.on()  # before the stacks are seeded: on()'s own return is not one of theirs
-        else:
+        elif not torch_style:  # (torch's tracer does not see threads started while it records either)
             self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
             threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
+        module_code = python_calls.module_call_code() if torch_style else None
         self.speedups.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
-                                    bool(o.get("c_calls")), fold, (POLYPROF_FILES,), _thread_name,
+                                    c_calls, fold, (POLYPROF_FILES,), _thread_name,
                                     {t.native_id: t.name for t in threading.enumerate() if t.native_id},
-                                    self.monitor is not None)  # fmt: skip
+                                    self.monitor is not None, torch_style, module_code)  # fmt: skip
         self.running = True
 
     def stop(self) -> None:
@@ -149,39 +160,23 @@ class PythonSession:
             self.monitor.off()
         self.buffers = self.speedups.pytrace_stop()
         if self.monitor is None:
-            threading.setprofile(self.previous)
+            if not self.torch_style:
+                threading.setprofile(self.previous)
             sys.setprofile(None)  # this thread's Python-level hook, if the bootstrap left one
 
     def collect(self, sink: Sink) -> None:
         buffers, self.buffers = self.buffers, []
         include, exclude = self.opts.get("include") or [], self.opts.get("exclude") or []
-        host = sink.host_device()
-        short = deep = 0
-        for buf in buffers:
-            tid, name, code, start, end, depth, is_c, objects, dropped_short, dropped_deep = buf.take()
-            if str(name).startswith("polyprof-"):
-                continue  # polyprof's own threads (writer, flusher, guard)
-            short, deep = short + dropped_short, deep + dropped_deep
-            code = np.frombuffer(code, np.int64)
-            if not len(code):
-                continue
-            by_id = {id(o): o for o in objects}
-            uniq, inverse = np.unique(code, return_inverse=True)
-            labels = [slice_name(by_id[int(u)]) for u in uniq.tolist()]
-            keep = np.ones(len(code), bool)
-            if include or exclude:
-                wanted = np.array([_wanted(by_id[int(u)], label, include, exclude) for u, label in zip(uniq.tolist(), labels, strict=True)])
-                keep = wanted[inverse]
-            rows = np.flatnonzero(keep)
-            sink.activities({
-                "kind": np.full(len(rows), int(ActivityKind.PYTHON_FUNCTION)),
-                "cat": ["python_function"] * len(rows),
-                "name": CodedStrings(inverse[rows], labels),
-                "device": np.full(len(rows), host),
-                "resource": np.full(len(rows), sink.host_thread(int(tid), name)),
-                "start": np.frombuffer(start, np.int64)[rows],
-                "end": np.frombuffer(end, np.int64)[rows],
-            })  # fmt: skip
+        taken = [t for t in (buf.take() for buf in buffers) if not str(t[1]).startswith("polyprof-")]  # not polyprof's own threads
+        if self.torch_style:
+            keep = (lambda obj, label: _wanted(obj, label, include, exclude)) if include or exclude else None
+            table = python_calls.collect_torch_style(taken, sink, sink.host_device(), keep)
+            if table is not None:
+                self.ctx.report.attach(python_calls.ATTACHMENT, table)
+        else:
+            for tid, name, code, start, end, _depth, _kind, objects, *_ in taken:
+                _hand_over(sink, tid, name, code, start, end, objects, include, exclude)
+        short, deep = sum(t[8] for t in taken), sum(t[9] for t in taken)
         if short:
             self.ctx.report.filtered_records(short, "python calls shorter than min_duration_us")
         if deep:
@@ -189,6 +184,31 @@ class PythonSession:
 
     def close(self) -> None:
         self.stop()
+
+
+def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: bytes, objects: Any,
+               include: list[str], exclude: list[str]) -> None:  # fmt: skip
+    """One thread's rows, polyprof's own style: named ``file.py(12): qualname``, filtered by include/exclude."""
+    codes = np.frombuffer(code, np.int64)
+    if not len(codes):
+        return
+    by_id = {id(o): o for o in objects}
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    labels = [slice_name(by_id[int(u)]) for u in uniq.tolist()]
+    keep = np.ones(len(codes), bool)
+    if include or exclude:
+        wanted = np.array([_wanted(by_id[int(u)], label, include, exclude) for u, label in zip(uniq.tolist(), labels, strict=True)])
+        keep = wanted[inverse]
+    rows = np.flatnonzero(keep)
+    sink.activities({
+        "kind": np.full(len(rows), int(ActivityKind.PYTHON_FUNCTION)),
+        "cat": ["python_function"] * len(rows),
+        "name": CodedStrings(inverse[rows], labels),
+        "device": np.full(len(rows), sink.host_device()),
+        "resource": np.full(len(rows), sink.host_thread(int(tid), name)),
+        "start": np.frombuffer(start, np.int64)[rows],
+        "end": np.frombuffer(end, np.int64)[rows],
+    })  # fmt: skip
 
 
 def _thread_name() -> str | None:

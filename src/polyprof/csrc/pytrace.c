@@ -3,12 +3,21 @@
  * functions) through the interpreter's profile hook, appended to per-thread columns
  * (polyprof.backends.python).
  *
- *   pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes, namer, names) -> None
+ *   pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes, namer, names, monitoring,
+ *                 torch_style, module_code) -> None
  *       hook every thread, now and new; the frames open now become slices from now (names: tid -> name)
  *   pytrace_stop() -> list[TraceBuffer]                               unhook; every thread's buffer
  *   pytrace_thread_hook(*args) -> None                                threading.setprofile's bootstrap
  *   pytrace_mon_*(...)                        the sys.monitoring callbacks (3.12+: monitoring=True)
- *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ...)   columns as bytes
+ *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ..., calls)   columns as bytes
+ *
+ * torch_style records what torch.profiler's Python tracer (with_stack) records: only the threads that
+ * exist at the start; every call into a C function, named by the function's repr (one name per C
+ * method, as torch keys it); a call of `module_code` (nn.Module.__call__) as the module it calls (the
+ * row's object is the module, its kind 2); and per row the caller (its code and offset), the callee's
+ * own offset (-1 for a fresh call: its first line), a per-thread call ordinal and the ordinal of the
+ * nearest kept call around it (`calls`: five more columns). Everything polyprof's own frames call is
+ * hidden with them.
  *
  * A thread's buffer is found through a thread-local pointer (no dict lookup per event). A slice is
  * written when its function returns (or unwinds), or at the stop for those still open, so slices nest
@@ -42,6 +51,12 @@ typedef struct {
     char stack_c[MAX_STACK];
     char stack_class[MAX_STACK]; /* USER, LIBRARY, HIDDEN, or SKIPPED (a library frame under another) */
     int sp;            /* calls open (may exceed MAX_STACK: those deeper are not kept) */
+    /* torch_style: per open call and per row, where it was called from and its place in the tree */
+    int *lasti, *caller_lasti, *ordinal, *parent;
+    long long *caller;
+    int stack_lasti[MAX_STACK], stack_caller_lasti[MAX_STACK], stack_ordinal[MAX_STACK];
+    void *stack_caller[MAX_STACK];
+    int next_ordinal;
     void *cache_code[CACHE_SLOTS];
     char cache_class[CACHE_SLOTS];
     char cache_kept[CACHE_SLOTS]; /* in `objects` already */
@@ -61,6 +76,9 @@ static PyObject *g_hide = NULL;        /* tuple of str prefixes: polyprof itself
 static PyObject *g_fold_cache = NULL;  /* dict code -> int class */
 static PyObject *g_c_names = NULL;     /* dict (method def, self type) -> the C function's name (str) */
 static PyObject *g_namer = NULL;       /* () -> the current thread's name (threading's) */
+static int g_torch_style = 0;          /* torch.profiler's with_stack semantics (see the top) */
+static PyObject *g_module_code = NULL; /* torch_style: nn.Module.__call__'s code, or None */
+static PyObject *g_known = NULL;       /* torch_style: native ids of the threads there at the start */
 
 enum { USER = 0, LIBRARY = 1, HIDDEN = 2, SKIPPED = 3 };
 
@@ -80,6 +98,17 @@ static int tb_grow(TraceBufferObject *b) {
     char *k = d ? PyMem_Realloc(b->is_c, cap) : NULL;
     if (k == NULL) return -1;
     b->is_c = k;
+    if (g_torch_style) {
+        int **ints[] = {&b->lasti, &b->caller_lasti, &b->ordinal, &b->parent};
+        for (size_t j = 0; j < sizeof ints / sizeof ints[0]; j++) {
+            int *p = PyMem_Realloc(*ints[j], cap * sizeof(int));
+            if (p == NULL) return -1;
+            *ints[j] = p;
+        }
+        long long *cl = PyMem_Realloc(b->caller, cap * sizeof(long long));
+        if (cl == NULL) return -1;
+        b->caller = cl;
+    }
     b->cap = cap;
     return 0;
 }
@@ -93,6 +122,9 @@ static TraceBufferObject *new_buffer(unsigned long tid, PyObject *name) {
     b->start = b->end = b->code = NULL;
     b->depth = NULL;
     b->is_c = NULL;
+    b->lasti = b->caller_lasti = b->ordinal = b->parent = NULL;
+    b->caller = NULL;
+    b->next_ordinal = 0;
     b->n = b->cap = 0;
     b->sp = 0;
     memset(b->cache_code, 0, sizeof b->cache_code);
@@ -109,7 +141,7 @@ static TraceBufferObject *new_buffer(unsigned long tid, PyObject *name) {
 }
 
 static TraceBufferObject *this_thread_buffer(void) {
-    if (tl_generation == g_generation && tl_buffer != NULL) return tl_buffer;
+    if (tl_generation == g_generation && (tl_buffer != NULL || g_torch_style)) return tl_buffer;
     unsigned long tid = PyThread_get_thread_native_id();
     TraceBufferObject *b = NULL;
     PyObject *key = PyLong_FromUnsignedLong(tid);
@@ -117,7 +149,13 @@ static TraceBufferObject *this_thread_buffer(void) {
         b = (TraceBufferObject *)PyDict_GetItem(g_pending, key); /* seeded at start: its frames are open */
         if (b != NULL) PyDict_DelItem(g_pending, key);         /* g_buffers still holds it */
     }
+    int unknown = b == NULL && g_torch_style && key != NULL && g_known != NULL && PySet_Contains(g_known, key) != 1;
     Py_XDECREF(key);
+    if (unknown) { /* a thread started while recording: torch.profiler's tracer does not see it either */
+        tl_buffer = NULL;
+        tl_generation = g_generation;
+        return NULL;
+    }
     if (b == NULL) {
         PyObject *name = g_namer ? PyObject_CallNoArgs(g_namer) : NULL; /* not traced: the hook is running */
         if (name == NULL) PyErr_Clear();
@@ -197,23 +235,88 @@ static inline int code_class(TraceBufferObject *b, PyCodeObject *code) {
 }
 
 /* A call begins: pushed with its class (a C function is classed by the code that calls it: polyprof's
-   hides it, a library's folds it). */
-static void on_call(TraceBufferObject *b, long long now, void *target, int is_c, PyCodeObject *caller) {
+   hides it, a library's folds it). Returns its depth. */
+static int on_call(TraceBufferObject *b, long long now, void *target, int is_c, PyCodeObject *caller) {
     int depth = b->sp++;
-    if (depth >= MAX_STACK) return;
+    if (depth >= MAX_STACK) return depth;
     b->stack_start[depth] = now;
     b->stack_code[depth] = target;
     b->stack_c[depth] = (char)is_c;
     int cls, parent = depth ? b->stack_class[depth - 1] : USER;
-    if (is_c) {
+    if (is_c == 1) {
         int by = caller ? code_class(b, caller) : USER;
         cls = by == HIDDEN ? HIDDEN : (by == LIBRARY && g_fold && PyTuple_GET_SIZE(g_fold)) ? SKIPPED : LIBRARY;
+        if (parent == HIDDEN) cls = HIDDEN;
     } else {
-        cls = code_class(b, (PyCodeObject *)target);
+        cls = is_c ? USER : code_class(b, (PyCodeObject *)target);
         if (cls == LIBRARY && (parent == LIBRARY || parent == SKIPPED)) cls = SKIPPED;
-        if (parent == HIDDEN && cls != USER) cls = HIDDEN; /* what polyprof's own code calls */
+        if (parent == HIDDEN && (cls != USER || g_torch_style)) cls = HIDDEN; /* what polyprof's own code calls */
     }
     b->stack_class[depth] = (char)cls;
+    return depth;
+}
+
+/* torch_style: where the call at `depth` came from (the caller's code and offset), its own offset, and
+   its ordinal on this thread. */
+static void note_call(TraceBufferObject *b, int depth, int lasti, void *caller, int caller_lasti) {
+    if (depth >= MAX_STACK) return;
+    b->stack_lasti[depth] = lasti;
+    b->stack_caller[depth] = caller;
+    b->stack_caller_lasti[depth] = caller_lasti;
+    b->stack_ordinal[depth] = b->next_ordinal++;
+}
+
+/* The ordinal of the nearest kept call around `depth` (-1: none). */
+static int parent_ordinal(TraceBufferObject *b, int depth) {
+    for (int i = depth - 1; i >= 0; i--)
+        if (b->stack_class[i] != SKIPPED && b->stack_class[i] != HIDDEN && i < g_max_depth) return b->stack_ordinal[i];
+    return -1;
+}
+
+/* A row names `o`: kept alive in the buffer's `objects` (looked up in the per-thread cache first). */
+static int keep_object(TraceBufferObject *b, PyObject *o, int cache) {
+    Py_ssize_t slot = slot_of(o);
+    if (cache && b->cache_code[slot] == o && b->cache_kept[slot]) return 0;
+    if (PySet_Add(b->objects, o) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (cache && b->cache_code[slot] == o) b->cache_kept[slot] = 1;
+    return 0;
+}
+
+/* The open call at `depth` becomes a row ending at `end`, unless it is left out. */
+static void write_row(TraceBufferObject *b, int depth, long long end, int cache) {
+    if (b->stack_class[depth] == SKIPPED || b->stack_class[depth] == HIDDEN) return;
+    if (depth >= g_max_depth) {
+        b->dropped_deep++;
+        return;
+    }
+    long long start = b->stack_start[depth];
+    if (end - start < g_min_ns) {
+        b->dropped_short++;
+        return;
+    }
+    if (b->n == b->cap && tb_grow(b) < 0) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *o = (PyObject *)b->stack_code[depth];
+    if (keep_object(b, o, cache) < 0) return;
+    if (g_torch_style && b->stack_caller[depth] != NULL && keep_object(b, b->stack_caller[depth], cache) < 0) return;
+    Py_ssize_t i = b->n++;
+    b->start[i] = start;
+    b->end[i] = end;
+    b->code[i] = (long long)(intptr_t)o;
+    b->depth[i] = depth;
+    b->is_c[i] = b->stack_c[depth];
+    if (g_torch_style) {
+        b->lasti[i] = b->stack_lasti[depth];
+        b->caller[i] = (long long)(intptr_t)b->stack_caller[depth];
+        b->caller_lasti[i] = b->stack_caller_lasti[depth];
+        b->ordinal[i] = b->stack_ordinal[depth];
+        b->parent[i] = parent_ordinal(b, depth); /* (the caller's code is named by its own row, or not at all) */
+    }
 }
 
 /* The innermost open call ends: written as a row unless it is left out. */
@@ -226,35 +329,7 @@ static void on_return(TraceBufferObject *b, long long now) {
     if (b->sp == 0) return; /* a return from a frame entered before the recording began */
     int depth = --b->sp;
     if (depth >= MAX_STACK) return;
-    if (b->stack_class[depth] == SKIPPED || b->stack_class[depth] == HIDDEN) return;
-    if (depth >= g_max_depth) {
-        b->dropped_deep++;
-        return;
-    }
-    long long start = b->stack_start[depth];
-    if (now - start < g_min_ns) {
-        b->dropped_short++;
-        return;
-    }
-    if (b->n == b->cap && tb_grow(b) < 0) {
-        PyErr_Clear();
-        return;
-    }
-    PyObject *o = (PyObject *)b->stack_code[depth];
-    Py_ssize_t slot = slot_of(o);
-    if (!(b->cache_code[slot] == o && b->cache_kept[slot])) { /* first row naming it (for this slot) */
-        if (PySet_Add(b->objects, o) < 0) {
-            PyErr_Clear();
-            return;
-        }
-        if (b->cache_code[slot] == o) b->cache_kept[slot] = 1;
-    }
-    Py_ssize_t i = b->n++;
-    b->start[i] = start;
-    b->end[i] = now;
-    b->code[i] = (long long)(intptr_t)o;
-    b->depth[i] = depth;
-    b->is_c[i] = b->stack_c[depth];
+    write_row(b, depth, now, 1);
 }
 
 /* A Python function returns: its innermost open call ends, and with it any call above it whose return
@@ -267,6 +342,11 @@ static void on_return_of(TraceBufferObject *b, long long now, void *code) {
     }
     int i = b->sp - 1;
     while (i >= 0 && !(b->stack_code[i] == code && !b->stack_c[i])) i--;
+    if (i < 0 && g_torch_style) { /* a module call's row is named by its module, not its code */
+        i = b->sp - 1;
+        while (i >= 0 && b->stack_c[i] != 2) i--;
+        if (i >= 0 && code != (void *)g_module_code) i = -1;
+    }
     if (i < 0) return;
     while (b->sp - 1 > i) on_return(b, now);
     on_return(b, now);
@@ -281,6 +361,77 @@ static void *named_c_function(PyObject *fn) {
     return target;
 }
 
+/* torch_style: a C function named by its repr, one name per C method (the first function seen calling
+   it names it, as torch.profiler's tracer does). */
+static void *repr_named_c_function(PyObject *fn) {
+    PyMethodDef *ml = PyCFunction_Check(fn) ? ((PyCFunctionObject *)fn)->m_ml : NULL;
+    PyObject *key = ml ? PyLong_FromVoidPtr(ml) : Py_NewRef((PyObject *)Py_TYPE(fn));
+    PyObject *name = key ? PyDict_GetItem(g_c_names, key) : NULL;
+    if (key != NULL && name == NULL && (name = PyObject_Repr(fn)) != NULL) {
+        if (PyDict_SetItem(g_c_names, key, name) < 0) PyErr_Clear();
+        Py_DECREF(name); /* the dict keeps it */
+    }
+    Py_XDECREF(key);
+    if (name == NULL) {
+        PyErr_Clear();
+        return Py_None;
+    }
+    return name;
+}
+
+static inline int frame_lasti(PyFrameObject *f) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(f);
+#else
+    return f->f_lasti < 0 ? -1 : f->f_lasti * 2;
+#endif
+}
+
+/* nn.Module.__call__'s `self` (a new reference), or NULL. */
+static PyObject *module_self(PyFrameObject *frame) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *self = PyFrame_GetVarString(frame, "self");
+#else
+    PyObject *locals = PyFrame_GetLocals(frame);
+    PyObject *self = locals && PyDict_Check(locals) ? PyDict_GetItemString(locals, "self") : NULL;
+    Py_XINCREF(self);
+    Py_XDECREF(locals);
+#endif
+    if (self == NULL) PyErr_Clear();
+    return self;
+}
+
+/* torch_style: a Python frame begins (now, or open at the start when `seeded`): pushed with its caller,
+   its offset (-1 for a fresh call) and, for nn.Module.__call__, its module as what the row names. */
+static void on_frame_torch(TraceBufferObject *b, long long now, PyFrameObject *frame, int seeded) {
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    void *target = code;
+    int kind = 0;
+    if (g_module_code != NULL && (PyObject *)code == g_module_code) {
+        PyObject *self = module_self(frame);
+        if (self != NULL) {
+            if (PySet_Add(b->objects, self) == 0) target = self, kind = 2; /* the set keeps it */
+            else PyErr_Clear();
+            Py_DECREF(self);
+        }
+    }
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    PyCodeObject *caller = back ? PyFrame_GetCode(back) : NULL;
+    int caller_lasti = back ? frame_lasti(back) : -1;
+    int lasti = seeded || (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) ? frame_lasti(frame) : -1;
+    int depth = on_call(b, now, target, kind, NULL);
+    note_call(b, depth, lasti, caller, caller_lasti);
+    Py_XDECREF(caller);
+    Py_XDECREF(back);
+    Py_DECREF(code); /* the frame keeps it */
+}
+
+/* torch_style: a C function called from `frame`. */
+static void on_c_call_torch(TraceBufferObject *b, long long now, PyObject *fn, PyCodeObject *caller, int caller_lasti) {
+    int depth = on_call(b, now, repr_named_c_function(fn), 1, caller);
+    note_call(b, depth, -1, caller, caller_lasti);
+}
+
 /* Python <= 3.11 (and 3.12+ when sys.monitoring is not used): the interpreter's profile hook. */
 static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg) {
     if (!g_running) return 0;
@@ -293,12 +444,17 @@ static int profile_hook(PyObject *obj, PyFrameObject *frame, int what, PyObject 
         return 0;
     }
     if (what == PyTrace_CALL) {
+        if (g_torch_style) {
+            on_frame_torch(b, now, frame, 0);
+            return 0;
+        }
         PyCodeObject *code = PyFrame_GetCode(frame);
         Py_DECREF(code); /* borrowed: the frame keeps it */
         on_call(b, now, code, 0, NULL);
     } else if (what == PyTrace_C_CALL) {
         PyCodeObject *caller = PyFrame_GetCode(frame);
-        on_call(b, now, named_c_function(arg), 1, caller);
+        if (g_torch_style) on_c_call_torch(b, now, arg, caller, frame_lasti(frame));
+        else on_call(b, now, named_c_function(arg), 1, caller);
         Py_DECREF(caller);
     } else if (what == PyTrace_RETURN) {
         PyCodeObject *code = PyFrame_GetCode(frame);
@@ -322,7 +478,18 @@ static inline TraceBufferObject *monitored_buffer(void) {
 static PyObject *mon_py_start(PyObject *m, PyObject *const *args, Py_ssize_t n) { /* PY_START, PY_RESUME, PY_THROW */
     long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
-    if (b != NULL && n >= 1 && PyCode_Check(args[0])) on_call(b, now, args[0], 0, NULL);
+    if (b == NULL || n < 1 || !PyCode_Check(args[0])) Py_RETURN_NONE;
+    PyFrameObject *frame = g_torch_style ? PyEval_GetFrame() : NULL; /* borrowed: the frame starting */
+    if (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int same = (PyObject *)code == args[0];
+        Py_DECREF(code);
+        if (same) {
+            on_frame_torch(b, now, frame, 0);
+            Py_RETURN_NONE;
+        }
+    }
+    on_call(b, now, args[0], 0, NULL);
     Py_RETURN_NONE;
 }
 
@@ -339,7 +506,10 @@ static PyObject *mon_call(PyObject *m, PyObject *const *args, Py_ssize_t n) { /*
     if (n < 3 || !g_c_calls || !calls_c(args[2])) Py_RETURN_NONE;
     long long now = pp_clock_ns();
     TraceBufferObject *b = monitored_buffer();
-    if (b != NULL) on_call(b, now, named_c_function(args[2]), 1, PyCode_Check(args[0]) ? (PyCodeObject *)args[0] : NULL);
+    if (b == NULL) Py_RETURN_NONE;
+    PyCodeObject *caller = PyCode_Check(args[0]) ? (PyCodeObject *)args[0] : NULL;
+    if (g_torch_style) on_c_call_torch(b, now, args[2], caller, (int)PyLong_AsLong(args[1]));
+    else on_call(b, now, named_c_function(args[2]), 1, caller);
     Py_RETURN_NONE;
 }
 
@@ -379,6 +549,10 @@ static void seed_thread(PyThreadState *ts, unsigned long tid, PyObject *names, l
         TraceBufferObject *b = key ? new_buffer(tid, name) : NULL;
         if (b != NULL && PyDict_SetItem(g_pending, key, (PyObject *)b) == 0) {
             for (int i = n - 1; i >= 0; i--) { /* outermost first */
+                if (g_torch_style) {
+                    on_frame_torch(b, now, frames[i], 1);
+                    continue;
+                }
                 PyCodeObject *code = PyFrame_GetCode(frames[i]);
                 on_call(b, now, code, 0, NULL);
                 Py_DECREF(code); /* the frame keeps it while it is open */
@@ -393,50 +567,39 @@ static void seed_thread(PyThreadState *ts, unsigned long tid, PyObject *names, l
 /* The calls still open at the stop: written as ending then (outermost first, so that they nest). */
 static void close_open_calls(TraceBufferObject *b, long long now) {
     int open = b->sp < MAX_STACK ? b->sp : MAX_STACK;
-    for (int depth = 0; depth < open; depth++) {
-        int cls = b->stack_class[depth];
-        if (cls == SKIPPED || cls == HIDDEN || depth >= g_max_depth) continue;
-        if (now - b->stack_start[depth] < g_min_ns) continue;
-        if (b->n == b->cap && tb_grow(b) < 0) break;
-        PyObject *o = (PyObject *)b->stack_code[depth];
-        if (PySet_Add(b->objects, o) < 0) {
-            PyErr_Clear();
-            continue;
-        }
-        Py_ssize_t i = b->n++;
-        b->start[i] = b->stack_start[depth];
-        b->end[i] = now;
-        b->code[i] = (long long)(intptr_t)o;
-        b->depth[i] = depth;
-        b->is_c[i] = b->stack_c[depth];
-    }
+    long long dropped_short = b->dropped_short, dropped_deep = b->dropped_deep;
+    for (int depth = 0; depth < open; depth++) write_row(b, depth, now, 0);
+    b->dropped_short = dropped_short, b->dropped_deep = dropped_deep; /* still open: not dropped */
     b->sp = 0;
 }
 
 static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     long long min_ns;
     int max_depth, c_calls;
-    PyObject *fold, *hide, *namer, *names;
-    int monitoring = 0;
-    if (!PyArg_ParseTuple(args, "LipO!O!OO!|p", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type,
-                          &hide, &namer, &PyDict_Type, &names, &monitoring))
+    PyObject *fold, *hide, *namer, *names, *module_code = Py_None;
+    int monitoring = 0, torch_style = 0;
+    if (!PyArg_ParseTuple(args, "LipO!O!OO!|ppO", &min_ns, &max_depth, &c_calls, &PyTuple_Type, &fold, &PyTuple_Type,
+                          &hide, &namer, &PyDict_Type, &names, &monitoring, &torch_style, &module_code))
         return NULL;
-    g_monitoring = monitoring;
-    Py_INCREF(namer);
-    Py_XSETREF(g_namer, namer);
     if (g_running) {
         PyErr_SetString(PyExc_RuntimeError, "python tracing is already running");
         return NULL;
     }
+    g_monitoring = monitoring;
+    g_torch_style = torch_style;
+    Py_INCREF(namer);
+    Py_XSETREF(g_namer, namer);
+    Py_XSETREF(g_module_code, PyCode_Check(module_code) ? Py_NewRef(module_code) : NULL);
     Py_XSETREF(g_buffers, PyList_New(0));
     Py_XSETREF(g_fold_cache, PyDict_New());
     Py_XSETREF(g_c_names, PyDict_New());
     Py_XSETREF(g_pending, PyDict_New());
+    Py_XSETREF(g_known, PySet_New(NULL));
     Py_INCREF(fold);
     Py_XSETREF(g_fold, fold);
     Py_INCREF(hide);
     Py_XSETREF(g_hide, hide);
-    if (g_buffers == NULL || g_fold_cache == NULL || g_c_names == NULL || g_pending == NULL) return NULL;
+    if (g_buffers == NULL || g_fold_cache == NULL || g_c_names == NULL || g_pending == NULL || g_known == NULL) return NULL;
     g_min_ns = min_ns;
     g_max_depth = max_depth < MAX_STACK ? max_depth : MAX_STACK;
     g_c_calls = c_calls;
@@ -449,7 +612,11 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
 #else
         unsigned long tid = ts == PyThreadState_Get() ? PyThread_get_thread_native_id() : 0;
 #endif
-        if (tid) seed_thread(ts, tid, names, now);
+        if (!tid) continue;
+        PyObject *key = PyLong_FromUnsignedLong(tid);
+        if (key == NULL || PySet_Add(g_known, key) < 0) PyErr_Clear();
+        Py_XDECREF(key);
+        seed_thread(ts, tid, names, now);
     }
     g_running = 1;
     if (!g_monitoring) hook_all_threads(1);
@@ -476,17 +643,25 @@ static PyObject *sp_pytrace_stop(PyObject *m, PyObject *unused) {
     g_generation++;
     Py_CLEAR(g_fold_cache);
     Py_CLEAR(g_c_names);  /* the names a buffer uses stay alive in its `objects` */
+    Py_CLEAR(g_known);
+    Py_CLEAR(g_module_code);
     return out ? out : PyList_New(0);
 }
 
 static PyObject *tb_take(TraceBufferObject *b, PyObject *unused) {
     static const char none[1] = {0}; /* y# of NULL is None: an empty buffer's columns are b"" */
 #define COL(p) ((p) ? (const char *)(p) : none)
-    PyObject *out = Py_BuildValue(
-        "(kOy#y#y#y#y#OLL)", b->tid, b->name, COL(b->code), b->n * (Py_ssize_t)sizeof(long long),
-        COL(b->start), b->n * (Py_ssize_t)sizeof(long long), COL(b->end),
-        b->n * (Py_ssize_t)sizeof(long long), COL(b->depth), b->n * (Py_ssize_t)sizeof(int),
-        COL(b->is_c), b->n, b->objects, b->dropped_short, b->dropped_deep);
+    Py_ssize_t ll = b->n * (Py_ssize_t)sizeof(long long), ints = b->n * (Py_ssize_t)sizeof(int);
+    PyObject *calls = Py_None;
+    if (b->lasti != NULL || b->caller != NULL) /* torch_style: (lasti, caller, caller_lasti, ordinal, parent) */
+        calls = Py_BuildValue("(y#y#y#y#y#)", COL(b->lasti), ints, COL(b->caller), ll, COL(b->caller_lasti), ints,
+                              COL(b->ordinal), ints, COL(b->parent), ints);
+    else
+        Py_INCREF(calls);
+    if (calls == NULL) return NULL;
+    PyObject *out = Py_BuildValue("(kOy#y#y#y#y#OLLN)", b->tid, b->name, COL(b->code), ll, COL(b->start), ll,
+                                  COL(b->end), ll, COL(b->depth), ints, COL(b->is_c), b->n, b->objects,
+                                  b->dropped_short, b->dropped_deep, calls);
 #undef COL
     if (out == NULL) return NULL;
     b->n = 0;
@@ -500,6 +675,11 @@ static void tb_dealloc(TraceBufferObject *b) {
     PyMem_Free(b->code);
     PyMem_Free(b->depth);
     PyMem_Free(b->is_c);
+    PyMem_Free(b->lasti);
+    PyMem_Free(b->caller);
+    PyMem_Free(b->caller_lasti);
+    PyMem_Free(b->ordinal);
+    PyMem_Free(b->parent);
     Py_CLEAR(b->objects);
     Py_CLEAR(b->name);
     PyObject_GC_Del(b);
@@ -519,7 +699,7 @@ static int tb_clear_refs(TraceBufferObject *b) {
 
 static PyMethodDef tb_methods[] = {
     {"take", (PyCFunction)tb_take, METH_NOARGS,
-     "take() -> (tid, name, code, start, end, depth, is_c, objects, dropped_short, dropped_deep): columns as bytes"},
+     "take() -> (tid, name, code, start, end, depth, is_c, objects, dropped_short, dropped_deep, calls): columns as bytes"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -542,7 +722,7 @@ int pp_pytrace_add_types(PyObject *module) {
 
 PyMethodDef pp_pytrace_methods[] = {
     {"pytrace_start", sp_pytrace_start, METH_VARARGS,
-     "pytrace_start(min_ns, max_depth, c_calls, fold_prefixes, hide_prefixes): trace every thread's Python calls"},
+     "pytrace_start(min_ns, max_depth, c_calls, fold, hide, namer, names, monitoring, torch_style, module_code)"},
     {"pytrace_stop", sp_pytrace_stop, METH_NOARGS, "pytrace_stop() -> list of every thread's TraceBuffer"},
     {"pytrace_thread_hook", sp_pytrace_thread_hook, METH_VARARGS, "threading.setprofile's bootstrap for new threads"},
     {"pytrace_mon_py_start", (PyCFunction)(void (*)(void))mon_py_start, METH_FASTCALL, "sys.monitoring: PY_START/RESUME/THROW"},

@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from polyprof.backends.python_calls import ATTACHMENT as PYTHON_CALLS
+from polyprof.backends.python_calls import PY_C_CALL, PY_CALL
 from polyprof.backends.torch.collector import ATTACHMENT as TORCH_RESULT
 from polyprof.backends.torch.observed import OVERLOAD_ARG
 from polyprof.backends.torch.observer import ARG_KEYS
-from polyprof.model import DEVICE_KINDS, ActivityKind, Trace
+from polyprof.model import DEVICE_KINDS, ActivityKind, ArgColumns, Trace
 
 USER_SCOPE = 7
 #: args that are not an op's keyword arguments (Kineto's own fields)
@@ -81,6 +83,12 @@ def concrete_value(text: Any) -> Any:
             return text
 
 
+def _id_arg(args: dict, key: str) -> int:
+    """An id arg as torch's KinetoEvent gives it: -1 where there is none (a null in the trace)."""
+    value = args.get(key)
+    return -1 if value is None else int(value)
+
+
 def _flat_shapes(dims: list) -> list:
     """torch's shapes(): a tensor list's input is [] (its sizes are in structured_input_shapes)."""
     return [[] if (isinstance(d, list) and d and isinstance(d[0], list)) else d for d in dims]
@@ -105,6 +113,7 @@ class TraceEvent:
         "_cat",
         "_args",
         "_flow",
+        "_stack",
     )
 
     def __init__(self, name, overload, start, end, tid, device_type, device_index, resource, correlation,
@@ -124,6 +133,7 @@ class TraceEvent:
         self._cat = cat
         self._args = args
         self._flow = flow
+        self._stack: list[str] | None = None  # with_stack and verbose: the Python calls around it
 
     # identity and time
     def name(self) -> str:
@@ -211,6 +221,8 @@ class TraceEvent:
         return {k: v for k, v in self._args.items() if k not in STANDARD_ARGS}
 
     def stack(self) -> list:
+        if self._stack is not None:
+            return self._stack
         stack = self._args.get("Call stack", "")
         return [s for s in stack.split(";") if s] if isinstance(stack, str) else []
 
@@ -231,13 +243,13 @@ class TraceEvent:
         return {}
 
     def python_id(self) -> int:
-        return int(self._args.get("Python id", -1))
+        return _id_arg(self._args, "Python id")
 
     def python_parent_id(self) -> int:
-        return int(self._args.get("Python parent id", -1))
+        return _id_arg(self._args, "Python parent id")
 
     def python_module_id(self) -> int:
-        return int(self._args.get("Python module id", -1))
+        return _id_arg(self._args, "Python module id")
 
     def flow_id(self) -> int:
         return self._flow[0]
@@ -259,33 +271,52 @@ class TraceEvent:
 
 
 class TreeNode:
-    """A node of :meth:`TraceResult.experimental_event_tree` when torch's own tree is not available:
-    name, times, thread, children and parent (what ``torch.profiler._utils`` walks)."""
+    """A node of :meth:`TraceResult.experimental_event_tree` (what ``torch.profiler._utils`` and the
+    profiler's tests walk): name, times, thread, children, parent, ``tag`` (torch's ``_EventType``) and
+    ``extra_fields`` (for a Python call, an object that is an instance of torch's ``_ExtraFields_PyCall``
+    or ``_ExtraFields_PyCCall``, see :func:`python_fields`)."""
 
-    __slots__ = ("name", "start_time_ns", "end_time_ns", "start_tid", "children", "parent", "extra_fields", "tag", "id")
+    __slots__ = ("name", "start_time_ns", "end_time_ns", "start_tid", "children", "parent", "extra_fields", "tag",
+                 "id", "correlation_id", "overload_name", "event", "unfinished", "finished")  # fmt: skip
 
     def __init__(self, event: TraceEvent, ident: int) -> None:
+        self.event = event
         self.name = event.name()
+        self.overload_name = event.overload_name()
         self.start_time_ns = event.start_ns()
         self.end_time_ns = event.end_ns()
         self.start_tid = event.start_thread_id()
+        self.correlation_id = event.correlation_id()
         self.children: list[TreeNode] = []
         self.parent: TreeNode | None = None
-        self.extra_fields = None
-        self.tag = None
+        self.extra_fields: Any = None
+        self.tag: Any = None
         self.id = ident
+        self.unfinished = event._args.get("finished") is False  # a range that never ended (Kineto's flag)
+        self.finished = False
 
     @property
     def duration_time_ns(self) -> int:
         return self.end_time_ns - self.start_time_ns
 
+    @property
+    def typed(self) -> tuple[Any, Any]:
+        return self.tag, self.extra_fields
+
+    def __repr__(self) -> str:
+        return f"<polyprof TreeNode {self.name!r}>"
+
 
 class TraceResult:
-    """A trace with the methods of torch's ``_ProfilerResult`` (see the module docstring)."""
+    """A trace with the methods of torch's ``_ProfilerResult`` (see the module docstring). With
+    `python_stacks` (``with_stack`` and ``verbose``, as torch gives them), each event's ``stack()`` is
+    the Python calls around it, innermost first."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, python_stacks: bool = False) -> None:
         self.trace = trace
+        self.python_stacks = python_stacks
         self._events: list[TraceEvent] | None = None
+        self._roots: list[TreeNode] | None = None
 
     def trace_start_ns(self) -> int:
         return int(self.trace.window[0] + self.trace.epoch_offset_ns)
@@ -293,6 +324,8 @@ class TraceResult:
     def events(self) -> list[TraceEvent]:
         if self._events is None:
             self._events = _events(self.trace)
+            if self.python_stacks:
+                self.experimental_event_tree()
         return self._events
 
     def trace_activities(self) -> list[TraceEvent]:
@@ -302,7 +335,13 @@ class TraceResult:
         torch_result = self.trace.attachments.get(TORCH_RESULT)
         if torch_result is not None:  # torch's collector recorded the ops: its own tree, PyCalls and all
             return torch_result.experimental_event_tree()
-        return _tree([e for e in self.events() if e.device_type() == _cpu()])
+        if self._roots is None:
+            cpu = _cpu()
+            self._roots = build_tree([e for e in self.events() if e.device_type() == cpu],
+                                     self.trace.attachments.get(PYTHON_CALLS))  # fmt: skip
+            if self.python_stacks:
+                _set_python_stacks(self._roots)
+        return self._roots
 
     def save(self, path: str) -> None:
         from polyprof.export.formats import write_trace
@@ -365,29 +404,185 @@ def _events(trace: Trace) -> list[TraceEvent]:
     return out
 
 
-def _tree(events: list[TraceEvent]) -> list[TreeNode]:
-    """Roots of the host events' tree by time containment on each thread."""
+def build_tree(events: list[TraceEvent], calls: Any = None) -> list[TreeNode]:
+    """The host events' tree, built as torch.profiler builds its own (``build_tree`` in its
+    collection.cpp): in start order, each event's parent is the innermost event still open on its
+    thread (an op of the autograd engine's thread with none, the innermost on its forward thread);
+    an event is open until its end has passed (an event starting at another's end nests in it); a
+    range that never ended stays open until its parent ends. Returns the roots in start order."""
+    import heapq
+
+    fields = _Fields(calls)
+    nodes = [TreeNode(e, i) for i, e in enumerate(events)]
+    for node in nodes:
+        fields.fill(node)
+    order = sorted(range(len(nodes)), key=lambda i: nodes[i].start_time_ns)
+    stacks: dict[int, TreeNode] = {}
+    ends: list[tuple[int, int, TreeNode]] = []
+
+    def finish(node: TreeNode) -> None:
+        node.finished = True
+
+    def pop(node: TreeNode) -> None:
+        if node.finished:
+            return
+        frame = stacks.get(node.start_tid)
+        chain = frame
+        while chain is not None and chain is not node:
+            chain = chain.parent
+        if chain is None:  # not on its thread's stack (attached across threads): it just ends
+            finish(node)
+            return
+        while frame is not node:
+            finish(frame)
+            frame = frame.parent
+        finish(node)
+        if node.parent is None:
+            del stacks[node.start_tid]
+        else:
+            stacks[node.start_tid] = node.parent
+
     roots: list[TreeNode] = []
-    by_thread: dict[int, list[tuple[TraceEvent, int]]] = {}
-    for i, e in enumerate(events):
-        by_thread.setdefault(e.start_thread_id(), []).append((e, i))
-    for items in by_thread.values():
-        items.sort(key=lambda x: (x[0].start_ns(), -x[0].end_ns()))
-        stack: list[TreeNode] = []
-        for e, i in items:
-            node = TreeNode(e, i)
-            while stack and not (
-                stack[-1].start_time_ns <= node.start_time_ns and node.end_time_ns <= stack[-1].end_time_ns
-            ):
-                stack.pop()
-            if stack:
-                node.parent = stack[-1]
-                stack[-1].children.append(node)
-            else:
-                roots.append(node)
-            stack.append(node)
-    roots.sort(key=lambda n: n.start_time_ns)
+    for seq, i in enumerate(order):
+        node = nodes[i]
+        while ends and ends[0][0] < node.start_time_ns:
+            pop(heapq.heappop(ends)[2])
+        parent = stacks.get(node.start_tid)
+        if parent is None:
+            fwd = node.event.fwd_thread_id() if node.tag is None or fields.is_op(node) else 0
+            parent = stacks.get(fwd) if fwd else None
+        if parent is not None:
+            node.parent = parent
+            parent.children.append(node)
+        else:
+            roots.append(node)
+        if node.unfinished:
+            stacks[node.start_tid] = node  # no end event: open until its parent's end pops it
+        elif node.end_time_ns > node.start_time_ns:
+            stacks[node.start_tid] = node
+            heapq.heappush(ends, (node.end_time_ns, seq, node))
+        else:
+            finish(node)
+    while ends:
+        pop(heapq.heappop(ends)[2])
     return roots
+
+
+def _set_python_stacks(roots: list[TreeNode]) -> None:
+    """Each event's stack: the names of the Python calls around it, innermost first (torch's
+    ``KinetoEvent.stack()`` with ``with_stack`` and ``verbose``)."""
+    todo = [(r, ()) for r in roots]
+    while todo:
+        node, around = todo.pop()
+        node.event._stack = list(reversed(around))
+        inner = (*around, node.name) if node.tag is not None and _is_python(node) else around
+        todo.extend((child, inner) for child in node.children)
+
+
+def _is_python(node: TreeNode) -> bool:
+    return node.event._kind == int(ActivityKind.PYTHON_FUNCTION)
+
+
+class _Fields:
+    """tag and extra_fields of each node, as torch's tree has them (Python calls from the python
+    backend's :class:`~polyprof.backends.python_calls.PythonCallTable` when the trace has one)."""
+
+    def __init__(self, calls: Any) -> None:
+        from torch._C._profiler import _EventType
+
+        self.types = _EventType
+        self.calls = calls
+        self.py_call, self.py_c_call = python_fields()
+
+    def is_op(self, node: TreeNode) -> bool:
+        return node.tag == self.types.TorchOp
+
+    def fill(self, node: TreeNode) -> None:
+        e = node.event
+        if e._kind != int(ActivityKind.PYTHON_FUNCTION):
+            node.tag = self.types.Allocation if e._name in MEMORY_NAMES else (
+                self.types.TorchOp if e._kind in (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
+                else self.types.Kineto)  # fmt: skip
+            return
+        python_id = e.python_id()
+        calls = self.calls
+        kind = calls.kind(python_id) if calls is not None and 0 < python_id <= len(calls) else (
+            PY_C_CALL if e._name.startswith("<built-in") else PY_CALL)  # fmt: skip
+        if kind == PY_C_CALL:
+            node.tag = self.types.PyCCall
+            node.extra_fields = self.py_c_call.of(calls.caller(python_id) if calls is not None else None)
+            return
+        node.tag = self.types.PyCall
+        callsite = calls.callsite(python_id) if calls is not None else None
+        node.extra_fields = self.py_call.of(
+            callsite or _site_from_name(e._name),
+            calls.caller(python_id) if calls is not None else None,
+            calls.module(python_id) if calls is not None else None,
+        )
+
+
+def _site_from_name(name: str) -> Any:
+    """A callsite from torch's "file.py(12): function" name (a trace read back has no call table)."""
+    from polyprof.backends.python_calls import Site
+
+    head, _, function = name.partition("): ")
+    file, _, line = head.rpartition("(")
+    return Site(file, function, int(line) if line.isdigit() else 0)
+
+
+_PYTHON_FIELDS: tuple[Any, Any] | None = None
+
+
+def python_fields() -> tuple[Any, Any]:
+    """The classes of a Python call's ``extra_fields``: subclasses of torch's ``_ExtraFields_PyCall``
+    and ``_ExtraFields_PyCCall``, so that ``isinstance`` checks in torch's own analyses and in user code
+    hold. Their instances are made without torch's constructor (which torch does not expose) and carry
+    their fields in slots of their own, never reading the base's: ``callsite``, ``caller`` (file_name,
+    function_name, line_number), ``module`` (cls_name, id, self_ptr, cls_ptr, parameters) and
+    ``optimizer`` (None: polyprof does not single optimizer calls out)."""
+    global _PYTHON_FIELDS
+    if _PYTHON_FIELDS is None:
+        from torch._C._profiler import _ExtraFields_PyCall, _ExtraFields_PyCCall
+
+        class PyCallFields(_ExtraFields_PyCall):
+            __slots__ = ("callsite", "caller", "module", "optimizer")
+
+            @classmethod
+            def of(cls, callsite: Any, caller: Any, module: Any) -> Any:
+                fields = cls.__new__(cls)
+                fields.callsite = callsite
+                fields.caller = caller if caller is not None else callsite  # torch: a top frame is its own caller
+                fields.module = _ModuleInfo(*module) if module is not None else None
+                fields.optimizer = None
+                return fields
+
+            def __repr__(self) -> str:
+                return f"<polyprof PyCall fields {self.callsite}>"
+
+        class PyCCallFields(_ExtraFields_PyCCall):
+            __slots__ = ("caller",)
+
+            @classmethod
+            def of(cls, caller: Any) -> Any:
+                fields = cls.__new__(cls)
+                fields.caller = caller
+                return fields
+
+            def __repr__(self) -> str:
+                return f"<polyprof PyCCall fields called from {self.caller}>"
+
+        _PYTHON_FIELDS = (PyCallFields, PyCCallFields)
+    return _PYTHON_FIELDS
+
+
+class _ModuleInfo:
+    """torch's ``_NNModuleInfo`` fields of an ``nn.Module: X_n`` call (``parameters`` is not recorded)."""
+
+    __slots__ = ("cls_name", "id", "self_ptr", "cls_ptr", "parameters")
+
+    def __init__(self, cls_name: str, ident: int, self_ptr: int, cls_ptr: int) -> None:
+        self.cls_name, self.id, self.self_ptr, self.cls_ptr = cls_name, ident, self_ptr, cls_ptr
+        self.parameters: list = []
 
 
 def autograd_view(trace: Trace, *, use_device: str | None, previous: Any = None, **options: Any) -> Any:
@@ -404,10 +599,29 @@ def autograd_view(trace: Trace, *, use_device: str | None, previous: Any = None,
     view._function_events = None
     view._needs_processing = True
     view.use_device = use_device
-    view.kineto_results = TraceResult(trace)
+    view.kineto_results = TraceResult(trace, python_stacks=bool(options.get("with_stack")) and _verbose(options))
     w0, w1 = trace.window
     view._stats.profiling_window_duration_sec = (w1 - w0) / 1e9
     view.profiling_start_time_ns, view.profiling_end_time_ns = w0, w1
     if view.acc_events and not view.experimental_config.trace_only:
         view._ensure_function_events()
     return view
+
+
+def add_call_stacks(trace: Trace) -> None:
+    """Each op's and annotation's "Call stack" arg, as torch writes it with ``with_stack`` and
+    ``verbose``: the Python calls around it, innermost first, each followed by ";"."""
+    events = TraceResult(trace, python_stacks=True).events()
+    kinds = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
+    rows = [i for i, e in enumerate(events) if e._kind in kinds and e._stack]
+    if rows:
+        values = np.array(["".join(f"{frame};" for frame in events[i]._stack) for i in rows], dtype=object)
+        trace.activities.args.add_block(np.array(rows, dtype=np.int64), ArgColumns(("Call stack",), (values,)))
+
+
+def _verbose(options: dict[str, Any]) -> bool:
+    """``_ExperimentalConfig(verbose=True)``: torch gives each event its Python stack only then."""
+    from polyprof.profiler.options import experimental_fields
+
+    config = options.get("experimental_config")
+    return config is not None and bool(experimental_fields(config).get("verbose"))

@@ -28,8 +28,7 @@ def observer_options(config: ProfileConfig) -> int:
         (config.with_modules, observer.WITH_MODULES),
         (bool(config.extra.get("profile_all_threads")), observer.ALL_THREADS),
         (bool(config.extra.get("capture_overload_names")), observer.OVERLOAD_NAMES),
-        (config.with_stack, observer.WITH_STACK),
-    )
+    )  # (with_stack: the python backend records the calls, as torch's Python tracer does)
     return sum(flag for on, flag in flags if on)
 
 
