@@ -193,7 +193,7 @@ def test_device_time_columns_and_cuda_sort_key_alias():
 def test_torch_only_options_without_torch_are_a_clear_error(monkeypatch):
     import polyprof.profiler.frontend as front
 
-    monkeypatch.setattr(front, "_torch_installed", lambda: False)
+    monkeypatch.setattr(front, "torch_installed", lambda: False)
     with pytest.raises(
         polyprof.ConfigError, match="record_shapes, with_flops describe PyTorch operators and need torch"
     ):

@@ -236,41 +236,20 @@ class Profile:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signals = self._signals
-        if signals is None:
-            self.stop()
-            return
-        try:
-            with signals.deferred():  # a second signal does not cut the stop (and the handler's file) short
-                self.stop()
-        except Signalled:
-            pass
-        finally:
-            signals.__exit__()
-        signals.exit()  # if a signal came: the trace is merged and handled, now end as the signal asks
+        self._ending_with_signals(self.stop)
 
     def start(self) -> None:
         """Begin: apply the schedule's action for step 0."""
         if self._started:
             raise PolyprofError("this profile is already started; call stop() before starting it again")
-        self._started = True
-        if self._signals is not None:
-            self._signals.__enter__()
-        self._profile_hooks("profile_started", self.config)
-        try:
-            self._transition(ProfilerAction.NONE, self.schedule(self.step_num))
-        except BaseException:
-            self._abandon_sessions()  # e.g. another profile is recording: release what prepare set up
-            self._profile_hooks("profile_stopped")
-            self._started = False
-            raise
+        self._begin(ProfilerAction.NONE, self.schedule(self.step_num))
         self._enter_step_span()
 
     def step(self) -> None:
         """Mark the end of a step: advance `step_num` and apply the schedule's transition."""
         if not self._started:
             raise PolyprofError("step() called before start()")
-        self._emit_warnings()
+        self._between_steps()
         self._raise_handler_error()
         self._exit_step_span()
         prev = self.current_action
@@ -285,12 +264,38 @@ class Profile:
         if not self._started:
             return
         self._exit_step_span()
+        try:
+            self._end(self.current_action, wait)
+        finally:
+            self.current_action = ProfilerAction.NONE
+
+    # -- the lifecycle's parts, shared with front ends that drive the transitions themselves -----------
+    def _begin(self, prev: Any, cur: Any) -> None:
+        """The profile starts with the transition `prev` -> `cur`; a failure releases what was set up."""
+        self._started = True
+        if self._signals is not None:
+            self._signals.__enter__()
+        self._profile_hooks("profile_started", self.config)
+        try:
+            self._transition(prev, cur)
+        except BaseException:
+            self._abandon_sessions()  # e.g. another profile is recording: release what prepare set up
+            self._profile_hooks("profile_stopped")
+            self._started = False
+            raise
+
+    def _between_steps(self) -> None:
+        """At a step boundary, before its transition: the background's warnings reach the caller."""
+        self._emit_warnings()
+
+    def _end(self, prev: Any, wait: bool = True) -> None:
+        """The profile ends from action `prev`: the last window's phases, then (with `wait`) its trace
+        and handler, the spill closed, warnings and a handler's error raised."""
         self._merge_here = wait  # the caller waits anyway: merge on its thread, without a hand-over
         try:
-            self._apply(TRANSITIONS[(self.current_action, None)])
+            self._apply(TRANSITIONS[(_action(prev), None)])
         finally:
             self._merge_here = False
-            self.current_action = ProfilerAction.NONE
             self._started = False
             self._profile_hooks("profile_stopped")
         if wait and not writer.on_writer_thread:
@@ -301,6 +306,22 @@ class Profile:
             self._signals.__exit__()  # the program's own handlers are back (a noted signal is ended in __exit__)
         self._emit_warnings()
         self._raise_handler_error()
+
+    def _ending_with_signals(self, end: Callable[[], Any]) -> None:
+        """Run `end` (the profile's stop); with handle_signals, a signal meanwhile waits until the trace is
+        written, then the process ends as the first signal asked."""
+        signals = self._signals
+        if signals is None:
+            end()
+            return
+        try:
+            with signals.deferred():  # a second signal does not cut the stop (and the handler's file) short
+                end()
+        except Signalled:
+            pass
+        finally:
+            signals.__exit__()
+        signals.exit()  # if a signal came: the trace is merged and handled, now end as the signal asks
 
     @property
     def trace(self) -> Trace:
@@ -390,7 +411,7 @@ class Profile:
         self.add_metadata(key, parsed)
 
     # -- hooks for front ends --------------------------------------------------------------------------
-    def _trace_ready(self, trace: Trace) -> None:
+    def _on_trace(self, trace: Trace) -> None:
         """Called on the writer with each cycle's trace, before on_trace_ready (front ends add to it)."""
 
     def _window_metadata(self) -> dict[str, Any]:
@@ -413,9 +434,8 @@ class Profile:
                     f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}", PolyprofWarning, stacklevel=4
                 )
 
-    def _transition(self, prev: ProfilerAction, cur: Any) -> None:
-        if not isinstance(cur, ProfilerAction):
-            cur = ProfilerAction(getattr(cur, "value", cur))
+    def _transition(self, prev: Any, cur: Any) -> None:
+        prev, cur = _action(prev), _action(cur)
         if cur is ProfilerAction.DEVICE_STOPPED:
             raise ConfigError(
                 "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
@@ -628,7 +648,7 @@ class Profile:
             trace.timings_ms["window_end_call"] = blocked_ms
             self._warnings.extend(self._problems(parts))
             del parts  # their columns were copied into the trace: free them before the handler runs
-            self._trace_ready(trace)
+            self._on_trace(trace)
             self._trace = trace
             job.merged.set()
             if handler is not None:
@@ -713,8 +733,17 @@ class _WindowView:
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._profile, name, value)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105 - isinstance(view, type(profile)) holds, as for the profile
+        return type(self._profile)
+
     def __repr__(self) -> str:
         return f"<{type(self._profile).__name__} at step {self.step_num}>"
+
+
+def _action(value: Any) -> ProfilerAction:
+    """polyprof's ProfilerAction for polyprof's, torch's (same values) or a bare value."""
+    return value if isinstance(value, ProfilerAction) else ProfilerAction(getattr(value, "value", value))
 
 
 def profile(activities: Iterable[Any] | None = None, **kwargs: Any) -> Profile:

@@ -13,6 +13,12 @@
 group an installed backend serves (OPENCL once polyprof-opencl is installed). Unlike torch, several
 devices can be profiled in one session.
 
+Where torch is installed, ``profile`` is a subclass of ``torch.profiler.profile`` whose lifecycle is
+torch's own code (:mod:`polyprof.profiler.torch_profile`; looking it up imports torch); without torch,
+it is polyprof's own class with the same arguments (:mod:`polyprof.profiler.frontend`).
+``polyprof.install_torch_profiler()`` puts it behind ``torch.profiler`` itself
+(:mod:`polyprof.profiler.behind_torch`).
+
 torch.profiler's other names are here too, so that ``from torch.profiler import X`` becomes
 ``from polyprof.profiler import X`` for every X: ``kineto_available`` (polyprof always is),
 ``supported_activities``, ``tensorboard_trace_handler``, ``ProfilerAction``, and, loaded from torch
@@ -29,7 +35,6 @@ from typing import Any
 from polyprof.annotations import record_function
 from polyprof.engine.schedule import ProfilerAction, schedule
 from polyprof.profiler.activity import ProfilerActivity, supported_activities
-from polyprof.profiler.frontend import profile
 from polyprof.profiler.handlers import tensorboard_trace_handler
 
 __all__ = [
@@ -66,7 +71,23 @@ def kineto_available() -> bool:
     return True
 
 
+def _profile_class() -> type:
+    """polyprof's profile: a torch.profiler.profile subclass where torch is installed, else the native one."""
+    from polyprof.profiler.frontend import profile as native
+    from polyprof.profiler.frontend import torch_installed
+
+    if not torch_installed():
+        return native
+    from polyprof.profiler.behind_torch import original
+    from polyprof.profiler.torch_profile import torch_backed
+
+    return torch_backed(native, original("profile"))
+
+
 def __getattr__(name: str) -> Any:
+    if name == "profile":
+        value = globals()["profile"] = _profile_class()
+        return value
     where = _FROM_TORCH.get(name)
     if where is None:
         raise AttributeError(f"module 'polyprof.profiler' has no attribute {name!r}")

@@ -25,7 +25,7 @@ class _ActivityMeta(type):
     def __getattr__(cls, name: str) -> ActivityGroup:
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in TORCH_MEMBERS or name.upper() in _installed_groups():
+        if name in TORCH_MEMBERS or name.upper() in installed_groups():
             return ActivityGroup(name if name in TORCH_MEMBERS else name.upper())
         raise AttributeError(
             f"ProfilerActivity has no member {name!r}; members here: {', '.join(sorted(_members()))}. "
@@ -39,14 +39,14 @@ class _ActivityMeta(type):
         return sorted(_members())
 
 
-def _installed_groups() -> set[str]:
+def installed_groups() -> set[str]:
     from polyprof.registry import default
 
     return {a.upper() for e in default.entries(load=False) for a in e.activities}
 
 
 def _members() -> set[str]:
-    return set(TORCH_MEMBERS) | _installed_groups()
+    return set(TORCH_MEMBERS) | installed_groups()
 
 
 class ProfilerActivity(metaclass=_ActivityMeta):

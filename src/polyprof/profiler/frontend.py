@@ -25,6 +25,7 @@ from polyprof.backends.torch.steps import profiler_stepped
 from polyprof.engine.scheduled import Profile
 from polyprof.errors import ConfigError
 from polyprof.profiler.options import experimental_settings, parse_activities
+from polyprof.profiler.settings import activity_edits
 
 TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
 PROFILER_STEP_NAME = "ProfilerStep"
@@ -47,7 +48,7 @@ def _with_python_frames(groups: list[Any] | None, registry: Any) -> list[Any] | 
     return groups
 
 
-def _torch_installed() -> bool:
+def torch_installed() -> bool:
     try:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):
@@ -66,7 +67,7 @@ def _check_timeout(value: float | None) -> float | None:
 
 def _execution_trace_from_env() -> Any:
     """torch's ExecutionTraceObserver when ENABLE_PYTORCH_EXECUTION_TRACE=1 asks for one, as torch does."""
-    if os.environ.get("ENABLE_PYTORCH_EXECUTION_TRACE", "0") in ("", "0") or not _torch_installed():
+    if os.environ.get("ENABLE_PYTORCH_EXECUTION_TRACE", "0") in ("", "0") or not torch_installed():
         return None
     from torch.profiler import ExecutionTraceObserver
 
@@ -122,6 +123,7 @@ class profile(Profile):  # noqa: N801 - torch's name
     ) -> None:
         self.post_processing_timeout_s = _check_timeout(post_processing_timeout_s)
         groups, filters = parse_activities(activities)
+        groups = activity_edits().apply(groups, polyprof_options.get("registry"))  # POLYPROF_ACTIVITIES, config file
         if use_cuda is not None:
             warnings.warn("`use_cuda` is deprecated, use `activities` argument instead", FutureWarning, stacklevel=2)
             if use_cuda:
@@ -133,7 +135,7 @@ class profile(Profile):  # noqa: N801 - torch's name
             )
             if v
         ] + (["with_modules"] if with_modules else [])
-        if asked and not _torch_installed():
+        if asked and not torch_installed():
             raise ConfigError(
                 f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
                 "pip install torch, or leave these options off to profile annotations and devices"
@@ -191,17 +193,24 @@ class profile(Profile):  # noqa: N801 - torch's name
         self._metadata.update(self.preset_metadata)
         super()._start_recording()
 
-    def _trace_ready(self, trace: Any) -> None:
+    def _on_trace(self, trace: Any) -> None:
         """Each cycle's trace, on the writer before on_trace_ready."""
         if self.config.extra.get("expose_kineto_event_metadata"):
             add_event_indices(trace)
+        if self.with_stack and self.config.extra.get("verbose"):
+            from polyprof.profiler.torch_view import add_call_stacks
+
+            add_call_stacks(trace)
         # the torch view is built when asked for (prof.profiler), except that acc_events needs each
         # cycle's events processed before the next cycle replaces the trace, as torch does
         self._view = self._torch_view(self._view, trace) if self.acc_events else None
 
+    def _between_steps(self) -> None:
+        super()._between_steps()
+        profiler_stepped()  # a step boundary for on-demand captures (polyprof.backends.torch.steps)
+
     def step(self) -> None:
         super().step()
-        profiler_stepped()  # a step boundary for on-demand captures (polyprof.backends.torch.steps)
         tracker = _step_tracker()
         if tracker is not None and os.environ.get("KINETO_USE_DAEMON", ""):
             tracker.increment_step(PROFILER_STEP_NAME)
