@@ -166,6 +166,15 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
     parent_ids = np.where(c["parent"] >= 0, id_of_ordinal[np.maximum(c["parent"], 0)], 0)
 
     namer = _Namer()
+    module_code = module_call_code()
+    if module_code is not None:
+        by_id[id(module_code)] = module_code
+    kinds = c["kind"]
+    modules, module_ids = _modules(c["target"], kinds, by_id)
+    # one label per distinct (object, offset): a module call's object is its module, so it has its own
+    pairs, inverse = _unique_pairs(c["target"], np.where(kinds == PY_CALL, c["lasti"], -2))
+    labels = [_label(by_id.get(ptr), kind, lasti, namer, modules.get(ptr)) for (ptr, lasti), kind in
+              zip(pairs, kinds[_first_of(inverse, len(pairs))].tolist(), strict=True)]  # fmt: skip
     sites: list[Site] = []
     site_index: dict[tuple[int, int], int] = {}
 
@@ -174,69 +183,94 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
         i = site_index.get(key)
         if i is None:
             obj = by_id.get(ptr)
-            i = site_index[key] = len(sites) if obj is not None and hasattr(obj, "co_filename") else -1
+            i = site_index[key] = len(sites) if hasattr(obj, "co_filename") else -1
             if i >= 0:
                 sites.append(namer.site(obj, lasti))
         return i
 
-    kinds = c["kind"]
-    callsites = np.full(n, -1, dtype=np.int32)
-    callers = np.fromiter((site_of(p, li) for p, li in zip(c["caller"].tolist(), c["caller_lasti"].tolist(), strict=True)),
-                          dtype=np.int32, count=n)  # fmt: skip
-    labels: list[str] = []
-    label_index: dict[tuple[int, int], int] = {}
-    codes = np.empty(n, dtype=np.int64)
-    modules: dict[int, Module] = {}
-    module_ids: dict[int, dict[int, int]] = {}  # class -> module -> its index among the class's
-    module_args: dict[int, dict] = {}
-    targets, lastis = c["target"].tolist(), c["lasti"].tolist()
-    module_code = module_call_code()
+    label_sites = np.array([site_of(ptr, lasti) for ptr, lasti in pairs], dtype=np.int32)
+    callsites = np.where(kinds == PY_CALL, label_sites[inverse], -1).astype(np.int32)
     if module_code is not None:
-        by_id[id(module_code)] = module_code
-    for i, (ptr, kind, lasti) in enumerate(zip(targets, kinds.tolist(), lastis, strict=True)):
-        obj = by_id.get(ptr)
-        if kind == PY_MODULE_CALL:  # one label per module: its class and index among the class's modules
-            cls = type(obj)
-            index = module_ids.setdefault(id(cls), {}).setdefault(ptr, len(module_ids[id(cls)]))
-            modules[i + 1] = Module(cls.__name__, index, ptr, id(cls))
-            module_args[i] = {"Python module id": index}
-            callsites[i] = site_of(id(module_code), -1)
-            key: tuple[int, int] = (ptr, -2)
-        else:
-            key = (ptr, lasti)
-            if kind == PY_CALL:
-                callsites[i] = site_of(ptr, lasti)
-        code = label_index.get(key)
-        if code is None:
-            code = label_index[key] = len(labels)
-            labels.append(_label(obj, kind, lasti, namer, modules.get(i + 1)))
-        codes[i] = code
+        callsites[kinds == PY_MODULE_CALL] = site_of(id(module_code), -1)
+    caller_pairs, caller_inverse = _unique_pairs(c["caller"], c["caller_lasti"])
+    callers = np.array([site_of(ptr, lasti) for ptr, lasti in caller_pairs], dtype=np.int32)[caller_inverse]
 
-    rows = np.arange(n)
+    keep_rows = np.ones(n, dtype=bool)
     if keep is not None:
-        wanted = np.array([keep(by_id.get(p), labels[k]) for p, k in zip(targets, codes.tolist(), strict=True)], dtype=bool)
-        rows = np.flatnonzero(wanted)
-        module_args = {int(j): module_args[int(r)] for j, r in enumerate(rows) if int(r) in module_args}
-    parents = parent_ids[rows].astype(object)
-    parents[parent_ids[rows] == 0] = None
-    sink.activities(
-        {
-            "kind": np.full(len(rows), int(ActivityKind.PYTHON_FUNCTION)),
-            "cat": ["python_function"] * len(rows),
-            "name": CodedStrings(codes[rows], labels),
-            "device": np.full(len(rows), host),
-            "resource": c["row"][rows],
-            "start": c["start"][rows],
-            "end": c["end"][rows],
-        },
-        module_args or None,
-        ArgColumns(("Python parent id", "Python id"), (parents, ids[rows])),
-    )
-    return PythonCallTable(kinds.copy(), callsites, callers, sites, modules)
+        wanted = np.array([keep(by_id.get(ptr), label) for (ptr, _), label in zip(pairs, labels, strict=True)], dtype=bool)
+        keep_rows = wanted[inverse]
+    columns = {
+        "kind": np.full(n, int(ActivityKind.PYTHON_FUNCTION)),
+        "cat": CodedStrings(np.zeros(n, dtype=np.int64), ["python_function"]),
+        "name": CodedStrings(inverse, labels),
+        "device": np.full(n, host),
+        "resource": c["row"],
+        "start": c["start"],
+        "end": c["end"],
+    }
+    # torch's args: "Python parent id" (null at the top), "Python id", "Python module id" on module calls
+    is_module = kinds == PY_MODULE_CALL
+    for rows, keys, values in (
+        (keep_rows & (parent_ids == 0), ("Python parent id", "Python id"), (None, ids)),
+        (keep_rows & (parent_ids > 0) & ~is_module, ("Python parent id", "Python id"), (parent_ids, ids)),
+        (keep_rows & (parent_ids > 0) & is_module, ("Python parent id", "Python id", "Python module id"),
+         (parent_ids, ids, module_ids)),
+    ):  # fmt: skip
+        chosen = np.flatnonzero(rows)
+        if not len(chosen):
+            continue
+        args = tuple(np.full(len(chosen), None, dtype=object) if v is None else v[chosen] for v in values)
+        sink.activities({k: _rows(v, chosen) for k, v in columns.items()}, None, ArgColumns(keys, args))
+    table_modules = {int(i) + 1: modules[int(ptr)] for i, ptr in zip(np.flatnonzero(is_module).tolist(),
+                                                                      c["target"][is_module].tolist(), strict=True)}  # fmt: skip
+    return PythonCallTable(kinds.copy(), callsites, callers, sites, table_modules)
+
+
+def _modules(targets: np.ndarray, kinds: np.ndarray, by_id: dict[int, Any]) -> tuple[dict[int, Module], np.ndarray]:
+    """Each called module's info (its class's name and its index among that class's modules, in the
+    order their first calls started, as torch numbers them), and each row's module index (-1: none)."""
+    modules: dict[int, Module] = {}
+    per_class: dict[int, int] = {}
+    index = np.full(len(targets), -1, dtype=np.int64)
+    rows = np.flatnonzero(kinds == PY_MODULE_CALL)
+    for row, ptr in zip(rows.tolist(), targets[rows].tolist(), strict=True):
+        module = modules.get(ptr)
+        if module is None:
+            cls = type(by_id.get(ptr))
+            module = modules[ptr] = Module(cls.__name__, per_class.setdefault(id(cls), 0), ptr, id(cls))
+            per_class[id(cls)] += 1
+        index[row] = module.id
+    return modules, index
+
+
+def _unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The distinct (a, b) pairs (as Python ints) and each row's index among them."""
+    if not len(a):
+        return [], np.zeros(0, dtype=np.int64)
+    order = np.lexsort((b, a))  # (np.unique(axis=0) sorts rows as bytes: several times slower)
+    sa, sb = a[order], b[order]
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])
+    inverse = np.empty(len(a), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return list(zip(sa[new].tolist(), sb[new].tolist(), strict=True)), inverse
+
+
+def _first_of(inverse: np.ndarray, count: int) -> np.ndarray:
+    """For each of `count` groups, a row in it."""
+    first = np.empty(count, dtype=np.int64)
+    first[inverse[::-1]] = np.arange(len(inverse) - 1, -1, -1)
+    return first
+
+
+def _rows(column: Any, rows: np.ndarray) -> Any:
+    if isinstance(column, CodedStrings):
+        return CodedStrings(column.codes[rows], column.table)
+    return column[rows]
 
 
 def _label(obj: Any, kind: int, lasti: int, namer: _Namer, module: Module | None) -> str:
-    if module is not None:
+    if kind == PY_MODULE_CALL and module is not None:
         return f"nn.Module: {module.cls_name}_{module.id}"
     if kind == PY_C_CALL:
         return obj if isinstance(obj, str) else "<built-in function>"
