@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import warnings
 from collections.abc import Iterable
 
 
@@ -63,3 +66,18 @@ class SinkClosedError(BackendContractError):
 
 class PolyprofWarning(UserWarning):
     """A backend problem that did not stop the profile (it is also recorded in the trace)."""
+
+
+_OWN_FILES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: torch.profiler.profile's lifecycle, which polyprof.profiler.profile runs as it is
+_TORCH_LIFECYCLE = os.path.join("torch", "profiler", "profiler.py")
+
+
+def warn_user(message: str, category: type[Warning] = PolyprofWarning) -> None:
+    """``warnings.warn`` pointed at the user's line: the first frame outside polyprof (and outside
+    torch.profiler's lifecycle methods, which polyprof's profile runs), however deep the call."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(_OWN_FILES)
+                                 or frame.f_code.co_filename.endswith(_TORCH_LIFECYCLE)):  # fmt: skip
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
