@@ -4,9 +4,9 @@ The extension (src/polyprof/csrc, one file per job) speeds up record_function, t
 the host backend's conversion; when it cannot be built (no C compiler, non-Linux clock),
 installation still succeeds and polyprof uses its pure-Python implementation.
 
-``polyprof-on-demand.pth`` goes to site-packages itself (a .pth file works only there): at interpreter
-start it makes the process capturable when POLYPROF_ON_DEMAND is set, and does nothing else
-(src/polyprof/ondemand). Editable installs get it too.
+``polyprof-startup.pth`` goes to site-packages itself (a .pth file works only there): at interpreter
+start, when POLYPROF_ON_DEMAND, POLYPROF_TORCH_PROFILER or POLYPROF_ACTIVITIES is set, it runs
+polyprof.startup, and does nothing else (src/polyprof/startup.py). Editable installs get it too.
 """
 
 import os
@@ -16,8 +16,8 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-PTH = "polyprof-on-demand.pth"
-PTH_SOURCE = os.path.join("src", "polyprof", "ondemand", PTH)
+PTH = "polyprof-startup.pth"
+PTH_SOURCE = os.path.join("src", "polyprof", PTH)
 
 
 class build_py_with_pth(build_py):

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/ondemand_hook.py [--runs 200]
 
 Two fresh virtual environments of the same interpreter, both with polyprof importable (a path file,
-as an installed polyprof is), one of them with polyprof's ``polyprof-on-demand.pth`` too. Each runs ``python -c pass`` `--runs` times, interleaved; reported: the median start-up of each,
+as an installed polyprof is), one of them with polyprof's ``polyprof-startup.pth`` too. Each runs ``python -c pass`` `--runs` times, interleaved; reported: the median start-up of each,
 the difference, and the start-up with ``POLYPROF_ON_DEMAND=1`` (the process then listens). Also the
 hook's own line, timed in-process with the variable unset.
 """
@@ -24,7 +24,7 @@ from _common import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
-PTH = os.path.join(SRC, "polyprof", "ondemand", "polyprof-on-demand.pth")
+PTH = os.path.join(SRC, "polyprof", "polyprof-startup.pth")
 
 
 def _venv(folder: str, with_hook: bool) -> str:
@@ -35,7 +35,7 @@ def _venv(folder: str, with_hook: bool) -> str:
     with open(os.path.join(site, "_polyprof-src.pth"), "w") as f:  # polyprof and its dependencies, in both
         f.write(SRC + "\n" + sysconfig.get_paths()["purelib"] + "\n")
     if with_hook:
-        with open(os.path.join(site, "polyprof-on-demand.pth"), "w") as f:
+        with open(os.path.join(site, "polyprof-startup.pth"), "w") as f:
             f.write(open(PTH).read())
     return python
 

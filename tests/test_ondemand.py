@@ -420,7 +420,7 @@ def test_a_forked_child_neither_listens_nor_removes_the_parents_socket(tmp_path,
 def test_the_pth_hook_is_installed_and_does_nothing_without_the_variable(runtime):
     import site
 
-    hooks = [os.path.join(d, "polyprof-on-demand.pth") for d in site.getsitepackages() if os.path.exists(os.path.join(d, "polyprof-on-demand.pth"))]
+    hooks = [os.path.join(d, "polyprof-startup.pth") for d in site.getsitepackages() if os.path.exists(os.path.join(d, "polyprof-startup.pth"))]
     assert hooks, "polyprof's installation put its .pth file in site-packages"
     r = subprocess.run([sys.executable, "-c", "import sys; print('polyprof' in sys.modules)"],
                        env={**_env(runtime), "POLYPROF_ON_DEMAND": "0"}, capture_output=True, text=True)  # fmt: skip

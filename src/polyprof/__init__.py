@@ -9,7 +9,8 @@
             ...
     prof.export_chrome_trace("trace.json")
 
-``polyprof.profiler`` is the torch.profiler-compatible front end; ``polyprof.register_backend``
+``polyprof.profiler`` is the torch.profiler-compatible front end, and ``polyprof.install_torch_profiler()``
+puts it behind ``torch.profiler`` itself (for frameworks that make their own); ``polyprof.register_backend``
 adds a backend from inside a program; ``polyprof.plugin`` is what backend authors import;
 ``polyprof backends`` (CLI) lists what is installed.
 
@@ -56,6 +57,8 @@ _LAZY = {
     "write_perfetto_trace": "polyprof.export",
     "write_trace": "polyprof.export",
     "ProfilerActivity": "polyprof.profiler",
+    "install_torch_profiler": "polyprof.profiler.behind_torch",
+    "uninstall_torch_profiler": "polyprof.profiler.behind_torch",
     "listen": "polyprof.ondemand",
 }
 

@@ -139,6 +139,11 @@ def backends() -> None:
 @click.option("--max-events", type=int, default=None, help="Keep each backend's earliest N activities; the rest are counted.")
 @click.option("--on-demand", is_flag=True, help="Record nothing now: run SCRIPT capturable on demand "
               "(polyprof ps, polyprof capture PID), as POLYPROF_ON_DEMAND=1 does.")  # fmt: skip
+@click.option("--torch-profiler/--no-torch-profiler", default=True, show_default=True,
+              help="Put polyprof behind torch.profiler in SCRIPT and what it starts (POLYPROF_TORCH_PROFILER=1): "
+              "profilers that SCRIPT or its framework make are polyprof's; when one starts recording, this "
+              "run's own trace ends there and is written. --no-torch-profiler leaves torch.profiler torch's "
+              "own, which cannot start while this run records the script's ops (one profiler at a time).")  # fmt: skip
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -155,6 +160,7 @@ def run(
     exclude_kind: tuple[str, ...],
     max_events: int | None,
     on_demand: bool,
+    torch_profiler: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -166,6 +172,9 @@ def run(
 
     if not os.path.isfile(script):
         _fail(f"script {script} does not exist")
+    _check_activity_settings()
+    if torch_profiler:
+        _behind_torch_profiler()
     if on_demand:
         _run_on_demand(script, script_args)
     if duration is not None and not (math.isfinite(duration) and duration > 0):
@@ -216,6 +225,15 @@ def run(
         except PolyprofError as exc:
             click.echo(f"polyprof: SIGUSR2: no dump ({exc})", err=True)
 
+    def yield_to_the_scripts_profiler(other: Any) -> None:
+        """The script's own profiler (torch.profiler's, polyprof's behind it) starts recording: only one
+        profile records ops at a time, so this run's trace ends here and is written now."""
+        click.echo("polyprof: the script started its own profiler (torch.profiler, polyprof behind it): this "
+                   "run's trace ends here; the script's profiler writes its own traces", err=True)  # fmt: skip
+        prof.add_metadata("polyprofRun", {"ended": "the script started its own profiler", "step": other.step_num})
+        finish()
+
+    prof.yield_to = yield_to_the_scripts_profiler
     previous_usr2 = signal.signal(signal.SIGUSR2, dump_now) if hasattr(signal, "SIGUSR2") else None
     alarm: list[Callable[[], None]] = []
     synced = None
@@ -284,6 +302,24 @@ def run(
         signal.signal(signal.SIGUSR2, previous_usr2)
     stop.exit()
     sys.exit(exit_code)
+
+
+def _check_activity_settings() -> None:
+    """POLYPROF_ACTIVITIES or [tool.polyprof] activities naming a group nothing serves: said before the script."""
+    from polyprof.profiler.settings import activity_edits
+
+    try:
+        activity_edits()
+    except PolyprofError as exc:
+        _fail(str(exc))
+
+
+def _behind_torch_profiler() -> None:
+    """torch.profiler is polyprof's in this process from torch's import on, and in what it starts."""
+    from polyprof.profiler.behind_torch import ENV, install_when_torch_is_imported
+
+    os.environ[ENV] = "1"
+    install_when_torch_is_imported()
 
 
 def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:

@@ -34,7 +34,6 @@ import math
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -66,7 +65,7 @@ from polyprof.engine.selection import (
 )
 from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S, Flusher, SessionSet
 from polyprof.engine.signals import CleanStop, Signalled
-from polyprof.errors import ConfigError, PolyprofError, PolyprofWarning
+from polyprof.errors import ConfigError, PolyprofError, warn_user
 from polyprof.model import CollectedPart, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
@@ -181,11 +180,7 @@ class Profile:
             extra=dict(extra or {}),
         )
         for entry in self._selection.broken:
-            warnings.warn(
-                f"polyprof: backend {entry.name or entry.reference!r} ({entry.origin}) is left out: {entry.error}",
-                PolyprofWarning,
-                stacklevel=3,
-            )
+            warn_user(f"polyprof: backend {entry.name or entry.reference!r} ({entry.origin}) is left out: {entry.error}")
         self._kind_filters = kind_filters(self._selection, activity_filters)
         self._backend_options = check_backend_options(self._selection, backend_options)
         self._paused: dict[str, list[tuple[int, int]]] = {}  # backend -> [start, end) collection off
@@ -204,6 +199,9 @@ class Profile:
         self._step_span: annotations.record_function | None = None
         self._started = False
         self._merge_here = False
+        #: called (on the thread that starts it) with another profile about to record while this one
+        #: records; it must stop this one. None: the other profile's start is refused with an error.
+        self.yield_to: Callable[[Profile], None] | None = None
 
     @property
     def backends(self) -> list[str]:
@@ -430,9 +428,7 @@ class Profile:
             try:
                 fn(*args)
             except Exception as exc:
-                warnings.warn(
-                    f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}", PolyprofWarning, stacklevel=4
-                )
+                warn_user(f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}")
 
     def _transition(self, prev: Any, cur: Any) -> None:
         prev, cur = _action(prev), _action(cur)
@@ -441,10 +437,10 @@ class Profile:
                 "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
                 "a user-provided schedule"
             )
-        self._apply(TRANSITIONS[(prev, cur)])
+        self._apply(TRANSITIONS[(prev, cur)], f"{prev.name} followed by {cur.name}")
         self.current_action = cur
 
-    def _apply(self, phases: tuple[str, ...]) -> None:
+    def _apply(self, phases: tuple[str, ...], transition: str = "") -> None:
         for phase in phases:
             if phase == PREPARE:
                 self._prepare()
@@ -452,12 +448,8 @@ class Profile:
                 self._start_recording()
             elif phase == STOP:
                 self._stop_recording(save=READY in phases)
-            elif phase == WARN:
-                warnings.warn(
-                    "Incorrect schedule: WARMUP followed by NONE or RECORD followed by NONE/WARMUP; "
-                    "the trace of this cycle is not saved",
-                    stacklevel=4,
-                )
+            elif phase == WARN:  # torch's words (this cycle's trace is not saved)
+                warn_user(f"Incorrect schedule: {transition}", UserWarning)
 
     def _enter_step_span(self) -> None:
         if self.record_steps and self._recording:
@@ -480,6 +472,10 @@ class Profile:
 
     def _start_recording(self) -> None:
         global _active_profile
+        with _active_lock:
+            other = _active_profile if _active_profile is not self else None
+        if other is not None and other.yield_to is not None:
+            other.yield_to(self)  # e.g. polyprof run's whole-run profile, when the script starts its own
         with _active_lock:
             if _active_profile is not None and _active_profile is not self:
                 raise PolyprofError(
@@ -540,12 +536,8 @@ class Profile:
             self._spill.append_window(info)
         except OSError as exc:
             self._spill = None
-            warnings.warn(
-                f"polyprof: the spill {self.spill_path} cannot be written ({exc.strerror or exc}); recording "
-                "goes on without it",
-                PolyprofWarning,
-                stacklevel=5,
-            )
+            warn_user(f"polyprof: the spill {self.spill_path} cannot be written ({exc.strerror or exc}); recording "
+                      "goes on without it")  # fmt: skip
 
     def _spill_header(self) -> dict[str, Any]:
         import socket
@@ -577,9 +569,7 @@ class Profile:
             try:
                 getattr(obs, call)()
             except Exception as exc:  # an observer's failure is the user's to see, never a lost trace
-                warnings.warn(
-                    f"polyprof: {type(obs).__name__}.{call}() raised {describe(exc)}", PolyprofWarning, stacklevel=5
-                )
+                warn_user(f"polyprof: {type(obs).__name__}.{call}() raised {describe(exc)}")
 
     def _stop_recording(self, save: bool = True) -> None:
         """The training thread's part of a window's end: stop the recorders, hand the rest over."""
@@ -714,7 +704,7 @@ class Profile:
         if writer.on_writer_thread:
             return
         while self._warnings:
-            warnings.warn(self._warnings.pop(0), PolyprofWarning, stacklevel=4)
+            warn_user(self._warnings.pop(0))
 
 
 class _WindowView:

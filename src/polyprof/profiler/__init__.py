@@ -14,8 +14,10 @@ group an installed backend serves (OPENCL once polyprof-opencl is installed). Un
 devices can be profiled in one session.
 
 Where torch is installed, ``profile`` is a subclass of ``torch.profiler.profile`` whose lifecycle is
-torch's own code (:mod:`polyprof.profiler.torch_profile`; looking it up imports torch); without torch,
-it is polyprof's own class with the same arguments (:mod:`polyprof.profiler.frontend`).
+torch's own code (:mod:`polyprof.profiler.torch_profile`), ``ProfilerAction`` is torch's and
+``schedule`` returns torch's actions (looking any of them up imports torch); without torch, they are
+polyprof's own, with the same arguments and values (:mod:`polyprof.profiler.frontend`,
+:mod:`polyprof.engine.schedule`).
 ``polyprof.install_torch_profiler()`` puts it behind ``torch.profiler`` itself
 (:mod:`polyprof.profiler.behind_torch`).
 
@@ -33,7 +35,6 @@ import importlib
 from typing import Any
 
 from polyprof.annotations import record_function
-from polyprof.engine.schedule import ProfilerAction, schedule
 from polyprof.profiler.activity import ProfilerActivity, supported_activities
 from polyprof.profiler.handlers import tensorboard_trace_handler
 
@@ -71,22 +72,29 @@ def kineto_available() -> bool:
     return True
 
 
-def _profile_class() -> type:
-    """polyprof's profile: a torch.profiler.profile subclass where torch is installed, else the native one."""
+def _torch_shaped(name: str) -> Any:
+    """profile, schedule, ProfilerAction: torch's types where torch is installed (see above)."""
+    from polyprof.engine import schedule as engine
     from polyprof.profiler.frontend import profile as native
     from polyprof.profiler.frontend import torch_installed
 
     if not torch_installed():
-        return native
+        return {"profile": native, "schedule": engine.schedule, "ProfilerAction": engine.ProfilerAction}[name]
+    from polyprof.profiler import torch_profile
     from polyprof.profiler.behind_torch import original
-    from polyprof.profiler.torch_profile import torch_backed
 
-    return torch_backed(native, original("profile"))
+    if name == "profile":
+        return torch_profile.torch_backed(native, original("profile"))
+    if name == "schedule":
+        return torch_profile.torch_schedule(engine.schedule)
+    import torch.profiler
+
+    return torch.profiler.ProfilerAction
 
 
 def __getattr__(name: str) -> Any:
-    if name == "profile":
-        value = globals()["profile"] = _profile_class()
+    if name in ("profile", "schedule", "ProfilerAction"):
+        value = globals()[name] = _torch_shaped(name)
         return value
     where = _FROM_TORCH.get(name)
     if where is None:

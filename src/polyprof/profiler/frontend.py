@@ -153,6 +153,7 @@ class profile(Profile):  # noqa: N801 - torch's name
         self.preset_metadata: dict[str, Any] = {}
         self._trace_id = ""
         self._view: Any = None
+        self._before_first_trace: Any = None
         flags = {
             name: 1
             for name, on in (
@@ -254,12 +255,24 @@ class profile(Profile):  # noqa: N801 - torch's name
     # -- torch.profiler's analysis API ------------------------------------------------------------
     @property
     def profiler(self) -> Any:
-        """The last cycle as a ``torch.autograd.profiler.profile`` (None before a trace exists or
-        without torch): ``function_events``, ``kineto_results``, ``key_averages()``, ``table()``..."""
+        """The last cycle as a ``torch.autograd.profiler.profile`` (without torch: None):
+        ``function_events``, ``kineto_results``, ``key_averages()``, ``table()``... As torch's
+        attribute, it is None until the schedule first leaves its wait steps, and an object from then
+        on (vLLM and others test it): before the first trace exists, one with no events yet."""
         self._wait_for_trace()
         if self._view is None and self._trace is not None:
             self._view = self._torch_view(None, self._trace)
+        if self._view is None and self._sessions is not None and "torch" in sys.modules:
+            if self._before_first_trace is None:
+                from torch.autograd.profiler import profile as autograd_profile
+
+                self._before_first_trace = autograd_profile(use_kineto=True, use_cpu=True)
+            return self._before_first_trace
         return self._view
+
+    @profiler.setter
+    def profiler(self, value: Any) -> None:  # torch's own code assigns it; a framework may too
+        self._view = value
 
     def key_averages(
         self,

@@ -48,6 +48,29 @@ class ActionMap(dict):
         return found
 
 
+def torch_schedule(polyprof_schedule: Any) -> Any:
+    """``schedule(wait=, warmup=, active=, ...)`` with polyprof's formula and checks, whose function
+    returns torch's ProfilerAction (frameworks check ``isinstance(action, torch.profiler.ProfilerAction)``)."""
+    from torch.profiler import ProfilerAction as TorchAction
+
+    @functools.wraps(polyprof_schedule)
+    def schedule(**kwargs: Any) -> Any:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:  # said again where the caller is
+            warnings.simplefilter("always")
+            action_of = polyprof_schedule(**kwargs)
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+
+        def schedule_fn(step: int) -> Any:
+            return TorchAction(action_of(step).value)
+
+        return schedule_fn
+
+    return schedule
+
+
 def torch_backed(native: type, torch_profile: type) -> type:
     """The subclass of `torch_profile` (torch.profiler.profile) and `native` (polyprof's front end)."""
 
