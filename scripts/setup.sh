@@ -17,6 +17,10 @@ if [ "${1:-}" = "--test" ]; then
   # The CPU build of torch (tests compare against torch.profiler). On Python 3.11 this machine kind has
   # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
   pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
+  # Lightning, accelerate, transformers, torchtitan on that torch (tests/test_frameworks.py)
+  if .venv/bin/python -c "import torch" 2>/dev/null; then
+    pip_install -e ".[frameworks]" || echo "setup: the frameworks were not installed; their tests will be skipped"
+  fi
   # libfaketime gives one test rank another wall clock (tests/test_distributed.py): Debian, as root only
   if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null 2>&1 \
