@@ -21,7 +21,11 @@ use cannot disturb polyprof's) with a time limit, and a failing part is reported
   (d) stop-to-trace-written time for both, and polyprof's CUDA records processed per second at stop;
   (e) GPU counters through NVML (polyprof-cuda[nvml]) under load, on the GPU's process;
   (f) kernels launched under record_function opened every way (with block, decorator, asyncio tasks)
-      land under their span.
+      land under their span;
+  (g) PyTorch Lightning, unchanged, on the GPU with polyprof behind torch.profiler
+      (polyprof.install_torch_profiler(), as POLYPROF_TORCH_PROFILER=1 does): Lightning's PyTorchProfiler
+      asks for [CPU, CUDA], which polyprof maps to polyprof-cuda; its traces must be polyprof's and hold
+      the aten ops and kernel names of torch.profiler's traces of the same fit.
 Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when given).
 """
 
@@ -717,6 +721,62 @@ def f_annotations(out):
     }
 
 
+def _lightning_fit(out: str, behind_torch: bool) -> dict:
+    """A small model fit with Lightning's PyTorchProfiler (a schedule, chrome export) on the GPU; the
+    summary of every trace Lightning wrote into a folder beside `out`."""
+    import glob
+
+    import lightning as L
+    import torch
+    from lightning.pytorch.profilers import PyTorchProfiler
+
+    import polyprof
+
+    if behind_torch:
+        polyprof.install_torch_profiler()
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+
+        def training_step(self, batch, index):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 256), torch.randn(256, 1))
+    folder = out + ".lightning"
+    profiler = PyTorchProfiler(dirpath=folder, filename="fit", export_to_chrome=True,
+                               schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))  # fmt: skip
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=8, profiler=profiler, accelerator="gpu", devices=1,
+                        enable_checkpointing=False, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=32))
+    docs = [load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json")))]
+    events = [e for d in docs for e in d["traceEvents"]]
+    return {
+        "traces": len(docs),
+        "polyprof_traces": sum(1 for d in docs if "polyprof" in d),
+        "aten_ops": sorted({e["name"] for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")}),
+        "kernels": Counter(e["name"] for e in events if e.get("cat") == "kernel"),
+        "backends": polyprof_status(docs[0]) if docs and "polyprof" in docs[0] else {},
+    }
+
+
+@part
+def g_lightning_polyprof(out):
+    return _lightning_fit(out, behind_torch=True)
+
+
+@part
+def g_lightning_torch(out):
+    return _lightning_fit(out, behind_torch=False)
+
+
 for _order in ("alone", "polyprof_first_torch_stops_first", "torch_first", "torch_first_torch_stops_first"):
     PARTS[f"x_coexist_{_order}"] = lambda out, order=_order: _coexist(order)
 
@@ -940,6 +1000,22 @@ def build_report(res: dict) -> str:
                 f"{stops['polyprof'] * 1e3:.1f} ms",
                 f"- every round (ms): {json.dumps({k: [round(x * 1e3, 1) for x in v] for k, v in ci['seconds'].items()})}",
             ]
+    lines += ["", "## (g) Lightning on the GPU, polyprof behind torch.profiler"]
+    gp, gt = res.get("g_lightning_polyprof", {"error": "not run"}), res.get("g_lightning_torch", {"error": "not run"})
+    if "error" in gp or "error" in gt:
+        for name, r in (("with polyprof behind torch.profiler", gp), ("with torch.profiler", gt)):
+            if "error" in r:
+                lines += _error_lines(name, r)
+    else:
+        lines += [
+            f"- Lightning wrote {gp['traces']} traces, {gp['polyprof_traces']} of them polyprof's (torch.profiler's "
+            f"run: {gt['traces']})",
+            f"- aten ops identical to torch.profiler's: **{gp['aten_ops'] == gt['aten_ops']}** "
+            f"({len(gp['aten_ops'])} vs {len(gt['aten_ops'])})",
+            f"- kernel names identical (multiset): **{Counter(gp['kernels']) == Counter(gt['kernels'])}** "
+            f"({sum(gp['kernels'].values())} vs {sum(gt['kernels'].values())} kernels)",
+            f"- polyprof backends: {json.dumps(gp['backends'])}",
+        ]
     diagnostics = [name for name in res if name.startswith("x_")]
     if diagnostics:
         lines += ["", "## Diagnostics (raw)"]

@@ -5,7 +5,8 @@
 #
 # That machine (see the device tool's KINDS.md) has Python 3.12, torch (CUDA 13.0), CuPy, Numba, JAX,
 # Triton, cuda-bindings and nvidia-cuda-cupti 13.0, but no package index. It lacks polyprof,
-# polyprof-cuda, cupti-python, orjson and cxxfilt: built or downloaded here for CPython 3.12 on x86-64 Linux.
+# polyprof-cuda, cupti-python, orjson, cxxfilt and Lightning: built or downloaded here for CPython 3.12
+# on x86-64 Linux.
 # cupti-python must match the libcupti there and the driver's CUDA (580 driver: CUDA 13.0), hence
 # 13.0.1 (needs nvidia-cuda-cupti ~= 13.0); override with CUPTI_PYTHON_VERSION.
 # Then, with the device tool: run(command="bash plugins/polyprof-cuda/scripts/device-run.sh",
@@ -30,6 +31,11 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --p
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" -d .whl "cupti-python==${CUPTI_PYTHON_VERSION}" "orjson>=3.9"
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "cxxfilt>=0.3,<0.4" "nvidia-ml-py>=12"  # pure Python
+# part (g): Lightning and what it needs beyond torch (pure Python but PyYAML)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "lightning==2.6.6" "lightning-utilities" \
+  "torchmetrics" "fsspec" "tqdm"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${platforms[@]}" -d .whl "PyYAML>=6"
 "$PY312" -m pip wheel -q --no-deps -w .whl . ./plugins/polyprof-cuda
 ls -l .whl
 du -sh .whl

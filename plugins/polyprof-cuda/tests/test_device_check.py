@@ -116,6 +116,10 @@ def passing_results(check, tmp_path):
             "cuda_status": {**status["cuda"], "details": {"stop_ms": {"cupti_flush": 1.0, "decode": 5.0}}},
             "postprocess_ms": {"cuda": {"stop": 6.0, "collect": 15.0}, "merge": 5.0},
         },
+        "g_lightning_polyprof": {"traces": 1, "polyprof_traces": 1, "aten_ops": ["aten::mm"], "kernels": {"gemm": 4},
+                                 "backends": status},
+        "g_lightning_torch": {"traces": 1, "polyprof_traces": 0, "aten_ops": ["aten::mm"], "kernels": {"gemm": 4},
+                              "backends": {}},
         "x_stop_profile": {"postprocess_ms": {"merge": 5.0}, "profile": ["ncalls  tottime", "1 0.001 merge"]},
         "x_cuda_only_torch": {"seconds": 0.1},
         "c_interleaved": {
@@ -140,6 +144,9 @@ def test_report_of_a_passing_run(check, tmp_path):
     assert "## Diagnostics (raw)" in report and '- x_cuda_only_torch: {"seconds": 0.1}' in report
     for label in ("CuPy", "Numba", "cuda-python", "JAX", "Triton"):
         assert f"- {label}" in report
+    assert "Lightning wrote 1 traces, 1 of them polyprof's" in report
+    assert "aten ops identical to torch.profiler's: **True** (1 vs 1)" in report
+    assert "kernel names identical (multiset): **True** (4 vs 4 kernels)" in report
     assert "failed" not in report
 
 
