@@ -4,9 +4,9 @@ recorded through PyTorch's RecordFunction callbacks, at the C++ level.
 * Two recorders. By default polyprof's own observer (:mod:`.observer`, C++ built once against the
   installed torch) appends each op to per-thread columns that are read in bulk after stop; it serves
   ``record_shapes``, ``profile_memory``, ``with_flops``, ``with_modules`` and the experimental
-  ``profile_all_threads``, ``capture_overload_names`` and ``with_stack`` (each op's ``Call stack``
-  from the op thread's Python frames, with the line each frame is at; torch's collector only with
-  ``profile_memory`` too, whose memory timeline walks torch's own tree). When the observer
+  ``profile_all_threads``, ``capture_overload_names`` and ``with_stack`` (whose Python calls the
+  python backend records, as torch's Python tracer does; torch's collector only with ``profile_memory``
+  too, whose memory timeline walks torch's own tree). When the observer
   cannot be built (no C++ compiler; the backend warns and says how to fix it) or
   ``POLYPROF_TORCH_OBSERVER=0``, torch's own collector is used in CPU-only mode (:mod:`.collector`),
   which is slower to stop. The backend status's ``details.recorder`` says which ran, and why.
@@ -18,7 +18,7 @@ recorded through PyTorch's RecordFunction callbacks, at the C++ level.
   this backend; polyprof's device plugins own those.
 * What each op carries is what torch.profiler writes: ``External id``, ``Record function id``,
   ``Sequence number``, ``Fwd thread id``, ``Input Dims``/``Input type``/``Input Strides``/``Concrete
-  Inputs`` and keyword arguments with record_shapes, ``Call stack`` with with_stack, ``flops`` with
+  Inputs`` and keyword arguments with record_shapes, ``flops`` with
   with_flops, ``Module Hierarchy`` with with_modules (TorchScript's, and the same text for eager
   modules from the Python frames), forward->backward ``fwdbwd`` flows,
   ``[memory]`` instant events with profile_memory.

@@ -1,6 +1,6 @@
 """torch's own collector (``torch._C._autograd._enable_profiler`` in CPU-only mode), the torch backend's
-recorder for ``with_stack`` and wherever polyprof's observer cannot be built. Its events are turned into
-rows column by column; torch's result object is attached to the trace for the analyses that need
+recorder for ``with_stack`` with ``profile_memory`` and wherever polyprof's observer cannot be built.
+Its events are turned into rows column by column; torch's result object is attached to the trace for the analyses that need
 torch's own event tree (``prof.profiler.kineto_results.experimental_event_tree()``,
 ``export_memory_timeline``).
 """

@@ -79,9 +79,9 @@ def _operators(
         for i, body in obs.extras().items():  # collectives' args, as Kineto writes them
             if i < n:
                 args[i] = collective_args({**args.get(i, {}), **orjson.loads(b"{" + body + b"}")}, job)
-    stack_keys, stack_columns = _stack_columns(obs, cols)
-    keys += stack_keys
-    columns += stack_columns
+    hierarchy_keys, hierarchy_columns = _hierarchy_columns(obs, cols)
+    keys += hierarchy_keys
+    columns += hierarchy_columns
     if config.extra.get("capture_overload_names"):
         name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
     for i in unfinished.tolist():
@@ -106,20 +106,14 @@ def _operators(
     )
 
 
-def _stack_columns(obs: observer.Observer, cols: dict[str, np.ndarray]) -> tuple[tuple[str, ...], list]:
-    """"Call stack" (with_stack) and the eager "Module Hierarchy" (with_modules) of each op, from the
-    observer's stack table: one JSON value per distinct stack, shared by the ops that ran under it."""
-    stack, modules = cols["stack"], cols["modules"]
-    if not (stack >= 0).any() and not (modules >= 0).any():
+def _hierarchy_columns(obs: observer.Observer, cols: dict[str, np.ndarray]) -> tuple[tuple[str, ...], list]:
+    """The eager "Module Hierarchy" (with_modules) of each op, from the observer's hierarchy table: one
+    JSON value per distinct hierarchy, shared by the ops that ran under it."""
+    modules = cols["modules"]
+    if not (modules >= 0).any():
         return (), []
-    calls, hierarchies = obs.stacks()
-    keys, columns = [], []
-    for key, ids, table in (("Call stack", stack, calls), ("Module Hierarchy", modules, hierarchies)):
-        if (ids >= 0).any():
-            values = [*table, b""]  # id -1: the last entry, no such key
-            keys.append(key)
-            columns.append(JSONColumn([values[i] for i in ids.tolist()]))
-    return tuple(keys), columns
+    values = [*obs.hierarchies(), b""]  # id -1: the last entry, no such key
+    return ("Module Hierarchy",), [JSONColumn([values[i] for i in modules.tolist()])]
 
 
 def _overload_names(

@@ -1,6 +1,6 @@
 """polyprof's own PyTorch operator observer: RecordFunction callbacks in C++ writing per-thread columnar
 buffers, read out in bulk after stop. It replaces torch's collector (``_enable_profiler`` /
-``_disable_profiler``) for every option but ``with_stack``, because stopping that collector alone takes
+``_disable_profiler``) for every option (``with_stack``'s Python calls are the python backend's), because stopping that collector alone takes
 longer than polyprof's whole stop-to-trace budget.
 
 ::
@@ -37,7 +37,7 @@ __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"
 
 ABI_VERSION = 9
 # options of start() (the k* flags of observer.cpp)
-RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK = 1, 2, 4, 8, 16, 32, 64
+RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
 
 #: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments); the
 #: last fragment is an object body of the extra args (kwargs, flops, Module Hierarchy), not one key
@@ -61,7 +61,6 @@ FIELDS = (
     ("scope", np.uint8),
     ("handle", np.uint64),
     ("overload", np.int32),
-    ("stack", np.int32),
     ("modules", np.int32),
 )
 MEMORY_FIELDS = ("ts", "ptr", "bytes", "total_allocated", "total_reserved", "device_type", "device_index", "tid")
@@ -92,8 +91,8 @@ class Observer:
         lib.polyprof_observer_arg_fragments.restype = ctypes.c_void_p
         lib.polyprof_observer_extras.argtypes = [ctypes.POINTER(ctypes.c_int64)]
         lib.polyprof_observer_extras.restype = ctypes.c_void_p
-        lib.polyprof_observer_stacks.argtypes = [ctypes.POINTER(ctypes.c_int64)]
-        lib.polyprof_observer_stacks.restype = ctypes.c_void_p
+        lib.polyprof_observer_hierarchies.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        lib.polyprof_observer_hierarchies.restype = ctypes.c_void_p
         lib.polyprof_observer_memory_count.restype = ctypes.c_int64
         lib.polyprof_observer_memory_fill.argtypes = [ctypes.c_void_p]
         lib.polyprof_torch_consumers.restype = ctypes.c_int
@@ -126,7 +125,7 @@ class Observer:
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
-        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, WITH_STACK."""
+        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES."""
         from polyprof._accel import speedups
 
         if speedups is not None:
@@ -188,13 +187,12 @@ class Observer:
         pieces = ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
         return {int(pieces[k]): pieces[k + 1] for k in range(0, len(pieces) - 1, 2)}
 
-    def stacks(self) -> tuple[list[bytes], list[bytes]]:
-        """The stack table: by id (the ``stack`` and ``modules`` columns), each stack's Call stack and
-        Module Hierarchy as JSON string values (``b""``: none)."""
+    def hierarchies(self) -> list[bytes]:
+        """The hierarchy table: by id (the ``modules`` column), each eager Module Hierarchy as a JSON
+        string value."""
         size = ctypes.c_int64(0)
-        ptr = self.lib.polyprof_observer_stacks(ctypes.byref(size))
-        pieces = ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
-        return pieces[0::2], pieces[1::2]
+        ptr = self.lib.polyprof_observer_hierarchies(ctypes.byref(size))
+        return ctypes.string_at(ptr, size.value).split(b"\0")[:-1] if size.value else []
 
     def memory(self) -> dict[str, np.ndarray]:
         """The allocator reports recorded with PROFILE_MEMORY: one column per MEMORY_FIELDS."""

@@ -68,7 +68,7 @@ def compile_command(torch: Any, output: Path) -> list[str]:
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{include}",
         f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
-        f"-I{sysconfig.get_paths()['include']}",  # Python.h: with_stack walks the Python frames
+        f"-I{sysconfig.get_paths()['include']}",  # Python.h: eager with_modules walks the Python frames
         str(SOURCE),
         f"-L{lib}",
         "-lc10",

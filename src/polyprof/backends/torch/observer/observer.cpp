@@ -22,7 +22,7 @@
 // few microseconds the hand-over takes).
 // Everything read out (names, fill, fragments, memory) is the set last taken: by take, or by stop.
 
-#include <Python.h>  // with_stack: the Python frames of the thread that runs an op
+#include <Python.h>  // with_modules in eager mode: the Python frames of the thread that runs an op
 #include <frameobject.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -70,7 +70,6 @@ constexpr int kWithFlops = 4;
 constexpr int kWithModules = 8;
 constexpr int kAllThreads = 16;
 constexpr int kOverloadNames = 32;
-constexpr int kWithStack = 64;
 
 // Input encodings in ThreadBuffer::shapes (record_shapes): one head per input, tag | payload << 8, and
 // for tensors the sizes (and strides) after it.
@@ -108,15 +107,14 @@ struct OpFields {
   uint64_t handle = 0;  // the RecordFunction's handle (torch's "Record function id"; 0 unless ids are on)
   int32_t name = 0;
   int32_t overload = -1;  // name id of the overload name, -1 if none or not asked for
-  int32_t stack = -1;     // with_stack: id of its Call stack in the stack table, -1 if none
-  int32_t modules = -1;   // with_modules (eager): id of its Module Hierarchy in the stack table, -1 if none
+  int32_t modules = -1;   // with_modules (eager): id of its Module Hierarchy in the hierarchy table, -1 if none
   uint8_t scope = 0;
 };
 
 // An operator as buffered: 24 bytes. What an op without args rarely has (a forward thread other than
 // its buffer's usual one, another RecordFunction thread id, shapes, extra args, a handle, an overload, a
 // sequence number past int32, a duration past ~4.3 s, a name id past 2^24) is in ThreadBuffer::rare;
-// its Python frames (with_stack, with_modules) are in ThreadBuffer::frames.
+// its eager Module Hierarchy (with_modules) is in ThreadBuffer::frames.
 constexpr uint32_t kStillOpen = 0xFFFFFFFFu;  // dur while the op runs
 constexpr uint32_t kFarEnd = 0xFFFFFFFEu;     // dur: the end is in its Rare
 constexpr int32_t kSeqRare = INT32_MIN;       // seq: in its Rare
@@ -124,8 +122,8 @@ constexpr uint32_t kNameRare = 0xFFFFFFu;     // name bits: in its Rare
 constexpr uint32_t kFwdCommon = 0x10;         // name_scope flag: fwd_tid is the buffer's usual one
 constexpr uint32_t kHasShapes = 0x20;         // name_scope flag: the op's inputs are the buffer's next
                                               // shapes record (records are in op order: no offset kept)
-constexpr uint32_t kHasFrames = 0x40;         // name_scope flag: its (stack, modules) ids are the
-                                              // buffer's next pair in ThreadBuffer::frames (op order)
+constexpr uint32_t kHasFrames = 0x40;         // name_scope flag: its Module Hierarchy id is the
+                                              // buffer's next entry in ThreadBuffer::frames (op order)
 struct Op {
   int64_t start = 0;
   uint32_t dur = kStillOpen;
@@ -337,7 +335,7 @@ struct ThreadBuffer {
   std::unordered_map<std::string, int32_t> name_ids;
   NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address (see NameSlot)
   ShapeStore shapes;
-  std::vector<int32_t> frames;  // (stack, modules) of each op flagged kHasFrames, in op order
+  std::vector<int32_t> frames;  // the Module Hierarchy id of each op flagged kHasFrames, in op order
   std::vector<c10::IValue> values;
   std::string extra;  // NUL-terminated JSON object bodies ("key": value, ...)
   std::vector<Mem> mem;
@@ -386,7 +384,7 @@ Op pack(ThreadBuffer* b, const OpFields& f, bool async) {
 OpFields unpack(const ThreadBuffer& b, const Op& op) {
   OpFields f;
   uint32_t name = op.name_scope >> 8;
-  f.scope = uint8_t(op.name_scope & 0x0F);  // (stack and modules: in the frames, read in op order)
+  f.scope = uint8_t(op.name_scope & 0x0F);  // (modules: in the frames, read in op order)
   f.seq = op.seq;
   f.fwd_tid = (op.name_scope & kFwdCommon) ? b.fwd_common : 0;
   f.rf_tid = b.rf_common;
@@ -907,12 +905,10 @@ bool append_kwarg_value(std::string& out, const std::string& key, const c10::IVa
   return true;
 }
 
-// with_stack: "Call stack" as torch writes it ("file.py(line): function;..." innermost first), from the
-// Python frames of this thread, with each frame's current line; polyprof's own frames are left out. A
-// thread with no Python state (the autograd engine's workers) has none. torch's bindings release the
-// GIL before they dispatch an op, so the callback takes it back for the walk (on this thread only:
-// its frames cannot change while it is in here).
-// with_modules in eager mode (no TorchScript hierarchy): the frames that are methods of nn.Module
+// with_modules in eager mode, from the Python frames of this thread (a thread with no Python state, such
+// as the autograd engine's workers, has none; torch's bindings release the GIL before they dispatch an
+// op, so the callback takes it back for the walk, on this thread only: its frames cannot change while it
+// is in here) (no TorchScript hierarchy): the frames that are methods of nn.Module
 // instances, outermost first, written as TorchScript writes its hierarchy, one "name(Class)::method."
 // per frame: the outermost module is TOP, a module called from another by the attribute path it has
 // there ("0", "encoder.layer"), a method of the module just named SELF, a module its caller does not
@@ -1009,102 +1005,67 @@ static std::string module_hierarchy(const std::vector<ModuleFrame>& outermost_fi
   return out;
 }
 
-// The stack table: each distinct (Call stack, Module Hierarchy) pair of the process once, as two JSON
-// string values ("" where there is none), by id. Ops carry ids, so an op costs 8 bytes for its stack,
-// not a copy of its text, and the trace's args share one value per stack. Ids stay valid for the
-// process's life (a table of at most kMaxStacks entries; past it ops get none).
-constexpr size_t kMaxStacks = 1 << 20;
-std::mutex g_stack_mutex;
-std::vector<std::string> g_stacks;  // "call stack JSON\0module hierarchy JSON"
-std::unordered_map<std::string, int32_t> g_stack_ids;
+// The hierarchy table: each distinct eager Module Hierarchy of the process once, as a JSON string value,
+// by id. Ops carry ids, so an op costs 4 bytes for it, not a copy of its text, and the trace's args share
+// one value per hierarchy. Ids stay valid for the process's life (a table of at most kMaxHierarchies
+// entries; past it ops get none).
+constexpr size_t kMaxHierarchies = 1 << 20;
+std::mutex g_hierarchy_mutex;
+std::vector<std::string> g_hierarchies;  // JSON string values
+std::unordered_map<std::string, int32_t> g_hierarchy_ids;
 
-int32_t stack_id(std::string&& entry) {
-  std::lock_guard<std::mutex> lock(g_stack_mutex);
-  auto found = g_stack_ids.find(entry);
-  if (found != g_stack_ids.end()) return found->second;
-  if (g_stacks.size() >= kMaxStacks) return -1;
-  int32_t id = int32_t(g_stacks.size());
-  g_stacks.push_back(entry);
-  g_stack_ids.emplace(std::move(entry), id);
+int32_t hierarchy_id(std::string&& entry) {
+  std::lock_guard<std::mutex> lock(g_hierarchy_mutex);
+  auto found = g_hierarchy_ids.find(entry);
+  if (found != g_hierarchy_ids.end()) return found->second;
+  if (g_hierarchies.size() >= kMaxHierarchies) return -1;
+  int32_t id = int32_t(g_hierarchies.size());
+  g_hierarchies.push_back(entry);
+  g_hierarchy_ids.emplace(std::move(entry), id);
   return id;
 }
 
-// The stack-table id of this thread's Python stack (its Call stack and eager Module Hierarchy), or -1.
-// An op's stack is nearly always one seen before (a loop calling the same code): each distinct
-// (code, instruction) sequence, with the modules running it under with_modules, is formatted and looked
-// up once per thread, then found by its hash.
-int32_t python_stack() {
+// The hierarchy-table id of the nn.Modules running this thread's Python frames (eager with_modules), or
+// -1 when none does. An op's modules are nearly always ones seen before (a loop over the same layers):
+// each distinct sequence of (code, module) is formatted and looked up once per thread, then found by its
+// hash.
+int32_t eager_module_hierarchy() {
   if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
   thread_local std::unordered_map<uint64_t, int32_t> cache;
-  struct Frame {
-    PyCodeObject* code;
-    int lasti;
-    PyFrameObject* frame;  // a reference held until the walk's end, so that `code` outlives it
-  };
-  Frame frames[128];
-  int n = 0;
   uint64_t hash = 1469598103934665603ull;
-  const bool with_modules = (g_options & kWithModules) != 0;
   std::vector<ModuleFrame> modules_innermost_first;
+  std::vector<PyFrameObject*> walked;  // references held until the walk's end, so that codes outlive it
   PyGILState_STATE gil = PyGILState_Ensure();
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
   Py_XINCREF(f);
-  while (f != nullptr && n < 128) {
+  while (f != nullptr && walked.size() < 128) {
+    walked.push_back(f);
     PyCodeObject* code = PyFrame_GetCode(f);
-#if PY_VERSION_HEX >= 0x030B0000
-    int lasti = PyFrame_GetLasti(f);
-#else
-    int lasti = f->f_lasti;
-#endif
-    frames[n++] = {code, lasti, f};  // code and frame kept (references) until formatted or found
-    hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(code))) * 1099511628211ull;
-    hash = (hash ^ uint64_t(lasti)) * 1099511628211ull;
-    if (with_modules) {  // the same code runs under many modules (a Sequential's layers): they count
-      PyObject* module = frame_module(f, code);
-      if (module != nullptr) {
-        modules_innermost_first.push_back({module, code});
-        hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(module))) * 1099511628211ull;
-      }
+    PyObject* module = frame_module(f, code);
+    if (module != nullptr) {  // the same code runs under many modules (a Sequential's layers): they count
+      modules_innermost_first.push_back({module, code});
+      hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(code))) * 1099511628211ull;
+      hash = (hash ^ uint64_t(reinterpret_cast<uintptr_t>(module))) * 1099511628211ull;
     }
+    Py_DECREF(code);  // (the frame, held, keeps it)
     f = PyFrame_GetBack(f);
   }
   Py_XDECREF(f);
-  auto hit = cache.find(hash);
   int32_t id = -1;
-  if (hit != cache.end()) {
-    id = hit->second;
-  } else {
-    std::string stack;
-    std::string modules = module_hierarchy({modules_innermost_first.rbegin(), modules_innermost_first.rend()});
-    for (int i = 0; i < n; i++) {
-      PyCodeObject* code = frames[i].code;
-      const char* file = PyUnicode_AsUTF8(code->co_filename);
-      const char* name = PyUnicode_AsUTF8(code->co_name);
-      if (file == nullptr || name == nullptr) {
-        PyErr_Clear();
-        continue;
-      }
-      if (std::strstr(file, "/polyprof/") != nullptr) continue;
-      if (!stack.empty()) stack += ";";
-      stack += file;
-      stack += "(";
-      stack += std::to_string(PyCode_Addr2Line(code, frames[i].lasti));
-      stack += "): ";
-      stack += name;
+  if (!modules_innermost_first.empty()) {
+    auto hit = cache.find(hash);
+    if (hit != cache.end()) {
+      id = hit->second;
+    } else {
+      std::string entry;
+      append_json_string(entry, module_hierarchy({modules_innermost_first.rbegin(), modules_innermost_first.rend()}));
+      id = hierarchy_id(std::move(entry));
+      if (cache.size() > 65536) cache.clear();
+      cache.emplace(hash, id);
     }
-    std::string entry;
-    if (!stack.empty()) append_json_string(entry, stack);
-    entry.push_back('\0');
-    if (!modules.empty()) append_json_string(entry, modules);
-    id = stack_id(std::move(entry));
-    if (cache.size() > 65536) cache.clear();
-    cache.emplace(hash, id);
   }
   for (const auto& level : modules_innermost_first) Py_DECREF(level.module);
-  for (int i = 0; i < n; i++) {
-    Py_DECREF(frames[i].code);
-    Py_DECREF(frames[i].frame);
-  }
+  for (PyFrameObject* frame : walked) Py_DECREF(frame);
   PyGILState_Release(gil);
   return id;
 }
@@ -1146,13 +1107,13 @@ void encode_collective(std::string& body, const at::RecordFunction& fn) {
 // Whether an op may have extra args to write (see encode_extra); `collective` is is_collective_work(fn).
 // An operator's (from_schema) have none with record_shapes alone: the dispatcher passes no kwargs.
 bool wants_extra(const at::RecordFunction& fn, bool from_schema, bool collective) {
-  if (g_options & (kWithFlops | kWithModules | kWithStack)) return true;
+  if (g_options & (kWithFlops | kWithModules)) return true;
   if ((g_options & kRecordShapes) && fn.needsInputs() && !from_schema) return true;  // its kwargs
   return collective || fn.isNcclMeta();
 }
 
 // The per-op args the observer formats beyond shapes: kwargs (with record_shapes), flops (with_flops),
-// the TorchScript module hierarchy (with_modules), the Python stack (with_stack). Written as one
+// the module hierarchy (with_modules: TorchScript's here, the eager one as an id). Written as one
 // NUL-terminated JSON object body. Not inlined, so that on_start's common path stays small.
 __attribute__((noinline)) void encode_extra(ThreadBuffer* b, const at::RecordFunction& fn, OpFields& op,
                                             bool from_schema, bool collective) {
@@ -1173,11 +1134,7 @@ __attribute__((noinline)) void encode_extra(ThreadBuffer* b, const at::RecordFun
     }
   }
   bool eager_modules = (g_options & kWithModules) && !jit_modules;
-  if ((g_options & kWithStack) || eager_modules) {
-    int32_t id = python_stack();
-    if (g_options & kWithStack) op.stack = id;
-    if (eager_modules) op.modules = id;
-  }
+  if (eager_modules) op.modules = eager_module_hierarchy();
   if ((g_options & kRecordShapes) && fn.needsInputs() && !from_schema) {  // (kwinputs() copies a map)
     for (const auto& kv : fn.kwinputs()) {
       std::string value;
@@ -1258,13 +1215,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   bool async = fn.isAsync();
   Op& row = b->ops.push_back(pack(b, op, async));
-  if (op.stack >= 0 || op.modules >= 0) {
+  if (op.modules >= 0) {
     try {
-      b->frames.push_back(op.stack);
       b->frames.push_back(op.modules);
       row.name_scope |= kHasFrames;
-    } catch (...) {  // kept without its frames
-      b->frames.resize(b->frames.size() & ~size_t(1));
+    } catch (...) {  // kept without its hierarchy
     }
   }
   row.start = now_ns(ts);
@@ -1679,12 +1634,12 @@ void polyprof_observer_names(char* out) {
 // end is 0 for an operator still open at stop; overload is -1 where none was recorded.
 void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t* seq, int64_t* fwd_tid,
                             int64_t* rf_tid, int32_t* name, uint8_t* scope, uint64_t* handle,
-                            int32_t* overload, int32_t* stack, int32_t* modules) {
+                            int32_t* overload, int32_t* modules) {
   std::lock_guard<std::mutex> lock(g_mutex);
   int64_t i = 0;
   int32_t name_base = 0;
   for (auto& b : g_taken) {
-    size_t frames_at = 0;  // the next flagged op's pair: they are in op order
+    size_t frames_at = 0;  // the next flagged op's entry: they are in op order
     for (const Op& op : b->ops) {
       OpFields f = unpack(*b, op);
       start[i] = op.start;
@@ -1697,10 +1652,8 @@ void polyprof_observer_fill(int64_t* start, int64_t* end, int64_t* tid, int64_t*
       scope[i] = f.scope;
       handle[i] = f.handle;
       overload[i] = f.overload >= 0 ? name_base + f.overload : -1;
-      bool framed = (op.name_scope & kHasFrames) && frames_at + 1 < b->frames.size();
-      stack[i] = framed ? b->frames[frames_at] : -1;
-      modules[i] = framed ? b->frames[frames_at + 1] : -1;
-      if (framed) frames_at += 2;
+      bool framed = (op.name_scope & kHasFrames) && frames_at < b->frames.size();
+      modules[i] = framed ? b->frames[frames_at++] : -1;
       ++i;
     }
     name_base += int32_t(b->names.size());
@@ -1761,13 +1714,13 @@ const char* polyprof_observer_extras(int64_t* size) {
   return out.data();
 }
 
-// The stack table (see stack_id): "call stack\0module hierarchy\0" per id, each a JSON string value or
-// empty. The text stays valid until the next call.
-const char* polyprof_observer_stacks(int64_t* size) {
+// The hierarchy table (see hierarchy_id): each id's JSON string value followed by a NUL byte. The text
+// stays valid until the next call.
+const char* polyprof_observer_hierarchies(int64_t* size) {
   static std::string out;
   out.clear();
-  std::lock_guard<std::mutex> lock(g_stack_mutex);
-  for (const std::string& entry : g_stacks) {
+  std::lock_guard<std::mutex> lock(g_hierarchy_mutex);
+  for (const std::string& entry : g_hierarchies) {
     out += entry;
     out.push_back('\0');
   }
