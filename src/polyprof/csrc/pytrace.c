@@ -56,10 +56,12 @@ typedef struct {
     long long *caller;
     int stack_lasti[MAX_STACK], stack_caller_lasti[MAX_STACK], stack_ordinal[MAX_STACK];
     void *stack_caller[MAX_STACK];
+    PyFrameObject *stack_frame[MAX_STACK]; /* a Python call's frame (borrowed: alive while it runs), or NULL */
     int next_ordinal;
     void *cache_code[CACHE_SLOTS];
     char cache_class[CACHE_SLOTS];
     char cache_kept[CACHE_SLOTS]; /* in `objects` already */
+    void *kept[CACHE_SLOTS];      /* torch_style: objects known to be in `objects` (targets and callers) */
     long long dropped_short, dropped_deep;
 } TraceBufferObject;
 
@@ -128,6 +130,7 @@ static TraceBufferObject *new_buffer(unsigned long tid, PyObject *name) {
     b->n = b->cap = 0;
     b->sp = 0;
     memset(b->cache_code, 0, sizeof b->cache_code);
+    memset(b->kept, 0, sizeof b->kept);
     b->dropped_short = b->dropped_deep = 0;
     b->objects = PySet_New(NULL);
     b->name = name ? Py_NewRef(name) : Py_NewRef(Py_None);
@@ -276,12 +279,13 @@ static int parent_ordinal(TraceBufferObject *b, int depth) {
 /* A row names `o`: kept alive in the buffer's `objects` (looked up in the per-thread cache first). */
 static int keep_object(TraceBufferObject *b, PyObject *o, int cache) {
     Py_ssize_t slot = slot_of(o);
-    if (cache && b->cache_code[slot] == o && b->cache_kept[slot]) return 0;
+    if (cache && ((b->cache_code[slot] == o && b->cache_kept[slot]) || b->kept[slot] == o)) return 0;
     if (PySet_Add(b->objects, o) < 0) {
         PyErr_Clear();
         return -1;
     }
     if (cache && b->cache_code[slot] == o) b->cache_kept[slot] = 1;
+    b->kept[slot] = o;
     return 0;
 }
 
@@ -363,8 +367,15 @@ static void *named_c_function(PyObject *fn) {
 
 /* torch_style: a C function named by its repr, one name per C method (the first function seen calling
    it names it, as torch.profiler's tracer does). */
+#define C_NAME_SLOTS 1024
+static void *g_c_name_key[C_NAME_SLOTS]; /* torch_style: method def (or type) -> its name, borrowed from g_c_names */
+static PyObject *g_c_name_value[C_NAME_SLOTS];
+
 static void *repr_named_c_function(PyObject *fn) {
     PyMethodDef *ml = PyCFunction_Check(fn) ? ((PyCFunctionObject *)fn)->m_ml : NULL;
+    void *id = ml ? (void *)ml : (void *)Py_TYPE(fn);
+    Py_ssize_t slot = slot_of(id) & (C_NAME_SLOTS - 1);
+    if (g_c_name_key[slot] == id) return g_c_name_value[slot];
     PyObject *key = ml ? PyLong_FromVoidPtr(ml) : Py_NewRef((PyObject *)Py_TYPE(fn));
     PyObject *name = key ? PyDict_GetItem(g_c_names, key) : NULL;
     if (key != NULL && name == NULL && (name = PyObject_Repr(fn)) != NULL) {
@@ -376,6 +387,7 @@ static void *repr_named_c_function(PyObject *fn) {
         PyErr_Clear();
         return Py_None;
     }
+    g_c_name_key[slot] = id, g_c_name_value[slot] = name; /* the dict keeps it for the recording */
     return name;
 }
 
@@ -415,14 +427,23 @@ static void on_frame_torch(TraceBufferObject *b, long long now, PyFrameObject *f
             Py_DECREF(self);
         }
     }
-    PyFrameObject *back = PyFrame_GetBack(frame);
-    PyCodeObject *caller = back ? PyFrame_GetCode(back) : NULL;
-    int caller_lasti = back ? frame_lasti(back) : -1;
     int lasti = seeded || (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) ? frame_lasti(frame) : -1;
     int depth = on_call(b, now, target, kind, NULL);
-    note_call(b, depth, lasti, caller, caller_lasti);
-    Py_XDECREF(caller);
-    Py_XDECREF(back);
+    /* the caller: the innermost Python call open below it (C calls between are the C functions that
+       called it back), read from this stack rather than through the frame objects */
+    int below = depth < MAX_STACK ? depth - 1 : -1;
+    while (below >= 0 && b->stack_c[below] == 1) below--;
+    if (below >= 0 && b->stack_frame[below] != NULL) {
+        void *caller = b->stack_c[below] == 2 ? (void *)g_module_code : b->stack_code[below];
+        note_call(b, depth, lasti, caller, frame_lasti(b->stack_frame[below]));
+    } else { /* the stack is deeper than it keeps, or the caller began before recording and was not seeded */
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        PyCodeObject *caller = back ? PyFrame_GetCode(back) : NULL;
+        note_call(b, depth, lasti, caller, back ? frame_lasti(back) : -1);
+        Py_XDECREF(caller);
+        Py_XDECREF(back);
+    }
+    if (depth < MAX_STACK) b->stack_frame[depth] = frame;
     Py_DECREF(code); /* the frame keeps it */
 }
 
@@ -430,6 +451,7 @@ static void on_frame_torch(TraceBufferObject *b, long long now, PyFrameObject *f
 static void on_c_call_torch(TraceBufferObject *b, long long now, PyObject *fn, PyCodeObject *caller, int caller_lasti) {
     int depth = on_call(b, now, repr_named_c_function(fn), 1, caller);
     note_call(b, depth, -1, caller, caller_lasti);
+    if (depth < MAX_STACK) b->stack_frame[depth] = NULL;
 }
 
 /* Python <= 3.11 (and 3.12+ when sys.monitoring is not used): the interpreter's profile hook. */
@@ -593,6 +615,7 @@ static PyObject *sp_pytrace_start(PyObject *m, PyObject *args) {
     Py_XSETREF(g_buffers, PyList_New(0));
     Py_XSETREF(g_fold_cache, PyDict_New());
     Py_XSETREF(g_c_names, PyDict_New());
+    memset(g_c_name_key, 0, sizeof g_c_name_key);
     Py_XSETREF(g_pending, PyDict_New());
     Py_XSETREF(g_known, PySet_New(NULL));
     Py_INCREF(fold);
