@@ -1,12 +1,12 @@
 """PyTorch Lightning, unchanged: Trainer(profiler=PyTorchProfiler(...)) with a schedule, fit on a small
 model whose training_step also runs OpenCL work (a copy, a fill, a kernel, a copy back) through
-pyopencl. Writes its traces where Lightning writes them: ``python lightning_fit.py OUT_DIR``."""
+pyopencl. Writes its traces where Lightning writes them: ``python lightning_fit.py OUT_DIR``.
+``fit(OUT_DIR, accelerator="gpu", opencl=False)`` is the GPU check's run (plugins/polyprof-cuda)."""
 
 import sys
 
 import lightning as L
 import numpy as np
-import pyopencl as cl
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 
@@ -14,13 +14,16 @@ KERNEL = "__kernel void twice(__global float *x) { int i = get_global_id(0); x[i
 
 
 class Model(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, opencl: bool) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.layer = torch.nn.Linear(8, 1)
+        self.with_opencl = opencl
         self.cl = None
 
     def opencl(self, x: torch.Tensor) -> None:
+        import pyopencl as cl
+
         if self.cl is None:  # created once training runs (queues made while profiling are timed)
             ctx = cl.create_some_context(interactive=False)
             self.cl = (ctx, cl.CommandQueue(ctx), cl.Kernel(cl.Program(ctx, KERNEL).build(), "twice"))
@@ -35,23 +38,24 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: tuple, index: int) -> torch.Tensor:
         x, y = batch
-        self.opencl(x)
+        if self.with_opencl:
+            self.opencl(x.cpu())
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main(out: str) -> None:
+def fit(out: str, accelerator: str = "cpu", opencl: bool = True) -> None:
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     profiler = PyTorchProfiler(dirpath=out, filename="fit", export_to_chrome=True,
                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))  # fmt: skip
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=8, profiler=profiler, accelerator="cpu", devices=1,
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=8, profiler=profiler, accelerator=accelerator, devices=1,
                         enable_checkpointing=False, logger=False, enable_progress_bar=False,
                         enable_model_summary=False)  # fmt: skip
-    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.fit(Model(opencl), torch.utils.data.DataLoader(data, batch_size=8))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    fit(sys.argv[1])

@@ -722,40 +722,19 @@ def f_annotations(out):
 
 
 def _lightning_fit(out: str, behind_torch: bool) -> dict:
-    """A small model fit with Lightning's PyTorchProfiler (a schedule, chrome export) on the GPU; the
-    summary of every trace Lightning wrote into a folder beside `out`."""
+    """tests/frameworks/lightning_fit.py's fit (Lightning's PyTorchProfiler with a schedule, chrome
+    export) on the GPU, without its OpenCL work; the summary of every trace Lightning wrote."""
     import glob
-
-    import lightning as L
-    import torch
-    from lightning.pytorch.profilers import PyTorchProfiler
 
     import polyprof
 
     if behind_torch:
         polyprof.install_torch_profiler()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "frameworks"))
+    from lightning_fit import fit
 
-    class Model(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
-
-        def training_step(self, batch, index):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(256, 256), torch.randn(256, 1))
     folder = out + ".lightning"
-    profiler = PyTorchProfiler(dirpath=folder, filename="fit", export_to_chrome=True,
-                               schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))  # fmt: skip
-    trainer = L.Trainer(max_epochs=1, limit_train_batches=8, profiler=profiler, accelerator="gpu", devices=1,
-                        enable_checkpointing=False, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
-    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=32))
+    fit(folder, accelerator="gpu", opencl=False)
     docs = [load(p) for p in sorted(glob.glob(os.path.join(folder, "*.json")))]
     events = [e for d in docs for e in d["traceEvents"]]
     return {
