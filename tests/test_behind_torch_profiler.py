@@ -102,6 +102,19 @@ def test_a_profiler_of_torchs_own_class_stays_torchs(switched, tmp_path):
     ours.export_chrome_trace(str(tmp_path / "polyprof.json"))
     assert "polyprof" not in json.loads((tmp_path / "torch.json").read_text())
     assert "polyprof" in json.loads((tmp_path / "polyprof.json").read_text())
+    with ORIGINAL() as theirs:  # torch's first, polyprof's inside it: each records whole, apart
+        torch.ones(2).exp()
+        with switched() as ours:
+            torch.ones(2).neg()
+        torch.ones(2).sin()
+    ops = {}
+    for name, prof in (("torch", theirs), ("polyprof", ours)):
+        prof.export_chrome_trace(str(tmp_path / f"{name}2.json"))
+        doc = json.loads((tmp_path / f"{name}2.json").read_text())
+        ops[name] = ("polyprof" in doc, {e["name"] for e in doc["traceEvents"] if e.get("cat") == "cpu_op"})
+    assert ops["torch"][0] is False and {"aten::exp", "aten::neg", "aten::sin"} <= ops["torch"][1]
+    assert ops["polyprof"][0] is True and "aten::neg" in ops["polyprof"][1]
+    assert not {"aten::exp", "aten::sin"} & ops["polyprof"][1]
 
 
 SCRIPT = textwrap.dedent("""
