@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare 
 nn = torch.nn
 
 from polyprof.backends.torch import observer as torch_observer  # noqa: E402
+from other_user import as_other_user, needs_other_user, sticky_folder  # noqa: E402
 
 try:
     torch_observer.get(torch)
@@ -555,6 +556,74 @@ def test_a_cached_library_is_loaded_only_from_a_file_and_folder_nobody_else_can_
     link = folder / "link.so"
     link.symlink_to(lib)
     assert not builder._trusted(link), "a symlink is not followed"
+
+
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w");
+    if (f) { fputs("planted code ran", f); fclose(f); }
+}
+"""
+
+
+def _plant_library(tmp_path, marker):
+    """A shared library whose constructor writes `marker`: what another user would plant."""
+    src = tmp_path / "planted.c"
+    src.write_text(PLANTED)
+    out = tmp_path / "planted.so"
+    subprocess.run(["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', str(src), "-o", str(out)], check=True)
+    os.chmod(out, 0o755)
+    return out
+
+
+@needs_other_user
+@needs_observer
+def test_a_cache_folder_another_user_made_first_is_never_built_into_nor_loaded_from(tmp_path, monkeypatch):
+    """The cache's <key> folder is predictable: another user makes it first (open to all) and puts a
+    library there, to rename it over polyprof's between the build and the load. polyprof builds in a
+    private folder, never writes into theirs and loads only what it built."""
+    from polyprof.backends.torch.observer import Observer, builder
+
+    built = builder.library_path(torch)  # the observer the setup built, copied instead of compiled
+    shared = sticky_folder(tmp_path / "cache")
+    monkeypatch.setenv("POLYPROF_CACHE_DIR", str(shared))
+    theirs = builder.library_path(torch).parent
+    marker = shared / "planted-code-ran"
+    planted = _plant_library(tmp_path, marker)
+    os.chmod(tmp_path, 0o755)
+    as_other_user("mkdir", "-p", "-m", "777", str(theirs))
+    as_other_user("cp", str(planted), str(theirs / builder.LIBRARY_NAME))
+    monkeypatch.setattr(builder, "compile_command", lambda torch, output: ["cp", str(built), str(output)])
+    with pytest.warns(UserWarning, match="not a folder of yours"):
+        path = builder.build(torch)
+    assert theirs not in path.parents and path.parent.stat().st_uid == os.getuid()
+    Observer(str(path))
+    assert not marker.exists(), "the planted library's code never ran"
+    assert (theirs / builder.LIBRARY_NAME).read_bytes() == planted.read_bytes(), "nothing written into their folder"
+
+
+@needs_other_user
+def test_the_loader_loads_exactly_the_file_it_checked(tmp_path):
+    """A link, or a file another user owns or anyone can write, is refused as opened (not by name)."""
+    from polyprof.backends.torch.observer.builder import open_trusted
+
+    marker = tmp_path / "planted-code-ran"
+    mine = _plant_library(tmp_path, marker)
+    with open_trusted(mine) as checked:
+        assert os.path.samefile(checked.path, mine)
+    link = tmp_path / "link.so"
+    link.symlink_to(mine)
+    with pytest.raises(OSError):
+        open_trusted(link)
+    os.chmod(mine, 0o777)
+    with pytest.raises(PermissionError, match="not loaded"):
+        open_trusted(mine)
+    os.chmod(mine, 0o755)
+    os.chown(mine, 65534, 65534)
+    with pytest.raises(PermissionError, match="owner uid 65534"):
+        open_trusted(mine)
+    assert not marker.exists()
 
 
 @needs_observer

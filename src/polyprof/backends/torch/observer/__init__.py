@@ -31,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.backends.torch.observer.builder import BuildError, build, cached_library, library_path
+from polyprof.backends.torch.observer.builder import (
+    BuildError,
+    build,
+    cached_library,
+    library_path,
+    open_trusted,
+)
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
@@ -73,7 +79,8 @@ class Observer:
     """The loaded library. One recording at a time per process."""
 
     def __init__(self, path: str) -> None:
-        lib = ctypes.CDLL(path)
+        with open_trusted(path) as checked:  # exactly the file checked is loaded (see builder)
+            lib = ctypes.CDLL(checked.path)
         lib.polyprof_observer_abi.restype = ctypes.c_int
         if lib.polyprof_observer_abi() != ABI_VERSION:
             raise BuildError(f"{path} speaks observer ABI {lib.polyprof_observer_abi()}, not {ABI_VERSION}")

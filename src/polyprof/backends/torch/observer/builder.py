@@ -10,10 +10,18 @@ Compiling against the torch that will load it is what keeps one source working a
 * Cache: ``$POLYPROF_CACHE_DIR``, else ``$XDG_CACHE_HOME/polyprof``, else ``~/.cache/polyprof``, under
   ``torch-observer/<key>/``; the key hashes the source, the torch version and location, the compiler
   and the flags, so upgrading torch builds a new library and never loads a stale one.
+* Trust: loading a library runs its code, and a shared cache can be another user's. The compiler writes
+  into a private temporary folder (0700, this user's); the result is moved into the cache only when the
+  cache folder is this user's (or root's) and nobody else can write it, else it is loaded from the
+  private folder (with a warning saying how to fix the cache). The loader (:func:`open_trusted`) opens
+  the file without following links, checks the open file (regular, this user's or root's, not writable
+  by group or others) and loads exactly that file through ``/proc/self/fd``, so a name swapped after the
+  check is never what is loaded.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
@@ -103,25 +111,66 @@ def _library_key(torch: Any) -> str:
     return _keys[known]
 
 
+WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _trusted_stat(st: os.stat_result, kind: int) -> bool:
+    """Of `kind`, this user's or root's, and nobody else can write it."""
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid in (os.getuid(), 0) and not st.st_mode & WRITABLE_BY_OTHERS
+
+
+def _trusted_folder(folder: Path) -> bool:
+    """A real folder of this user's (or root's) that nobody else can write: nobody else can put or swap
+    a file in it."""
+    try:
+        return _trusted_stat(os.lstat(folder), stat.S_IFDIR)
+    except OSError:
+        return False
+
+
 def _trusted(path: Path) -> bool:
     """Whether a cached library may be loaded: a regular file owned by this user (or root) that nobody
     else can write, in a folder nobody else can write (or the file could be swapped after this check).
     Loading a library runs its code: one planted in a shared cache must not be."""
     try:
-        st, folder = os.lstat(path), os.lstat(path.parent)
+        return _trusted_stat(os.lstat(path), stat.S_IFREG) and _trusted_folder(path.parent)
     except OSError:
         return False
-    if not stat.S_ISREG(st.st_mode) or not stat.S_ISDIR(folder.st_mode):
-        return False
-    mine = (os.getuid(), 0)
-    writable_by_others = stat.S_IWGRP | stat.S_IWOTH
-    return (
-        st.st_uid in mine
-        and folder.st_uid in mine
-        and not st.st_mode & writable_by_others
-        and not folder.st_mode & writable_by_others
-    )
 
+
+class TrustedLibrary:
+    """An open, checked library file; ``path`` names exactly it (``/proc/self/fd/N``) while it is open::
+
+    with open_trusted(path) as lib:
+        ctypes.CDLL(lib.path)
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.path = f"/proc/self/fd/{fd}"
+
+    def __enter__(self) -> TrustedLibrary:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)
+
+
+def open_trusted(path: str | Path) -> TrustedLibrary:
+    """`path` opened without following a link and checked as opened (a regular file of this user's or
+    root's that group and others cannot write); OSError naming what is wrong otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not _trusted_stat(st, stat.S_IFREG):
+            raise PermissionError(
+                f"{path} is not a regular file of this user's that only this user can write (owner uid "
+                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): not loaded"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return TrustedLibrary(fd)
 
 def cached_library(torch: Any) -> Path | None:
     """The library for `torch` if it is already built and trusted, else None (nothing is compiled)."""
@@ -131,7 +180,8 @@ def cached_library(torch: Any) -> Path | None:
 
 def build(torch: Any, *, force: bool = False) -> Path:
     """The cached library for `torch`, compiled first if missing, untrusted (see _trusted: then rebuilt,
-    with a warning) or when `force`. Raises BuildError."""
+    with a warning) or when `force`. Raises BuildError. Where the cache folder is not this user's alone,
+    the library is built and left in a private temporary folder instead (with a warning)."""
     target = library_path(torch)
     if target.exists() and not force:
         if _trusted(target):
@@ -150,31 +200,31 @@ def build(torch: Any, *, force: bool = False) -> Path:
     include, _ = torch_paths(torch)
     if not (include / "ATen" / "record_function.h").exists():
         raise BuildError(f"this torch has no C++ headers ({include}/ATen/record_function.h is missing)")
+    private = Path(tempfile.mkdtemp(prefix="polyprof-observer-"))  # 0700, this user's: nobody can swap in it
+    built = private / LIBRARY_NAME
+    try:
+        done = subprocess.run(compile_command(torch, built), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        shutil.rmtree(private, ignore_errors=True)
+        raise BuildError(f"{cxx} took more than {BUILD_TIMEOUT_S} s") from exc
+    if done.returncode != 0:
+        shutil.rmtree(private, ignore_errors=True)
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise BuildError(f"{cxx} failed (exit {done.returncode}) compiling {SOURCE.name}:\n{tail}")
+    os.chmod(built, 0o755)
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BuildError(
-            f"cannot create the cache folder {target.parent}: {exc}; set POLYPROF_CACHE_DIR"
-        ) from exc
-    # compile to a private name, then rename: concurrent builds never load a half-written library
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        try:
-            done = subprocess.run(
-                compile_command(torch, Path(tmp)),
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BuildError(f"{cxx} took more than {BUILD_TIMEOUT_S} s") from exc
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
-            raise BuildError(f"{cxx} failed (exit {done.returncode}) compiling {SOURCE.name}:\n{tail}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    except OSError:
+        pass  # said below: the cache folder is not usable
+    if not _trusted_folder(target.parent):
+        warnings.warn(
+            f"polyprof: the observer's cache folder {target.parent} is not a folder of yours that only you can "
+            f"write; the library built for this process stays in {private}. Set POLYPROF_CACHE_DIR to a folder "
+            "of your own to keep it",
+            stacklevel=3,
+        )
+        atexit.register(shutil.rmtree, private, True)  # (the loaded library stays mapped)
+        return built
+    os.replace(built, target)  # within this user's folders: concurrent builds never load a half-written one
+    shutil.rmtree(private, ignore_errors=True)
     return target
