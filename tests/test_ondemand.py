@@ -275,6 +275,58 @@ def test_a_fuzz_of_malformed_requests_leaves_the_target_unharmed(tmp_path, runti
     assert code == 0 and "Traceback" not in err, err[-3000:]
 
 
+def test_a_slow_peer_holds_only_its_own_connection(tmp_path, runtime, targets):
+    """A peer that sends one byte every half second, and idle connections, neither hold the listener:
+    polyprof ps gets its status within 2 s meanwhile, the slow request is dropped 2 s after it
+    connected (whatever it sends), and twelve clients at once are all answered."""
+    target = Target(tmp_path, runtime).wait_listening()
+    targets.append(target)
+    path = str(target.socket)
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.connect(path)
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+    for s in idle:
+        s.connect(path)
+    opened = time.monotonic()
+    slow.settimeout(0.5)
+    reply = b""
+    asked_at = None
+    for byte in b'{"op": "status"':  # never ends its line
+        try:
+            slow.sendall(bytes([byte]))
+            reply = slow.recv(4096)
+        except socket.timeout:
+            pass
+        except OSError:
+            break
+        if reply:
+            break
+        if asked_at is None and time.monotonic() - opened > 0.6:
+            asked_at = time.monotonic()
+            r = _cli(runtime, "ps", "--json")
+            answered = time.monotonic() - asked_at
+            assert answered < 2.0, f"status took {answered:.1f} s while another connection dawdled"
+            assert str(target.pid) in r.stdout
+    dropped_after = time.monotonic() - opened
+    assert b"did not end within 2 s" in reply, reply
+    assert 1.9 <= dropped_after <= 3.5, dropped_after
+    for s in [slow, *idle]:
+        s.close()
+    results = []
+
+    def ask():
+        results.append(_ask(runtime, target.pid, {"op": "status"}))
+
+    import threading
+
+    clients = [threading.Thread(target=ask) for _ in range(12)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join(30)
+    assert len(results) == 12 and all(r and r.get("ok") for r in results), results
+
+
 def test_the_request_parser_says_what_is_wrong():
     cases = [
         ([], "a JSON object"),

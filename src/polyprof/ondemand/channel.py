@@ -21,6 +21,7 @@ import socket
 import stat
 import struct
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,9 @@ import orjson
 from polyprof.errors import ConfigError
 
 MAX_MESSAGE_BYTES = 16 * 1024  # a request is a few hundred bytes; anything longer is refused unread
-READ_TIMEOUT_S = 2.0  # a peer that does not finish its request in this long is dropped
+READ_TIMEOUT_S = 2.0  # a peer that does not finish its request in this long (in all) is dropped
+BACKLOG = 64  # connections the kernel queues until the listener accepts them (it accepts at once)
+MAX_PENDING = 64  # requests being read at once; more connections are refused until some end
 
 
 class ChannelError(Exception):
@@ -95,7 +98,7 @@ def bind(path: str) -> socket.socket:
     try:
         sock.bind(path)  # inside a 0700 folder: nobody else can reach it before the chmod
         os.chmod(path, 0o600)
-        sock.listen(8)
+        sock.listen(BACKLOG)
     except BaseException:
         sock.close()
         raise
@@ -130,24 +133,50 @@ def send(conn: socket.socket, message: dict[str, Any]) -> None:
     conn.sendall(orjson.dumps(message) + b"\n")
 
 
-def receive(conn: socket.socket, limit: int = MAX_MESSAGE_BYTES) -> Any:
-    """One message (a line of JSON) from `conn`; ChannelError when it is longer than `limit`, not JSON,
-    or the peer closes or stalls before its newline."""
-    data = bytearray()
+class MessageReader:
+    """One message (a line of JSON) assembled from what arrives: ``feed(chunk)`` returns the message once
+    its newline is in, else None; ChannelError when it grows past `limit`, the peer closes first (an
+    empty chunk), or it is not JSON::
+
+        reader = MessageReader()
+        while (message := reader.feed(conn.recv(4096))) is None: ...
+    """
+
+    def __init__(self, limit: int = MAX_MESSAGE_BYTES) -> None:
+        self.limit = limit
+        self.data = bytearray()
+
+    def feed(self, chunk: bytes) -> Any:
+        if not chunk:
+            raise ChannelError("the connection closed before the message ended" if self.data else "no message")
+        end = chunk.find(b"\n")
+        self.data += chunk if end < 0 else chunk[:end]
+        if len(self.data) > self.limit:
+            raise ChannelError(f"message longer than {self.limit} bytes")
+        if end < 0:
+            return None
+        try:
+            return orjson.loads(self.data)
+        except orjson.JSONDecodeError as exc:
+            raise ChannelError(f"not JSON ({exc})") from None
+
+
+def receive(conn: socket.socket, limit: int = MAX_MESSAGE_BYTES, deadline_s: float | None = None) -> Any:
+    """One message (a line of JSON) from `conn` (blocking, within its timeout for each read and, with
+    `deadline_s`, within that long in all); ChannelError when it is longer than `limit`, not JSON, or the
+    peer closes or stalls before its newline."""
+    reader = MessageReader(limit)
+    ends = None if deadline_s is None else time.monotonic() + deadline_s
     while True:
+        if ends is not None:
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise ChannelError(f"timed out: the message did not end within {deadline_s:g} s")
+            conn.settimeout(left)
         try:
             chunk = conn.recv(4096)
         except TimeoutError:
             raise ChannelError("timed out before the message ended (one line of JSON, ending in a newline)") from None
-        if not chunk:
-            raise ChannelError("the connection closed before the message ended" if data else "no message")
-        end = chunk.find(b"\n")
-        data += chunk if end < 0 else chunk[:end]
-        if len(data) > limit:
-            raise ChannelError(f"message longer than {limit} bytes")
-        if end >= 0:
-            break
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ChannelError(f"not JSON ({exc})") from None
+        message = reader.feed(chunk)
+        if message is not None:
+            return message

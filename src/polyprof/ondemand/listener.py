@@ -1,15 +1,18 @@
-"""The capturable process's side: one daemon thread, blocked in ``accept()`` between requests.
+"""The capturable process's side: one daemon thread, blocked in ``select()`` between requests.
 
 ::
 
     import polyprof
     polyprof.listen()        # or POLYPROF_ON_DEMAND=1 in the environment, or polyprof run --on-demand
 
-Each connection: its peer's uid checked (SO_PEERCRED; another user is refused, root aside, and the
-refusal logged), one request read (a line of JSON, at most 16 KB, within 2 s), checked
-(:mod:`.protocol`), answered. A capture's connection stays open until its trace is written; the CLI
-going away meanwhile changes nothing for the capture. Nothing a peer sends can raise into the
-process: every failure becomes an error reply, or a dropped connection.
+Each connection: its peer's uid checked as it is accepted (SO_PEERCRED; another user is refused, root
+aside, and the refusal logged), one request read (a line of JSON, at most 16 KB, all of it within 2 s
+of the connection), checked (:mod:`.protocol`), answered. Requests are read side by side (a selector,
+up to ``channel.MAX_PENDING`` at once, more refused as busy), so a slow or silent peer holds only its
+own connection: a status request is answered while another connection dawdles. A capture's connection
+stays open until its trace is written; the CLI going away meanwhile changes nothing for the capture.
+Nothing a peer sends can raise into the process: every failure becomes an error reply, or a dropped
+connection.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from polyprof.backends.torch.steps import tracker
@@ -40,6 +45,7 @@ class Listener:
         self.job = JobLink(self.slot)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # stop() writes, the thread wakes
 
     @property
     def listening(self) -> bool:
@@ -50,6 +56,8 @@ class Listener:
             return self.path or ""
         path = channel.socket_path(os.getpid())
         self._sock = channel.bind(path)
+        self._sock.setblocking(False)  # the selector says when a connection waits
+        self._wake = socket.socketpair()
         self.path, self.owner = path, os.getpid()
         tracker.install()
         tracker.add_listener(self.job.on_step)
@@ -59,6 +67,9 @@ class Listener:
 
     def stop(self) -> None:
         sock, self._sock = self._sock, None
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[1].send(b"x")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -73,41 +84,115 @@ class Listener:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+        wake, self._wake = self._wake, None
+        for end in wake or ():
+            with contextlib.suppress(OSError):
+                end.close()
         self.slot.forget()
 
     def _serve(self) -> None:
-        while True:
-            sock = self._sock
-            if sock is None:
-                return
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                if self._sock is None:
-                    return  # stopped
-                continue
-            try:
-                self._handle(conn)
-            except Exception:  # a peer must never end the listener
-                log.exception("polyprof on-demand: a request failed")
+        sock, wake = self._sock, self._wake
+        if sock is None or wake is None:
+            return
+        selector = selectors.DefaultSelector()
+        selector.register(sock, selectors.EVENT_READ, "accept")
+        selector.register(wake[0], selectors.EVENT_READ, "wake")
+        pending: dict[socket.socket, tuple[channel.MessageReader, float]] = {}  # requests being read
+        try:
+            while self._sock is sock:
+                deadline = min((d for _, d in pending.values()), default=None)
+                try:
+                    events = selector.select(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                except OSError:
+                    events = []  # (the listening socket closed under it: the loop's test ends it)
+                for key, _ in events:
+                    if key.data == "accept":
+                        self._accept(sock, selector, pending)
+                    elif key.data == "read":
+                        self._read(key.fileobj, selector, pending)  # type: ignore[arg-type]
+                self._expire(selector, pending)
+        finally:
+            for conn in pending:
                 with contextlib.suppress(OSError):
                     conn.close()
+            selector.close()
 
-    def _handle(self, conn: socket.socket) -> None:
-        keep = False
+    def _accept(self, sock: socket.socket, selector: selectors.BaseSelector, pending: dict) -> None:
         try:
+            conn, _ = sock.accept()
+        except OSError:  # (gone before it was accepted, or the listener stopped)
+            return
+        try:
+            conn.settimeout(channel.READ_TIMEOUT_S)  # for the replies: a peer that does not read is dropped
             peer_pid, uid = channel.peer_uid(conn)
             if not channel.peer_allowed(uid):
                 self.refused += 1
                 log.warning("polyprof on-demand: refused a request from uid %d (pid %d): only uid %d or root may "
                             "capture this process", uid, peer_pid, os.getuid())  # fmt: skip
-                with contextlib.suppress(OSError):
-                    channel.send(conn, error_reply("refused: this process belongs to another user"))
+                self._reply_and_close(conn, error_reply("refused: this process belongs to another user"))
                 return
+            if len(pending) >= channel.MAX_PENDING:
+                self._reply_and_close(conn, error_reply(f"busy: {channel.MAX_PENDING} requests are being read; "
+                                                        "try again"))  # fmt: skip
+                return
+            conn.setblocking(False)
+            selector.register(conn, selectors.EVENT_READ, "read")
+            pending[conn] = (channel.MessageReader(), time.monotonic() + channel.READ_TIMEOUT_S)
+        except Exception:  # a peer must never end the listener
+            log.exception("polyprof on-demand: a connection failed")
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _read(self, conn: socket.socket, selector: selectors.BaseSelector, pending: dict) -> None:
+        reader, _ = pending[conn]
+        try:
+            request = reader.feed(conn.recv(4096))
+        except BlockingIOError:
+            return
+        except (OSError, channel.ChannelError) as exc:
+            self._done_reading(conn, selector, pending)
+            self._reply_and_close(conn, error_reply(f"bad request: {exc}"))
+            return
+        if request is None:
+            return
+        self._done_reading(conn, selector, pending)
+        try:
             conn.settimeout(channel.READ_TIMEOUT_S)
+            self._answer(conn, request)
+        except Exception:  # a peer must never end the listener
+            log.exception("polyprof on-demand: a request failed")
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _expire(self, selector: selectors.BaseSelector, pending: dict) -> None:
+        now = time.monotonic()
+        for conn in [c for c, (_, deadline) in pending.items() if deadline <= now]:
+            self._done_reading(conn, selector, pending)
+            self._reply_and_close(conn, error_reply(f"bad request: it did not end within {channel.READ_TIMEOUT_S:g} s "
+                                                    "(one line of JSON, ending in a newline)"))  # fmt: skip
+
+    @staticmethod
+    def _done_reading(conn: socket.socket, selector: selectors.BaseSelector, pending: dict) -> None:
+        pending.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            selector.unregister(conn)
+
+    @staticmethod
+    def _reply_and_close(conn: socket.socket, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.settimeout(channel.READ_TIMEOUT_S)
+            channel.send(conn, message)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _answer(self, conn: socket.socket, message: Any) -> None:
+        """Answer one request read in full; a capture's connection stays open until its trace is written."""
+        keep = False
+        try:
             try:
-                request = parse_request(channel.receive(conn))
-            except (channel.ChannelError, RequestError) as exc:
+                request = parse_request(message)
+            except RequestError as exc:
                 channel.send(conn, error_reply(f"bad request: {exc}"))
                 return
             if isinstance(request, StatusRequest):
