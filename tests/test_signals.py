@@ -122,6 +122,11 @@ def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
     again = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o", str(out),
                             str(quick)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert again.returncode == 0 and "polyprof recover" in again.stderr and "was killed" in again.stderr
+    (left,) = tmp_path.glob(".t.json.gz.spill.*.left")
+    r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(left), "-o", str(tmp_path / "r2.json")],
+                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not left.exists(), "a recovered .left copy is removed"
 
 
 def test_a_torn_last_chunk_still_recovers(tmp_path):

@@ -17,10 +17,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import runpy
 import signal
+import stat
 import sys
 import threading
 import time
@@ -344,9 +347,21 @@ def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
     sys.exit(0)
 
 
+#: what _hint_leftover_spill renames a killed run's spill to (removed once recovered)
+LEFT_SPILL = re.compile(r"\.spill(\.pftrace)?\.\d+\.left$")
+
+
 def _hint_leftover_spill(spill_file: str, output: str) -> None:
-    """A spill a killed run left where this run's goes: say how to recover it before it is replaced."""
-    if not os.path.exists(spill_file):
+    """A spill a killed run left where this run's goes: say how to recover it before it is replaced.
+    Only a regular file of this user's is adopted: in a shared folder, what another user put there (or
+    a link) is neither renamed nor offered for recovery."""
+    try:
+        st = os.lstat(spill_file)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        click.echo(f"polyprof: {spill_file} is not a file of yours ({'a link' if stat.S_ISLNK(st.st_mode) else f'owner uid {st.st_uid}'}): "
+                   "left alone; this run goes on without a spill if it cannot replace it", err=True)  # fmt: skip
         return
     keep = f"{spill_file}.{os.getpid()}.left"
     try:
@@ -379,6 +394,9 @@ def recover(spill_file: str, output: str | None) -> None:
         written = write_trace(trace, output)
     except (PolyprofError, TraceFormatError) as exc:
         _fail(str(exc))
+    if LEFT_SPILL.search(os.path.basename(spill_file)):  # polyprof run's copy of a killed run's spill: done with
+        with contextlib.suppress(OSError):
+            os.unlink(spill_file)
     partial = trace.metadata["polyprof"]["partial"]
     click.echo(
         f"polyprof: recovered {len(trace.activities)} activities from {partial['chunks']} chunks "

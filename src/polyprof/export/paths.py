@@ -77,9 +77,26 @@ def check_output_path(path: str | os.PathLike) -> str:
         )
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputPathError(f"cannot write the trace to {path}: folder {folder} is not writable")
+    _check_replaceable(path, folder)
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OutputPathError(f"cannot write the trace to {path}: the existing file is not writable")
     return path
+
+
+def _check_replaceable(path: str, folder: str) -> None:
+    """The trace is renamed over `path` at the end (:func:`atomic_output`): in a sticky folder (such as
+    /tmp) only the owner of what is there, the folder's owner or root may do that."""
+    try:
+        there, where = os.lstat(path), os.stat(folder)
+    except FileNotFoundError:
+        return
+    uid = os.getuid()
+    if where.st_mode & stat.S_ISVTX and uid not in (0, there.st_uid, where.st_uid):
+        what = "a link" if stat.S_ISLNK(there.st_mode) else "a file"
+        raise OutputPathError(
+            f"cannot write the trace to {path}: it is {what} of another user's (uid {there.st_uid}) in a folder "
+            "where only its owner may replace it (sticky, as /tmp is); choose another name"
+        )
 
 
 GZIP_LEVEL = 3  # ~2x faster than the default 9 for a few percent more bytes

@@ -173,10 +173,12 @@ class Capture:
                 "steps": [steps[0], steps[-1]] if steps else None,
                 "seconds": round(time.time() - (self.started_at or time.time()), 3),
             }})  # fmt: skip
-        except Exception as exc:
-            log.exception("polyprof on-demand: the capture's trace was not written")
-            self._reply(error_reply(f"the trace was not written: {type(exc).__name__}: {exc} "
-                                    f"(what was recorded is in the spill: polyprof recover)"))  # fmt: skip
+        except Exception as exc:  # said in one line here, and to the CLI: never a traceback in the target
+            log.error("polyprof on-demand: the capture's trace was not written to %s: %s: %s", self.output,
+                      type(exc).__name__, exc)  # fmt: skip
+            spill = self.profile.spill_path
+            self._reply(error_reply(f"the trace was not written: {type(exc).__name__}: {exc} (what was recorded "
+                                    f"is kept, readable by you only: polyprof recover {spill})"))  # fmt: skip
 
     def _reply(self, message: dict[str, Any]) -> None:
         try:
