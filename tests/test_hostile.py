@@ -6,10 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
-
-import pytest
 
 from other_user import NOBODY, as_other_user, needs_other_user, sticky_folder
 

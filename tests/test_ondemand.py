@@ -295,7 +295,7 @@ def test_a_slow_peer_holds_only_its_own_connection(tmp_path, runtime, targets):
         try:
             slow.sendall(bytes([byte]))
             reply = slow.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             pass
         except OSError:
             break

@@ -15,8 +15,9 @@ from polyprof.model import FLOW_FWDBWD, ActivityKind
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare with torch.profiler")
 nn = torch.nn
 
-from polyprof.backends.torch import observer as torch_observer  # noqa: E402
 from other_user import as_other_user, needs_other_user, sticky_folder  # noqa: E402
+
+from polyprof.backends.torch import observer as torch_observer  # noqa: E402
 
 try:
     torch_observer.get(torch)
