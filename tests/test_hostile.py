@@ -83,3 +83,33 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
     assert sorted(p.name for p in shared.iterdir()) == ["cap.json", "link.json"], "nothing left behind"
     assert theirs.read_text() == "root's file, writable by all"
     assert "Traceback" not in err
+
+
+def test_every_row_the_sink_keeps_reads_back(tmp_path):
+    """One bound on time: a row the Sink keeps is written and read back; one beyond it is rejected and
+    counted (before, end = 2**63 - 1 was kept, and the reader refused the file)."""
+    import numpy as np
+
+    from polyprof.clock import epoch_offset, host_ns
+    from polyprof.engine.merge import merge
+    from polyprof.export import write_trace
+    from polyprof.io import load_trace
+    from polyprof.model import HOST_TIME_LIMIT_NS, ActivityKind, BackendStatus
+    from polyprof.sink import Sink
+
+    sink = Sink("probe")
+    host, thread = sink.host_device(), sink.host_thread(1)
+    now = host_ns()
+    kept = sink.activities({"kind": [int(ActivityKind.USER_ANNOTATION)] * 4, "name": ["fine", "huge end", "huge start", "edge"],
+                            "device": [host] * 4, "resource": [thread] * 4,
+                            "start": np.array([now, now, -(2**63), now], dtype=np.int64),
+                            "end": np.array([now + 10, 2**63 - 1, now, HOST_TIME_LIMIT_NS], dtype=np.int64)})  # fmt: skip
+    assert not sink.counter("c", 1.0, ts=2**63 - 1) and sink.counter("c", 1.0, ts=now)
+    status = BackendStatus("probe")
+    part = sink.seal(status)
+    assert kept == 2 and status.rejected == 3 and "timestamp beyond" in " ".join(status.rejected_reasons)
+    epoch = epoch_offset().offset_ns
+    trace = merge([part], window=(now, HOST_TIME_LIMIT_NS), epoch_offset_ns=epoch, base_time_ns=0, metadata={})
+    for name in ("t.json", "t.pftrace"):
+        back = load_trace(write_trace(trace, str(tmp_path / name)))
+        assert {"fine", "edge"} <= {a.name for a in back.activities}

@@ -44,6 +44,7 @@ from polyprof.model import (
     FLOW_NAMES,
     FLOW_NONE,
     HOST_DEVICE_KEY,
+    HOST_TIME_LIMIT_NS,
     ActivityBuilder,
     ActivityKind,
     ArgColumns,
@@ -281,7 +282,7 @@ class Sink:
         try:
             ts = _as_int(ts)
             value = float(value)
-            if not -(2**63) <= ts <= _INT64_MAX:
+            if not -HOST_TIME_LIMIT_NS <= ts <= HOST_TIME_LIMIT_NS:
                 raise OverflowError
         except (TypeError, ValueError, OverflowError):
             self._rejected["invalid counter sample"] += 1
@@ -435,6 +436,8 @@ class Sink:
         kind, device, resource = ints["kind"], ints["device"], ints["resource"]
         checks = [
             (ints["end"] < ints["start"], "end before start"),
+            ((ints["start"] < -HOST_TIME_LIMIT_NS) | (ints["end"] > HOST_TIME_LIMIT_NS),  # (end >= start: checked)
+             "timestamp beyond +-2**61 ns (HOST_TIME_LIMIT_NS)"),
             ((device < 0) | (device >= len(self.devices)), "unknown device"),
             ((resource < 0) | (resource >= len(self.resources)), "unknown resource"),
             ((kind < 0) | (kind > max(ActivityKind)), "unknown activity kind"),

@@ -177,7 +177,7 @@ static int ts_ns(const char *s, span x, int64_t *out) {
     if (x.a == x.b) return 0;
     char c = s[x.a];
     if (c != '-' && (c < '0' || c > '9')) return 0;
-    const int64_t limit = (int64_t)1 << 62;
+    const int64_t limit = (int64_t)1 << 62; /* polyprof.model.TRACE_TIME_LIMIT_NS */
     { /* a plain decimal with at most 3 fraction digits: exact, and equal to the double path below while
          the result is under 2^50 ns (the double's error stays under a quarter of a nanosecond) */
         Py_ssize_t i = x.a;

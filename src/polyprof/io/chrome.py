@@ -23,6 +23,7 @@ from polyprof.errors import TraceFormatError
 from polyprof.model import (
     FLOW_AC2G,
     FLOW_FWDBWD,
+    TRACE_TIME_LIMIT_NS,
     ActivityBuilder,
     ActivityKind,
     BackendStatus,
@@ -114,7 +115,7 @@ def _ns(value: Any, path: str, what: str) -> int:
         ns = int(round(value * 1000))
     else:
         raise TraceFormatError(f"{path}: {what} has a non-numeric or non-finite timestamp {str(value)[:40]!r}")
-    if not -(2**62) <= ns <= 2**62:
+    if not -TRACE_TIME_LIMIT_NS <= ns <= TRACE_TIME_LIMIT_NS:
         raise TraceFormatError(f"{path}: {what} has a timestamp out of range ({value})")
     return ns
 

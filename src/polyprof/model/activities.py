@@ -44,6 +44,13 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 
+#: The one bound on time: a trace file's timestamps and durations (ns, the epoch offset added) lie within
+#: +-TRACE_TIME_LIMIT_NS, which every reader accepts; rows and samples carry host-clock timestamps within
+#: +-HOST_TIME_LIMIT_NS (the Sink refuses others), so that the epoch offset (below 2**61 until 2043) and
+#: any difference of two of them stay within the file's bound.
+TRACE_TIME_LIMIT_NS = 2**62
+HOST_TIME_LIMIT_NS = TRACE_TIME_LIMIT_NS // 2
+
 
 class CodedStrings(NamedTuple):
     """A string column given as integer `codes` into `table`, for backends with their own string
