@@ -60,7 +60,7 @@ def _read_bytes(path: str, max_bytes: int) -> bytes:
         if info.st_size > max_bytes:
             raise TraceFormatError(f"{path}: {info.st_size:,} bytes is over the limit of {max_bytes:,} ({_RAISE_IT})")
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = _read_limited(f, info.st_size, max_bytes)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
     except OSError as exc:
@@ -73,6 +73,25 @@ def _read_bytes(path: str, max_bytes: int) -> bytes:
 
 
 _RAISE_IT = "set POLYPROF_MAX_TRACE_BYTES or max_bytes= to read it"
+#: inflated at most this much per step (each step's output is one buffer; the limit is checked between)
+INFLATE_STEP = 16 << 20
+
+
+def _read_limited(f: Any, expected: int, max_bytes: int) -> bytes:
+    """The file's bytes, up to max_bytes + 1 (one more says it is over): as much as its size says at
+    first (``read(max_bytes + 1)`` would allocate the whole limit up front), then in steps while it grows."""
+    first = f.read(min(expected, max_bytes) + 1)
+    if len(first) <= expected:
+        return first
+    parts = [first]
+    size = len(first)
+    while size <= max_bytes:
+        more = f.read(min(INFLATE_STEP, max_bytes + 1 - size))
+        if not more:
+            break
+        parts.append(more)
+        size += len(more)
+    return b"".join(parts)
 
 
 def _inflate(data: bytes, path: str, max_bytes: int) -> bytes:
@@ -83,15 +102,16 @@ def _inflate(data: bytes, path: str, max_bytes: int) -> bytes:
     try:
         while rest:
             inflater = zlib.decompressobj(wbits=31)
-            chunk = inflater.decompress(rest, max_bytes + 1 - size)
-            while True:
+            pending = rest
+            while True:  # one step at a time: the limit is checked before the next step allocates
+                chunk = inflater.decompress(pending, min(INFLATE_STEP, max_bytes + 1 - size))
                 size += len(chunk)
                 out.append(chunk)
                 if size > max_bytes:
                     raise TraceFormatError(f"{path}: inflates to over {max_bytes:,} bytes ({_RAISE_IT})")
-                if not inflater.unconsumed_tail:
+                pending = inflater.unconsumed_tail
+                if inflater.eof or (not pending and not chunk):
                     break
-                chunk = inflater.decompress(inflater.unconsumed_tail, max_bytes + 1 - size)
             if not inflater.eof:
                 raise TraceFormatError(f"{path}: gzip data is truncated or corrupt (unexpected end)")
             rest = inflater.unused_data.lstrip(b"\x00")
