@@ -13,7 +13,7 @@ from other_user import NOBODY, as_other_user, needs_other_user, sticky_folder
 PYTHON = sys.executable
 
 
-def polyprof(*args, env=None, cwd=None, timeout=120):
+def run_cli(*args, env=None, cwd=None, timeout=120):
     return subprocess.run([PYTHON, "-m", "polyprof", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "POLYPROF_BACKENDS": "", **(env or {})}, cwd=cwd)  # fmt: skip
 
@@ -25,7 +25,7 @@ def test_a_spill_another_user_planted_is_neither_adopted_nor_offered(tmp_path):
     as_other_user("sh", "-c", f"printf 'not a spill of yours' > {planted}")
     script = tmp_path / "s.py"
     script.write_text("import polyprof\nwith polyprof.record_function('work'):\n    pass\n")
-    r = polyprof("run", "--activities", "cpu", "--no-summary", "-o", str(shared / "t.json"), str(script))
+    r = run_cli("run", "--activities", "cpu", "--no-summary", "-o", str(shared / "t.json"), str(script))
     assert r.returncode == 0, r.stderr
     assert "was killed" not in r.stderr and "polyprof recover" not in r.stderr
     assert "not a file of yours (owner uid 65534)" in r.stderr
@@ -113,3 +113,168 @@ def test_every_row_the_sink_keeps_reads_back(tmp_path):
     for name in ("t.json", "t.pftrace"):
         back = load_trace(write_trace(trace, str(tmp_path / name)))
         assert {"fine", "edge"} <= {a.name for a in back.activities}
+
+
+LIMITED = """
+import resource, subprocess, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+sys.argv = ["polyprof", *sys.argv[1:]]
+from polyprof.cli.main import main
+main()
+"""
+
+
+def test_reading_allocates_what_the_file_holds_not_the_limit(tmp_path):
+    """Under a 4 GiB address-space limit, a small trace and a small spill read (the 8 GiB read limit was
+    allocated up front), and a gzip bomb is refused at the limit without inflating it all."""
+    import gzip
+
+    import polyprof
+
+    spill = tmp_path / ".t.json.spill"
+    with polyprof.profile(["cpu"], spill=str(spill)) as prof:
+        with polyprof.record_function("work"):
+            pass
+    kept = tmp_path / "kept.spill"
+    kept.write_bytes(spill.read_bytes())  # (the spill goes once a trace is written)
+    prof.export_perfetto(str(tmp_path / "t.pftrace"))
+    for args in (["summary", str(tmp_path / "t.pftrace")], ["recover", str(kept), "-o", str(tmp_path / "r.json")]):
+        r = subprocess.run([PYTHON, "-c", LIMITED, *args], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "POLYPROF_BACKENDS": ""})  # fmt: skip
+        assert r.returncode == 0 and "MemoryError" not in r.stderr, r.stderr[-2000:]
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb") as f:
+        for _ in range(400):
+            f.write(b" " * (1 << 20))
+    assert bomb.stat().st_size < 1 << 20
+    measure = ("import resource, sys\nfrom polyprof.io import load_trace\nfrom polyprof.errors import TraceFormatError\n"
+               "try:\n    load_trace(sys.argv[1], max_bytes=64 << 20)\nexcept TraceFormatError as e:\n    print(e)\n"
+               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # fmt: skip
+    r = subprocess.run([PYTHON, "-c", measure, str(bomb)], capture_output=True, text=True, timeout=120)
+    said, peak_kb = r.stdout.splitlines()
+    assert "inflates to over 67,108,864 bytes" in said
+    assert int(peak_kb) < 400 << 10, f"peak RSS {int(peak_kb) >> 10} MiB reading a bomb refused at 64 MiB"
+
+
+HOSTILE_NAME = "aten::mm\x1b]0;owned\x07\x1b[2J\u202eevil"
+
+
+def test_names_from_a_trace_reach_the_terminal_escaped(tmp_path):
+    """A trace's names can carry terminal escapes (retitle, clear) and bidirectional controls: summary
+    and recover print them escaped."""
+    import polyprof
+
+    spill = tmp_path / ".t.json.spill"
+    with polyprof.profile(["cpu"], spill=str(spill)) as prof:
+        for _ in range(3):
+            with polyprof.record_function(HOSTILE_NAME):
+                pass
+    kept = tmp_path / "kept.spill"
+    kept.write_bytes(spill.read_bytes())
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    for args in (["summary", str(tmp_path / "t.json")], ["recover", str(kept), "-o", str(tmp_path / "r.json")]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        shown = r.stdout + r.stderr
+        assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "aten::mm\\x1b]0;owned\\x07\\x1b[2J\\u202eevil" in run_cli("summary", str(tmp_path / "t.json")).stdout
+
+
+def _spill_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    from polyprof.io.spill import _CHUNK_HEAD, FILE_MAGIC
+
+    out, at = [], len(FILE_MAGIC)
+    while at + _CHUNK_HEAD.size <= len(data):
+        _magic, kind, size, _crc = _CHUNK_HEAD.unpack_from(data, at)
+        out.append((kind, data[at + _CHUNK_HEAD.size : at + _CHUNK_HEAD.size + size]))
+        at += _CHUNK_HEAD.size + size
+    return out
+
+
+def _spill_of(chunks: list[tuple[bytes, bytes]]) -> bytes:
+    import zlib
+
+    from polyprof.io.spill import _CHUNK_HEAD, CHUNK_MAGIC, FILE_MAGIC
+
+    return FILE_MAGIC + b"".join(_CHUNK_HEAD.pack(CHUNK_MAGIC, k, len(p), zlib.crc32(p)) + p for k, p in chunks)
+
+
+#: values a tampered field gets: wrong types, indexes out of range, negative counts, odd dtypes
+ODD_VALUES = (5, -1, "soon", None, [], {}, [5], 2**40, 1.5, True, "<f8", ["<i4", -1], ["<i8", 10**9], ["|O", 3])
+
+
+def _tamper(chunks: list[tuple[bytes, bytes]], rng) -> list[tuple[bytes, bytes]]:
+    """One field of one chunk changed (its checksum recomputed, as a tamperer would)."""
+    import json
+    import struct
+
+    chunks = list(chunks)
+    i = rng.randrange(len(chunks))
+    kind, payload = chunks[i]
+    if kind == b"P":
+        (size,) = struct.unpack_from("<Q", payload)
+        head, arrays = json.loads(payload[8 : 8 + size]), bytearray(payload[8 + size :])
+        if arrays and rng.random() < 0.3:  # raw column bytes: an index or a time made huge or negative
+            at = rng.randrange(0, max(1, len(arrays) - 4))
+            arrays[at : at + 4] = struct.pack("<i", rng.choice([2**31 - 1, -5, 99]))
+        else:
+            target, key = head, rng.choice(sorted(head))
+            while isinstance(target[key], (dict, list)) and target[key] and rng.random() < 0.7:
+                target = target[key]
+                key = rng.choice(sorted(target)) if isinstance(target, dict) else rng.randrange(len(target))
+            target[key] = rng.choice(ODD_VALUES)
+        header = json.dumps(head).encode()
+        payload = struct.pack("<Q", len(header)) + header + bytes(arrays)
+    elif kind in (b"H", b"W"):
+        doc = json.loads(payload)
+        if isinstance(doc, dict) and doc and rng.random() < 0.85:
+            doc[rng.choice(sorted(doc))] = rng.choice(ODD_VALUES)
+        else:
+            doc = rng.choice(ODD_VALUES)
+        payload = json.dumps(doc).encode()
+    else:
+        payload = bytes([rng.randrange(256)]) * rng.randrange(1, 8)
+    chunks[i] = (kind, payload)
+    return chunks
+
+
+def test_recover_names_what_a_tampered_spill_could_not_give_and_never_raises_raw(tmp_path):
+    """Spills whose chunks were changed and their checksums recomputed (a seeded fuzz): each recovers
+    (what could not be used left out and named) or is a one-line TraceFormatError; never a raw
+    IndexError, ValueError or TypeError, and what is recovered is written and read back."""
+    import random
+
+    import polyprof
+    from polyprof.engine.recover import recover_trace
+    from polyprof.errors import TraceFormatError
+    from polyprof.export import write_trace
+    from polyprof.io import load_trace
+
+    spill = tmp_path / ".t.json.spill"
+    with polyprof.profile(["cpu", "counters"], spill=str(spill), flush_interval_s=0.05,
+                          backend_options={"counters": {"interval_ms": 10}}) as prof:  # fmt: skip
+        for i in range(50):
+            with polyprof.record_function(f"step {i}", args={"i": i, "tag": "x"}):
+                time.sleep(0.004)
+    original = spill.read_bytes()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    chunks = _spill_chunks(original)
+    assert {k for k, _ in chunks} >= {b"H", b"W", b"P"}
+    rng = random.Random(51)
+    outcomes = {"recovered": 0, "named what it left out": 0, "refused": 0}
+    for n in range(300):
+        path = tmp_path / f"tampered{n}.spill"
+        path.write_bytes(_spill_of(_tamper(chunks, rng)))
+        try:
+            trace = recover_trace(str(path))
+        except TraceFormatError as exc:
+            assert "\n" not in str(exc)
+            outcomes["refused"] += 1
+            continue
+        outcomes["recovered"] += 1
+        if trace.metadata["polyprof"]["partial"]["dropped"]:
+            outcomes["named what it left out"] += 1
+        load_trace(write_trace(trace, str(tmp_path / "back.json")))
+    assert outcomes["recovered"] > 150 and outcomes["named what it left out"] > 50, outcomes
+    r = run_cli("recover", str(tmp_path / "tampered0.spill"), "-o", str(tmp_path / "cli.json"))
+    assert "Traceback" not in r.stderr and r.returncode in (0, 2), r.stderr

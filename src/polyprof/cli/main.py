@@ -33,10 +33,10 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from polyprof._version import __version__
+from polyprof.cli.render import markup_safe, printable
 from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import PolyprofError, TraceFormatError
 
@@ -51,7 +51,7 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _fail(message: str) -> None:
-    click.echo(f"polyprof: error: {message}", err=True)  # one line, never wrapped
+    click.echo(f"polyprof: error: {printable(message)}", err=True)  # one line, never wrapped
     sys.exit(EXIT_BAD_INPUT)
 
 
@@ -72,24 +72,24 @@ def backends() -> None:
     for entry in sorted(default.entries(), key=lambda e: e.name):
         acts = ", ".join(sorted(entry.activities)) or "?"
         if entry.conflict:
-            table.add_row(entry.name, entry.source, acts, "[red]conflict[/red]", escape(entry.conflict))
+            table.add_row(markup_safe(entry.name), markup_safe(entry.source), acts, "[red]conflict[/red]", markup_safe(entry.conflict))
         elif entry.error:
-            table.add_row(entry.name, entry.source, acts, "[red]broken[/red]", escape(entry.error))
+            table.add_row(markup_safe(entry.name), markup_safe(entry.source), acts, "[red]broken[/red]", markup_safe(entry.error))
         else:
             avail = default.probe(entry)
             if avail.available:
                 details = ", ".join(avail.devices)
                 versions = ", ".join(f"{k} {v}" for k, v in avail.versions.items())
                 table.add_row(
-                    entry.name,
-                    entry.source,
+                    markup_safe(entry.name),
+                    markup_safe(entry.source),
                     acts,
                     "[green]available[/green]",
-                    escape("; ".join(filter(None, [details, versions]))),
+                    markup_safe("; ".join(filter(None, [details, versions]))),
                 )
             else:
                 table.add_row(
-                    entry.name, entry.source, acts, "[yellow]unavailable[/yellow]", escape(avail.reason)
+                    markup_safe(entry.name), markup_safe(entry.source), acts, "[yellow]unavailable[/yellow]", markup_safe(avail.reason)
                 )
     _console().print(table)
 
@@ -400,10 +400,12 @@ def recover(spill_file: str, output: str | None) -> None:
     partial = trace.metadata["polyprof"]["partial"]
     click.echo(
         f"polyprof: recovered {len(trace.activities)} activities from {partial['chunks']} chunks "
-        f"(ended {partial['ended'].split(':')[0]}; backends: {', '.join(partial['backends_flushed']) or 'none'}) "
+        f"(ended {partial['ended'].split(':')[0]}; backends: {printable(', '.join(partial['backends_flushed'])) or 'none'}) "
         f"into {written}",
         err=True,
     )
+    for what in partial.get("dropped", []):
+        click.echo(f"polyprof: left out (its checksum matched, but it cannot be used): {printable(what)}", err=True)
 
 
 def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:

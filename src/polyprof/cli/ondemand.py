@@ -17,9 +17,9 @@ import threading
 from typing import Any
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
+from polyprof.cli.render import markup_safe
 from polyprof.errors import PolyprofError, TraceFormatError
 
 
@@ -64,7 +64,8 @@ def ps(as_json: bool) -> None:
         cap = proc.get("capture")
         running = "error: " + proc["error"] if "error" in proc else (
             ("recording" if cap.get("recording") else "waiting for its step") + f" -> {cap.get('output')}" if cap else "-")  # fmt: skip
-        table.add_row(str(proc["pid"]), escape(_short_command(str(proc.get("command", "")))), rank, steps, escape(running))
+        table.add_row(str(proc["pid"]), markup_safe(_short_command(str(proc.get("command", "")))), rank, steps,
+                      markup_safe(running))  # fmt: skip
     _console().print(table)
 
 

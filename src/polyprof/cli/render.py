@@ -1,8 +1,10 @@
-"""Rich tables for the CLI."""
+"""Rich tables for the CLI, and what every text from a trace goes through before a terminal shows it."""
 
 from __future__ import annotations
 
+import re
 import statistics
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,6 +12,24 @@ from rich.table import Table
 
 from polyprof.analysis import SummaryRow
 from polyprof.model import Trace
+
+#: C0 and C1 controls (ESC among them), and the invisible and bidirectional format characters
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: Any) -> str:
+    """`text` as a terminal may show it: control and format characters written as escapes (``\\x1b``,
+    ``\\u202e``), so that a name read from a trace or spill cannot retitle, clear or reorder the user's
+    terminal (``ESC]0;...``, ``ESC[2J``)."""
+    text = str(text)
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def markup_safe(text: Any) -> str:
+    """`text` for a rich markup string: printable, and its [brackets] escaped."""
+    return escape(printable(text))
 
 
 def format_ns(ns: float) -> str:
@@ -21,7 +41,7 @@ def format_ns(ns: float) -> str:
 
 def summary_table(rows: list[SummaryRow], title: str) -> Table:
     """One section per (device, kind), its names ordered by total time."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=printable(title), title_justify="left")
     table.add_column("Name", overflow="fold", ratio=1)
     for col in ("Calls", "Total", "Mean", "Min", "Max", "% of kind"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -31,10 +51,10 @@ def summary_table(rows: list[SummaryRow], title: str) -> Table:
         if group != last_group:
             if last_group is not None:
                 table.add_section()
-            table.add_row(f"[bold]{escape(r.device)} · {r.kind}[/bold]", "", "", "", "", "", "")
+            table.add_row(f"[bold]{markup_safe(r.device)} · {r.kind}[/bold]", "", "", "", "", "", "")
             last_group = group
         table.add_row(
-            f"  {escape(r.name)}",
+            f"  {markup_safe(r.name)}",
             str(r.count),
             format_ns(r.total_ns),
             format_ns(r.mean_ns),
@@ -59,7 +79,7 @@ def backend_status_lines(trace: Trace) -> list[str]:
             line += " (" + ", ".join(extra) + ")"
         if detail:
             line += f" - {detail}"
-        lines.append(line)
+        lines.append(printable(line))
     return lines
 
 
@@ -70,7 +90,7 @@ def print_summary(trace: Trace, console: Console, top: int, title: str) -> None:
     if rows:
         console.print(summary_table(rows, title))
     else:
-        console.print(f"{title}: no activities recorded")
+        console.print(f"{markup_safe(title)}: no activities recorded")
     for line in backend_status_lines(trace):
         console.print(f"  backend {line}", highlight=False, markup=False)  # reasons hold [extras]
 
@@ -82,7 +102,7 @@ def print_rank_view(view: object, console: Console) -> None:
         ranks.add_column(col, justify="left" if col == "Trace" else "right", overflow="fold")
     for r in view.ranks:  # type: ignore[attr-defined]
         ranks.add_row(str(r.rank), str(r.steps), format_ns(r.mean_step_ns), format_ns(r.collective_ns),
-                      format_ns(r.waited_ns), escape(r.source))  # fmt: skip
+                      format_ns(r.waited_ns), markup_safe(r.source))  # fmt: skip
     console.print(ranks)
     if not view.steps:  # type: ignore[attr-defined]
         console.print("no ProfilerStep#N spans: call prof.step() once per step to compare ranks by step")
@@ -127,7 +147,7 @@ def analysis_table(table: object, title: str | None = None, limit: int = 30) -> 
             elif isinstance(v, float):
                 cells.append(f"{v:.4g}")
             else:
-                cells.append(escape(str(v)))
+                cells.append(markup_safe(v))
         out.add_row(*cells)
     if len(table.rows) > limit:  # type: ignore[attr-defined]
         out.caption = f"the first {limit} of {len(table.rows)} rows"  # type: ignore[attr-defined]

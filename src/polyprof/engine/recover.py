@@ -26,7 +26,7 @@ def recover_trace(path: str) -> Trace:
     data = _read_bytes(path, max_trace_bytes())
     if looks_like_perfetto(data):
         return _recover_perfetto(path, data)
-    spill = read_spill(path)
+    spill = read_spill(path, data)
     header = spill.header
     statuses = {}
     for part in spill.parts:  # a backend's latest status holds its counts so far
@@ -34,8 +34,8 @@ def recover_trace(path: str) -> Trace:
     parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
     starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
     ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
-    windows = [int(w["window_start"]) for w in spill.windows if isinstance(w.get("window_start"), int)]
-    ends = ends + [int(w["window_end"]) for w in spill.windows if isinstance(w.get("window_end"), int)]
+    windows = [w["window_start"] for w in spill.windows if "window_start" in w]  # (ints: read_spill checked)
+    ends = ends + [w["window_end"] for w in spill.windows if "window_end" in w]
     first = min(windows + starts) if windows or starts else 0
     last = max(ends + [first])
     epoch = int(header.get("epoch_offset_ns", 0) or 0)
@@ -49,6 +49,7 @@ def recover_trace(path: str) -> Trace:
         "not_in_it": _not_in_it(spill.windows),
         "chunks": spill.chunks,
         "torn_bytes": spill.torn_bytes,
+        "dropped": spill.dropped,  # chunks or fields whose checksum matched but that could not be used
         "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
                    f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)",
     }  # fmt: skip

@@ -34,6 +34,8 @@ from polyprof.export.jsonsafe import json_bytes
 from polyprof.model import (
     COLUMNS,
     COUNTER_COLUMNS,
+    HOST_TIME_LIMIT_NS,
+    ActivityKind,
     ActivityTable,
     Args,
     BackendStatus,
@@ -231,6 +233,8 @@ def decode_part(payload: bytes) -> CollectedPart:
     def take(spec: list) -> np.ndarray:
         nonlocal offset
         dtype, n = np.dtype(spec[0]), int(spec[1])
+        if n < 0 or dtype.hasobject:
+            raise ValueError(f"a column spec {spec!r} is not a count of plain values")
         nbytes = dtype.itemsize * n
         if offset + nbytes > len(payload):
             raise ValueError("a column runs past its chunk")
@@ -263,7 +267,7 @@ def decode_part(payload: bytes) -> CollectedPart:
         counter_strings.intern(s)
     args = Args({int(r): a for r, a in head["dict_args"]}, blocks)
     status = BackendStatus.from_json(head["backend"], head["status"])
-    return CollectedPart(
+    part = CollectedPart(
         backend=head["backend"],
         status=status,
         activities=ActivityTable(strings, columns, args),
@@ -274,12 +278,84 @@ def decode_part(payload: bytes) -> CollectedPart:
         device_properties=tuple(head["device_properties"]),
         context_scoped=bool(head["context_scoped"]),
     )
+    check_part(part)
+    return part
+
+
+def check_part(part: CollectedPart) -> None:
+    """Everything the merge will index or trust in a part read back from a file, checked: a checksum
+    says the bytes are the ones written, not that they were written by polyprof (a tampered spill can
+    carry a valid checksum). ValueError naming the first thing wrong."""
+    if not isinstance(part.backend, str):
+        raise ValueError(f"the backend's name is {part.backend!r}, not a string")
+    acts = part.activities
+    n = _check_columns("activity", acts.columns, COLUMNS)
+    devices, resources = len(part.devices), len(part.resources)
+    for d in part.devices:
+        _check_fields("a device", d, {"key": str, "type": str, "index": int, "name": str, "properties": dict,
+                                       "sort_index": int, "pid": int, "label": str})  # fmt: skip
+    for r in part.resources:
+        _check_fields("a resource", r, {"device": int, "id": int, "name": str, "sort_index": int})
+        if not 0 <= r.device < devices:
+            raise ValueError(f"a resource's device {r.device} is not one of the part's {devices} devices")
+    cols = acts.columns
+    _within("name", cols["name"], len(acts.strings))
+    _within("cat", cols["cat"], len(acts.strings))
+    _within("device", cols["device"], devices)
+    _within("resource", cols["resource"], resources)
+    _within("kind", cols["kind"], int(max(ActivityKind)) + 1)
+    _within("flow_type", cols["flow_type"], 3)
+    if (cols["end"] < cols["start"]).any() or (cols["start"] < -HOST_TIME_LIMIT_NS).any() or (cols["end"] > HOST_TIME_LIMIT_NS).any():
+        raise ValueError("a row ends before it starts, or its time is beyond HOST_TIME_LIMIT_NS")
+    if not all(isinstance(s, str) for s in acts.strings.strings):
+        raise ValueError("a name or category is not a string")
+    for block in acts.args.blocks:
+        _within("an args block's row", block.rows, n)
+        if any(len(c) != len(block.rows) for c in block.columns) or not all(isinstance(k, str) for k in block.keys):
+            raise ValueError("an args block's columns do not match its rows, or a key is not a string")
+    if any(not (isinstance(r, int) and 0 <= r < n) or not isinstance(a, dict) for r, a in acts.args.dicts.items()):
+        raise ValueError("a row's args are not a dict of a row of the part")
+    counters = part.counters.columns
+    _check_columns("counter", counters, COUNTER_COLUMNS)
+    _within("a counter's name", counters["name"], len(part.counters.strings))
+    _within("a counter's device", counters["device"], devices)
+    _within("a counter's resource", counters["resource"], resources, low=-1)
+    if (np.abs(counters["ts"]) > HOST_TIME_LIMIT_NS).any():
+        raise ValueError("a counter sample's time is beyond HOST_TIME_LIMIT_NS")
+    if not isinstance(part.metadata, dict) or not all(isinstance(p, dict) for p in part.device_properties):
+        raise ValueError("the part's metadata is not a dict, or its device properties not dicts")
+
+
+def _check_columns(what: str, columns: dict[str, np.ndarray], spec: tuple) -> int:
+    lengths = set()
+    for name, dtype in spec:
+        column = columns[name]
+        if column.ndim != 1 or column.dtype != np.dtype(dtype):
+            raise ValueError(f"the {what} column {name} is {column.dtype}, not {np.dtype(dtype)}")
+        lengths.add(len(column))
+    if len(lengths) > 1:
+        raise ValueError(f"the {what} columns have different lengths {sorted(lengths)}")
+    return lengths.pop() if lengths else 0
+
+
+def _within(what: str, values: np.ndarray, count: int, low: int = 0) -> None:
+    bad = (values < low) | (values >= count)
+    if bad.any():
+        raise ValueError(f"{what} index {int(values[bad][0])} is outside 0..{count - 1}")
+
+
+def _check_fields(what: str, obj: Any, types: dict[str, type]) -> None:
+    for name, kind in types.items():
+        value = getattr(obj, name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{what}'s {name} is {value!r}, not {kind.__name__}")
 
 
 # -- reading -----------------------------------------------------------------------------------------
 @dataclass
 class Spill:
-    """What a spill holds, up to the first torn or corrupt chunk."""
+    """What a spill holds, up to the first torn chunk; chunks that passed their checksum but could not be
+    used are left out and named in `dropped`."""
 
     header: dict[str, Any] = field(default_factory=dict)
     windows: list[dict[str, Any]] = field(default_factory=list)
@@ -287,6 +363,19 @@ class Spill:
     ended: bool = False
     torn_bytes: int = 0  # bytes after the last good chunk (a write the process did not finish)
     chunks: int = 0
+    dropped: list[str] = field(default_factory=list)
+
+
+#: the header's fields and their types (bool is not an int here); a field of another type is dropped
+HEADER_FIELDS: dict[str, tuple[type, ...]] = {
+    "version": (str,), "pid": (int,), "host_name": (str,), "argv": (list,), "activities": (list,),
+    "epoch_offset_ns": (int,), "flush_interval_s": (int, float, type(None)), "metadata": (dict,),
+}  # fmt: skip
+#: a window entry's fields: the start's or the end's
+WINDOW_FIELDS: dict[str, tuple[type, ...]] = {
+    "window_start": (int,), "window_end": (int,), "step": (int,), "backends": (list,), "flushing": (list,),
+    "collected": (list,),
+}  # fmt: skip
 
 
 def _chunks(data: bytes, path: str) -> Iterator[tuple[bytes, bytes, int]]:
@@ -302,29 +391,52 @@ def _chunks(data: bytes, path: str) -> Iterator[tuple[bytes, bytes, int]]:
         yield kind, payload, at
 
 
-def read_spill(path: str) -> Spill:
-    """Every good chunk of the spill at `path` (a TraceFormatError when it is not one)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+def _checked(doc: Any, fields: dict[str, tuple[type, ...]], what: str, dropped: list[str]) -> dict[str, Any]:
+    """`doc` (a JSON object) without the fields of the wrong type (each named in `dropped`); lists of
+    names keep only their strings."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} is {type(doc).__name__}, not a JSON object")
+    out = dict(doc)
+    for name, kinds in fields.items():
+        if name not in out:
+            continue
+        value = out[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            dropped.append(f"{what}: {name} {str(value)[:40]!r} is not {'/'.join(k.__name__ for k in kinds)}")
+            del out[name]
+        elif isinstance(value, list) and name != "argv":
+            out[name] = [v for v in value if isinstance(v, str)]
+    return out
+
+
+def read_spill(path: str, data: bytes | None = None) -> Spill:
+    """Every good chunk of the spill at `path` (a TraceFormatError when it is not one). A chunk that
+    passed its checksum but cannot be used (a tampered file) is left out and named in ``dropped``."""
+    if data is None:
+        from polyprof.io.chrome import _read_bytes, max_trace_bytes
+
+        data = _read_bytes(path, max_trace_bytes())
     spill = Spill()
     end = len(FILE_MAGIC)
+    names = {HEADER: "the header", WINDOW: "a window", PART: "a part", END: "the end"}
     for kind, payload, end in _chunks(data, path):  # noqa: B007 - `end` is read after the loop
+        spill.chunks += 1
         try:
             if kind == HEADER:
-                spill.header = orjson.loads(payload)
+                spill.header = _checked(orjson.loads(payload), HEADER_FIELDS, "the header", spill.dropped)
             elif kind == WINDOW:
-                spill.windows.append(orjson.loads(payload))
+                spill.windows.append(_checked(orjson.loads(payload), WINDOW_FIELDS, "a window", spill.dropped))
             elif kind == PART:
                 spill.parts.append(decode_part(payload))
             elif kind == END:
                 spill.ended = True
-        except Exception:  # a chunk whose checksum matched but that cannot be read: stop there
-            break
-        spill.chunks += 1
+            else:
+                raise ValueError(f"unknown chunk kind {kind!r}")
+        except Exception as exc:  # its checksum matched, yet it cannot be used: left out, and said
+            spill.dropped.append(f"chunk {spill.chunks} ({names.get(kind, repr(kind))}): {type(exc).__name__}: "
+                                 f"{str(exc)[:120]}")  # fmt: skip
     spill.torn_bytes = len(data) - end
     if not spill.header:
-        raise TraceFormatError(f"{path}: the spill has no readable header")
+        raise TraceFormatError(f"{path}: the spill has no readable header"
+                               + (f" ({spill.dropped[0]})" if spill.dropped else ""))  # fmt: skip
     return spill
