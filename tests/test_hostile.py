@@ -278,3 +278,103 @@ def test_recover_names_what_a_tampered_spill_could_not_give_and_never_raises_raw
     assert outcomes["recovered"] > 150 and outcomes["named what it left out"] > 50, outcomes
     r = run_cli("recover", str(tmp_path / "tampered0.spill"), "-o", str(tmp_path / "cli.json"))
     assert "Traceback" not in r.stderr and r.returncode in (0, 2), r.stderr
+
+
+SPANS = """
+import time, polyprof
+print("ready", flush=True)
+i = 0
+while True:
+    with polyprof.record_function(f"span {i}"):
+        time.sleep(0.002)
+    i += 1
+"""
+
+
+def test_a_kill_loses_at_most_one_flush_interval_from_the_first_100_ms_on(tmp_path):
+    """The spill's first hand-over comes 0.1 s into the run and each next one early by what a flush
+    takes: killed at 0.35 s, the run leaves spans; killed at 2.6 s, what it lost (from the last span
+    recovered to the kill) is under the 1 s flush interval."""
+    import signal
+
+    from polyprof.engine.recover import recover_trace
+    from polyprof.model import ActivityKind
+
+    script = tmp_path / "spans.py"
+    script.write_text(SPANS)
+    for after_s in (0.35, 2.6):
+        out = tmp_path / f"t{after_s}.json"
+        proc = subprocess.Popen([PYTHON, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "POLYPROF_BACKENDS": ""})  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(after_s)
+        killed_at = time.time_ns()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        trace = recover_trace(str(tmp_path / f".t{after_s}.json.spill"))
+        spans = [a for a in trace.activities_of(ActivityKind.USER_ANNOTATION) if a.name.startswith("span ")]
+        assert spans, f"killed {after_s} s in: nothing recovered"
+        lost_s = (killed_at - (max(a.end for a in spans) + trace.epoch_offset_ns)) / 1e9
+        assert lost_s < 1.0 + 0.15, f"killed {after_s} s in, the last {lost_s:.2f} s were lost"
+
+
+def test_rows_a_backend_hands_over_after_its_collect_are_counted_once(tmp_path):
+    """A backend's own thread that goes on emitting after its collect returned: the warning, the trace
+    and the file say the same count (the trace's status is a snapshot taken at the merge)."""
+    import threading
+    import warnings
+
+    import polyprof
+    from polyprof.backend import API_VERSION, Availability
+    from polyprof.errors import PolyprofWarning
+    from polyprof.model import ActivityKind
+    from polyprof.registry import Registry
+
+    keep_going = threading.Event()
+
+    class Session:
+        def __init__(self, ctx):
+            self.ctx = ctx
+
+        def prepare(self): pass  # noqa: E704
+        def start(self): pass  # noqa: E704
+        def stop(self): pass  # noqa: E704
+        def close(self): pass  # noqa: E704
+
+        def collect(self, sink):
+            host, t = sink.host_device(), sink.host_thread(1)
+            ws = self.ctx.window_start
+
+            def emit():  # e.g. a vendor callback thread that the backend did not stop
+                while not keep_going.is_set():
+                    sink.activity(ActivityKind.RUNTIME, "late", device=host, resource=t, start=ws, end=ws + 1)
+
+            threading.Thread(target=emit, daemon=True).start()
+            time.sleep(0.05)
+
+    class Late:
+        name, api_version, activities, on_by_default = "late", API_VERSION, frozenset({"LATE"}), True
+
+        def probe(self):
+            return Availability.yes(devices=["x"])
+
+        def create_session(self, config, ctx):
+            return Session(ctx)
+
+    registry = Registry(use_env=False)
+    registry.register(Late())
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with polyprof.profile(["late"], registry=registry) as prof:
+                pass
+        said = [str(w.message) for w in caught if issubclass(w.category, PolyprofWarning) and "late" in str(w.message)]
+        in_trace = prof.trace.backends["late"].dropped["rows after collect returned"]
+        time.sleep(0.1)  # the thread goes on: the trace's count does not move
+        assert prof.trace.backends["late"].dropped["rows after collect returned"] == in_trace > 0
+        written = json.loads((tmp_path / "t.json").read_text()) if prof.export_chrome_trace(str(tmp_path / "t.json")) else {}
+        assert written["polyprof"]["backends"]["late"]["dropped"]["rows after collect returned"] == in_trace
+        assert said and f"dropped {in_trace} rows after collect returned" in said[0]
+    finally:
+        keep_going.set()

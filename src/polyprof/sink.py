@@ -30,7 +30,9 @@ dtype is already the stored one): do not modify them. The engine seals the sink 
 
 from __future__ import annotations
 
+import functools
 import operator
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -76,6 +78,18 @@ _CATEGORY_TABLE = [_CATEGORY_BY_INT.get(k, "") for k in range(int(max(ActivityKi
 _FLOW_TYPES = sorted({FLOW_NONE, *FLOW_NAMES})  # 0 (none), 1 (fwdbwd), 2 (ac2g): checked as a range
 _INT_TYPES = {int, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8, ActivityKind}
 _PENDING_ROWS = 4096  # rows from activity() are checked and stored in batches of this many
+
+
+def _locked(method: Any) -> Any:
+    """One thread at a time in the sink: a backend's own thread may hand rows over while the engine
+    seals the sink (they are then kept or counted as late, never half-copied)."""
+
+    @functools.wraps(method)
+    def call(self: Sink, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 def _as_int(value: Any) -> int:
@@ -145,14 +159,17 @@ class Sink:
         self._pending: list[tuple] = []
         self._device_keys: dict[str, int] = {}
         self._resource_keys: dict[tuple[int, int], int] = {}
+        self._lock = threading.RLock()
 
     @property
     def rejected(self) -> dict[str, int]:
         """Rows rejected so far, by reason."""
-        self._flush_pending()
-        return dict(self._rejected)
+        with self._lock:
+            self._flush_pending()
+            return dict(self._rejected)
 
     # -- devices and resources ------------------------------------------------------------------
+    @_locked
     def device(
         self,
         key: str,
@@ -196,6 +213,7 @@ class Sink:
         """The profiled process itself (one trace process shared by every backend)."""
         return self.device(HOST_DEVICE_KEY, type="cpu", index=0, sort_index=0, label="CPU")
 
+    @_locked
     def resource(
         self, device: int, resource_id: int, name: str | None = None, sort_index: int | None = None
     ) -> int:
@@ -224,6 +242,7 @@ class Sink:
         return self.resource(self.host_device(), tid, label)
 
     # -- rows -------------------------------------------------------------------------------------
+    @_locked
     def activity(
         self,
         kind: ActivityKind | int,
@@ -254,6 +273,7 @@ class Sink:
         if len(self._pending) >= _PENDING_ROWS:
             self._flush_pending()
 
+    @_locked
     def activities(
         self,
         columns: Mapping[str, Any],
@@ -274,6 +294,7 @@ class Sink:
     def instant(self, name: str, *, device: int, resource: int, ts: int, args: dict | None = None) -> None:
         self.activity(ActivityKind.INSTANT, name, device=device, resource=resource, start=ts, end=ts, args=args)
 
+    @_locked
     def counter(self, name: str, value: float, *, ts: int, device: int | None = None, resource: int = -1) -> bool:
         """One sample of a counter track (on the host process unless `device` is given)."""
         if not self._check_open():
@@ -296,12 +317,14 @@ class Sink:
         self.counters.add(as_name(name), dev, ts, value, resource)
         return True
 
+    @_locked
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key of the trace (JSON-serialisable), e.g. ``cupti_version``."""
         if not self._check_open(0):
             return
         self.metadata[str(key)] = value
 
+    @_locked
     def add_device_properties(self, properties: Mapping[str, Any]) -> None:
         """One entry of the trace's `deviceProperties` list (Kineto's keys where they apply)."""
         if not self._check_open(0):
@@ -309,6 +332,7 @@ class Sink:
         self.device_properties.append(dict(properties))
 
     # -- sealing ----------------------------------------------------------------------------------
+    @_locked
     def seal(self, status: BackendStatus, *, context_scoped: bool = False) -> CollectedPart:
         """Hand everything over as an immutable part (the engine calls this; the sink is closed after)."""
         self._flush_pending()
@@ -332,6 +356,7 @@ class Sink:
         )
 
     # -- internals --------------------------------------------------------------------------------
+    @_locked
     def abandon(self, status: BackendStatus, what: str) -> None:
         """Stop listening (a collect past its time limit): rows handed over later are counted as
         dropped on `status` under `what`, not kept."""

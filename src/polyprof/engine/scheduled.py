@@ -66,7 +66,7 @@ from polyprof.engine.selection import (
 from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S, Flusher, SessionSet
 from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import ConfigError, PolyprofError, warn_user
-from polyprof.model import CollectedPart, Trace
+from polyprof.model import BackendStatus, CollectedPart, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
 
@@ -636,7 +636,7 @@ class Profile:
             )
             trace.timings_ms["merge"] = round((time.perf_counter() - started) * 1e3, 3)
             trace.timings_ms["window_end_call"] = blocked_ms
-            self._warnings.extend(self._problems(parts))
+            self._warnings.extend(self._problems(trace.backends.values()))
             del parts  # their columns were copied into the trace: free them before the handler runs
             self._on_trace(trace)
             self._trace = trace
@@ -682,14 +682,11 @@ class Profile:
         self.current_action = ProfilerAction.NONE
 
     @staticmethod
-    def _problems(parts: list[CollectedPart]) -> list[str]:
-        """One line per backend problem of a window: errors, warnings, rejected and dropped rows."""
-        out, seen = [], set()
-        for p in parts:
-            st = p.status
-            if id(st) in seen:
-                continue
-            seen.add(id(st))
+    def _problems(statuses: Iterable[BackendStatus]) -> list[str]:
+        """One line per backend problem of a window (its trace's snapshot of each backend's status, so that
+        the warning, the summary and the file say the same): errors, warnings, rejected and dropped rows."""
+        out = []
+        for st in statuses:
             problems = list(st.errors) + list(st.warnings)
             if st.rejected:
                 problems.append(

@@ -282,8 +282,17 @@ class SessionSet:
         h.alive = False
 
 
+#: with someone waiting for the rows (a spill), the first hand-over this soon after the window starts, so
+#: that a process killed in its first second leaves a trace
+FIRST_FLUSH_S = 0.1
+
+
 class Flusher:
-    """A daemon thread that calls :meth:`SessionSet.flush` every `interval_s` while a window records."""
+    """A daemon thread that calls :meth:`SessionSet.flush` every `interval_s` while a window records.
+
+    With `on_parts` (a spill, a ring), the first flush comes FIRST_FLUSH_S after the start, and each next
+    one early by twice the time the last took: what a kill loses is what ended since the last hand-over
+    that reached the spill, at most one interval even while a flush is writing."""
 
     def __init__(
         self, sessions: SessionSet, interval_s: float, on_parts: Callable[[list[CollectedPart]], None] | None = None
@@ -297,7 +306,9 @@ class Flusher:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait = min(FIRST_FLUSH_S, self.interval_s) if self.on_parts is not None else self.interval_s
+        while not self._stop.wait(wait):
+            started = time.monotonic()
             with self._busy:
                 if self._stop.is_set():  # stopped while this thread woke: the window's collect has it
                     return
@@ -307,6 +318,8 @@ class Flusher:
                         self.on_parts(parts)
                 except Exception as exc:  # a backend's problem is in its status already; the spill's is said
                     warnings.warn(f"polyprof: handing over completed rows failed: {describe(exc)}", PolyprofWarning, stacklevel=1)
+            took = time.monotonic() - started
+            wait = max(0.0, self.interval_s - 2 * took) if self.on_parts is not None else self.interval_s
 
     def stop(self) -> None:
         """Ask the thread to end (it ends after the flush in progress, if any)."""

@@ -3,6 +3,7 @@ engine, serialised once (by the writer, into the trace's ``polyprof.backends`` m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,17 @@ class BackendStatus:
     details: dict[str, Any] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
     attachments: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def snapshot(self) -> BackendStatus:
+        """A copy as it is now, which later counts (rows a backend's thread hands over after its collect)
+        leave alone: the one count that a trace, its summary and its file all show."""
+        copy = dataclasses.replace(self)
+        for key in _LISTS:
+            setattr(copy, key, list(getattr(self, key)))
+        for key in _DICTS:
+            setattr(copy, key, dict(getattr(self, key)))
+        copy.attachments = self.attachments  # in-memory objects, shared
+        return copy
 
     def add_dropped(self, what: str, count: int) -> None:
         if count:

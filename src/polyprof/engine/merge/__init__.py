@@ -284,6 +284,7 @@ def merge(
                 device_properties.append(props)
         extra_metadata.update(part.metadata)
         statuses[part.backend] = part.status
+    statuses = {name: st.snapshot() for name, st in statuses.items()}  # counted once: later rows do not move it
     trace = Trace(
         activities=activities,
         devices=devices.devices,
