@@ -332,3 +332,29 @@ def test_a_second_signal_between_the_first_and_the_exit_waits_for_it(tmp_path, w
     assert r.returncode == -signal.SIGTERM and "KeyboardInterrupt" not in r.stderr, r.stderr
     expected = ["noted", "SIGTERM", "written"] if where == "before the writing" else ["written", "noted", "SIGTERM"]
     assert r.stdout.split() == expected, r.stderr
+
+
+def test_a_kill_loses_at_most_one_flush_interval_from_the_first_100_ms_on(tmp_path):
+    """The spill's first hand-over comes 0.1 s into the run and each next one early by what a flush
+    takes: killed at 0.35 s, the run leaves spans; killed at 2.6 s, what it lost (from the last span
+    recovered to the kill) is under the 1 s flush interval."""
+    from polyprof.engine.recover import recover_trace
+    from polyprof.model import ActivityKind
+
+    script = tmp_path / "spans.py"
+    script.write_text(SLOW_SCRIPT)
+    for after_s in (0.35, 2.6):
+        out = tmp_path / f"t{after_s}.json"
+        proc = subprocess.Popen([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "POLYPROF_BACKENDS": ""})  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(after_s)
+        killed_at = time.time_ns()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        trace = recover_trace(str(tmp_path / f".t{after_s}.json.spill"))
+        spans = [a for a in trace.activities_of(ActivityKind.USER_ANNOTATION) if a.name.startswith("span ")]
+        assert spans, f"killed {after_s} s in: nothing recovered"
+        lost_s = (killed_at - (max(a.end for a in spans) + trace.epoch_offset_ns)) / 1e9
+        assert lost_s < 1.0 + 0.15, f"killed {after_s} s in, the last {lost_s:.2f} s were lost"
