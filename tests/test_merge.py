@@ -179,3 +179,28 @@ def test_a_backends_external_id_stands_and_an_op_open_at_the_launch_refines_it()
     assert ext == {"k1": 11, "k2": 13}, "a's kernel stays a's although b was open; the op refines"
     gpu_spans = {r.name for r in trace.activities_of(ActivityKind.GPU_USER_ANNOTATION)}
     assert gpu_spans == {"a"}, "device-side spans follow the backend's id, not the later annotation"
+
+
+def test_an_id_given_on_the_device_row_only_stands_and_names_the_launch():
+    """The id a backend hands over is authoritative wherever it puts it: tasks a and b interleave on one
+    thread (b opens inside a), each launches one kernel, and the backend names each kernel's task on the
+    device row only. Before, the launches were filled by containment (b's, the innermost) and the
+    kernels then took their launch's id: both b's."""
+    sink = Sink("dev")
+    host = sink.host_device()
+    t = sink.host_thread(1)
+    gpu = sink.device("d:0", type="gpu", index=0)
+    q = sink.resource(gpu, 1)
+    sink.activities({"kind": np.array([1, 1]), "name": ["a", "b"], "device": np.full(2, host),
+                     "resource": np.full(2, t), "start": np.array([0, 10]) + W0, "end": np.array([100, 90]) + W0,
+                     "correlation": np.array([11, 12])})  # fmt: skip
+    for i, (at, task) in enumerate(((20, 11), (30, 12)), start=1):
+        sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=t, start=W0 + at, end=W0 + at + 2,
+                      correlation=i, flow_id=i, flow_start=True)  # fmt: skip
+        sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=q, start=W0 + 200 + i, end=W0 + 210 + i,
+                      correlation=i, external_id=task, flow_id=i)  # fmt: skip
+    part = sink.seal(BackendStatus("dev"), context_scoped=True)
+    trace = merge([part], window=(W0, W1), epoch_offset_ns=0, base_time_ns=0, metadata={})
+    kernels = {r.name: r.external_id for r in trace.activities_of(ActivityKind.KERNEL)}
+    launches = sorted(r.external_id for r in trace.activities_of(ActivityKind.RUNTIME))
+    assert kernels == {"k1": 11, "k2": 12} and launches == [11, 12]

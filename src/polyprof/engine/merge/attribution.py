@@ -3,7 +3,8 @@ leads to) belongs to, written as its External id.
 
 The backend's id is authoritative: it comes from the context of the launching thread or asyncio task
 (``ctx.current_external_id()``, or the vendor's external correlation fed by push/pop), which is right
-even when tasks interleave on one thread. Containment only
+even when tasks interleave on one thread. A launch without one takes the id its device row carries (the
+end of its ac2g flow), where the backend put it there only. Containment only
 
 - **fills** a launch that has no id: the innermost host op or annotation open on its thread when it
   started (how torch's aten ops, which cannot push ids, become the External id of their kernels);
@@ -14,7 +15,8 @@ even when tasks interleave on one thread. Containment only
   interleave on one thread) are never used to refine; other backends' annotations (torch's own
   ``record_function`` ranges) are.
 
-Device rows follow their launch: the ac2g end of a changed launch gets the same id.
+Device rows follow their launch: the ac2g end of a changed launch gets the same id, unless the backend
+gave it one of its own that the launch did not carry.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def attribute_launches(
     start, end = columns["start"], columns["end"]
     containers = in_order(order, is_container)
     inner = innermost_open_span(start, end, thread, containers, launches)
-    given = ext[launches]
+    given = _with_device_ids(columns, launches)
     new_ext = given.copy()
     fill = (given == 0) & (inner >= 0)
     new_ext[fill] = corr[inner[fill]]
@@ -82,12 +84,36 @@ def attribute_launches(
             at, span = named[has], refiner[has]
             later = start[span] >= _start_of_id(corr, start, containers, given[at])  # -1: not in the trace
             new_ext[at[later]] = corr[span[later]]
-    changed = new_ext != given
+    changed = new_ext != ext[launches]
     if changed.any():
         rows, ids = launches[changed], new_ext[changed]
+        _follow_flows(columns, rows, ids)  # (reads the launches' ids before they change)
         ext[rows] = ids
-        _follow_flows(columns, rows, ids)
     return Launches(launches, inner)
+
+
+def _device_ends(columns: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows at the end of an ac2g flow (device work)."""
+    flow = columns["flow_id"]
+    return np.flatnonzero((flow != 0) & (columns["flow_start"] == 0) & (columns["flow_type"] == FLOW_AC2G))
+
+
+def _flow_targets(columns: dict[str, np.ndarray], launches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the launches with an ac2g flow, the device row at its end, -1 where none), in `launches`' order."""
+    targets = _device_ends(columns)
+    at = lookup(columns["flow_id"][targets], targets, columns["flow_id"][launches])
+    return at >= 0, at
+
+
+def _with_device_ids(columns: dict[str, np.ndarray], launches: np.ndarray) -> np.ndarray:
+    """Each launch's id: its own, else the one the backend put on its device row only."""
+    ext = columns["external_id"]
+    given = ext[launches].copy()
+    has, target = _flow_targets(columns, launches)
+    take = has & (given == 0)
+    if take.any():
+        given[take] = ext[target[take]]
+    return given
 
 
 def _start_of_id(corr: np.ndarray, start: np.ndarray, containers: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -96,14 +122,18 @@ def _start_of_id(corr: np.ndarray, start: np.ndarray, containers: np.ndarray, id
 
 
 def _follow_flows(columns: dict[str, np.ndarray], launches: np.ndarray, ids: np.ndarray) -> None:
-    """Give the device end of each launch's ac2g flow the launch's new id."""
-    flow = columns["flow_id"]
+    """Give the device rows at the end of each launch's ac2g flow the launch's new id, where a row had no
+    id or the launch's own (one the backend gave the device row alone stands). Call before the launches'
+    ids change."""
+    flow, ext = columns["flow_id"], columns["external_id"]
     launch_flow = flow[launches]
     with_flow = launch_flow != 0
     if not with_flow.any():
         return
-    keys, values = launch_flow[with_flow], ids[with_flow]
-    targets = np.flatnonzero((flow != 0) & (columns["flow_start"] == 0) & (columns["flow_type"] == FLOW_AC2G))
+    keys, new, old = launch_flow[with_flow], ids[with_flow], ext[launches[with_flow]]
+    targets = _device_ends(columns)
     at = lookup(keys, np.arange(len(keys)), flow[targets])
     hit = at >= 0
-    columns["external_id"][targets[hit]] = values[at[hit]]
+    rows, k = targets[hit], at[hit]
+    follow = (ext[rows] == 0) | (ext[rows] == old[k])
+    ext[rows[follow]] = new[k][follow]
