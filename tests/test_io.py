@@ -111,3 +111,21 @@ def test_kineto_traces_older_categories_labels_and_envelope(tmp_path):
     assert "PyTorch Profiler (0)" not in kinds and len(trace.devices) == 2  # the envelope is no activity
     headings = {r.device for r in summarize(trace)}
     assert headings == {"node7", "GPU 0"}  # the GPU by its label, not the host name it shares
+
+
+def test_a_range_profiler_row_is_read_as_a_range_not_a_kernel(tmp_path):
+    """Kineto's cuda_profiler_range rows split the profiling window evenly among the ranges and carry no
+    device time: a range on the device's timeline, never a kernel in the kernel analyses."""
+    from polyprof.analysis.device import DeviceWork
+
+    events = [{"ph": "X", "cat": "cuda_profiler_range", "name": f"range {i}", "pid": 0, "tid": 7,
+               "ts": 1000 + i * 121431, "dur": 121431, "args": {"device": 0}} for i in range(3)]  # fmt: skip
+    events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1500, "dur": 20,
+                   "args": {"device": 0}})  # fmt: skip
+    path = tmp_path / "ranges.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(path)
+    kinds = {a.name: a.kind for a in trace.activities}
+    assert kinds["range 0"] == ActivityKind.GPU_USER_ANNOTATION and kinds["gemm"] == ActivityKind.KERNEL
+    names = trace.activities.names()
+    assert {names[r] for r in DeviceWork(trace).rows.tolist()} == {"gemm"}, "the kernel analyses see one kernel"

@@ -84,7 +84,8 @@ CATEGORY_TO_KIND: dict[str, ActivityKind] = {
     "driver": ActivityKind.DRIVER,
     "mtia_ccp_events": ActivityKind.KERNEL,
     "mtia_runtime": ActivityKind.RUNTIME,
-    "cuda_profiler_range": ActivityKind.KERNEL,
+    # the CUPTI range profiler's ranges: Kineto splits its window evenly among them; no device time
+    "cuda_profiler_range": ActivityKind.GPU_USER_ANNOTATION,
     "concurrent_kernel": ActivityKind.KERNEL,
 }
 
