@@ -18,7 +18,7 @@ def test_epoch_offset_maps_host_clock_to_wall_clock():
     assert off.uncertainty_ns > 0
 
 
-def test_base_time_is_on_kinetos_three_month_grid():
+def test_base_time_is_the_start_floored_to_its_utc_day():
     t = 1_790_000_123_456_789_000
     b = base_time_ns(t)
     assert b <= t < b + BASE_TIME_GRID_NS and b % BASE_TIME_GRID_NS == 0
@@ -119,3 +119,16 @@ def test_polyprof_clock_gettime_turns_the_tsc_path_off():
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "POLYPROF_CLOCK": "gettime"},
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out.strip() == "clock_gettime"
+
+
+def test_a_trace_takes_the_jobs_base_within_its_reach_and_its_own_day_beyond():
+    from polyprof.clock import BASE_TIME_GRID_NS, JOB_BASE_REACH_NS, base_time_ns, job_base_time_ns
+
+    midnight = 20_000 * BASE_TIME_GRID_NS
+    offered = job_base_time_ns(midnight + 10**9)  # rank 0 one second past midnight
+    assert offered == midnight - BASE_TIME_GRID_NS  # an hour back: the day before
+    assert base_time_ns(midnight - 60 * 10**9, offered) == offered  # a rank a minute before midnight
+    assert base_time_ns(midnight + 10**9, offered) == offered
+    assert base_time_ns(offered + JOB_BASE_REACH_NS + 5, offered) == offered + JOB_BASE_REACH_NS  # too far: its day
+    assert base_time_ns(offered - 1, offered) == offered - BASE_TIME_GRID_NS  # before the job's base: its own day
+    assert base_time_ns(midnight + 5) == midnight

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from ddp_teardown import DDP_TEARDOWN
@@ -191,11 +192,9 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (Debian's libfaketime) to give a rank another clock")
-def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tmp_path):
-    """Two ranks whose wall clocks differ by 5 s (libfaketime on rank 1, its monotonic clock left alone):
-    rank 1's trace records an offset of -5 s to rank 0 within the recorded uncertainty, at start and
-    stop; rank 0 records itself as the reference."""
+def _two_ranks_with_clocks(tmp_path, shifts_s):
+    """CLOCK_SCRIPT as ranks 0 and 1 of one job, rank r's wall clock moved by shifts_s[r] seconds
+    (libfaketime; monotonic clocks left alone); each rank's chrome trace."""
     import socket
 
     script = tmp_path / "clock.py"
@@ -203,26 +202,52 @@ def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
-    shifted = {**base, "LD_PRELOAD": FAKETIME, "FAKETIME": "+5s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-               "FAKETIME_DONT_RESET": "1"}  # fmt: skip
+    base = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}  # fmt: skip
     # launched as init_process_group's env:// expects (torchrun's elastic agent keeps wall-clock
-    # deadlines, which a 5 s jump on one node upsets)
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(tmp_path)],
-                         env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"},
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        for rank, env in ((0, base), (1, shifted))
-    ]
+    # deadlines, which a jump on one node upsets)
+    procs = []
+    for rank, shift in enumerate(shifts_s):
+        env = {**base, "RANK": str(rank)}
+        if shift:
+            env.update({"LD_PRELOAD": FAKETIME, "FAKETIME": f"{shift:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                        "FAKETIME_DONT_RESET": "1"})  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-3000:]
-    clocks = [json.loads((tmp_path / f"rank{r}.json").read_text())["polyprof"]["backends"]["torch"]["clock"]["to rank 0"]
-              for r in range(2)]  # fmt: skip
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(len(shifts_s))]
+
+
+@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (Debian's libfaketime) to give a rank another clock")
+def test_each_rank_records_its_clock_offset_to_rank_0_measured_over_the_store(tmp_path):
+    """Two ranks whose wall clocks differ by 5 s (libfaketime on rank 1, its monotonic clock left alone):
+    rank 1's trace records an offset of -5 s to rank 0 within the recorded uncertainty, at start and
+    stop; rank 0 records itself as the reference."""
+    docs = _two_ranks_with_clocks(tmp_path, (0, 5))
+    clocks = [doc["polyprof"]["backends"]["torch"]["clock"]["to rank 0"] for doc in docs]
     assert clocks[0]["offset_ns"] == 0 and clocks[0]["reference"] == "rank 0"
     one = clocks[1]
     assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
     assert one["start"]["round_trips"] == 5 and "stop" in one and abs(one.get("drift_ns", 1e18)) < 100_000_000, one
+
+
+@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (Debian's libfaketime) to give a rank another clock")
+def test_ranks_whose_profiles_start_either_side_of_midnight_utc_share_one_base(tmp_path):
+    """Rank 0's clock reads just past the next midnight UTC, rank 1's a minute before it: both traces
+    carry rank 0's base (the day before that midnight), so readers that ignore the base (HTA,
+    Perfetto, TensorBoard) show the ranks a minute apart, not a day."""
+    day = 86_400
+    midnight = (int(time.time()) // day + 1) * day
+    now = int(time.time())
+    docs = _two_ranks_with_clocks(tmp_path, (midnight + 1 - now, midnight - 60 - now))
+    bases = [doc["baseTimeNanoseconds"] for doc in docs]
+    assert bases[0] == bases[1] == (midnight - day) * 10**9, bases
+    firsts = [min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X") for doc in docs]
+    assert 50e6 < firsts[0] - firsts[1] < 3_600e6, firsts  # microseconds: a minute and the start-up, not a day
+    starts = [doc["polyprof"]["backends"]["torch"]["clock"]["to rank 0"] for doc in docs]
+    assert starts[0]["job_base_time_ns"] == starts[1]["job_base_time_ns"] == bases[0]
 
 
 @pytest.mark.parametrize("prefix", ["rank", "torch"])

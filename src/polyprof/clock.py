@@ -32,10 +32,20 @@ host_ns = time.perf_counter_ns
 #: grid (output_json.h), which puts relative times near 5e12 us: a double then cannot hold every
 #: nanosecond (its spacing there is ~1 ns), and readers that add `ts + dur` (Perfetto) see spans
 #: overlap their last child by 1 ns. A day keeps `ts` below ~1.2e11 us, where a double's spacing is
-#: 0.02 ns; HTA, Perfetto and torch-tb-profiler all take any base. Ranks whose profiles start on
-#: the same UTC day share one base, as with Kineto's grid.
+#: 0.02 ns; HTA, Perfetto and torch-tb-profiler all take any base.
 BASE_TIME_GRID_NS = 86_400 * 1_000_000_000
 
+#: Any grid has edges: two ranks whose profiles start either side of midnight UTC would get bases a
+#: day apart, and readers that ignore the base (HTA, Perfetto, TensorBoard) would show them a day
+#: apart. So a job agrees on one base: rank 0 offers the day of its clock an hour back
+#: (:func:`job_base_time_ns`; the hour covers ranks that start their profile before rank 0 is reached)
+#: and a backend that learns it records it under this key in a clock measurement
+#: (``Sink.clock_offset``); the merge then takes it as the trace's base.
+JOB_BASE_KEY = "job_base_time_ns"
+JOB_BASE_MARGIN_NS = 3_600 * 1_000_000_000
+#: how far past a job's base a trace may start and still take it: `ts` stays below 2**41 us, where a
+#: double's spacing is under half a nanosecond (beyond, a trace takes its own day)
+JOB_BASE_REACH_NS = 24 * BASE_TIME_GRID_NS
 
 @dataclass(frozen=True)
 class EpochOffset:
@@ -60,9 +70,21 @@ def epoch_offset(samples: int = 7) -> EpochOffset:
     return EpochOffset(best[0], max(1, best[1] // 2))
 
 
-def base_time_ns(epoch_ns: int) -> int:
-    """The `baseTimeNanoseconds` of a trace starting at `epoch_ns` (see BASE_TIME_GRID_NS)."""
+def base_time_ns(epoch_ns: int, job_base_ns: int | None = None) -> int:
+    """The `baseTimeNanoseconds` of a trace starting at `epoch_ns`: the job's base where one was agreed
+    and the trace starts within its reach, else the start's UTC day (see BASE_TIME_GRID_NS).
+
+        base_time_ns(start_epoch_ns)                      # one process: its day
+        base_time_ns(start_epoch_ns, job_base_time_ns(t)) # a rank of a job whose rank 0 offered t
+    """
+    if job_base_ns is not None and 0 <= epoch_ns - job_base_ns < JOB_BASE_REACH_NS:
+        return job_base_ns
     return epoch_ns - epoch_ns % BASE_TIME_GRID_NS
+
+
+def job_base_time_ns(epoch_ns: int) -> int:
+    """The base rank 0 offers its job when its clock reads `epoch_ns` (see JOB_BASE_KEY)."""
+    return base_time_ns(epoch_ns - JOB_BASE_MARGIN_NS)
 
 
 def _drift_is_measurable(slope: float, span_ns: float, uncertainty_ns: float) -> bool:

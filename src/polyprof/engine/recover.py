@@ -13,7 +13,6 @@ import dataclasses
 from typing import Any
 
 from polyprof._version import __version__
-from polyprof.clock import base_time_ns
 from polyprof.engine.merge import merge
 from polyprof.io.spill import read_spill
 from polyprof.model import Trace
@@ -67,7 +66,6 @@ def recover_trace(path: str) -> Trace:
         parts,
         window=(first, last),
         epoch_offset_ns=epoch,
-        base_time_ns=base_time_ns(first + epoch),
         metadata=metadata,
     )
 

@@ -42,7 +42,7 @@ import orjson
 from polyprof import annotations
 from polyprof._version import __version__
 from polyprof.backend import ProfileConfig
-from polyprof.clock import base_time_ns, epoch_offset, host_ns
+from polyprof.clock import epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
 from polyprof.engine.limits import Limits
@@ -391,7 +391,7 @@ class Profile:
             },
         }
         trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns, limits=self.limits,
-                      base_time_ns=base_time_ns(self._window_start + epoch.offset_ns), metadata=meta)  # fmt: skip
+                      metadata=meta)
         return write_trace(trace, path)
 
     def add_metadata(self, key: str, value: Any) -> None:
@@ -628,7 +628,6 @@ class Profile:
                 parts,
                 window=window,
                 epoch_offset_ns=epoch.offset_ns,
-                base_time_ns=base_time_ns(window[0] + epoch.offset_ns),
                 metadata=meta,
                 kind_filters=self._kind_filters,
                 paused=paused,

@@ -18,7 +18,6 @@ import dataclasses
 import threading
 from typing import Any
 
-from polyprof.clock import base_time_ns
 from polyprof.io.spill import SpillFile
 from polyprof.model import CollectedPart
 
@@ -46,7 +45,7 @@ class PerfettoSpill(SpillFile):
         ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
         counter_ts = [int(p.counters.columns["ts"].min()) for p in parts if len(p.counters)]
         window = (min(starts + counter_ts), max(ends + counter_ts + starts))
-        trace = merge(parts, window=window, epoch_offset_ns=self._epoch, base_time_ns=base_time_ns(window[0] + self._epoch), metadata={})
+        trace = merge(parts, window=window, epoch_offset_ns=self._epoch, metadata={})
         with self._appending:  # one append at a time: the clock snapshot first in the file
             self._sequence += 1
             chunks = iter_perfetto_chunks(

@@ -4,7 +4,9 @@ Every process maps its host clock to Unix epoch (``time.time_ns``); across hosts
 NTP's error. At a profile's start and stop, rank r sends rank 0 a few pings through the default store
 (the TCPStore torchrun and ``init_process_group`` set up) and rank 0 answers each with its epoch time;
 the answer of the shortest round trip gives the offset (rank 0's epoch minus this rank's at the same
-instant) and its uncertainty (half that round trip)::
+instant) and its uncertainty (half that round trip). Rank 0 also hands every rank the job's
+``baseTimeNanoseconds`` (:data:`polyprof.clock.JOB_BASE_KEY`), so that ranks whose profiles start
+either side of midnight UTC write one base::
 
     sync = ClockSync.start_measuring("start")    # background threads on every rank; never blocks
     ...
@@ -23,6 +25,8 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any
+
+from polyprof.clock import JOB_BASE_KEY, job_base_time_ns
 
 ROUND_TRIPS = 5
 TIME_LIMIT_S = 10.0  # a limit for a job in trouble: the pings take milliseconds
@@ -112,10 +116,12 @@ class ClockSync:
     def _serve(self, store: Any, prefix: str, rank: int, world: int) -> None:
         """Rank 0: answer every rank's pings with this rank's epoch time, whichever rank comes first (a
         rank that reaches its stop late must not hold up the others)."""
-        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0}
+        base = job_base_time_ns(time.time_ns())
+        self._result = {"reference": "rank 0", "when": self.when, "offset_ns": 0, "uncertainty_ns": 0, JOB_BASE_KEY: base}
         deadline = time.monotonic() + TIME_LIMIT_S
         next_ping = dict.fromkeys(range(1, world), 0)  # rank -> its next ping to answer
         try:
+            store.set(f"{prefix}/base", str(base))  # before any answer: a rank answered finds it
             while next_ping and time.monotonic() < deadline and not _ending.is_set():
                 answered = False
                 for other, i in list(next_ping.items()):
@@ -135,6 +141,7 @@ class ClockSync:
         """Rank r: ping rank 0, keep the answer with the shortest round trip."""
         deadline = time.monotonic() + TIME_LIMIT_S
         best: tuple[int, int] | None = None  # (round trip, offset)
+        base: int | None = None
         try:
             for i in range(ROUND_TRIPS):
                 sent = time.time_ns()
@@ -145,6 +152,8 @@ class ClockSync:
                 trip = back - sent
                 if best is None or trip < best[0]:
                     best = (trip, answer - (sent + back) // 2)
+                if base is None:
+                    base = int(store.get(f"{prefix}/base"))
         except BaseException as exc:
             if best is None:
                 self._result = {"reference": "rank 0", "when": self.when, "measured": False,
@@ -153,6 +162,8 @@ class ClockSync:
         assert best is not None
         self._result = {"reference": "rank 0", "when": self.when, "offset_ns": best[1],
                         "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}  # fmt: skip
+        if base is not None:
+            self._result[JOB_BASE_KEY] = base
 
     def finish(self, wait_s: float = TIME_LIMIT_S) -> None:
         """Wait (up to `wait_s`) until this rank's part is done: rank 0 has answered every rank."""
@@ -182,4 +193,7 @@ def summarize(start: ClockSync | None, end: ClockSync | None, wait_s: float = TI
         out["drift_ns"] = b["offset_ns"] - a["offset_ns"]
     if "offset_ns" in a:
         out["offset_ns"], out["uncertainty_ns"] = a["offset_ns"], a["uncertainty_ns"]
+    base = a.get(JOB_BASE_KEY, b.get(JOB_BASE_KEY))
+    if base is not None:  # the base the job's ranks share (the merge takes it)
+        out[JOB_BASE_KEY] = base
     return out

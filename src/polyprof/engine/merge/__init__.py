@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from polyprof import _accel
+from polyprof.clock import JOB_BASE_KEY
+from polyprof.clock import base_time_ns as clock_base_time_ns
 from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
 from polyprof.engine.merge.attribution import attribute_launches
 from polyprof.engine.merge.devices import DeviceTable, host_process_name
@@ -222,12 +224,18 @@ def _counters(
     return Counters.from_columns(strings, {k: np.concatenate([ch[k] for ch in chunks]) for k in chunks[0]})
 
 
+def _base_time(start_epoch_ns: int, statuses) -> int:
+    """The trace's base: the job's, where a backend's clock measurement carries it (JOB_BASE_KEY)."""
+    agreed = [m[JOB_BASE_KEY] for st in statuses for m in st.clock.values() if isinstance(m.get(JOB_BASE_KEY), int)]
+    return clock_base_time_ns(start_epoch_ns, min(agreed) if agreed else None)
+
+
 def merge(
     parts: Sequence[CollectedPart],
     *,
     window: tuple[int, int],
     epoch_offset_ns: int,
-    base_time_ns: int,
+    base_time_ns: int | None = None,
     metadata: dict,
     kind_filters: dict[str, set[int]] | None = None,
     paused: dict[str, list[tuple[int, int]]] | None = None,
@@ -235,7 +243,9 @@ def merge(
 ) -> Trace:
     """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
-    Several parts of one backend (its flushes and its collect) share one status."""
+    Several parts of one backend (its flushes and its collect) share one status. Without
+    `base_time_ns`, the trace's base is the job's where a backend recorded one, else the window's day
+    (:func:`polyprof.clock.base_time_ns`)."""
     took: dict[str, float] = {}
     clock = _PassClock(took)
     devices = DeviceTable()
@@ -294,7 +304,7 @@ def merge(
         device_properties=device_properties,
         backends=statuses,
         epoch_offset_ns=epoch_offset_ns,
-        base_time_ns=base_time_ns,
+        base_time_ns=_base_time(window[0] + epoch_offset_ns, statuses.values()) if base_time_ns is None else base_time_ns,
         window=window,
         timings_ms={"merge_passes": took},
     )
