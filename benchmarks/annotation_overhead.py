@@ -21,7 +21,7 @@ import threading
 from _common import per_call_ns, report, scratch_folder
 
 import polyprof
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 
 
 def loop_empty(n: int) -> None:

@@ -4,7 +4,7 @@
     POLYPROF_PURE_PYTHON=1 .venv/bin/python benchmarks/pure_python_span_floor.py --instructions [--n 20000]
 
 Issue #21 asks the pure-Python `record_function` for at most 1/10 of torch.profiler's cost. Each
-variant below adds one part of what a span needs, down to polyprof's own (`_PyRecordFunction`); all are
+variant below adds one part of what a span needs, down to polyprof's own (the twin `RecordFunction`); all are
 timed as `with Span("x"): pass` while a polyprof profile records, and torch.profiler's
 `record_function` while torch's records, in alternating batches (so that this machine's drift hits
 them alike); reported as the fastest and the median batch, and as ratios to torch's. One variant,
@@ -31,8 +31,8 @@ from _common import report
 
 import polyprof
 from polyprof import annotations
-from polyprof._accel import speedups
-from polyprof.annotations import _PyRecordFunction
+from polyprof._native import extension as speedups
+from polyprof._native.twins import recorder as twin
 
 _clock = time.perf_counter_ns
 _new_id = itertools.count(1).__next__
@@ -41,7 +41,7 @@ _current_get, _current_set, _current_reset = _current.get, _current.set, _curren
 _node: ContextVar[tuple | None] = ContextVar("floor_node", default=None)  # _SharedSpan's
 _node_get, _node_set = _node.get, _node.set
 _unset = Token.MISSING  # a token's old_value where the variable was not set
-_SPAN, _OPEN, _STRIDE = annotations.SPAN, annotations.OPEN, annotations._STRIDE  # polyprof's event layout
+_SPAN, _OPEN, _STRIDE = twin.SPAN, twin.OPEN, twin.STRIDE  # polyprof's event layout
 _thread = threading.local()
 _thread.events = []
 _events: list = []
@@ -202,12 +202,12 @@ class LeanestPolyprofSpan(EmptySpan):
         self.name, self.args, self._events = name, args, None
 
     def __enter__(self) -> LeanestPolyprofSpan:
-        if annotations._plain:
+        if twin._plain:
             i = _new_id()
-            token = self._token = annotations._current_set(i)
+            token = self._token = twin._current_set(i)
             parent = token.old_value
             try:
-                buf = annotations._local.events
+                buf = twin._local.events
             except AttributeError:
                 buf = annotations.recorder.buffer()
             self._buf = buf
@@ -222,7 +222,7 @@ class LeanestPolyprofSpan(EmptySpan):
         if events is not None:
             end = _clock()
             self._events = None
-            annotations._current_reset(self._token)
+            twin._current_reset(self._token)
             if events is self._buf.events:
                 events[self._at + 2] = end
 
@@ -235,7 +235,7 @@ VARIANTS = {
     "current_id_lazy_as_in_c": LazyCurrentSpan,
     "no_instance_state_in_contextvar": shared_span,
     "polyprof_checks_leanest": LeanestPolyprofSpan,
-    "polyprof_pure_python": _PyRecordFunction,
+    "polyprof_pure_python": twin.RecordFunction,
 }
 
 

@@ -13,3 +13,4 @@ sys.path.insert(0, HERE)
 def registry():
     """A registry with the installed entry points (host backend) and nothing from the environment."""
     return Registry(use_env=False)
+

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from test_reader_fuzz import _mutate, _polyprof_doc, _torch_doc
 
-import polyprof._accel
+import polyprof._native
 from polyprof.export import dumps_chrome_trace
 from polyprof.io import chrome, chrome_scan, load_trace
 from polyprof.io.chrome import parse_trace
 
-pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _reference(data: bytes, path: str, monkeypatch):

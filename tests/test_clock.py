@@ -87,7 +87,7 @@ def test_fit_rejects_bad_input(dev, host):
         ClockMapping.fit(dev, host)
 
 
-@pytest.mark.skipif(__import__("polyprof._accel", fromlist=["speedups"]).speedups is None,
+@pytest.mark.skipif(__import__("polyprof._native", fromlist=["extension"]).extension is None,
                     reason="needs polyprof's C extension (built by setup.sh)")  # fmt: skip
 def test_the_recorders_clock_reads_clock_monotonic_whether_through_the_tsc_or_not():
     """The recorder's clock (the TSC scaled to CLOCK_MONOTONIC where the kernel's clocksource is the
@@ -96,7 +96,7 @@ def test_the_recorders_clock_reads_clock_monotonic_whether_through_the_tsc_or_no
     reads before and after it, and never going back."""
     import time
 
-    from polyprof._accel import speedups
+    from polyprof._native import extension as speedups
 
     before, during, after = [], [], []
     for i in range(200_000):
@@ -115,7 +115,7 @@ def test_polyprof_clock_gettime_turns_the_tsc_path_off():
     import subprocess
     import sys
 
-    code = "from polyprof._accel import speedups; print(speedups.clock_source() if speedups else 'clock_gettime')"
+    code = "from polyprof import _native; print(_native.clock_source())"
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "POLYPROF_CLOCK": "gettime"},
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out.strip() == "clock_gettime"

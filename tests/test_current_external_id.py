@@ -16,7 +16,7 @@ import threading
 import pytest
 
 import polyprof
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 from polyprof.correlation import current, current_external_id
 
 

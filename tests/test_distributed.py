@@ -129,7 +129,7 @@ def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, pr
     assert len({t.process.pid for t in parsed.tracks.values() if t.HasField("process")}) == 8  # 4 ranks x 2 sets
 
 
-@pytest.mark.skipif(__import__("polyprof._accel", fromlist=["speedups"]).speedups is None,
+@pytest.mark.skipif(__import__("polyprof._native", fromlist=["extension"]).extension is None,
                     reason="needs polyprof's C extension (the packet rewriter; built by setup.sh)")  # fmt: skip
 def test_the_jobs_pftrace_ranks_merge_packet_by_packet_as_the_model_merges_them(ddp_traces, tmp_path, monkeypatch):
     """polyprof's 4 DDP ranks as .pftrace (their aten ops with args, DDP's collectives with

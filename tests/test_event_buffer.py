@@ -12,11 +12,12 @@ import random
 import numpy as np
 import pytest
 
-import polyprof._accel
-from polyprof.annotations import PyEventBuffer, snapshot
+import polyprof._native
+from polyprof._native.twins.recorder import EventBuffer as PyEventBuffer
+from polyprof.annotations import snapshot
 
-fast = polyprof._accel.speedups
-pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
+fast = polyprof._native.extension
+needs_c = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _same(c, py):
@@ -27,6 +28,7 @@ def _same(c, py):
     return len(rows_c)
 
 
+@needs_c
 def test_random_events_round_trip_as_the_python_twin_keeps_them():
     rng = random.Random(21)
     shared = "step"  # one object, the usual case
@@ -53,6 +55,7 @@ def test_random_events_round_trip_as_the_python_twin_keeps_them():
     assert seen == 40_000 and len(c) == len(py) == 40_000 - 24_577
 
 
+@needs_c
 def test_ids_at_the_edges_of_a_rows_offset_from_its_chunks_base():
     c, py = fast.EventBuffer(), PyEventBuffer()
     edges = [-(2**31), -(2**31) + 1, -(2**31) + 2, -1, 0, 1, 2**31 - 1, 2**31]
@@ -66,6 +69,7 @@ def test_ids_at_the_edges_of_a_rows_offset_from_its_chunks_base():
     assert _same(c, py) == 3 * 8192
 
 
+@needs_c
 def test_many_distinct_names_and_a_cleared_buffer():
     c = fast.EventBuffer()
     for i in range(70_000):
@@ -76,13 +80,11 @@ def test_many_distinct_names_and_a_cleared_buffer():
     assert len(c) == 0 and snapshot(c)[1] == []
 
 
-@pytest.mark.parametrize("impl", ["C", "Python"])
-def test_instant_and_counter_take_their_arguments_by_name_too(impl, monkeypatch):
+def test_instant_and_counter_take_their_arguments_by_name_too():
+    """(The recorder chosen at import: the suite's run without the extension takes the Python twin's.)"""
     import polyprof
-    from polyprof import annotations
 
-    instant = fast.instant if impl == "C" else annotations._instant_py
-    counter = fast.counter if impl == "C" else annotations._counter_py
+    instant, counter = polyprof.instant, polyprof.counter
     with polyprof.profile(["cpu"]) as prof:
         with polyprof.record_function("outer"):
             instant("a")
@@ -100,6 +102,7 @@ def test_instant_and_counter_take_their_arguments_by_name_too(impl, monkeypatch)
         counter("only a name")
 
 
+@needs_c
 @pytest.mark.filterwarnings("ignore:polyprof backend 'host'")  # the string and None, refused at collect
 def test_counter_values_kept_in_the_row_come_back_as_they_were_given():
     """A float or an int that fits is kept in the counter's row (no args entry); snapshot() gives the
@@ -123,6 +126,7 @@ def test_counter_values_kept_in_the_row_come_back_as_they_were_given():
     assert args[9] is True and args[10] == "x" and args[11] is None
 
 
+@needs_c
 def test_the_buffers_own_row_types_are_refused_from_python():
     with pytest.raises(ValueError, match="from 0 to 239"):
         fast.EventBuffer().add(240, 0, 1, "x", 0, 0, None)

@@ -185,7 +185,7 @@ def test_large_trace_with_many_chunks(registry, tmp_path):
 
 
 def test_c_and_python_formatters_write_identical_bytes():
-    from polyprof._accel import speedups
+    from polyprof._native import extension as speedups
     from polyprof.export.chrome import FLAG_CORRELATION, FLAG_FLOW_START, FLAG_INSTANT, format_activities_py
 
     if speedups is None:
@@ -225,7 +225,7 @@ def test_c_and_python_formatters_write_identical_bytes():
 def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
     """The C formatter sizes its output once from a per-row bound: rows whose every number has the most
     digits (and a flow end, args of every shape) come out whole and equal to the Python twin's."""
-    from polyprof._accel import speedups
+    from polyprof._native import extension as speedups
     from polyprof.export.chrome import FLAG_CORRELATION, FLAG_INSTANT, format_activities_py
 
     if speedups is None:
@@ -276,11 +276,13 @@ def _with_column_args(trace):
 
 @pytest.mark.parametrize("c_formatter", [True, False])
 def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch, c_formatter):
-    from polyprof.export import chrome
+    from native_sides import use_python_side
+
+    import polyprof._native
 
     if not c_formatter:
-        monkeypatch.setattr(chrome, "speedups", None)
-    elif chrome.speedups is None:
+        use_python_side(monkeypatch)
+    elif polyprof._native.extension is None:
         pytest.skip("the C extension is not built here")
     with_blocks, as_dicts = _with_column_args(trace)
     text = dumps_chrome_trace(with_blocks).decode()

@@ -11,7 +11,7 @@ import pytest
 from fake_backends import SimDeviceBackend
 
 import polyprof
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 from polyprof.clock import base_time_ns
 from polyprof.engine.merge import merge
 from polyprof.export import dumps_chrome_trace, format_of
@@ -301,10 +301,9 @@ def test_c_and_python_writers_give_the_same_bytes(monkeypatch):
         pytest.skip("polyprof's C extension is not built here")
     trace = overlapping_trace()
     fast = dumps_perfetto_trace(trace)
-    monkeypatch.setattr(writer, "speedups", None)
-    import polyprof.export.perfetto.order as order
+    from native_sides import use_python_side
 
-    monkeypatch.setattr(order, "speedups", None)
+    use_python_side(monkeypatch)
     assert dumps_perfetto_trace(trace) == fast
 
 

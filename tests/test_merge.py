@@ -6,8 +6,9 @@ from __future__ import annotations
 import merge_oracle
 import numpy as np
 import pytest
+from native_sides import use_python_side
 
-import polyprof._accel
+import polyprof._native
 from polyprof.engine.merge import merge
 from polyprof.engine.merge.containment import innermost_open_span, thread_codes
 from polyprof.engine.merge.order import start_order
@@ -98,10 +99,10 @@ def _merged(fn, parts):
 @pytest.fixture(params=["C", "numpy"])
 def passes(request, monkeypatch):
     """Each merge pass both ways: with the C walks of csrc/merge_passes.c and with their numpy twins."""
-    if request.param == "C" and polyprof._accel.speedups is None:
+    if request.param == "C" and polyprof._native.extension is None:
         pytest.skip("needs polyprof's C extension (built by setup.sh)")
     if request.param == "numpy":
-        monkeypatch.setattr(polyprof._accel, "speedups", None)
+        use_python_side(monkeypatch)
     return request.param
 
 

@@ -8,13 +8,14 @@ import random
 
 import orjson
 import pytest
+from native_sides import use_python_side
 
-import polyprof._accel
+import polyprof._native
 from polyprof.errors import TraceFormatError
 from polyprof.io import ranks
 from polyprof.io.ranks import ID_STRIDE, merge_traces
 
-pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 ODD_RANK1 = b"""{ "distributedInfo" : {"backend": "gloo", "rank": 1, "world_size": 2},
  "deviceProperties": [{"name": "a ] tricky { name"}],
@@ -57,7 +58,7 @@ RANK0 = {
 def _merge(paths, out, pure, monkeypatch, read_bytes=None):
     with monkeypatch.context() as m:
         if pure:
-            m.setattr(polyprof._accel, "speedups", None)
+            use_python_side(m)
         if read_bytes:
             m.setattr(ranks, "READ_BYTES", read_bytes)
         stats = merge_traces(paths, out)

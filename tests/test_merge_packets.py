@@ -11,7 +11,7 @@ import random
 import pytest
 from test_export_perfetto import Parsed, mutated, overlapping_trace
 
-import polyprof._accel
+import polyprof._native
 from polyprof.errors import TraceFormatError
 from polyprof.export import write_trace
 from polyprof.export.perfetto import fields as F
@@ -19,7 +19,7 @@ from polyprof.export.perfetto.wire import field_bytes, field_varint
 from polyprof.io import load_trace, ranks
 from polyprof.io.ranks import ID_STRIDE, PID_STRIDE, merge_traces
 
-pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _rank_trace(r: int):

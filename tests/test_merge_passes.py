@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from native_sides import use_python_side
 
-import polyprof._accel
+import polyprof._native
 from polyprof.engine.merge import _positions, _take_two
 from polyprof.engine.merge.attribution import in_order
 from polyprof.engine.merge.lookup import lookup
 from polyprof.engine.merge.order import start_order
 
-fast = polyprof._accel.speedups
+fast = polyprof._native.extension
 needs_c = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _both(monkeypatch, fn, *args):
     c = fn(*args)
     with monkeypatch.context() as m:
-        m.setattr(polyprof._accel, "speedups", None)
+        use_python_side(m)
         py = fn(*args)
     return c, py
 

@@ -9,10 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-import polyprof._accel
+import polyprof._native
 from polyprof.export.perfetto.writer import _Interned, annotations
 
-fast = polyprof._accel.speedups
+fast = polyprof._native.extension
 pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 ENCODED_IN_C = [b"0", b"-7", b"9223372036854775807", b"-9223372036854775808", b"1.5", b"-2.5e-3", b" 3.25 ",

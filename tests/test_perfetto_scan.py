@@ -12,7 +12,7 @@ import pytest
 from test_export_perfetto import mutated, overlapping_trace
 
 import polyprof
-import polyprof._accel
+import polyprof._native
 from polyprof.errors import TraceFormatError
 from polyprof.export import dumps_chrome_trace
 from polyprof.export.perfetto import dumps_perfetto_trace
@@ -20,7 +20,7 @@ from polyprof.export.perfetto import fields as F
 from polyprof.export.perfetto.wire import field_bytes, field_double, field_fixed64, field_string, field_varint
 from polyprof.io import perfetto, perfetto_scan
 
-pytestmark = pytest.mark.skipif(polyprof._accel.speedups is None, reason="needs polyprof's C extension (built by setup.sh)")
+pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _reference(data: bytes, path: str = "t.pftrace"):
@@ -222,7 +222,7 @@ def test_record_layout_matches_the_c_struct():
     data = _packet(field_varint(F.PACKET_SEQUENCE_ID, 1)) + _event(
         123, field_varint(F.EVENT_TYPE, F.TYPE_INSTANT), field_varint(F.EVENT_TRACK_UUID, 2**63 + 5), seq=1
     )
-    raw = polyprof._accel.speedups.scan_packets(data)[0]
+    raw = polyprof._native.extension.scan_packets(data)[0]
     assert len(raw) == perfetto_scan.PF_DTYPE.itemsize
     ts, end, track = struct.unpack_from("<qqQ", raw)
     assert (ts, end, track) == (123, 123, 2**63 + 5)

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from polyprof._accel import BUILT_HERE, speedups
+from polyprof._native import BUILT_HERE
+from polyprof._native import extension as speedups
 
 SCRIPT = r"""
 import asyncio, json, threading, polyprof
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 from polyprof.model import ActivityKind
 with polyprof.profile(["cpu"]) as prof:
     with polyprof.record_function("outer", {"a": 1}):
@@ -57,10 +58,11 @@ def test_c_record_function_is_built_as_the_python_one_is():
     span, the same bad ones the same TypeError, and subclasses and the decorator work as with the
     pure-Python class."""
     import polyprof
-    from polyprof.annotations import _PyRecordFunction
+    from polyprof import annotations
+    from polyprof._native.twins.recorder import RecordFunction as _PyRecordFunction
 
     c_type = polyprof.record_function
-    assert c_type is speedups.RecordFunction and c_type.__doc__ == _PyRecordFunction.__doc__
+    assert c_type is speedups.RecordFunction and c_type.__doc__ == annotations._DOC
     for args, kwargs in [(("x",), {}), (("x", {"a": 1}), {}), (("x",), {"args": "s"}), ((), {"name": "x", "args": None})]:
         c, py = c_type(*args, **kwargs), _PyRecordFunction(*args, **kwargs)
         assert (c.name, c.args) == (py.name, py.args)
@@ -201,14 +203,15 @@ def test_a_pure_python_decorated_call_is_a_framework_range_while_a_bridge_is_ins
 
 def test_a_traceback_through_the_pure_python_decorator_shows_the_wrappers_lines():
     """The pure-Python wrapper is compiled from source; a traceback through it shows its line."""
+    import functools
     import traceback
 
-    from polyprof import annotations
+    from polyprof._native.twins.recorder import SpanCall
 
     def fails(x, *, y=1):
         raise ValueError(x + y)
 
-    wrapped = annotations._span_call(fails, "fails", None)
+    wrapped = functools.update_wrapper(SpanCall(fails, "fails", None), fails)
     with pytest.raises(ValueError) as caught:
         wrapped(1, y=2)
     text = "".join(traceback.format_exception(caught.value))
@@ -256,7 +259,7 @@ def test_a_pure_python_recorder_chosen_by_the_user_is_named_without_a_warning(tm
     out = recorder_run("forced", tmp_path)
     assert out["recorder"] == out["probe"]["recorder"] == "pure Python (POLYPROF_PURE_PYTHON is set; unset it for the C recorder)"
     assert out["warnings"] == [] and out["spans"] == ["kept"]
-    assert out["python_backend"] == [False, "needs polyprof's C extension, not in use here: "
+    assert out["python_backend"] == [False, "the Python call tracer needs polyprof's C extension, not in use here: "
                                             "POLYPROF_PURE_PYTHON is set; unset it for the C recorder"]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import polyprof
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 from polyprof.model import ActivityKind
 
 pytestmark = pytest.mark.skipif(speedups is None, reason="needs polyprof's C extension (the tracer is C)")

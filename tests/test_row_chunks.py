@@ -12,9 +12,9 @@ import time
 import pytest
 
 import polyprof
-import polyprof._accel
+import polyprof._native
 
-fast = polyprof._accel.speedups
+fast = polyprof._native.extension
 pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
 ROWS_PER_CHUNK = 8192
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from polyprof._accel import speedups as polyprof_speedups
+from polyprof._native import extension as polyprof_speedups
 from polyprof.model import FLOW_FWDBWD, ActivityKind
 
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare with torch.profiler")
@@ -810,7 +810,7 @@ def test_the_observers_op_rows_come_from_the_recorders_chunks_and_go_back():
 FIRST_OPS_FAULTS = """
 import json, resource, sys
 import torch
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 from polyprof.profiler import ProfilerActivity, profile
 
 record_shapes = sys.argv[1] == "1"

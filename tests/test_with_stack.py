@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from polyprof._accel import speedups
+from polyprof._native import extension as speedups
 
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) to compare with torch.profiler")
 pytestmark = pytest.mark.skipif(speedups is None, reason="needs polyprof's C extension (the Python tracer is C)")

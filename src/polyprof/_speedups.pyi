@@ -1,5 +1,5 @@
-"""Type stub of polyprof's C extension (src/polyprof/csrc). Every function has a pure-Python twin that
-polyprof uses when the extension is not built; see speedups.h for which file does what."""
+"""Type stub of polyprof's C extension (src/polyprof/csrc), which only polyprof._native imports; see
+speedups.h for which file does what, and polyprof/_native/__init__.py for what runs without it."""
 
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -14,6 +14,7 @@ def clock_source() -> str: ...
 def tsc_clock_addresses() -> tuple[int, int, int]: ...  # &rate, &refresh, pp_tsc_sample; (0, 0, 0) without TSC
 def row_chunks_stats() -> dict[str, Any]: ...  # mapped, ready, helper, faulted_ahead, populate
 def row_chunk_functions() -> tuple[int, int, int]: ...  # pp_chunk_new, pp_chunk_free, chunk bytes
+def warm_row_chunks(n: int, /) -> None: ...  # the calling thread's next n chunks faulted in ahead
 
 # recorder.c
 class EventBuffer:
@@ -102,3 +103,7 @@ def pytrace_start(min_ns: int, max_depth: int, c_calls: bool, fold_prefixes: tup
                   hide_prefixes: tuple[str, ...], namer: Callable[[], str], /) -> None: ...
 def pytrace_stop() -> list[TraceBuffer]: ...
 def pytrace_thread_hook(*args: Any) -> None: ...
+def pytrace_mon_py_start(code: Any, offset: int, /) -> Any: ...  # sys.monitoring callbacks (3.12+)
+def pytrace_mon_py_end(code: Any, offset: int, retval: Any, /) -> Any: ...
+def pytrace_mon_call(code: Any, offset: int, callable: Any, arg0: Any, /) -> Any: ...
+def pytrace_mon_c_end(code: Any, offset: int, callable: Any, arg0: Any, /) -> Any: ...

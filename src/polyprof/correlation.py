@@ -9,12 +9,11 @@ whose vendor library keeps its own stack (CUPTI, PTI) implements ``push_correlat
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from polyprof._accel import speedups
+from polyprof import _native
 
 #: Framework operators (CUPTI's CUSTOM0, PTI's CUSTOM_0).
 KIND_OP = "op"
@@ -22,18 +21,13 @@ KIND_OP = "op"
 KIND_ANNOTATION = "annotation"
 
 #: A new process-wide id (shared by annotations, ops and backends, so ids never collide).
-new_id: Callable[[], int] = speedups.next_id if speedups is not None else itertools.count(1).__next__
+new_id: Callable[[], int] = _native.next_id
 current: ContextVar[int] = ContextVar("polyprof_external_id", default=0)
 
 
 def new_ids(n: int) -> Any:
-    """`n` new process-wide ids at once, as an int64 array (one C call where the extension is built)."""
-    import numpy as np
-
-    if speedups is not None:
-        first = speedups.reserve_ids(n)
-        return np.arange(first, first + n, dtype=np.int64)
-    return np.fromiter((new_id() for _ in range(n)), dtype=np.int64, count=n)
+    """`n` new process-wide ids at once, as an int64 array."""
+    return _native.new_ids(n)
 
 
 def current_external_id() -> int:
@@ -47,11 +41,10 @@ def external_id_reader() -> int:
     """The address of a C function ``long long reader(void)`` giving :func:`current_external_id` to a
     caller holding the GIL (a C interceptor), or 0 where the extension is not built (read
     :data:`current` then: every span sets it)."""
-    return speedups.external_id_reader() if speedups is not None else 0
+    return _native.external_id_reader()
 
 
-if speedups is not None:
-    current_external_id = speedups.current_external_id  # noqa: F811 - the same answer, from the C spans
+current_external_id = _native.current_external_id  # noqa: F811 - the same answer, from the recorder's spans
 
 
 class CorrelationTarget:
@@ -71,7 +64,7 @@ class CorrelationTarget:
 targets: tuple[CorrelationTarget, ...] = ()
 
 #: Told whether there are targets each time they change: hot paths that keep the answer as a flag.
-targets_listeners: list[Callable[[bool], None]] = [speedups.set_has_targets] if speedups is not None else []
+targets_listeners: list[Callable[[bool], None]] = [_native.set_has_targets]
 
 
 def set_targets(new_targets: tuple[CorrelationTarget, ...]) -> None:

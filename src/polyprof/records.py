@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from polyprof._accel import speedups
+from polyprof import _native
 
 #: Record kinds the size table covers (CUPTI's and PTI's kinds are well below); larger kinds are still
 #: walked, each asking the library for its size.
@@ -23,8 +23,7 @@ def walk_tagged_records(
     record starts with its kind (uint32) and records of one kind have one size. The size of each kind is
     learned once, from the library's own walk (`next_record`: buffer address, valid bytes, record address
     -> the next record's address, None after the last; e.g. ``cuptiActivityGetNextRecord``), and kept in
-    `sizes` for the next buffers; the rest of the walk is arithmetic, in C when polyprof's extension is
-    built::
+    `sizes` for the next buffers; the rest of the walk is arithmetic (:func:`polyprof._native.walk_tagged_records`)::
 
         sizes = {}
         kinds, offsets = walk_tagged_records(buffer, valid, sizes, next_record)
@@ -39,7 +38,7 @@ def walk_tagged_records(
     words = memoryview(buffer[: valid - valid % 4]).cast("I")
     n = offset = 0
     while offset < valid:
-        count, offset = _steps(buffer, offset, valid, table, kinds[n:], offsets[n:], words)
+        count, offset = _native.walk_tagged_records(buffer, offset, valid, table, kinds[n:], offsets[n:])
         n += count
         if offset >= valid:
             break
@@ -58,26 +57,3 @@ def walk_tagged_records(
         offset += size
     return kinds[:n].copy(), offsets[:n].copy()
 
-
-def _steps(
-    buffer: np.ndarray,
-    start: int,
-    valid: int,
-    table: np.ndarray,
-    kinds: np.ndarray,
-    offsets: np.ndarray,
-    words,
-) -> tuple[int, int]:
-    """Records of known size from `start`: (how many were written to kinds/offsets, where it stopped)."""
-    if speedups is not None:
-        return speedups.walk_tagged_records(buffer, start, valid, table, kinds, offsets)
-    count, offset, known = 0, start, len(table)
-    while offset + 4 <= valid:
-        kind = words[offset >> 2]
-        size = int(table[kind]) if kind < known else 0
-        if size <= 0:
-            break
-        kinds[count], offsets[count] = kind, offset
-        count += 1
-        offset += size
-    return count, offset

@@ -184,7 +184,7 @@ def env(out):
             f"available: {', '.join(avail.devices)}" if avail.available else f"unavailable: {avail.reason}"
         )
     info["backends"] = backends
-    from polyprof._accel import speedups
+    from polyprof._native import extension as speedups
 
     # how the recorder reads its clock (part f: its spans against CUPTI's kernel times)
     info["recorder_clock"] = speedups.clock_source() if speedups is not None else "clock_gettime (pure Python)"

@@ -226,12 +226,13 @@ def test_walk_of_an_empty_or_one_record_buffer(valid):
 
 @pytest.mark.parametrize("speedups", ["c", "python"])
 def test_the_c_and_python_walks_agree_and_stop_at_kinds_of_unknown_size(monkeypatch, speedups):
-    from polyprof import records as raw_buffers
+    import polyprof._native as native
+    from polyprof._native import python as python_side
 
     if speedups == "python":
-        monkeypatch.setattr(raw_buffers, "speedups", None)
-    elif raw_buffers.speedups is None:
-        pytest.skip("polyprof's C speedups are not built here")
+        monkeypatch.setattr(native, "walk_tagged_records", python_side.walk_tagged_records)
+    elif native.extension is None:
+        pytest.skip("polyprof's C extension is not built here")
     # records of kinds 3 (16 bytes), 5 (24 bytes) and 2000 (8 bytes: past the size table)
     layout = [(3, 16), (5, 24), (3, 16), (2000, 8), (5, 24), (2000, 8), (3, 16)]
     buffer = np.zeros(256, dtype=np.uint8)

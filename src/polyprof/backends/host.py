@@ -42,13 +42,12 @@ class HostSession:
     def start(self) -> None:
         annotations.recorder.begin()
         self._running = True
-        from polyprof import _accel
+        from polyprof import _native
 
-        source = _accel.speedups.clock_source() if _accel.speedups is not None else "clock_gettime"
-        self.ctx.report.clock_offset("host", {"clock": "CLOCK_MONOTONIC", "read through": source})
-        self.ctx.report.detail("recorder", _accel.recorder_description())
-        if _accel.extension_missing:
-            self.ctx.report.warning(f"spans, instants and counters cost several times more: {_accel.pure_python_reason}")
+        self.ctx.report.clock_offset("host", {"clock": "CLOCK_MONOTONIC", "read through": _native.clock_source()})
+        self.ctx.report.detail("recorder", _native.description())
+        if _native.extension_missing:
+            self.ctx.report.warning(f"spans, instants and counters cost several times more: {_native.why_pure}")
         if self.gc_events:
             gc.callbacks.append(self._on_gc)
 
@@ -179,9 +178,9 @@ class HostBackend:
     in_process = True  # polyprof's own: probe and create_session are called directly, without a guard thread
 
     def probe(self) -> Availability:
-        from polyprof._accel import recorder_description
+        from polyprof import _native
 
-        return Availability.yes(devices=["host process"], python=platform.python_version(), recorder=recorder_description())
+        return Availability.yes(devices=["host process"], python=platform.python_version(), recorder=_native.description())
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> HostSession:
         return HostSession(config, ctx)

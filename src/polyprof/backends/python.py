@@ -87,19 +87,21 @@ class Monitoring:
     """The C callbacks under a sys.monitoring tool id of polyprof's own (the profiler id when free),
     their events on only while recording."""
 
-    def __init__(self, speedups: Any, c_calls: bool) -> None:
+    def __init__(self, c_calls: bool) -> None:
+        from polyprof import _native as tracer
+
         self.mon = sys.monitoring  # type: ignore[attr-defined]
         free = [t for t in (self.mon.PROFILER_ID, 0, 1, 3, 4) if self.mon.get_tool(t) is None]
         if not free:
             raise RuntimeError("every sys.monitoring tool id is taken by other tools")
         self.tool = free[0]
         e = self.mon.events
-        self.callbacks = {e.PY_START: speedups.pytrace_mon_py_start, e.PY_RESUME: speedups.pytrace_mon_py_start,
-                          e.PY_THROW: speedups.pytrace_mon_py_start, e.PY_RETURN: speedups.pytrace_mon_py_end,
-                          e.PY_YIELD: speedups.pytrace_mon_py_end, e.PY_UNWIND: speedups.pytrace_mon_py_end}  # fmt: skip
+        self.callbacks = {e.PY_START: tracer.pytrace_mon_py_start, e.PY_RESUME: tracer.pytrace_mon_py_start,
+                          e.PY_THROW: tracer.pytrace_mon_py_start, e.PY_RETURN: tracer.pytrace_mon_py_end,
+                          e.PY_YIELD: tracer.pytrace_mon_py_end, e.PY_UNWIND: tracer.pytrace_mon_py_end}  # fmt: skip
         if c_calls:
-            self.callbacks.update({e.CALL: speedups.pytrace_mon_call, e.C_RETURN: speedups.pytrace_mon_c_end,
-                                   e.C_RAISE: speedups.pytrace_mon_c_end})  # fmt: skip
+            self.callbacks.update({e.CALL: tracer.pytrace_mon_call, e.C_RETURN: tracer.pytrace_mon_c_end,
+                                   e.C_RAISE: tracer.pytrace_mon_c_end})  # fmt: skip
 
     def on(self) -> None:
         self.mon.use_tool_id(self.tool, "polyprof")
@@ -120,12 +122,12 @@ class PythonSession:
     in_process = True  # polyprof's own: called directly, not on a guard thread
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
-        from polyprof._accel import speedups
+        from polyprof import _native
 
         self.ctx = ctx
         self.opts = dict(ctx.options)
         self.torch_style = config.with_stack  # as torch.profiler's with_stack records Python calls
-        self.speedups = speedups
+        self.tracer = _native
         self.buffers: list[Any] = []
         self.previous: Any = None
         self.monitor: Monitoring | None = None
@@ -139,14 +141,14 @@ class PythonSession:
         torch_style = self.torch_style
         c_calls = torch_style or bool(o.get("c_calls"))
         fold = library_prefixes() if o.get("fold_libraries", True) and not torch_style else ()
-        self.monitor = Monitoring(self.speedups, c_calls) if USE_MONITORING else None
+        self.monitor = Monitoring(c_calls) if USE_MONITORING else None
         if self.monitor is not None:
             self.monitor.on()  # before the stacks are seeded: on()'s own return is not one of theirs
         elif not torch_style:  # (torch's tracer does not see threads started while it records either)
             self.previous = threading.getprofile() if hasattr(threading, "getprofile") else None
-            threading.setprofile(self.speedups.pytrace_thread_hook)  # new threads (first, so that it is not traced)
+            threading.setprofile(self.tracer.pytrace_thread_hook)  # new threads (first, so that it is not traced)
         module_code = python_calls.module_call_code() if torch_style else None
-        self.speedups.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
+        self.tracer.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
                                     c_calls, fold, (POLYPROF_FILES,), _thread_name,
                                     {t.native_id: t.name for t in threading.enumerate() if t.native_id},
                                     self.monitor is not None, torch_style, module_code)  # fmt: skip
@@ -158,7 +160,7 @@ class PythonSession:
         self.running = False
         if self.monitor is not None:
             self.monitor.off()
-        self.buffers = self.speedups.pytrace_stop()
+        self.buffers = self.tracer.pytrace_stop()
         if self.monitor is None:
             if not self.torch_style:
                 threading.setprofile(self.previous)
@@ -233,12 +235,11 @@ class PythonBackend:
     on_by_default = False  # tracing every call has a cost: only when asked for by name
 
     def probe(self) -> Availability:
-        from polyprof import _accel
+        from polyprof import _native
 
-        if _accel.speedups is None:
-            return Availability.no(f"needs polyprof's C extension, not in use here: {_accel.pure_python_reason}")
-        if not hasattr(_accel.speedups, "pytrace_start"):
-            return Availability.no("polyprof's C extension is older than its Python code: reinstall polyprof to rebuild it")
+        why = _native.unavailable("the Python call tracer")
+        if why is not None:
+            return Availability.no(why)
         return Availability.yes(devices=["host process"], python=sys.version.split()[0])
 
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> PythonSession:

@@ -2,7 +2,7 @@
  * record_function's hot path: RecordFunction.__enter__/__exit__ and the per-thread EventBuffer.
  *
  * In Python the floor is ~0.6 us per enter+exit on a small machine; here it is a few clock reads and
- * one list append. Semantics are exactly those of the pure-Python record_function in annotations.py.
+ * one list append. Semantics are exactly those of its Python twin, polyprof/_native/twins/recorder.py.
  *
  * Each thread records into its own EventBuffer (int64 columns + name/args lists), kept in the
  * thread-state dict: no lock and no new Python object per event. At the end of a recording the host
@@ -47,7 +47,7 @@ static PyObject *g_args_text = NULL;    /* (args) -> str or None: the range's st
 #define CODE_FAR 0xFFFFFFu /* a name past 2^24 - 1 distinct ones: kept in `far_names` */
 #define DUR_FAR 0xFFFFFFFFu /* a duration past ~4.3 s (or negative): the end is kept in `far_ends` */
 
-/* Event types as annotations.py numbers them (0-239: its types and those it adds, such as GC), and the
+/* Event types as polyprof/_native/shared.py numbers them (0-239: its types and those it adds, such as GC), and the
    buffer's own from 240: a counter whose value (a float, an int that fits) is in the row's id, spelled
    out as the counter's args by snapshot(). */
 enum { EV_SPAN = 0, EV_INSTANT = 1, EV_COUNTER = 2, EV_LAST = 239, ROW_COUNTER_F64 = 240, ROW_COUNTER_I64 = 241 };

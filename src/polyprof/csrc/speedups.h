@@ -3,7 +3,7 @@
  *
  *   module.c         the module: process-wide ids, the clock, the method table
  *   recorder.c       record_function (its construction, enter/exit, the decorator's SpanCall), the current
- *                    External id and the per-thread EventBuffer (polyprof.annotations, polyprof.correlation)
+ *                    External id and the per-thread EventBuffer (its twin: _native/twins/recorder.py)
  *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
@@ -16,8 +16,10 @@
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns
  *   row_chunks.c     memory for recorded rows in chunks, faulted in ahead by a helper while recording
  *
- * Every function has a pure-Python twin that gives the same result; polyprof uses the twin when
- * this module is not built (POLYPROF_PURE_PYTHON=1 forces it). `_speedups.pyi` lists the API.
+ * Only polyprof._native imports this module: it exports the same names without it (POLYPROF_PURE_PYTHON=1
+ * forces that), where the recorder is a Python twin, the other functions decline and their callers run
+ * their reference paths, and the Python call tracer says it needs this module. `_speedups.pyi` lists
+ * the API.
  */
 #ifndef POLYPROF_SPEEDUPS_H
 #define POLYPROF_SPEEDUPS_H

@@ -22,7 +22,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from polyprof._accel import speedups
+from polyprof import _native
 from polyprof.export.jsonsafe import json_bytes, json_text
 from polyprof.export.paths import check_output_path, trace_output
 from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
@@ -197,7 +197,7 @@ def _activity_chunk(
     extra: list[Any] = [None] * (hi - lo)
     if len(arg_rows):
         pending = arg_rows
-        if speedups is not None and acts.args.blocks:
+        if acts.args.blocks:
             pending = _format_block_args(
                 acts.args, lo, hi, arg_rows, dict_rows, cols[6], cols[7], flags, extra
             )
@@ -214,8 +214,9 @@ def _activity_chunk(
             if wc and "correlation" not in a:
                 head["correlation"] = corr
             extra[i] = json_bytes({**head, **a} if head else a)
-    if speedups is not None:
-        return speedups.format_activities(cols, offset, names, extra)
+    formatted = _native.format_activities(cols, offset, names, extra)
+    if formatted is not None:
+        return formatted
     return format_activities_py(cols, offset, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
 
 
@@ -231,7 +232,8 @@ def _format_block_args(
     extra: list[Any],
 ) -> np.ndarray:
     """Fill `extra` for the rows of lo..hi whose args come from exactly one column block, column-wise
-    in C; returns the rows left for the per-row path (dict args, or several sources to merge)."""
+    in C; returns the rows left for the per-row path (dict args, or several sources to merge, or all of
+    them where C declines)."""
     sources = np.zeros(hi - lo, dtype=np.int64)
     spans = []
     for b in args.blocks:
@@ -253,12 +255,14 @@ def _format_block_args(
             if "correlation" in b.keys
             else np.where(with_corr, corr[local], 0)
         )
-        objects = speedups.format_arg_objects(
+        objects = _native.format_arg_objects(
             np.ascontiguousarray(ext[local]),
             np.ascontiguousarray(head_corr, dtype=np.int64),
             [json_bytes(k) for k in b.keys],
             [_c_column(c[positions]) for c in b.columns],
         )
+        if objects is None:
+            return arg_rows
         for i, obj in zip(local.tolist(), objects, strict=True):
             extra[i] = obj
     return arg_rows[sources[arg_rows - lo] != 1]
@@ -284,8 +288,8 @@ def _c_column(values: np.ndarray) -> Any:
 
 
 def format_activities_py(cols: tuple[np.ndarray, ...], offset: int, names: list[str], extra: list[Any]) -> str:
-    """Pure-Python twin of ``polyprof._speedups.format_activities`` (same bytes): rows are grouped by
-    shape and each group formatted by one comprehension."""
+    """The reference formatter, which ``_native.format_activities`` gives in C (same bytes): rows are
+    grouped by shape and each group formatted by one comprehension."""
     cat, name, pid, tid, start, end, ext, corr, flow, ftype, flags = cols
     ts = np.maximum(start + offset, 0)
     dur = np.maximum(end - start, 0)

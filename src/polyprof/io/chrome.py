@@ -157,8 +157,6 @@ def _scanned_file(path: str, limit: int) -> Trace | None:
     plain JSON trace file, or something the scanner leaves to the reader (which then says what is wrong)."""
     from polyprof.io import chrome_scan
 
-    if not chrome_scan.available():
-        return None
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:

@@ -1,5 +1,5 @@
 """Large Chrome-trace JSON read into columns without a Python object per event: the C scanner
-(``_speedups.scan_events``, csrc/read_events.c) finds each event's fields in the bytes, this module
+(``_native.scan_events``, csrc/read_events.c) finds each event's fields in the bytes, this module
 turns what it found into a :class:`Trace`.
 
 ::
@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from polyprof import _accel
+from polyprof import _native
+from polyprof._native import DECLINED
 from polyprof.model import (
     FLOW_AC2G,
     FLOW_FWDBWD,
@@ -44,7 +45,6 @@ ACT_DTYPE = np.dtype(
 FLOW_DTYPE = np.dtype(
     [("ts", "<i8"), ("id", "<i8"), ("prev", "<i8"), ("pid", "<i4"), ("res", "<i4"), ("cat", "<i4"), ("start", "<i4")]
 )
-DECLINED = -4
 CHUNK = 4 << 20
 _FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
 
@@ -53,28 +53,21 @@ class Declined(Exception):
     """The scanner (or this module) meets something the reference reader reads differently."""
 
 
-def available() -> bool:
-    return _accel.speedups is not None
-
-
 def _new_state() -> list[Any]:
     return [bytearray(), bytearray(), {}, {}, {}, {}, [], {}, False]
 
 
 def scan_trace(data: bytes, path: str = "<trace>") -> Any:
     """The trace in `data` (plain JSON bytes), or None where the scanner declines."""
-    fast = _accel.speedups
-    if fast is None:
-        return None
     start = -1
     for size in (1 << 16, 1 << 20, len(data)):  # the keys before the events are read, not the events
-        start = fast.events_array_start(memoryview(data)[:size])
+        start = _native.events_array_start(memoryview(data)[:size])
         if start != -1 or size >= len(data):
             break
     if start < 0 or data.lstrip()[:1] != b"{":
         return None  # no traceEvents key, the bare-array form or not JSON: the reader says which
     state = _new_state()
-    end = fast.scan_events(data, start, True, state)
+    end = _native.scan_events(data, start, True, state)
     if end == DECLINED:
         return None
     key_at = data.rfind(b'"traceEvents"', 0, start)
@@ -85,9 +78,6 @@ def scan_trace(data: bytes, path: str = "<trace>") -> Any:
 def scan_file(path: str, max_bytes: int) -> Any:
     """The trace in the JSON file `path` (gzip or not), read in chunks; None where the scanner declines.
     Reading more than `max_bytes` (after inflation) declines too: the reader then raises its error."""
-    fast = _accel.speedups
-    if fast is None:
-        return None
     state = _new_state()
     opener = gzip.open if _is_gzip(path) else open
     head = b""
@@ -104,13 +94,13 @@ def scan_file(path: str, max_bytes: int) -> Any:
             final = not block
             buf += block
             if pos < 0:
-                pos = fast.events_array_start(buf) if buf.lstrip()[:1] == b"{" else -2
+                pos = _native.events_array_start(buf) if buf.lstrip()[:1] == b"{" else -2
                 if pos == -1 and not final:
                     continue
                 if pos < 0:
                     return None
                 head = bytes(buf[: buf.rfind(b'"traceEvents"', 0, pos)])
-            end = fast.scan_events(buf, pos, final, state)
+            end = _native.scan_events(buf, pos, final, state)
             if end == DECLINED:
                 return None
             if state[8]:

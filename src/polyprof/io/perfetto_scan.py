@@ -1,5 +1,5 @@
 """Large Perfetto protobuf traces read into columns without a Python object per event: the C scanner
-(``_speedups.scan_packets``, csrc/read_packets.c) walks the packets, this module turns what it found
+(``_native.scan_packets``, csrc/read_packets.c) walks the packets, this module turns what it found
 into a :class:`Trace`.
 
 ::
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from polyprof import _accel
+from polyprof import _native
 from polyprof.export.perfetto import fields as F
 from polyprof.export.perfetto.writer import METADATA_EVENT, METADATA_TRACK
 from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringTable, kind_from_category
@@ -43,10 +43,7 @@ def scan_perfetto(data: bytes, path: str = "<trace>", *, metadata_only: bool = F
     """The trace in the Perfetto protobuf bytes `data`, or None where the scanner declines. With
     `metadata_only`, the trace without its events (its metadata, places, clock and window), or None
     where the window is not recorded (it would take the events)."""
-    fast = _accel.speedups
-    if fast is None:
-        return None
-    found = fast.scan_packets(data, metadata_only)
+    found = _native.scan_packets(data, metadata_only)
     if found is None:
         return None
     try:

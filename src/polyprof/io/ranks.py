@@ -93,14 +93,15 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
     """A .pftrace rank's place and clock, as a trace without its events, and whether its packets can
     be rewritten as they are (polyprof's own trace, every field one merge_packets.c knows): then from a
     walk over its packets that keeps all but the events, else from the whole trace read."""
-    from polyprof._accel import speedups
+    from polyprof import _native
     from polyprof.io.chrome import _inflate, _read_bytes, max_trace_bytes, parse_trace
     from polyprof.io.perfetto_scan import scan_perfetto
 
-    if speedups is not None:
+    rewriter = _native.packet_rewriter(0, 0, 0, 0, 0, b"", 1)
+    if rewriter is not None:  # (None: declined, without the extension)
         kept: list[bytes] = []
         try:
-            _walk_packets(path, speedups.packet_rewriter(0, 0, 0, 0, 0, b"", 1), kept.append, skeleton=True)
+            _walk_packets(path, rewriter, kept.append, skeleton=True)
         except ValueError:  # not a trace the rewriter takes as it is: read the whole of it
             kept = []
         trace = scan_perfetto(b"".join(kept), path, metadata_only=True) if kept else None
@@ -328,12 +329,11 @@ def _write_perfetto(
 
 def _rewrite_rank_packets(path: str, rank: RankInput, shift_ns: int, first_sequence: int, emit: Any) -> tuple[int, int]:
     """The rank's packets rewritten onto the merged timeline (merge_packets.c); (events, sequences used)."""
-    from polyprof._accel import speedups
+    from polyprof import _native
 
-    assert speedups is not None
     r = rank.rank
     prefix = " · ".join(x for x in (f"rank {r}", rank.host) if x).encode()
-    rewriter = speedups.packet_rewriter(shift_ns, r * ID_STRIDE, r, (r + 1) * PID_STRIDE, r * PID_STRIDE, prefix, first_sequence)
+    rewriter = _native.packet_rewriter(shift_ns, r * ID_STRIDE, r, (r + 1) * PID_STRIDE, r * PID_STRIDE, prefix, first_sequence)
     try:
         return _walk_packets(path, rewriter, emit, skeleton=False)
     except ValueError as exc:  # the first walk took it: the file changed since
@@ -342,14 +342,13 @@ def _rewrite_rank_packets(path: str, rank: RankInput, shift_ns: int, first_seque
 
 def _walk_packets(path: str, rewriter: Any, emit: Any, *, skeleton: bool) -> tuple[int, int]:
     """One walk of a .pftrace's packets through `rewriter`, its output to `emit`: (events, sequences)."""
-    from polyprof._accel import speedups
+    from polyprof import _native
 
-    assert speedups is not None
     counts = (0, 0)
 
     def step(data: memoryview, final: bool) -> tuple[int, bool]:
         nonlocal counts
-        out, used, *got = speedups.rewrite_packets(rewriter, data, final, skeleton)
+        out, used, *got = _native.rewrite_packets(rewriter, data, final, skeleton)
         counts = (got[0], got[1])
         emit(out)
         return used, False
@@ -381,9 +380,6 @@ def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]
 
 
 def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: list[int], tops: list[dict], base: int) -> None:
-    from polyprof._accel import speedups
-
-    rewrite = _rank_events_c if speedups is not None else _rank_events_py
     _json_head(out, base)
     ranks = []
     with _BackgroundWriter(out) as events:
@@ -393,7 +389,9 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
             pids: dict[Any, int] = {}
             rows: list[tuple[Any, str, Any]] = []
             shift_ns = bases[i] + (rank.offset_ns or 0) - base
-            stats.events += rewrite(files[i], events.write, shift_ns, r * ID_STRIDE, (r + 1) * PID_STRIDE, pids, rows)
+            args = (files[i], events.write, shift_ns, r * ID_STRIDE, (r + 1) * PID_STRIDE, pids, rows)
+            rewritten = _rank_events_c(*args)
+            stats.events += _rank_events_py(*args) if rewritten is None else rewritten
             events.write(_process_rows(rank, pids, rows))
             top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
             ranks.append(_rank_metadata(rank, top))
@@ -488,19 +486,21 @@ def _stream(path: str, step: Any) -> None:
             filled -= used
 
 
-def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
+def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int | None:
     """One rank's events rewritten by the C scanner (merge_events.c) as the file streams in; the
-    number of X/i/I events."""
-    from polyprof._accel import speedups
+    number of X/i/I events, or None where it declined (before anything was emitted)."""
+    from polyprof import _native
 
-    assert speedups is not None
-    events, started = 0, False
+    events, started, declined = 0, False, False
 
     def step(data: memoryview, final: bool) -> tuple[int, bool]:
-        nonlocal events, started
+        nonlocal events, started, declined
         start = 0
         if not started:
-            start = speedups.events_array_start(data)
+            start = _native.events_array_start(data)
+            if start == _native.DECLINED:
+                declined = True
+                return 0, True
             if start == -1:
                 if final:
                     raise TraceFormatError(f"{path}: the file ends before its traceEvents list does")
@@ -511,7 +511,7 @@ def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base:
                 return 0, True  # no traceEvents: nothing of this rank to merge
             started = True
         try:
-            out, used, n, done = speedups.rewrite_rank_events(data, start, final, shift_ns, id_shift, pid_base, pids, rows)
+            out, used, n, done = _native.rewrite_rank_events(data, start, final, shift_ns, id_shift, pid_base, pids, rows)
         except ValueError as exc:
             raise TraceFormatError(f"{path}: {exc}") from None
         emit(out)
@@ -519,11 +519,11 @@ def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base:
         return used, done
 
     _stream(path, step)
-    return events
+    return None if declined else events
 
 
 def _rank_events_py(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int:
-    """The pure-Python twin of `_rank_events_c`: ijson, event by event, the same rewrite."""
+    """The reference of `_rank_events_c`: ijson, event by event, the same rewrite."""
     import orjson
 
     from polyprof.io.chrome import ENVELOPE_PIDS, _hashable

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from polyprof._accel import speedups
+from polyprof import _native
 
 
 class StringTable:
@@ -46,20 +46,13 @@ class StringTable:
 
 def code_strings(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
     """``(codes, table)`` with ``table[codes[i]] == values[i]``: each distinct value once in `table`
-    (first-seen order). One C pass where the extension is built."""
-    if speedups is not None and isinstance(values, list):
-        raw, table = speedups.code_strings(values)
-        return np.frombuffer(raw, dtype=np.int64), table
-    ids: dict[Any, int] = {}
-    codes = np.fromiter((ids.setdefault(v, len(ids)) for v in values), dtype=np.int64, count=len(values))
-    return codes, list(ids)
+    (first-seen order)."""
+    return _native.code_strings(values)
 
 
 def present_rows(values: Sequence[Any]) -> np.ndarray:
-    """The positions (int64) of the entries of `values` that are not None. One C pass where built."""
-    if speedups is not None and isinstance(values, list):
-        return np.frombuffer(speedups.present_rows(values), dtype=np.int64)
-    return np.fromiter((i for i, v in enumerate(values) if v is not None), dtype=np.int64)
+    """The positions (int64) of the entries of `values` that are not None."""
+    return _native.present_rows(values)
 
 
 def as_name(value: Any) -> str:

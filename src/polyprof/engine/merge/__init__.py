@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from polyprof import _accel
+from polyprof import _native
 from polyprof.clock import JOB_BASE_KEY
 from polyprof.clock import base_time_ns as clock_base_time_ns
 from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
@@ -176,24 +176,15 @@ def _place(table: ActivityTable, order: np.ndarray | None, added: dict[str, np.n
 
 def _positions(start: np.ndarray, end: np.ndarray, add_start: np.ndarray, add_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Final positions of ordered rows and of the (ordered) rows added among them (see order.interleave)."""
-    fast = _accel.speedups
-    if fast is not None:
-        existing_at, added_at = np.empty(len(start), dtype=np.int64), np.empty(len(add_start), dtype=np.int64)
-        args = [np.ascontiguousarray(a, dtype=np.int64) for a in (start, end, add_start, add_end)]
-        if fast.interleave_ordered(*args, existing_at, added_at):
-            return existing_at, added_at
-    return interleave(len(start), insertion_points(start, end, add_start, add_end))
+    placed = _native.interleave_ordered(start, end, add_start, add_end)
+    return interleave(len(start), insertion_points(start, end, add_start, add_end)) if placed is None else placed
 
 
 def _take_two(first: np.ndarray, second: np.ndarray, source: np.ndarray) -> np.ndarray:
     """``np.concatenate((first, second)).take(source)``, without writing the concatenation where the C
-    extension is built."""
-    fast = _accel.speedups
-    if fast is None:
-        return np.concatenate((first, second)).take(source)
-    out = np.empty(len(source), dtype=first.dtype)
-    fast.take_two(np.ascontiguousarray(first), np.ascontiguousarray(second), source, out)
-    return out
+    extension takes it."""
+    out = _native.take_two(first, second, source)
+    return np.concatenate((first, second)).take(source) if out is None else out
 
 
 def _counters(

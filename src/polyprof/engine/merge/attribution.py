@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyprof import _accel
+from polyprof import _native
 from polyprof.engine.merge.containment import innermost_open_span
 from polyprof.engine.merge.lookup import lookup
 from polyprof.model import FLOW_AC2G, ActivityKind
@@ -36,10 +36,8 @@ LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 
 def in_order(order: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The rows where `mask` holds, in trace order."""
-    fast = _accel.speedups
-    if fast is None or order.dtype != np.int64 or mask.dtype != np.bool_:
-        return order[mask[order]]
-    return np.frombuffer(fast.ordered_rows(order, mask), dtype=np.int64)
+    rows = _native.ordered_rows(order, mask)
+    return order[mask[order]] if rows is None else rows
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyprof import _accel
+from polyprof import _native
 from polyprof.engine.merge.order import rank_in_order
 from polyprof.model.args import sorted_unique
 
@@ -40,17 +40,9 @@ def innermost_open_span(
     found = np.full(len(calls), NONE, dtype=np.int64)
     if not len(spans) or not len(calls):
         return found
-    fast = _accel.speedups
-    if fast is not None and (thread.dtype == np.int32 or int(thread.max()) < (1 << 31)) and int(thread.min()) >= 0:
-        fast.innermost_open(
-            np.ascontiguousarray(start, dtype=np.int64),
-            np.ascontiguousarray(end, dtype=np.int64),
-            np.ascontiguousarray(thread, dtype=np.int32),
-            np.ascontiguousarray(spans, dtype=np.int64),
-            np.ascontiguousarray(calls, dtype=np.int64),
-            found,
-        )
-        return found
+    walked = _native.innermost_open(start, end, thread, spans, calls)
+    if walked is not None:
+        return walked
     code = thread.astype(np.uint16) if int(thread.max()) < (1 << 16) else thread  # radix-sorted below
     # per thread, keeping the start order within each (a stable sort on a small integer code)
     spans = spans[np.argsort(code[spans], kind="stable")]

@@ -10,7 +10,7 @@ at a time before begins at that time, inner ends before outer ones)::
     events, lane = slice_events(track, start, end, instant)
     row, phase = events >> 2, events & 3        # phase BEGIN, END or INSTANT
 
-In C when polyprof's extension is built (``_speedups.slice_events``), else the same in Python.
+In C where polyprof's extension is in use (``_native.slice_events``), else the same in Python.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import heapq
 
 import numpy as np
 
-from polyprof._accel import speedups
+from polyprof import _native
 
 BEGIN, END, INSTANT = 0, 1, 2
 
@@ -41,16 +41,16 @@ def slice_events(
     end = np.maximum(np.ascontiguousarray(end, dtype=np.int64), start)
     instant = np.ascontiguousarray(instant, dtype=np.int8)
     order = start_order(start)
-    if speedups is not None:
-        events, lane = speedups.slice_events(track, start, end, instant, order)
-        return np.frombuffer(events, dtype=np.int64), np.frombuffer(lane, dtype=np.int32)
-    return slice_events_py(track, start, end, instant, order)
+    sliced = _native.slice_events(track, start, end, instant, order)
+    if sliced is None:
+        return slice_events_py(track, start, end, instant, order)
+    return np.frombuffer(sliced[0], dtype=np.int64), np.frombuffer(sliced[1], dtype=np.int32)
 
 
 def slice_events_py(
     track: np.ndarray, start: np.ndarray, end: np.ndarray, instant: np.ndarray, order: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pure-Python twin of ``_speedups.slice_events`` (same result)."""
+    """The reference of ``_native.slice_events`` (the same result)."""
     n = len(order)
     lane = np.zeros(n, dtype=np.int32)
     out: list[int] = []

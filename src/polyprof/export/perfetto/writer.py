@@ -35,8 +35,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from polyprof import _accel
-from polyprof._accel import speedups
+from polyprof import _native
 from polyprof._version import __version__
 from polyprof.export.chrome import device_properties, trace_metadata
 from polyprof.export.jsonsafe import json_bytes, safe_str
@@ -343,7 +342,7 @@ def _event_packet(ts: int, event: bytes, head: bytes = _PACKET_HEAD) -> bytes:
 class _RowEncoder:
     """Encodes the begin, end and instant events of the activity rows: the columns once, each row's
     args once (rows with equal args share their encoding), then the packets chunk by chunk, in C
-    (``_speedups.encode_events``) or its Python twin :func:`encode_events_py`."""
+    (``_native.encode_events``) or by the reference :func:`encode_events_py`."""
 
     def __init__(self, acts: Any, interned: _Interned, track: np.ndarray, writes_corr: np.ndarray, flow_key: np.ndarray) -> None:
         c = acts.columns
@@ -384,11 +383,10 @@ class _RowEncoder:
 
     def _json_blocks(self, args: Any, interned: _Interned, writes_corr: np.ndarray) -> np.ndarray | None:
         """The blobs of rows whose args are one block of JSON-encoded columns (a trace read back), encoded
-        in C from the JSON text (``_speedups.encode_json_args``); a mask of the rows done (None: none).
+        in C from the JSON text (``_native.encode_json_args``); a mask of the rows done (None: none).
         Rows in several blocks or with a dict too, and values C leaves to Python, take the general path."""
-        fast = _accel.speedups
         blocks = args.blocks
-        if fast is None or not blocks or not all(all(is_json_column(c) for c in b.columns) for b in blocks):
+        if not blocks or not all(all(is_json_column(c) for c in b.columns) for b in blocks):
             return None
         rows_all = np.concatenate([b.rows for b in blocks])
         if len(blocks) > 1 and len(sorted_unique(rows_all)) != len(rows_all):
@@ -404,7 +402,9 @@ class _RowEncoder:
             iids = tuple(interned.iid(str(k)) for k in block.keys)
             whole = len(at) == len(rows)
             values = [c.tolist() if whole else c[at].tolist() for c in block.columns]
-            left = fast.encode_json_args(rows[at], iids, values, self.blobs)
+            left = _native.encode_json_args(rows[at], iids, values, self.blobs)
+            if left is None:  # declined (without the extension: at the first block, nothing done yet)
+                return None if not done.any() else done
             ok = np.ones(len(at), dtype=bool)
             ok[left] = False
             finished = rows[at][ok]
@@ -421,18 +421,17 @@ class _RowEncoder:
 
 
 def encode_events(work: tuple[np.ndarray, tuple[np.ndarray, ...], list[bytes | None], int, int], head: bytes = _PACKET_HEAD) -> bytes:
-    """The packets of (events, columns, blobs, External id iid, correlation iid): see
-    ``_speedups.encode_events``; its Python twin when the extension is not built."""
+    """The packets of (events, columns, blobs, External id iid, correlation iid): in C
+    (``_native.encode_events``), else by the reference :func:`encode_events_py`."""
     events, cols, blobs, ext_iid, corr_iid = work
-    if speedups is not None:
-        return speedups.encode_events(events, cols, blobs, ext_iid, corr_iid, head)
-    return encode_events_py(events, cols, blobs, ext_iid, corr_iid, head)
+    encoded = _native.encode_events(events, cols, blobs, ext_iid, corr_iid, head)
+    return encode_events_py(events, cols, blobs, ext_iid, corr_iid, head) if encoded is None else encoded
 
 
 def encode_events_py(
     events: np.ndarray, cols: tuple[np.ndarray, ...], blobs: list[bytes | None], ext_iid: int, corr_iid: int, head: bytes
 ) -> bytes:
-    """Pure-Python twin of ``_speedups.encode_events`` (same bytes)."""
+    """The reference encoder, which ``_native.encode_events`` gives in C (the same bytes)."""
     track, start, end, name, cat, ext, corr, writes_corr, flow_key, flow_start = (c.tolist() for c in cols)
     out = []
     for code in events.tolist():

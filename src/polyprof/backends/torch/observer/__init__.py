@@ -118,25 +118,24 @@ class Observer:
     def _use_runtime(self) -> None:
         """Lend the observer what polyprof's C extension has: its row chunks (faulted in ahead while
         recording) and its TSC clock's rate (the ops then share the recorder's clock at its cost)."""
-        from polyprof._accel import speedups
+        from polyprof import _native
 
         self._warm_chunks: Callable[[int], None] | None = None
-        if speedups is None:
+        chunk_new, chunk_free, chunk_bytes = _native.row_chunk_functions()
+        if not chunk_new:  # nothing to lend (no extension): the observer keeps its own
             return
-        chunk_new, chunk_free, chunk_bytes = speedups.row_chunk_functions()
-        rate, refresh, sample = speedups.tsc_clock_addresses()
+        rate, refresh, sample = _native.tsc_clock_addresses()
         lent = self.lib.polyprof_observer_use_runtime(
             chunk_new, chunk_free, chunk_bytes, rate or None, refresh or None, sample or None
         )
-        self._warm_chunks = speedups.warm_row_chunks if lent == 0 else None
+        self._warm_chunks = _native.warm_row_chunks if lent == 0 else None
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
         WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES."""
-        from polyprof._accel import speedups
+        from polyprof import _native
 
-        if speedups is not None:
-            speedups.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
+        _native.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock
         if self._warm_chunks is not None:  # the starting thread's first chunk of op rows, and with shapes
             self._warm_chunks(3 if options & RECORD_SHAPES else 1)  # two of shapes records (~72 B an op)
         if self.lib.polyprof_observer_start(int(options)) != 0:

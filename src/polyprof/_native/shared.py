@@ -1,0 +1,55 @@
+"""What polyprof's C extension and its Python side agree on, one text for both: the recorder's event
+layout (csrc/recorder.c and twins/recorder.py) and the readers' answer for "read it the other way"."""
+
+from typing import Any
+
+#: the type of each event in a thread's buffer
+SPAN = 0
+INSTANT = 1
+COUNTER = 2
+GC = 3  # a garbage collection (recorded by the host backend with record_python_gc_info)
+#: type, start, end, id, parent: the int64 columns of ``EventBuffer.snapshot()``
+FIELDS = 5
+
+#: what a scanner (``scan_events``, ``events_array_start``) answers for input it leaves to the
+#: reference reader, and what every scanner answers without the extension
+DECLINED = -4
+
+
+class NeedsExtension(RuntimeError):
+    """A feature with no Python path was called where polyprof's C extension is not in use."""
+
+
+#: the names each side (c.py, python.py) exports, the same on both: the recorder (a Python twin)...
+RECORDER_NAMES = (
+    "EventBuffer", "RecordFunction", "SpanCall", "configure", "counter", "current_external_id",
+    "external_id_reader", "instant", "new_ids", "next_id", "set_active", "set_bridge", "set_has_targets",
+    "thread_buffer", "thread_context_fast",
+)  # fmt: skip
+#: ...the column helpers (Python twins)...
+COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records")
+#: ...the accelerators (None, or DECLINED, without the extension)...
+ACCELERATOR_NAMES = (
+    "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "format_activities",
+    "format_arg_objects", "slice_events", "encode_events", "encode_json_args", "events_array_start",
+    "scan_events", "scan_packets", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
+)  # fmt: skip
+#: ...and the runtime (the clock, row chunks, the Python call tracer)
+RUNTIME_NAMES = (
+    "clock_ns", "clock_source", "tsc_clock_addresses", "row_chunk_functions", "warm_row_chunks",
+    "row_chunks_stats", "pytrace_start", "pytrace_stop", "pytrace_thread_hook", "pytrace_mon_py_start",
+    "pytrace_mon_py_end", "pytrace_mon_call", "pytrace_mon_c_end",
+)  # fmt: skip
+SIDE_NAMES = RECORDER_NAMES + COLUMN_NAMES + ACCELERATOR_NAMES + RUNTIME_NAMES
+
+
+class _NumpyOnUse:
+    """numpy, imported at its first use: ``record_function`` alone never loads it (nor its import time)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy
+
+        return getattr(numpy, name)
+
+
+np: Any = _NumpyOnUse()
