@@ -19,10 +19,10 @@ from polyprof.model import Trace
 
 
 def recover_trace(path: str) -> Trace:
-    from polyprof.io.chrome import _read_bytes, max_trace_bytes
     from polyprof.io.perfetto import looks_like_perfetto
+    from polyprof.io.source import max_trace_bytes, read_bytes
 
-    data = _read_bytes(path, max_trace_bytes())
+    data = read_bytes(path, max_trace_bytes())
     if looks_like_perfetto(data):
         return _recover_perfetto(path, data)
     spill = read_spill(path, data)

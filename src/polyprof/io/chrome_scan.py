@@ -23,6 +23,7 @@ import orjson
 
 from polyprof import _native
 from polyprof._native import DECLINED
+from polyprof.io.source import max_value_bytes
 from polyprof.model import (
     FLOW_AC2G,
     FLOW_FWDBWD,
@@ -77,9 +78,11 @@ def scan_trace(data: bytes, path: str = "<trace>") -> Any:
 
 def scan_file(path: str, max_bytes: int) -> Any:
     """The trace in the JSON file `path` (gzip or not), read in chunks; None where the scanner declines.
-    Reading more than `max_bytes` (after inflation) declines too: the reader then raises its error."""
+    Reading more than `max_bytes` (after inflation) declines too, and so does an event, or the keys
+    around the events, longer than one token may be (io/source.py): the reader then says which."""
     state = _new_state()
     opener = gzip.open if _is_gzip(path) else open
+    held = max_value_bytes() + CHUNK  # the most left unscanned at once
     head = b""
     tail = b""
     total = 0
@@ -89,7 +92,7 @@ def scan_file(path: str, max_bytes: int) -> Any:
         while True:
             block = f.read(CHUNK)
             total += len(block)
-            if total > max_bytes:
+            if total > max_bytes or len(buf) > held:
                 return None
             final = not block
             buf += block
@@ -104,8 +107,8 @@ def scan_file(path: str, max_bytes: int) -> Any:
             if end == DECLINED:
                 return None
             if state[8]:
-                tail = bytes(buf[end:]) + f.read()
-                if total + len(tail) > max_bytes:
+                tail = bytes(buf[end:]) + f.read(max(0, held + 1 - (len(buf) - end)))
+                if total + len(tail) > max_bytes or len(tail) > held:
                     return None
                 break
             del buf[:end]

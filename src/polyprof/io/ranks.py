@@ -94,8 +94,9 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
     be rewritten as they are (polyprof's own trace, every field one merge_packets.c knows): then from a
     walk over its packets that keeps all but the events, else from the whole trace read."""
     from polyprof import _native
-    from polyprof.io.chrome import _inflate, _read_bytes, max_trace_bytes, parse_trace
+    from polyprof.io.chrome import parse_trace
     from polyprof.io.perfetto_scan import scan_perfetto
+    from polyprof.io.source import max_trace_bytes, read_bytes
 
     rewriter = _native.packet_rewriter(0, 0, 0, 0, 0, b"", 1)
     if rewriter is not None:  # (None: declined, without the extension)
@@ -108,10 +109,7 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
         if trace is not None:
             return _rank_input(trace, path, position), trace, True
     with _WHOLE_READS:  # first passes run side by side: one whole rank in memory at a time all the same
-        limit = max_trace_bytes()
-        data = _read_bytes(path, limit)
-        if data[:2] == b"\x1f\x8b":
-            data = _inflate(data, path, limit)
+        data = read_bytes(path, max_trace_bytes())
         trace = scan_perfetto(data, path, metadata_only=True) or parse_trace(data, path)
         del data
     return _rank_input(trace, path, position), trace, False

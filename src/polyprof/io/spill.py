@@ -413,9 +413,9 @@ def read_spill(path: str, data: bytes | None = None) -> Spill:
     """Every good chunk of the spill at `path` (a TraceFormatError when it is not one). A chunk that
     passed its checksum but cannot be used (a tampered file) is left out and named in ``dropped``."""
     if data is None:
-        from polyprof.io.chrome import _read_bytes, max_trace_bytes
+        from polyprof.io.source import max_trace_bytes, read_bytes
 
-        data = _read_bytes(path, max_trace_bytes())
+        data = read_bytes(path, max_trace_bytes())
     spill = Spill()
     end = len(FILE_MAGIC)
     names = {HEADER: "the header", WINDOW: "a window", PART: "a part", END: "the end"}
