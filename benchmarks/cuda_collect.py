@@ -140,7 +140,7 @@ def _merge_and_export(part) -> tuple[float, int]:
 
     from polyprof.clock import base_time_ns, epoch_offset
     from polyprof.engine.merge import merge
-    from polyprof.export import write_chrome_trace
+    from polyprof.formats import write_chrome_trace
     rows = part.activities
     window = (int(rows["start"].min()), int(rows["end"].max()))
     offset = epoch_offset().offset_ns

@@ -19,7 +19,7 @@ import tempfile
 from _common import report, run_polyprof_measured
 from export_throughput import synthetic_trace
 
-from polyprof.export import write_trace
+from polyprof.formats import write_trace
 
 
 def main() -> None:

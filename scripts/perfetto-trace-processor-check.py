@@ -21,7 +21,7 @@ import sys
 def check(path: str, bin_path: str | None) -> bool:
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     config = TraceProcessorConfig(bin_path=bin_path) if bin_path else TraceProcessorConfig()
     ok = True

@@ -159,7 +159,7 @@ def test_the_terminal_views_and_diff_show_the_same_numbers(tmp_path):
     import subprocess
     import sys
 
-    from polyprof.export import write_trace
+    from polyprof.formats import write_trace
 
     before, after = tmp_path / "before.json", tmp_path / "after.json"
     write_trace(one_step(), str(before))

@@ -24,7 +24,7 @@ import pytest
 
 from polyprof.analysis import device
 from polyprof.analysis.operators import operator_table
-from polyprof.io import load_trace
+from polyprof.formats import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSUMERS = Path(os.environ.get("POLYPROF_CONSUMERS_PYTHON", ROOT / ".venv-consumers" / "bin" / "python"))

@@ -1,5 +1,5 @@
-"""The C scanner of Chrome-trace JSON (csrc/read_events.c, io/chrome_scan.py) reads exactly what the
-reference reader (io/chrome.py) reads, or declines and leaves the file to it. One leniency: bytes the
+"""The C scanner of Chrome-trace JSON (csrc/read_events.c, formats/chrome/scan.py) reads exactly what the
+reference reader (formats/chrome/read.py) reads, or declines and leaves the file to it. One leniency: bytes the
 scanner does not use (an unknown key's value) are not validated, so a file that is invalid JSON only
 there is read, where the reader refuses the whole file; what it reads is still written as valid JSON."""
 
@@ -13,9 +13,10 @@ import pytest
 from test_reader_fuzz import _mutate, _polyprof_doc, _torch_doc
 
 import polyprof._native
-from polyprof.export import dumps_chrome_trace
-from polyprof.io import chrome, chrome_scan, load_trace
-from polyprof.io.chrome import parse_trace
+from polyprof.formats import dumps_chrome_trace, load_trace
+from polyprof.formats.chrome import read as chrome
+from polyprof.formats.chrome import scan as chrome_scan
+from polyprof.formats.files import parse_trace
 
 pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
@@ -93,7 +94,7 @@ def test_load_trace_uses_the_scanner_and_the_reader_still_names_problems(tmp_pat
 
 
 def test_a_scanned_trace_writes_the_same_pftrace_as_the_read_one(registry, tmp_path, monkeypatch):
-    from polyprof.export import write_trace
+    from polyprof.formats import write_trace
 
     data = orjson.dumps(_torch_doc())
     scanned, read = chrome_scan.scan_trace(data, "t.json"), _reference(data, "t.json", monkeypatch)

@@ -54,7 +54,7 @@ def test_run_script_that_raises_keeps_the_trace_and_exits_1(script, tmp_path):
     r = run(["run", "--no-summary", "-o", str(out), str(s)])
     assert r.returncode == 1
     assert "ValueError: boom" in r.stderr
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     assert [a.name for a in load_trace(out).activities] == ["before the crash"]
 

@@ -11,9 +11,8 @@ import pytest
 from test_export_perfetto import Parsed, _rows, overlapping_trace
 
 from polyprof.errors import ConfigError, TraceFormatError
-from polyprof.export import dumps_chrome_trace
-from polyprof.io import load_trace
-from polyprof.io.convert import convert, top_level_keys
+from polyprof.formats import dumps_chrome_trace, load_trace
+from polyprof.tools.convert import convert, top_level_keys
 
 pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (test extra)")
 

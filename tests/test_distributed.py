@@ -105,7 +105,7 @@ def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, pr
     names, every event kept, every flow paired, polyprof's on rank 0's clock."""
     from test_export_perfetto import Parsed
 
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     inputs = [ddp_traces / f"{prefix}{r}.json" for r in range(4)]
     r = subprocess.run([sys.executable, "-m", "polyprof", "merge", *map(str, inputs), "-o", str(tmp_path / "m.json")],
@@ -136,7 +136,7 @@ def test_the_jobs_pftrace_ranks_merge_packet_by_packet_as_the_model_merges_them(
     record_param_comms args, flows): the packet rewriter's merge reads back as the model's merge."""
     from test_merge_packets import _merge, _read_back
 
-    from polyprof.io.convert import convert
+    from polyprof.tools.convert import convert
 
     inputs = [str(tmp_path / f"rank{r}.pftrace") for r in range(4)]
     for r, path in enumerate(inputs):
@@ -323,7 +323,7 @@ def test_two_hosts_with_different_clocks_merge_onto_rank_0s(tmp_path):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     one = json.loads((tmp_path / "rank1.json").read_text())["polyprof"]["backends"]["torch"]["clock"]["to rank 0"]
     assert abs(one["offset_ns"] + 5_000_000_000) <= one["uncertainty_ns"] + 50_000_000, one
-    from polyprof.io.ranks import merge_traces
+    from polyprof.tools.merge_ranks import merge_traces
 
     merge_traces([tmp_path / "rank0.json", tmp_path / "rank1.json"], tmp_path / "merged.json")
     doc = json.loads((tmp_path / "merged.json").read_text())

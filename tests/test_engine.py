@@ -11,7 +11,7 @@ import polyprof
 import polyprof.plugin
 from polyprof import annotations
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
-from polyprof.export import dumps_chrome_trace
+from polyprof.formats import dumps_chrome_trace
 from polyprof.model import ActivityKind
 from polyprof.plugin import SessionBase
 from polyprof.registry import Registry

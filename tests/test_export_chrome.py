@@ -10,8 +10,7 @@ from fake_backends import SimDeviceBackend
 
 import polyprof
 from polyprof.errors import OutputPathError
-from polyprof.export import dumps_chrome_trace, write_chrome_trace
-from polyprof.io import load_trace
+from polyprof.formats import dumps_chrome_trace, load_trace, write_chrome_trace
 from polyprof.model import ActivityKind
 
 
@@ -123,7 +122,7 @@ def test_round_trip_keeps_kinds_devices_flows_and_times(trace, tmp_path):
 
 
 def test_failed_export_leaves_no_file(trace, tmp_path, monkeypatch):
-    import polyprof.export.chrome as chrome
+    import polyprof.formats.chrome.write as chrome
 
     def explode(*a, **k):
         yield b"{}"
@@ -139,7 +138,7 @@ def test_failed_export_leaves_no_file(trace, tmp_path, monkeypatch):
 def test_failed_export_keeps_an_existing_trace_intact(trace, tmp_path, monkeypatch):
     target = tmp_path / "t.json"
     target.write_text("previous trace")
-    import polyprof.export.chrome as chrome
+    import polyprof.formats.chrome.write as chrome
 
     monkeypatch.setattr(chrome, "device_properties", lambda t: 1 / 0)
     with pytest.raises(ZeroDivisionError):
@@ -169,7 +168,7 @@ def test_read_only_folder(tmp_path, trace):
 
 
 def test_large_trace_with_many_chunks(registry, tmp_path):
-    from polyprof.export import chrome
+    from polyprof.formats.chrome import write as chrome
 
     n = chrome.CHUNK_ROWS * 2 + 17
     with polyprof.profile(["cpu"], registry=registry) as prof:
@@ -186,7 +185,12 @@ def test_large_trace_with_many_chunks(registry, tmp_path):
 
 def test_c_and_python_formatters_write_identical_bytes():
     from polyprof._native import extension as speedups
-    from polyprof.export.chrome import FLAG_CORRELATION, FLAG_FLOW_START, FLAG_INSTANT, format_activities_py
+    from polyprof.formats.chrome.write import (
+        FLAG_CORRELATION,
+        FLAG_FLOW_START,
+        FLAG_INSTANT,
+        format_activities_py,
+    )
 
     if speedups is None:
         pytest.skip("the C extension is not built here, so there is nothing to compare")
@@ -226,7 +230,7 @@ def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
     """The C formatter sizes its output once from a per-row bound: rows whose every number has the most
     digits (and a flow end, args of every shape) come out whole and equal to the Python twin's."""
     from polyprof._native import extension as speedups
-    from polyprof.export.chrome import FLAG_CORRELATION, FLAG_INSTANT, format_activities_py
+    from polyprof.formats.chrome.write import FLAG_CORRELATION, FLAG_INSTANT, format_activities_py
 
     if speedups is None:
         pytest.skip("the C extension is not built here, so there is nothing to compare")
@@ -299,7 +303,7 @@ def test_column_args_are_written_like_the_same_args_as_dicts(trace, monkeypatch,
 
 
 def test_column_args_across_chunk_boundaries(trace, monkeypatch):
-    from polyprof.export import chrome
+    from polyprof.formats.chrome import write as chrome
 
     monkeypatch.setattr(chrome, "CHUNK_ROWS", 2)  # every chunk holds block rows, dict rows or both
     with_blocks, as_dicts = _with_column_args(trace)
@@ -326,7 +330,7 @@ def test_an_os_error_while_writing_is_one_line_naming_the_path(tmp_path, monkeyp
 
     import polyprof
     from polyprof.errors import OutputPathError
-    from polyprof.export import chrome
+    from polyprof.formats.chrome import write as chrome
 
     with polyprof.profile(["cpu"]) as prof:
         pass

@@ -14,9 +14,10 @@ import polyprof
 from polyprof._native import extension as speedups
 from polyprof.clock import base_time_ns
 from polyprof.engine.merge import merge
-from polyprof.export import dumps_chrome_trace, format_of
-from polyprof.export.perfetto import dumps_perfetto_trace, fields, writer
-from polyprof.export.perfetto.order import slice_events_py, start_order
+from polyprof.formats import dumps_chrome_trace, dumps_perfetto_trace, format_of
+from polyprof.formats.perfetto import fields
+from polyprof.formats.perfetto import write as writer
+from polyprof.formats.perfetto.order import slice_events_py, start_order
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus
 from polyprof.sink import Sink
 
@@ -376,7 +377,7 @@ def _rows(trace):
 
 
 def test_a_pftrace_reads_back_as_its_json_does_and_keeps_the_layout(tmp_path, registry):
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     sim = SimDeviceBackend()
     registry.register(sim)
@@ -439,7 +440,7 @@ def test_mutated_pftraces_give_a_trace_or_a_one_line_error():
     import random
 
     from polyprof.errors import TraceFormatError
-    from polyprof.io.chrome import parse_trace
+    from polyprof.formats.files import parse_trace
 
     data = dumps_perfetto_trace(overlapping_trace())
     rng = random.Random(15)

@@ -7,7 +7,7 @@ import pytest
 from fake_backends import HANG_RELEASE, FaultyBackend
 
 import polyprof
-from polyprof.export import dumps_chrome_trace
+from polyprof.formats import dumps_chrome_trace
 from polyprof.model import ActivityKind
 
 N_ANNOTATIONS = 50

@@ -43,7 +43,7 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
     theirs.write_text("root's file, writable by all")
     os.chmod(theirs, 0o666)
     (shared / "link.json").symlink_to(theirs)
-    check = ("from polyprof.export.paths import check_output_path\n"
+    check = ("from polyprof.formats.common.paths import check_output_path\n"
              "import sys\n"
              "for p in sys.argv[1:]:\n"
              "    try:\n"
@@ -92,8 +92,7 @@ def test_every_row_the_sink_keeps_reads_back(tmp_path):
 
     from polyprof.clock import epoch_offset, host_ns
     from polyprof.engine.merge import merge
-    from polyprof.export import write_trace
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace, write_trace
     from polyprof.model import HOST_TIME_LIMIT_NS, ActivityKind, BackendStatus
     from polyprof.sink import Sink
 
@@ -147,7 +146,7 @@ def test_reading_allocates_what_the_file_holds_not_the_limit(tmp_path):
         for _ in range(400):
             f.write(b" " * (1 << 20))
     assert bomb.stat().st_size < 1 << 20
-    measure = ("import sys\nfrom polyprof.io import load_trace\nfrom polyprof.errors import TraceFormatError\n"
+    measure = ("import sys\nfrom polyprof.formats import load_trace\nfrom polyprof.errors import TraceFormatError\n"
                "try:\n    load_trace(sys.argv[1], max_bytes=64 << 20)\nexcept TraceFormatError as e:\n    print(e)\n"
                "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")  # fmt: skip
     # (VmHWM: this process's own peak; getrusage's ru_maxrss keeps the parent's across fork and exec)
@@ -182,7 +181,7 @@ def test_names_from_a_trace_reach_the_terminal_escaped(tmp_path):
 
 
 def _spill_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
-    from polyprof.io.spill import _CHUNK_HEAD, FILE_MAGIC
+    from polyprof.formats.spill.file import _CHUNK_HEAD, FILE_MAGIC
 
     out, at = [], len(FILE_MAGIC)
     while at + _CHUNK_HEAD.size <= len(data):
@@ -195,7 +194,7 @@ def _spill_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
 def _spill_of(chunks: list[tuple[bytes, bytes]]) -> bytes:
     import zlib
 
-    from polyprof.io.spill import _CHUNK_HEAD, CHUNK_MAGIC, FILE_MAGIC
+    from polyprof.formats.spill.file import _CHUNK_HEAD, CHUNK_MAGIC, FILE_MAGIC
 
     return FILE_MAGIC + b"".join(_CHUNK_HEAD.pack(CHUNK_MAGIC, k, len(p), zlib.crc32(p)) + p for k, p in chunks)
 
@@ -246,10 +245,9 @@ def test_recover_names_what_a_tampered_spill_could_not_give_and_never_raises_raw
     import random
 
     import polyprof
-    from polyprof.engine.recover import recover_trace
     from polyprof.errors import TraceFormatError
-    from polyprof.export import write_trace
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace, write_trace
+    from polyprof.tools.recover import recover_trace
 
     spill = tmp_path / ".t.json.spill"
     with polyprof.profile(["cpu", "counters"], spill=str(spill), flush_interval_s=0.05,

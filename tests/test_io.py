@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from polyprof.errors import TraceFormatError
-from polyprof.io import load_trace
+from polyprof.formats import load_trace
 from polyprof.model import ActivityKind
 
 POLYPROF = [sys.executable, "-m", "polyprof"]

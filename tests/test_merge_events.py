@@ -12,8 +12,8 @@ from native_sides import use_python_side
 
 import polyprof._native
 from polyprof.errors import TraceFormatError
-from polyprof.io import ranks
-from polyprof.io.ranks import ID_STRIDE, merge_traces
+from polyprof.tools import merge_ranks as ranks
+from polyprof.tools.merge_ranks import ID_STRIDE, merge_traces
 
 pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 

@@ -13,11 +13,11 @@ from test_export_perfetto import Parsed, mutated, overlapping_trace
 
 import polyprof._native
 from polyprof.errors import TraceFormatError
-from polyprof.export import write_trace
-from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.wire import field_bytes, field_varint
-from polyprof.io import load_trace, ranks
-from polyprof.io.ranks import ID_STRIDE, PID_STRIDE, merge_traces
+from polyprof.formats import load_trace, write_trace
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.wire import field_bytes, field_varint
+from polyprof.tools import merge_ranks as ranks
+from polyprof.tools.merge_ranks import ID_STRIDE, PID_STRIDE, merge_traces
 
 pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
@@ -141,7 +141,7 @@ def test_another_writers_trace_and_an_unknown_field_take_the_models_way(rank_fil
 
 
 def write_trace_bytes(trace) -> bytes:
-    from polyprof.export.perfetto import dumps_perfetto_trace
+    from polyprof.formats import dumps_perfetto_trace
 
     return dumps_perfetto_trace(trace)
 

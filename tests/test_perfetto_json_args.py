@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import polyprof._native
-from polyprof.export.perfetto.writer import _Interned, annotations
+from polyprof.formats.perfetto.write import _Interned, annotations
 
 fast = polyprof._native.extension
 pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")

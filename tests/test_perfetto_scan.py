@@ -1,5 +1,5 @@
-"""The C scanner of Perfetto protobuf traces (csrc/read_packets.c, io/perfetto_scan.py) reads exactly
-what the reference reader (io/perfetto.py) reads, or declines and leaves the file to it: polyprof's own
+"""The C scanner of Perfetto protobuf traces (csrc/read_packets.c, formats/perfetto/scan.py) reads exactly
+what the reference reader (formats/perfetto/read.py) reads, or declines and leaves the file to it: polyprof's own
 traces, a merged multi-rank trace, another writer's trace built field by field, and seeded mutants."""
 
 from __future__ import annotations
@@ -14,17 +14,24 @@ from test_export_perfetto import mutated, overlapping_trace
 import polyprof
 import polyprof._native
 from polyprof.errors import TraceFormatError
-from polyprof.export import dumps_chrome_trace
-from polyprof.export.perfetto import dumps_perfetto_trace
-from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.wire import field_bytes, field_double, field_fixed64, field_string, field_varint
-from polyprof.io import perfetto, perfetto_scan
+from polyprof.formats import dumps_chrome_trace, dumps_perfetto_trace
+from polyprof.formats.files import parse_trace
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto import read as perfetto
+from polyprof.formats.perfetto import scan as perfetto_scan
+from polyprof.formats.perfetto.wire import (
+    field_bytes,
+    field_double,
+    field_fixed64,
+    field_string,
+    field_varint,
+)
 
 pytestmark = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
 
 
 def _reference(data: bytes, path: str = "t.pftrace"):
-    return perfetto.read_with(perfetto._Reader(path), data)
+    return perfetto.read_with(perfetto.PacketReader(path), data)
 
 
 def _document(trace) -> dict:
@@ -65,8 +72,8 @@ def test_a_merged_multi_rank_pftrace_scans_the_same(tmp_path):
     sys.path.insert(0, "benchmarks")
     from export_throughput import synthetic_trace
 
-    from polyprof.export import write_trace
-    from polyprof.io.ranks import merge_traces
+    from polyprof.formats import write_trace
+    from polyprof.tools.merge_ranks import merge_traces
 
     paths = []
     for r in range(3):
@@ -179,7 +186,7 @@ def test_another_writers_trace_scans_to_what_the_reader_reads():
 def test_what_the_scanner_would_read_otherwise_is_left_to_the_reader(change):
     data = _other_writers_trace(**change)
     assert perfetto_scan.scan_perfetto(data) is None
-    assert _document(perfetto.parse_perfetto(data, "t.pftrace")) == _document(_reference(data))
+    assert _document(parse_trace(data, "t.pftrace")) == _document(_reference(data))
 
 
 def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined():
@@ -211,7 +218,7 @@ def test_load_trace_of_a_pftrace_goes_through_the_scanner(tmp_path, monkeypatch)
     calls = []
     real = perfetto_scan.scan_perfetto
     monkeypatch.setattr(perfetto_scan, "scan_perfetto", lambda *a: calls.append(a[1]) or real(*a))
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     assert len(load_trace(str(path)).activities) == len(overlapping_trace().activities)
     assert calls == [str(path)]

@@ -15,9 +15,8 @@ from fake_backends import SimDeviceBackend
 import polyprof
 from polyprof.analysis import summarize
 from polyprof.errors import TraceFormatError
-from polyprof.export import dumps_chrome_trace
-from polyprof.io import load_trace
-from polyprof.io.chrome import parse_trace
+from polyprof.formats import dumps_chrome_trace, load_trace
+from polyprof.formats.files import parse_trace
 
 MUTATIONS = 1200
 ODD_VALUES = [None, True, False, -1, 0, 2**70, -(2**70), 1e300, -1e300, 0.5, "", "x" * 50, "12.5", [], {}, [1, [2]],

@@ -1,5 +1,5 @@
 """gzip JSON inflating past the one-token limit is checked token by token as a stream before it is
-read (io/source.py, io/chrome.py): a token over the limit (a gzip bomb's one string) is a
+read (formats/common/source.py, formats/chrome/read.py): a token over the limit (a gzip bomb's one string) is a
 TraceFormatError in bounded memory, with or without the C extension; a trace that passes reads as before."""
 
 import gzip
@@ -13,11 +13,11 @@ import pytest
 from native_sides import use_python_side
 
 from polyprof.errors import TraceFormatError
-from polyprof.io import chrome
-from polyprof.io.chrome import load_trace, parse_trace
+from polyprof.formats.chrome import read as chrome
+from polyprof.formats.files import load_trace, parse_trace
 
 MEASURE = """import sys
-from polyprof.io import load_trace
+from polyprof.formats import load_trace
 from polyprof.errors import TraceFormatError
 try:
     load_trace(sys.argv[1])
@@ -75,7 +75,7 @@ def _a_trace(tmp_path, events=400):
 def _reader_only(monkeypatch):
     """The reference reader, no C scanner, and a token limit far under the file's inflated size."""
     use_python_side(monkeypatch)
-    monkeypatch.setattr(chrome, "_scanned_file", lambda path, limit: None)
+    monkeypatch.setattr(chrome, "scanned_file", lambda path, limit: None)
     monkeypatch.setenv("POLYPROF_MAX_VALUE_BYTES", "4096")
 
 
@@ -91,7 +91,7 @@ def test_a_gzip_trace_checked_token_by_token_reads_as_it_did(tmp_path, monkeypat
     path = _gzip(tmp_path, "t.json.gz", plain.read_bytes())
     _reader_only(monkeypatch)
     checked = []
-    monkeypatch.setattr(chrome, "_check_tokens", lambda chunks, p, real=chrome._check_tokens: checked.append(p) or real(chunks, p))
+    monkeypatch.setattr(chrome, "check_tokens", lambda chunks, p, real=chrome.check_tokens: checked.append(p) or real(chunks, p))
     read = load_trace(path)
     assert checked == [str(path)]
     assert len(read.activities) == len(whole.activities) == 400
@@ -113,7 +113,7 @@ def test_a_gzip_trace_with_one_token_over_the_limit_is_refused(tmp_path, monkeyp
 
 
 def test_a_gzip_perfetto_trace_is_not_checked_as_json(tmp_path, monkeypatch):
-    from polyprof.export import write_trace
+    from polyprof.formats import write_trace
 
     trace = parse_trace(_a_trace(tmp_path).read_bytes())
     path = tmp_path / "t.pftrace.gz"

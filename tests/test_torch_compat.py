@@ -320,7 +320,7 @@ def test_envelope_events_bound_every_event(tmp_path):
             assert e["ts"] >= span["ts"], e
         if "dur" in e:
             assert e["ts"] + e["dur"] <= end["ts"], e
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     loaded = load_trace(str(tmp_path / "t.json"))
     assert "PyTorch Profiler (0)" not in {a.name for a in loaded.activities}

@@ -116,7 +116,7 @@ def test_hta_and_tensorboard_read_polyprof_traces(two_ranks, tmp_path):
 
 
 def test_opencl_queue_made_during_warm_up_is_timed(two_ranks):
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     trace = load_trace(str(two_ranks / "rank0.json.gz"))
     kernels = [a for a in trace.activities if a.cat == "kernel"]

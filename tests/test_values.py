@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import polyprof
-from polyprof.export import dumps_chrome_trace
-from polyprof.export.jsonsafe import json_bytes
-from polyprof.io import load_trace
+from polyprof.formats import dumps_chrome_trace, load_trace
+from polyprof.formats.common.jsonsafe import json_bytes
 from polyprof.model import ActivityKind, BackendStatus
 from polyprof.sink import Sink
 

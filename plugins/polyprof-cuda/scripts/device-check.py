@@ -51,7 +51,7 @@ KEPT_TRACES = ("a_polyprof", "a_torch", "b_cupy", "b_triton")
 
 def _postprocess_ms(trace) -> dict:
     """Where stop-to-trace went, as the trace file writes it (each backend's phases, the merge by pass)."""
-    from polyprof.export.chrome import trace_metadata
+    from polyprof.formats.chrome.write import trace_metadata
 
     return trace_metadata(trace).get("polyprof", {}).get("postprocess_ms", {})
 

@@ -123,7 +123,7 @@ def test_kernels_copies_fills_syncs_and_their_launches(tmp_path):
     }
     import json
 
-    from polyprof.export import dumps_chrome_trace
+    from polyprof.formats import dumps_chrome_trace
 
     exported = json.loads(dumps_chrome_trace(trace))["traceEvents"]
     gemm_json = next(e for e in exported if e.get("name") == "gemm_kernel")

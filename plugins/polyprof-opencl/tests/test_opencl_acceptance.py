@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import polyprof
-from polyprof.io import load_trace
+from polyprof.formats import load_trace
 from polyprof.model import ActivityKind
 from polyprof.profiler import ProfilerActivity, profile
 

@@ -72,8 +72,8 @@ class RankView:
 def load_ranks(items: Iterable[Any]) -> tuple[list[Trace], list[str], list[int]]:
     """The traces `items` name (loaded Traces, files, folders of rank traces), where each came from, and
     each one's rank (its ``distributedInfo`` rank; their order when those are missing or repeated)."""
-    from polyprof.io import load_trace
-    from polyprof.io.ranks import _rank_of, trace_files
+    from polyprof.formats import load_trace
+    from polyprof.tools.merge_ranks import rank_of, trace_files
 
     items = list(items)
     traces: list[Trace] = [i for i in items if isinstance(i, Trace)]
@@ -82,7 +82,7 @@ def load_ranks(items: Iterable[Any]) -> tuple[list[Trace], list[str], list[int]]
     for path in trace_files(paths) if paths else []:
         traces.append(load_trace(path))
         sources.append(path)
-    ranks = [_rank_of(t, i) for i, t in enumerate(traces)]
+    ranks = [rank_of(t, i) for i, t in enumerate(traces)]
     if len(set(ranks)) != len(ranks):
         ranks = list(range(len(traces)))
     return traces, sources, ranks

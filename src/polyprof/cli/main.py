@@ -32,27 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from polyprof._version import __version__
-from polyprof.cli.render import markup_safe, printable
+from polyprof.cli.render import EXIT_BAD_INPUT, fail, markup_safe, new_console, printable
 from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import PolyprofError, TraceFormatError
-
-EXIT_BAD_INPUT = 2
-
-
-def _console(stderr: bool = False) -> Console:
-    console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
-        console = Console(stderr=stderr, highlight=False, width=120)
-    return console
-
-
-def _fail(message: str) -> None:
-    click.echo(f"polyprof: error: {printable(message)}", err=True)  # one line, never wrapped
-    sys.exit(EXIT_BAD_INPUT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,7 +76,7 @@ def backends() -> None:
                 table.add_row(
                     markup_safe(entry.name), markup_safe(entry.source), acts, "[yellow]unavailable[/yellow]", markup_safe(avail.reason)
                 )
-    _console().print(table)
+    new_console().print(table)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -170,20 +155,20 @@ def run(
     """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
     from polyprof.engine.limits import limits_from_cli
     from polyprof.engine.scheduled import Profile
-    from polyprof.export import check_output_path
-    from polyprof.io.spill import spill_path
+    from polyprof.formats import check_output_path
+    from polyprof.formats.spill.file import spill_path
 
     if not os.path.isfile(script):
-        _fail(f"script {script} does not exist")
+        fail(f"script {script} does not exist")
     _check_activity_settings()
     if torch_profiler:
         _behind_torch_profiler()
     if on_demand:
         _run_on_demand(script, script_args)
     if duration is not None and not (math.isfinite(duration) and duration > 0):
-        _fail(f"--duration must be a positive, finite number of seconds, got {duration}")
+        fail(f"--duration must be a positive, finite number of seconds, got {duration}")
     if ring is not None and not (math.isfinite(ring) and ring > 0):
-        _fail(f"--ring must be a positive, finite number of seconds, got {ring}")
+        fail(f"--ring must be a positive, finite number of seconds, got {ring}")
     try:
         output = check_output_path(output)
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
@@ -192,7 +177,7 @@ def run(
         limits = limits_from_cli(min_span_us, include, exclude, exclude_kind, max_events)
         prof = Profile(groups, spill=spill_file, ring_s=ring, limits=limits)
     except PolyprofError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     script_path = os.path.abspath(script)
     sys.argv = [script, *script_args]
@@ -200,7 +185,7 @@ def run(
     exit_code = 0
     lock = threading.Lock()
     done: dict[str, Any] = {}  # "written": the trace's path, once written; "error": why not
-    console = _console(stderr=True)
+    console = new_console(stderr=True)
 
     def finish() -> None:
         """Stop and write the trace, once: when the window ends (--duration), or when the script does.
@@ -314,7 +299,7 @@ def _check_activity_settings() -> None:
     try:
         activity_edits()
     except PolyprofError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _behind_torch_profiler() -> None:
@@ -332,7 +317,7 @@ def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
     try:
         path = listen()
     except (PolyprofError, OSError) as exc:
-        _fail(f"cannot listen for captures: {exc}")
+        fail(f"cannot listen for captures: {exc}")
     click.echo(f"polyprof: pid {os.getpid()} is capturable (polyprof capture {os.getpid()} ...; socket {path})", err=True)
     script_path = os.path.abspath(script)
     sys.argv = [script, *script_args]
@@ -381,8 +366,8 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
 @click.option("-o", "--output", default=None, help="Trace file to write (default: beside the spill, .recovered.json.gz).")
 def recover(spill_file: str, output: str | None) -> None:
     """Write a trace from SPILL_FILE, what a killed `polyprof run` (or a profile with spill=) left."""
-    from polyprof.engine.recover import recover_trace
-    from polyprof.export import write_trace
+    from polyprof.formats import write_trace
+    from polyprof.tools.recover import recover_trace
 
     try:
         trace = recover_trace(spill_file)
@@ -393,7 +378,7 @@ def recover(spill_file: str, output: str | None) -> None:
             output = os.path.join(folder, f"{stem}.recovered.json.gz")
         written = write_trace(trace, output)
     except (PolyprofError, TraceFormatError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if LEFT_SPILL.search(os.path.basename(spill_file)):  # polyprof run's copy of a killed run's spill: done with
         with contextlib.suppress(OSError):
             os.unlink(spill_file)
@@ -442,7 +427,7 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None) -> None:
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
     time in collectives and who waited."""
     from polyprof.cli.render import print_rank_view, print_summary
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     several = len(trace_files) > 1 or os.path.isdir(trace_files[0])
     if view not in (None, "top") and not (view == "ranks" and several):
@@ -454,14 +439,14 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None) -> None:
         try:
             ranks = rank_view(trace_files)
         except (TraceFormatError, PolyprofError) as exc:
-            _fail(str(exc))
-        print_rank_view(ranks, _console())
+            fail(str(exc))
+        print_rank_view(ranks, new_console())
         return
     try:
         trace = load_trace(trace_files[0])
     except TraceFormatError as exc:
-        _fail(str(exc))
-    print_summary(trace, _console(), top, f"polyprof summary: {trace_files[0]}")
+        fail(str(exc))
+    print_summary(trace, new_console(), top, f"polyprof summary: {trace_files[0]}")
 
 
 def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
@@ -473,8 +458,8 @@ def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
         traces, _, ranks = load_ranks(trace_files)
         ov = overview(traces, ranks, top=limit)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(str(exc))
-    console = _console()
+        fail(str(exc))
+    console = new_console()
     if view == "ranks":
         console.print("one trace: no ranks to compare (give several ranks' traces, or a folder of them)")
         return
@@ -505,7 +490,7 @@ def report(trace_files: tuple[str, ...], output: str, baseline: str | None) -> N
     try:
         written = write_report(list(trace_files), output, baseline=baseline)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     size = os.path.getsize(written)
     click.echo(f"polyprof: report written to {written} ({size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)", err=True)
     click.echo(written)
@@ -521,13 +506,13 @@ def diff_command(before: str, after: str, top: int, output: str | None) -> None:
     changed most, new and vanished ones."""
     from polyprof.analysis.diff import diff
     from polyprof.cli.render import analysis_table, format_ns
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     try:
         d = diff(load_trace(before), load_trace(after), top=top)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(str(exc))
-    console = _console()
+        fail(str(exc))
+    console = new_console()
     if d.step_ns:
         b, a = d.step_ns
         console.print(f"mean step: {format_ns(b)} before, {format_ns(a)} after ({(a - b) / (b or 1):+.1%})", highlight=False)
@@ -541,7 +526,7 @@ def diff_command(before: str, after: str, top: int, output: str | None) -> None:
         try:
             written = write_report([after], output, baseline=before)
         except (TraceFormatError, PolyprofError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
         click.echo(f"polyprof: report with the diff written to {written}", err=True)
 
 
@@ -553,13 +538,13 @@ def diff_command(before: str, after: str, top: int, output: str | None) -> None:
 def convert(input_file: str, output_file: str, out_format: str | None) -> None:
     """Convert a trace: Kineto/torch.profiler or polyprof JSON to Perfetto protobuf (streaming: a trace
     too large to open converts without loading it), or a .pftrace back to JSON."""
-    from polyprof.io.convert import convert as run_convert
+    from polyprof.tools.convert import convert as run_convert
 
     started = time.perf_counter()
     try:
         stats = run_convert(input_file, output_file, format=out_format)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     seconds = time.perf_counter() - started
     skipped = "".join(f"; left out: {n:,} {why}" for why, n in stats.skipped.items())
     click.echo(
@@ -575,13 +560,13 @@ def convert(input_file: str, output_file: str, out_format: str | None) -> None:
 def merge(traces: tuple[str, ...], output: str) -> None:
     """One timeline from many ranks' TRACES (files or folders; polyprof's or torch.profiler's): a
     process per rank and device, ids kept unique, clocks put on rank 0's where the traces recorded it."""
-    from polyprof.io.ranks import merge_traces
+    from polyprof.tools.merge_ranks import merge_traces
 
     started = time.perf_counter()
     try:
         stats = merge_traces(list(traces), output)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     aligned = sum(r.offset_ns is not None for r in stats.ranks)
     click.echo(
         f"polyprof: {len(stats.ranks)} ranks, {stats.events:,} activities merged into {stats.output} in "

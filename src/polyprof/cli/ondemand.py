@@ -19,20 +19,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from polyprof.cli.render import markup_safe
+from polyprof.cli.render import fail, markup_safe, new_console
 from polyprof.errors import PolyprofError, TraceFormatError
-
-
-def _console(stderr: bool = False) -> Any:
-    from polyprof.cli.main import _console as console
-
-    return console(stderr)
-
-
-def _fail(message: str) -> None:
-    from polyprof.cli.main import _fail as fail
-
-    fail(message)
 
 
 @click.command()
@@ -45,7 +33,7 @@ def ps(as_json: bool) -> None:
     try:
         found = capturable()
     except PolyprofError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         import orjson
 
@@ -66,7 +54,7 @@ def ps(as_json: bool) -> None:
             ("recording" if cap.get("recording") else "waiting for its step") + f" -> {cap.get('output')}" if cap else "-")  # fmt: skip
         table.add_row(str(proc["pid"]), markup_safe(_short_command(str(proc.get("command", "")))), rank, steps,
                       markup_safe(running))  # fmt: skip
-    _console().print(table)
+    new_console().print(table)
 
 
 def _short_command(command: str) -> str:
@@ -94,18 +82,18 @@ def capture(pid: int | None, duration: float | None, steps: int | None, activiti
     records, writes the trace itself, and this prints the summary. Ctrl-C here leaves the capture to
     finish in the target."""
     if (duration is None) == (steps is None):
-        _fail("give exactly one of --duration SECONDS and --steps N")
+        fail("give exactly one of --duration SECONDS and --steps N")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
-        _fail(f"--duration must be a positive number of seconds, got {duration}")
+        fail(f"--duration must be a positive number of seconds, got {duration}")
     if steps is not None and steps < 1:
-        _fail(f"--steps must be at least 1, got {steps}")
+        fail(f"--steps must be at least 1, got {steps}")
     if everyone == (pid is not None):
-        _fail("give the PID to capture (polyprof ps lists them), or --all")
+        fail("give the PID to capture (polyprof ps lists them), or --all")
     if job and everyone:
-        _fail("--job captures PID's job; --all captures every process (each job among them as a whole)")
+        fail("--job captures PID's job; --all captures every process (each job among them as a whole)")
     output = os.path.abspath(output or f"polyprof-capture-{pid if pid is not None else 'all'}.json.gz")
     if not os.path.isdir(os.path.dirname(output)):
-        _fail(f"cannot write the trace to {output}: folder {os.path.dirname(output)} does not exist; create it first")
+        fail(f"cannot write the trace to {output}: folder {os.path.dirname(output)} does not exist; create it first")
     request: dict[str, Any] = {"op": "capture", "output": output, "timeout_s": timeout}
     request.update({"duration_s": duration} if duration is not None else {"steps": steps})
     if activities:
@@ -134,7 +122,7 @@ def _capture_one(pid: int, request: dict[str, Any]) -> list[str]:
     try:
         done = ask_capture(pid, request, accepted)
     except CaptureFailed as exc:
-        _fail(f"pid {pid}: {exc}")
+        fail(f"pid {pid}: {exc}")
     except KeyboardInterrupt:
         click.echo(f"polyprof: interrupted; pid {pid} finishes the capture and writes its trace itself", err=True)
         raise SystemExit(130) from None
@@ -149,7 +137,7 @@ def _capture_all(request: dict[str, Any], output: str) -> list[str]:
 
     found = [p for p in capturable() if "error" not in p and p.get("pid") != os.getpid()]
     if not found:
-        _fail("no capturable process of this user (start one with POLYPROF_ON_DEMAND=1)")
+        fail("no capturable process of this user (start one with POLYPROF_ON_DEMAND=1)")
     jobs: dict[str, dict[str, Any]] = {}
     singles = []
     for proc in found:
@@ -177,7 +165,7 @@ def _capture_all(request: dict[str, Any], output: str) -> list[str]:
     for t in threads:
         t.join()
     if not results:
-        _fail("no process wrote a trace")
+        fail("no process wrote a trace")
     return [p for pid in sorted(results) for p in results[pid]]
 
 
@@ -190,27 +178,27 @@ def _split_suffix(path: str) -> tuple[str, str]:
 
 def _report(paths: list[str], output: str, summary: bool, top: int) -> None:
     from polyprof.cli.render import print_rank_view, print_summary
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
 
     if len(paths) == 1:
         click.echo(f"polyprof: trace written to {paths[0]}", err=True)
         if summary:
             try:
-                print_summary(load_trace(paths[0]), _console(), top, f"polyprof capture: {paths[0]}")
+                print_summary(load_trace(paths[0]), new_console(), top, f"polyprof capture: {paths[0]}")
             except TraceFormatError as exc:
-                _fail(str(exc))
+                fail(str(exc))
         return
-    from polyprof.io.ranks import merge_traces
+    from polyprof.tools.merge_ranks import merge_traces
 
     try:
         stats = merge_traces(paths, output)
     except (TraceFormatError, PolyprofError) as exc:
-        _fail(f"the traces {', '.join(paths)} were written but not merged: {exc}")
+        fail(f"the traces {', '.join(paths)} were written but not merged: {exc}")
     click.echo(f"polyprof: {len(paths)} traces written ({', '.join(paths)}), merged into {stats.output}", err=True)
     if summary:
         from polyprof.analysis.ranks import rank_view
 
         try:
-            print_rank_view(rank_view(paths), _console())
+            print_rank_view(rank_view(paths), new_console())
         except (TraceFormatError, PolyprofError) as exc:
             click.echo(f"polyprof: no rank view ({exc})", err=True)

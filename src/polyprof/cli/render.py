@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -152,3 +154,18 @@ def analysis_table(table: object, title: str | None = None, limit: int = 30) -> 
     if len(table.rows) > limit:  # type: ignore[attr-defined]
         out.caption = f"the first {limit} of {len(table.rows)} rows"  # type: ignore[attr-defined]
     return out
+
+
+EXIT_BAD_INPUT = 2
+
+
+def new_console(stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+        console = Console(stderr=stderr, highlight=False, width=120)
+    return console
+
+
+def fail(message: str) -> None:
+    click.echo(f"polyprof: error: {printable(message)}", err=True)  # one line, never wrapped
+    sys.exit(EXIT_BAD_INPUT)

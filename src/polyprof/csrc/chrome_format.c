@@ -1,4 +1,4 @@
-/* Chrome-trace JSON from columns: the rows of polyprof.export.chrome (without the GIL) and the args
+/* Chrome-trace JSON from columns: the rows of polyprof.formats.chrome.write (without the GIL) and the args
  * objects of column blocks. Both write exactly what the exporter's pure-Python twins write. */
 #include "speedups.h"
 
@@ -47,7 +47,7 @@ static int ob_str(outbuf *b, PyObject *s) {  /* JSON text given as bytes (UTF-8)
  * bit 2: flow start). A row's ts is start + offset (clamped at 0), its dur end - start. `names` is a
  * list of JSON-encoded strings as bytes or str (index = string id); `extra` a list with, per row, None
  * or the whole args object as JSON bytes or str. The rows are formatted without the GIL. The output is
- * exactly what polyprof.export.chrome's Python formatter writes. */
+ * exactly what polyprof.formats.chrome.write's Python formatter writes. */
 #define N_COLS 11
 #define GIL_FREE_ROWS 8192
 

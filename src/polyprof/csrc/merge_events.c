@@ -1,6 +1,6 @@
 /*
  * `polyprof merge`, JSON to JSON: one rank's Chrome-trace events rewritten byte by byte
- * (polyprof.io.ranks). Each event object's top-level keys are found; its pid, ts, flow id and the
+ * (polyprof.tools.merge_ranks). Each event object's top-level keys are found; its pid, ts, flow id and the
  * args' "External id" / "correlation" are replaced; every other byte is copied as it was. The
  * pure-Python twin is ranks._rank_events_py (ijson, event by event).
  *

@@ -1,5 +1,5 @@
 /*
- * `polyprof merge` of polyprof's own .pftrace ranks, packet by packet (polyprof.io.ranks): each packet
+ * `polyprof merge` of polyprof's own .pftrace ranks, packet by packet (polyprof.tools.merge_ranks): each packet
  * copied with what places it on the merged timeline rewritten (its sequence id, its timestamp, track
  * uuids, pids and process names, sort indices, flow ids, the "External id" and "correlation"
  * annotations), every other byte as it was. The pure-Python way (and the way for another writer's

@@ -1,5 +1,5 @@
 /* Perfetto debug annotations of args kept as JSON text (the arg blocks of a trace read back, the torch
- * observer's shapes), without decoding them into Python objects: polyprof.export.perfetto.writer.
+ * observer's shapes), without decoding them into Python objects: polyprof.formats.perfetto.write.
  *
  *   encode_json_args(rows, iids, columns, blobs) -> list of positions left to Python
  *

@@ -1,5 +1,5 @@
-/* Perfetto protobuf from columns: the slice order (polyprof.export.perfetto.order) and the packets of
- * begin/end/instant events (polyprof.export.perfetto.writer), both without the GIL. Each writes exactly
+/* Perfetto protobuf from columns: the slice order (polyprof.formats.perfetto.order) and the packets of
+ * begin/end/instant events (polyprof.formats.perfetto.write), both without the GIL. Each writes exactly
  * what its pure-Python twin writes. */
 #include "speedups.h"
 #include "protobuf.h"

@@ -1,6 +1,6 @@
 /*
- * Reading a Chrome trace's events into columns (polyprof.io.chrome_scan), without a Python object per
- * event: the C side of load_trace for large JSON traces. The Python reader (io/chrome.py) stays the
+ * Reading a Chrome trace's events into columns (polyprof.formats.chrome.scan), without a Python object per
+ * event: the C side of load_trace for large JSON traces. The Python reader (formats/chrome/read.py) stays the
  * reference; this scanner gives the same trace or declines (returns DECLINED) for anything it does not
  * read exactly as that reader does, and the caller then uses the reader.
  *
@@ -29,7 +29,7 @@ enum { DECLINED = -4 };
 typedef struct {
     int64_t ts, end, corr, ext;
     int32_t cat, name, pid, res, instant, pad;
-} act_rec; /* 56 bytes: io/chrome_scan.py's ACT_DTYPE */
+} act_rec; /* 56 bytes: formats/chrome/scan.py's ACT_DTYPE */
 
 typedef struct {
     int64_t ts, id, prev;

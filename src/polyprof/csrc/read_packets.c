@@ -1,7 +1,7 @@
 /*
- * Reading a Perfetto protobuf trace's TrackEvent packets into columns (polyprof.io.perfetto_scan),
+ * Reading a Perfetto protobuf trace's TrackEvent packets into columns (polyprof.formats.perfetto.scan),
  * without a Python object per event: the C side of load_trace for large .pftrace files. The Python
- * reader (io/perfetto.py) stays the reference; this scanner gives the same trace or declines (None)
+ * reader (formats/perfetto/read.py) stays the reference; this scanner gives the same trace or declines (None)
  * for anything it does not read exactly as that reader does (malformed or cut-off packets, interned
  * entries redefined, a debug annotation key given twice, strings that are not UTF-8, a value in a
  * wire type the reader would choke on...), and the caller then uses the reader, which names the problem.
@@ -11,7 +11,7 @@
  *        snapshots: list of bytes, blocks: dict, legacy_json: list of bytes)
  *
  * records    the slice begins, instants and counter values, in file order (pf_rec, PF_DTYPE in
- *            io/perfetto_scan.py); a slice's end is filled in when its TYPE_SLICE_END comes
+ *            formats/perfetto/scan.py); a slice's end is filled in when its TYPE_SLICE_END comes
  * strings    UTF-8 names, categories and annotation keys, by code
  * descriptors  (records before it, TrackDescriptor message) of each, for the reader's own parser
  * snapshots  each ClockSnapshot message, likewise

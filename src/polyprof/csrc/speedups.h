@@ -4,13 +4,13 @@
  *   module.c         the module: process-wide ids, the clock, the method table
  *   recorder.c       record_function (its construction, enter/exit, the decorator's SpanCall), the current
  *                    External id and the per-thread EventBuffer (its twin: _native/twins/recorder.py)
- *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.export)
+ *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.formats)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
- *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.export.perfetto)
+ *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.formats.perfetto)
  *   merge_passes.c   the merge's innermost-open-span walk and two-source gather (polyprof.engine.merge)
- *   read_events.c    a Chrome trace's events found in its bytes, into columns (polyprof.io.chrome_scan)
- *   read_packets.c   a Perfetto trace's TrackEvent packets, into columns (polyprof.io.perfetto_scan)
- *   perfetto_args.c  Perfetto debug annotations of args kept as JSON text (polyprof.export.perfetto)
+ *   read_events.c    a Chrome trace's events found in its bytes, into columns (polyprof.formats.chrome.scan)
+ *   read_packets.c   a Perfetto trace's TrackEvent packets, into columns (polyprof.formats.perfetto.scan)
+ *   perfetto_args.c  Perfetto debug annotations of args kept as JSON text (polyprof.formats.perfetto)
  *   merge_events.c   one rank's Chrome-trace events rewritten byte by byte for `polyprof merge`
  *   merge_packets.c  one rank's .pftrace packets rewritten field by field for `polyprof merge`
  *   pytrace.c        the python backend's profile hook: every Python call, into per-thread columns

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from enum import Enum
+from typing import Any
 
 from polyprof.errors import ConfigError
 
@@ -108,3 +109,8 @@ TRANSITIONS: dict[tuple[ProfilerAction, ProfilerAction | None], tuple[str, ...]]
     (_A.RECORD, None): (STOP, READY),
     (_A.RECORD_AND_SAVE, None): (STOP, READY),
 }
+
+
+def as_action(value: Any) -> ProfilerAction:
+    """polyprof's ProfilerAction for polyprof's, torch's (same values) or a bare value."""
+    return value if isinstance(value, ProfilerAction) else ProfilerAction(getattr(value, "value", value))

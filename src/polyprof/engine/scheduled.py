@@ -56,6 +56,7 @@ from polyprof.engine.schedule import (
     WARN,
     ProfilerAction,
     always_record,
+    as_action,
 )
 from polyprof.engine.selection import (
     activity_group_name,
@@ -291,7 +292,7 @@ class Profile:
         and handler, the spill closed, warnings and a handler's error raised."""
         self._merge_here = wait  # the caller waits anyway: merge on its thread, without a hand-over
         try:
-            self._apply(TRANSITIONS[(_action(prev), None)])
+            self._apply(TRANSITIONS[(as_action(prev), None)])
         finally:
             self._merge_here = False
             self._started = False
@@ -348,7 +349,7 @@ class Profile:
         return self._export(path, "perfetto")
 
     def _export(self, path: str, format: str | None) -> str:
-        from polyprof.export.formats import write_trace
+        from polyprof.formats.files import write_trace
 
         trace = self.trace
         started = time.perf_counter()
@@ -363,7 +364,7 @@ class Profile:
         hangs: its state without stopping it). Backends that hand over rows while recording (``flush``)
         are in it; the others only come at the window's end (the trace's ``polyprof.partial`` lists
         them). Returns the path written."""
-        from polyprof.export.formats import write_trace
+        from polyprof.formats.files import write_trace
 
         sessions = self._sessions
         if not self._recording or sessions is None:
@@ -431,7 +432,7 @@ class Profile:
                 warn_user(f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}")
 
     def _transition(self, prev: Any, cur: Any) -> None:
-        prev, cur = _action(prev), _action(cur)
+        prev, cur = as_action(prev), as_action(cur)
         if cur is ProfilerAction.DEVICE_STOPPED:
             raise ConfigError(
                 "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
@@ -521,7 +522,7 @@ class Profile:
         warning, never the user's exception."""
         if self.spill_path is None:
             return
-        from polyprof.io.spill import open_spill
+        from polyprof.formats.spill import open_spill
 
         handles = self._sessions.handles if self._sessions is not None else []
         info = {
@@ -725,11 +726,6 @@ class _WindowView:
 
     def __repr__(self) -> str:
         return f"<{type(self._profile).__name__} at step {self.step_num}>"
-
-
-def _action(value: Any) -> ProfilerAction:
-    """polyprof's ProfilerAction for polyprof's, torch's (same values) or a bare value."""
-    return value if isinstance(value, ProfilerAction) else ProfilerAction(getattr(value, "value", value))
 
 
 def profile(activities: Iterable[Any] | None = None, **kwargs: Any) -> Profile:

@@ -48,26 +48,26 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 
 def _as_column(values: Any, n: int) -> np.ndarray:
     if isinstance(values, JSONColumn):
-        return _JSONArray.of(values.values, n)
+        return JSONArray.of(values.values, n)
     if isinstance(values, np.ndarray) and values.ndim == 1:
         return values
     # object arrays keep tuples and strings as they are (np.asarray would turn tuples into a 2-D array)
     return np.fromiter(values, dtype=object, count=n)
 
 
-class _JSONArray(np.ndarray):
+class JSONArray(np.ndarray):
     """An object array of JSON-encoded values: keeps its type through indexing and slicing."""
 
     @classmethod
-    def of(cls, values: Sequence[bytes], n: int) -> _JSONArray:
+    def of(cls, values: Sequence[bytes], n: int) -> JSONArray:
         return np.fromiter(values, dtype=object, count=n).view(cls)
 
 
 def is_json_column(column: np.ndarray) -> bool:
-    return isinstance(column, _JSONArray)
+    return isinstance(column, JSONArray)
 
 
-class _Block:
+class ArgsBlock:
     __slots__ = ("rows", "keys", "columns")
 
     def __init__(self, rows: np.ndarray, keys: tuple[str, ...], columns: list[np.ndarray]) -> None:
@@ -82,7 +82,7 @@ class _Block:
     def dict_at(self, p: int) -> dict[str, Any]:
         out = {}
         for k, c in zip(self.keys, self.columns, strict=True):
-            if isinstance(c, _JSONArray):
+            if isinstance(c, JSONArray):
                 if c[p]:
                     out[k] = orjson.loads(c[p])
             else:
@@ -100,9 +100,9 @@ class Args(Mapping):
 
     __slots__ = ("dicts", "blocks")
 
-    def __init__(self, dicts: dict[int, dict] | None = None, blocks: list[_Block] | None = None) -> None:
+    def __init__(self, dicts: dict[int, dict] | None = None, blocks: list[ArgsBlock] | None = None) -> None:
         self.dicts: dict[int, dict] = dicts if dicts is not None else {}
-        self.blocks: list[_Block] = blocks if blocks is not None else []
+        self.blocks: list[ArgsBlock] = blocks if blocks is not None else []
 
     @classmethod
     def of(cls, args: Mapping[int, dict] | None) -> Args:
@@ -124,7 +124,7 @@ class Args(Mapping):
         if len(rows) > 1 and not (np.diff(rows) > 0).all():
             order = np.argsort(rows, kind="stable")
             rows, columns = rows[order], [c[order] for c in columns]
-        self.blocks.append(_Block(rows, tuple(block.keys), columns))
+        self.blocks.append(ArgsBlock(rows, tuple(block.keys), columns))
 
     # -- Mapping ----------------------------------------------------------------------------------
     def __getitem__(self, row: int) -> dict[str, Any]:
@@ -192,7 +192,7 @@ class Args(Mapping):
                 if len(new) > 1 and not (np.diff(new) > 0).all():
                     resort = np.argsort(new, kind="stable")
                     new, at = new[resort], at[resort]
-                blocks.append(_Block(new, b.keys, [c[at] for c in b.columns]))
+                blocks.append(ArgsBlock(new, b.keys, [c[at] for c in b.columns]))
         return Args(dicts, blocks)
 
     def renumbered(self, new_row: np.ndarray) -> Args:
@@ -201,7 +201,7 @@ class Args(Mapping):
         new_row = np.asarray(new_row, dtype=np.int64)
         return Args(
             {int(new_row[i]): a for i, a in self.dicts.items()},
-            [_Block(new_row[b.rows], b.keys, b.columns) for b in self.blocks],
+            [ArgsBlock(new_row[b.rows], b.keys, b.columns) for b in self.blocks],
         )
 
     def shifted(self, offset: int) -> Args:
@@ -210,7 +210,7 @@ class Args(Mapping):
             return self
         return Args(
             {i + offset: a for i, a in self.dicts.items()},
-            [_Block(b.rows + offset, b.keys, b.columns) for b in self.blocks],
+            [ArgsBlock(b.rows + offset, b.keys, b.columns) for b in self.blocks],
         )
 
     @staticmethod

@@ -36,7 +36,7 @@ class Capture:
     def __init__(self, request: CaptureRequest, output: str, done: Reply, *, start_step: int | None = None,
                  metadata: dict[str, Any] | None = None) -> None:  # fmt: skip
         from polyprof.engine.scheduled import Profile
-        from polyprof.io.spill import spill_path
+        from polyprof.formats.spill.file import spill_path
 
         self.request, self.output, self._done = request, output, done
         self.start_step = start_step

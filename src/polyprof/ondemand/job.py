@@ -69,7 +69,7 @@ class JobLink:
     # -- the asked rank ------------------------------------------------------------------------------
     def publish(self, request: CaptureRequest, reply: Reply) -> dict[str, Any]:
         """Put the request where every rank sees it; answer `reply` once every rank has reported."""
-        from polyprof.backends.torch.distributed import job_store
+        from polyprof.backends.torch.job_store import job_store
 
         dist = _dist()
         if dist is None:
@@ -119,7 +119,7 @@ class JobLink:
             return
         try:
             if self._store is None:
-                from polyprof.backends.torch.distributed import job_store
+                from polyprof.backends.torch.job_store import job_store
 
                 self._store = job_store(STORE_TIMEOUT_S) or False
             if not self._store or not self._store.check([REQUEST_KEY]):
@@ -135,12 +135,12 @@ class JobLink:
         self._join(message, dist.get_rank())
 
     def _join(self, message: dict[str, Any], rank: int) -> None:
-        from polyprof.export.paths import check_output_path
+        from polyprof.formats.common.paths import check_output_path
 
         capture_id = str(message.get("id"))
 
         def report(result: dict[str, Any]) -> None:
-            from polyprof.backends.torch.distributed import job_store
+            from polyprof.backends.torch.job_store import job_store
 
             store = job_store(STORE_TIMEOUT_S)  # a client of its own: this runs on the export thread
             store.set(_done_key(capture_id, rank), orjson.dumps(result))

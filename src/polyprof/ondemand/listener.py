@@ -221,7 +221,7 @@ class Listener:
                 if request.job:
                     accepted = self.job.publish(request, reply)
                 else:
-                    from polyprof.export.paths import check_output_path
+                    from polyprof.formats.common.paths import check_output_path
 
                     output = check_output_path(request.output)
                     capture = self.slot.take(lambda done: Capture(request, output, done), reply)
@@ -251,7 +251,7 @@ class Listener:
 
     def status(self) -> dict[str, Any]:
         from polyprof._version import __version__
-        from polyprof.export.paths import _rank_fields
+        from polyprof.formats.common.paths import rank_fields
 
         dist = sys.modules.get("torch.distributed")
         distributed = False
@@ -263,7 +263,7 @@ class Listener:
             "polyprof": __version__,
             "host": socket.gethostname(),
             "distributed": distributed,
-            **(_rank_fields() if distributed else {}),
+            **(rank_fields() if distributed else {}),
             "job": _job_key() if distributed else None,
             "steps": tracker.step,
             "step_sources": sorted(tracker.sources),

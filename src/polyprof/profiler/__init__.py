@@ -81,7 +81,7 @@ def _torch_shaped(name: str) -> Any:
     if not torch_installed():
         return {"profile": native, "schedule": engine.schedule, "ProfilerAction": engine.ProfilerAction}[name]
     from polyprof.profiler import torch_profile
-    from polyprof.profiler.behind_torch import original
+    from polyprof.profiler.torch_originals import original
 
     if name == "profile":
         return torch_profile.torch_backed(native, original("profile"))

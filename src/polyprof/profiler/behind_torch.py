@@ -36,33 +36,24 @@ import os
 import sys
 from typing import Any
 
+from polyprof.profiler.torch_originals import original, saved
+
 #: the names put in place in torch.profiler, and those also in torch.profiler.profiler
 NAMES = ("profile", "schedule", "tensorboard_trace_handler", "ProfilerActivity")
 MODULE_NAMES = ("profile", "schedule", "tensorboard_trace_handler")
 ENV = "POLYPROF_TORCH_PROFILER"
 
-_originals: dict[tuple[str, str], Any] = {}
 _installed_class: type | None = None
 
 
 def torch_profiler_installed() -> bool:
     """Whether polyprof stands behind torch.profiler now."""
-    return bool(_originals)
-
-
-def original(name: str) -> Any:
-    """torch.profiler's own `name` (``"profile"``...), whether or not polyprof is installed behind it."""
-    saved = _originals.get(("torch.profiler", name))
-    if saved is not None:
-        return saved
-    import torch.profiler
-
-    return getattr(torch.profiler, name)
+    return bool(saved)
 
 
 def install_torch_profiler() -> None:
     """Put polyprof behind torch.profiler (see the module docstring); imports torch. Idempotent."""
-    if _originals:
+    if saved:
         return
     import torch.profiler
     import torch.profiler.profiler as torch_profiler_module
@@ -77,15 +68,15 @@ def install_torch_profiler() -> None:
     }
     for module, names in ((torch.profiler, NAMES), (torch_profiler_module, MODULE_NAMES)):
         for name in names:
-            _originals[(module.__name__, name)] = getattr(module, name)
+            saved[(module.__name__, name)] = getattr(module, name)
             setattr(module, name, replacements[name])
 
 
 def uninstall_torch_profiler() -> None:
     """Give torch.profiler its own names back. Profiles already made stay what they are."""
-    for (module_name, name), value in list(_originals.items()):
+    for (module_name, name), value in list(saved.items()):
         setattr(sys.modules[module_name], name, value)
-    _originals.clear()
+    saved.clear()
 
 
 def installed_class() -> type:

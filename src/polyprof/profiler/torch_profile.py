@@ -23,8 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from polyprof.engine.schedule import TRANSITIONS, ProfilerAction
-from polyprof.engine.scheduled import _action
+from polyprof.engine.schedule import TRANSITIONS, ProfilerAction, as_action
 
 #: torch.profiler.profile's methods the subclass runs as they are
 TORCH_LIFECYCLE = ("__enter__", "__exit__", "start", "stop", "step", "_transit_action")
@@ -39,7 +38,7 @@ class ActionMap(dict):
 
     def get(self, key: Any, default: Any = None) -> Any:
         prev, cur = key
-        return super().get((_action(prev), None if cur is None else _action(cur)), default)
+        return super().get((as_action(prev), None if cur is None else as_action(cur)), default)
 
     def __getitem__(self, key: Any) -> Any:
         found = self.get(key)
@@ -81,7 +80,7 @@ def torch_backed(native: type, torch_profile: type) -> type:
         @functools.wraps(native.__init__)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             native.__init__(self, *args, **kwargs)
-            first = _action(self.schedule(self.step_num))
+            first = as_action(self.schedule(self.step_num))
             if first is ProfilerAction.DEVICE_STOPPED:
                 raise ValueError(
                     "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned "

@@ -344,7 +344,7 @@ class TraceResult:
         return self._roots
 
     def save(self, path: str) -> None:
-        from polyprof.export.formats import write_trace
+        from polyprof.formats.files import write_trace
 
         write_trace(self.trace, path)
 

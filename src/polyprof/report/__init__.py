@@ -94,7 +94,7 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
 
 def write_report(items: Sequence[Any], output: str | os.PathLike, baseline: Any = None) -> str:
     """Write the report of `items` to `output` (atomically); returns its absolute path."""
-    from polyprof.export.paths import check_output_path, trace_output
+    from polyprof.formats.common.paths import check_output_path, trace_output
 
     output = check_output_path(output)
     text = build_report(items, baseline=baseline).encode("utf-8")

@@ -68,11 +68,11 @@ def _wait(store: Any, key: str, deadline: float) -> None:
 
 
 def _store_and_rank() -> tuple[Any, int, int] | None:
-    """A store client of this measurement's own (:func:`.distributed.job_store`), this rank and the
+    """A store client of this measurement's own (:func:`.job_store.job_store`), this rank and the
     world size."""
     import sys
 
-    from polyprof.backends.torch.distributed import job_store
+    from polyprof.backends.torch.job_store import job_store
 
     dist = sys.modules.get("torch.distributed")
     try:

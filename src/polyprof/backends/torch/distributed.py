@@ -78,21 +78,6 @@ def collective_args(args: dict[str, Any], info: dict[str, Any] | None) -> dict[s
     return out
 
 
-def job_store(timeout_s: float) -> Any:
-    """A client of polyprof's own to the job's TCPStore (MASTER_ADDR:MASTER_PORT, what torchrun and an
-    env:// launch set): the job's own client is never shared with polyprof's threads. None when the job
-    did not say where its store is."""
-    import os
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        return None
-    return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-
-
 class DistributedWatch:
     """The last ``distributedInfo`` of the job, and this rank's clock against rank 0's (see
     :mod:`.clock_sync`), kept while a profile records: measured when the profile starts in a running

@@ -23,7 +23,7 @@ class _Fields(dict):
         )
 
 
-def _rank_fields() -> dict[str, int]:
+def rank_fields() -> dict[str, int]:
     """rank, local_rank and world_size: torch.distributed's when it is initialised, else the launcher's
     (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), else a single process's (0, 0, 1)."""
     import sys
@@ -53,7 +53,7 @@ def expand_placeholders(path: str | os.PathLike) -> str:
         return text
     import socket
 
-    fields = _Fields(_rank_fields(), host=socket.gethostname(), pid=os.getpid())
+    fields = _Fields(rank_fields(), host=socket.gethostname(), pid=os.getpid())
     try:
         return text.format_map(fields)
     except OutputPathError:

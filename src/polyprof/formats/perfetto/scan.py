@@ -6,7 +6,7 @@ into a :class:`Trace`.
 
     trace = scan_perfetto(data, "trace.pftrace")   # None: the scanner declined, use io.perfetto's reader
 
-The reader in :mod:`polyprof.io.perfetto` stays the reference: the scanner reads exactly what it reads
+The reader in :mod:`polyprof.formats.perfetto.read` stays the reference: the scanner reads exactly what it reads
 (track descriptors and clock snapshots go through the reader's own parsers) and declines (None) for
 anything it would read differently, so that the reader reads the file and says what is wrong with it.
 """
@@ -19,11 +19,11 @@ import numpy as np
 import orjson
 
 from polyprof import _native
-from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.writer import METADATA_EVENT, METADATA_TRACK
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
 from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringTable, kind_from_category
 from polyprof.model.activities import COLUMNS
-from polyprof.model.args import _Block, _JSONArray
+from polyprof.model.args import ArgsBlock, JSONArray
 
 #: csrc/read_packets.c's pf_rec
 PF_DTYPE = np.dtype(
@@ -53,14 +53,14 @@ def scan_perfetto(data: bytes, path: str = "<trace>", *, metadata_only: bool = F
 
 
 def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
-    from polyprof.io.perfetto import _Reader
+    from polyprof.formats.perfetto.read import PacketReader
 
     raw, strings, descriptors, snapshots, blocks, legacy = found
     for text in set(legacy):  # values passed on as text: JSON, or the reader names the event
         orjson.loads(text)
     texts = [b.decode() for b in strings]
     recs = np.frombuffer(raw, dtype=PF_DTYPE)
-    reader = _Reader(path)
+    reader = PacketReader(path)
     for snapshot in snapshots:
         reader.clock_snapshot(memoryview(snapshot))
     args_of = _ArgsOf(blocks, texts)
@@ -121,7 +121,7 @@ def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
 def _metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: str) -> np.ndarray:
     """The records of polyprof's metadata event: an instant of that name on a track the descriptors
     read before it name as the metadata track."""
-    from polyprof.io.perfetto import _Reader
+    from polyprof.formats.perfetto.read import PacketReader
 
     try:
         name = texts.index(METADATA_EVENT)
@@ -130,7 +130,7 @@ def _metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: 
     candidates = np.flatnonzero((recs["type"] == F.TYPE_INSTANT) & (recs["name"] == name))
     kept = []
     for i in candidates.tolist():
-        names = _Reader(path)
+        names = PacketReader(path)
         for before, descriptor in descriptors:
             if before > i:
                 break
@@ -174,7 +174,7 @@ class _ArgsOf:
         for signature, (rows_raw, values) in blocks.items():
             keys = tuple(texts[k] for k in np.frombuffer(signature, dtype=np.int32).tolist())
             rows = np.frombuffer(rows_raw, dtype=np.int64)
-            self.blocks.append((rows, keys, [_JSONArray.of(v, len(v)) for v in values]))
+            self.blocks.append((rows, keys, [JSONArray.of(v, len(v)) for v in values]))
 
     def dict_at(self, record: int) -> dict[str, Any]:
         for rows, keys, columns in self.blocks:
@@ -196,5 +196,5 @@ class _ArgsOf:
             if not len(kept):
                 continue
             order = kept[np.argsort(new[kept], kind="stable")]
-            args.blocks.append(_Block(new[order], keys, [c[order] for c in columns]))
+            args.blocks.append(ArgsBlock(new[order], keys, [c[order] for c in columns]))
         return args

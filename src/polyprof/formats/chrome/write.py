@@ -3,7 +3,7 @@ Analysis, TensorBoard's plugin and existing scripts read polyprof traces unchang
 
 ::
 
-    from polyprof.export.chrome import write_chrome_trace
+    from polyprof.formats.chrome.write import write_chrome_trace
     write_chrome_trace(trace, "trace.json")        # or "trace.json.gz": gzip written directly
 
 Layout: ``schemaVersion``, ``deviceProperties``, metadata keys, ``displayTimeUnit``,
@@ -23,8 +23,8 @@ import numpy as np
 import orjson
 
 from polyprof import _native
-from polyprof.export.jsonsafe import json_bytes, json_text
-from polyprof.export.paths import check_output_path, trace_output
+from polyprof.formats.common.jsonsafe import json_bytes, json_text
+from polyprof.formats.common.paths import check_output_path, trace_output
 from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
 from polyprof.model.args import is_json_column
 

@@ -5,7 +5,7 @@ recover`` reads it like any trace).
 Each append (a flush's parts, a window's collected rows) is a self-contained trace on its own packet
 sequence (its own interned names), with tracks whose uuids come from what they are, so the appended
 pieces are one valid trace at every chunk boundary; the first holds the clock snapshot. The interface
-is :class:`polyprof.io.spill.SpillWriter`'s::
+is :class:`polyprof.formats.spill.file.SpillWriter`'s::
 
     writer = PerfettoSpill.create(".t.spill.pftrace", header)
     writer.append_parts(parts)
@@ -18,7 +18,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from polyprof.io.spill import SpillFile
+from polyprof.formats.spill.file import SpillFile
 from polyprof.model import CollectedPart
 
 
@@ -39,7 +39,7 @@ class PerfettoSpill(SpillFile):
         if not parts:
             return
         from polyprof.engine.merge import merge
-        from polyprof.export.perfetto.writer import iter_perfetto_chunks
+        from polyprof.formats.perfetto.write import iter_perfetto_chunks
 
         starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
         ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]

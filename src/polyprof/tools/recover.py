@@ -14,13 +14,13 @@ from typing import Any
 
 from polyprof._version import __version__
 from polyprof.engine.merge import merge
-from polyprof.io.spill import read_spill
+from polyprof.formats.spill.file import read_spill
 from polyprof.model import Trace
 
 
 def recover_trace(path: str) -> Trace:
-    from polyprof.io.perfetto import looks_like_perfetto
-    from polyprof.io.source import max_trace_bytes, read_bytes
+    from polyprof.formats.common.source import max_trace_bytes, read_bytes
+    from polyprof.formats.perfetto.read import looks_like_perfetto
 
     data = read_bytes(path, max_trace_bytes())
     if looks_like_perfetto(data):
@@ -90,9 +90,9 @@ def _all_windows_ended(windows: list[dict[str, Any]]) -> bool:
 
 def _recover_perfetto(path: str, data: bytes) -> Trace:
     """A Perfetto spill (the spill of a .pftrace output): a trace as it is, less a torn last packet."""
-    from polyprof.io.perfetto import _Reader, read_with
+    from polyprof.formats.perfetto.read import PacketReader, read_with
 
-    reader = _Reader(path, tolerate_torn=True)
+    reader = PacketReader(path, tolerate_torn=True)
     trace = read_with(reader, data)
     trace.metadata["polyprof"] = {
         **(trace.metadata.get("polyprof") or {}),

@@ -2,7 +2,7 @@
 
 ::
 
-    from polyprof.export.perfetto import write_perfetto_trace
+    from polyprof.formats import write_perfetto_trace
     write_perfetto_trace(trace, "trace.pftrace")          # ".pftrace.gz": gzip written directly
 
 What is in the file (one packet sequence):
@@ -37,12 +37,12 @@ import orjson
 
 from polyprof import _native
 from polyprof._version import __version__
-from polyprof.export.chrome import device_properties, trace_metadata
-from polyprof.export.jsonsafe import json_bytes, safe_str
-from polyprof.export.paths import check_output_path, trace_output
-from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.order import BEGIN, END, slice_events
-from polyprof.export.perfetto.wire import (
+from polyprof.formats.chrome.write import device_properties, trace_metadata
+from polyprof.formats.common.jsonsafe import json_bytes, safe_str
+from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.order import BEGIN, END, slice_events
+from polyprof.formats.perfetto.wire import (
     field_bytes,
     field_double,
     field_fixed64,

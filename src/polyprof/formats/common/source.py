@@ -16,12 +16,13 @@ that limit of it.
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import stat
 import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 from polyprof.errors import TraceFormatError
 
@@ -125,6 +126,37 @@ def inflated(f: Any, path: str, max_bytes: int) -> Iterator[bytes]:
         raise TraceFormatError(f"{path}: gzip data is truncated or corrupt ({exc})") from None
     if inflater is not None:
         raise TraceFormatError(f"{path}: gzip data is truncated or corrupt (unexpected end)")
+
+
+def first_bytes(chunks: Any, at_least: int) -> bytes:
+    """The first chunks of `chunks` until at least `at_least` bytes (all of them when fewer), joined."""
+    parts = []
+    size = 0
+    for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= at_least:
+            break
+    return b"".join(parts)
+
+
+def is_gzip_file(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def open_stream(path: str) -> IO[bytes]:
+    """The file as a stream of its bytes, inflated when it is gzip (a TraceFormatError when it cannot be
+    read): for readers that stream (ijson, the rewriters), which bound what they hold themselves."""
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if raw.read(2) == b"\x1f\x8b":
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    raw.seek(0)
+    return raw
 
 
 class _chained:  # noqa: N801 - a file-like reader: `first`, then the rest of `f`

@@ -2,7 +2,7 @@
 
 ::
 
-    from polyprof.io.convert import convert
+    from polyprof.tools.convert import convert
     stats = convert("rank0.pt.trace.json.gz", "rank0.pftrace")   # Kineto/torch.profiler JSON -> Perfetto
     convert("rank0.pftrace", "rank0.json.gz")                      # and back
 
@@ -10,7 +10,7 @@ JSON to Perfetto streams, so that a trace too large to open converts without loa
 events are parsed one at a time by ijson's C backend (yajl2_c), each event's name, category and args
 are encoded at once and appended to a temporary file, and only five numbers per event stay in memory
 (start, end, row, where its encoding is, its length). Then the rows' slices are ordered and spread
-over lanes (:mod:`polyprof.export.perfetto.order`) and the packets written, each event's encoding read
+over lanes (:mod:`polyprof.formats.perfetto.order`) and the packets written, each event's encoding read
 back from the temporary file. The top-level keys around ``traceEvents`` (deviceProperties,
 distributedInfo, baseTimeNanoseconds...) are read from the head and the tail of the file. Every other
 direction (Perfetto to JSON, JSON to JSON) reads the trace into the model and writes it.
@@ -30,11 +30,15 @@ import numpy as np
 import orjson
 
 from polyprof.errors import ConfigError, TraceFormatError
-from polyprof.export.formats import format_of, write_trace
-from polyprof.export.paths import check_output_path, trace_output
-from polyprof.export.perfetto import writer as W
-from polyprof.export.perfetto.order import slice_events
-from polyprof.io.chrome import _FLOW_TYPES, ENVELOPE_PIDS, _hashable, _metadata_row, _ns
+from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, metadata_row
+from polyprof.formats.chrome.read import json_events
+from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.common.source import open_stream
+from polyprof.formats.common.values import hashable, us_to_ns
+from polyprof.formats.files import format_of, write_trace
+from polyprof.formats.perfetto import write as W
+from polyprof.formats.perfetto.order import slice_events
+from polyprof.formats.perfetto.read import is_perfetto_file
 from polyprof.model import FLOW_AC2G, Counters, Device, Resource, Trace
 
 EDGE_BYTES = 4 << 20  # how much of the head and the tail is searched for the top-level keys
@@ -58,9 +62,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, format: str | Non
     if os.path.abspath(src) == dst:
         raise ConfigError(f"convert {src}: the output is the input; give another file name")
     out_format = format_of(dst, format)
-    if out_format == "perfetto" and not _is_perfetto(src):
+    if out_format == "perfetto" and not is_perfetto_file(src):
         return _json_to_perfetto(src, dst)
-    from polyprof.io.chrome import load_trace
+    from polyprof.formats.files import load_trace
 
     trace = load_trace(src)
     written = write_trace(trace, dst, out_format)
@@ -68,30 +72,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, format: str | Non
     return ConvertStats(len(trace.activities), flows, len(trace.counters), {}, os.path.getsize(src), written)
 
 
-def _is_perfetto(path: str) -> bool:
-    from polyprof.io.perfetto import looks_like_perfetto
-
-    with _open(path) as f:
-        return looks_like_perfetto(f.read(64))
-
-
-def _open(path: str) -> IO[bytes]:
-    """The file's bytes, inflated when it is gzip (a TraceFormatError when it cannot be read)."""
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if raw.read(2) == b"\x1f\x8b":
-        raw.seek(0)
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    raw.seek(0)
-    return raw
-
-
 def top_level_keys(path: str) -> dict[str, Any]:
     """The top-level keys of a trace JSON other than ``traceEvents``, from the head of the file (the
     keys before it) and its tail (those after it), without reading what lies between."""
-    with _open(path) as f:
+    with open_stream(path) as f:
         head = f.read(EDGE_BYTES)
         tail = head[-EDGE_BYTES:]
         if not isinstance(f, gzip.GzipFile):  # a plain file seeks to its tail
@@ -146,12 +130,6 @@ def _keys_after_events(tail: bytes) -> dict[str, Any]:
     return {}
 
 
-def _events(stream: IO[bytes], bare: bool) -> Any:
-    import ijson
-
-    return ijson.items(stream, "item" if bare else "traceEvents.item", use_float=True)
-
-
 class _Places:
     """Devices and rows by (pid, tid), as the JSON reader makes them."""
 
@@ -197,7 +175,7 @@ class _Columns:
 def _ts(value: Any, src: str, n: int, what: str = "") -> int:
     if type(value) is float and -4e15 < value < 4e15:  # the usual case, without _ns's checks
         return int(round(value * 1000))
-    return _ns(value, src, f"traceEvents[{n}]{what}")
+    return us_to_ns(value, src, f"traceEvents[{n}]{what}")
 
 
 def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
@@ -214,7 +192,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
     loose: list[tuple[int, int, int, int]] = []  # flows not right after their event: (row, ts, key, start)
     skipped: dict[str, int] = {}
     rows: dict[tuple[Any, Any], int] = {}
-    with tempfile.TemporaryFile(dir=os.path.dirname(dst), buffering=0) as bodies, _open(src) as stream:
+    with tempfile.TemporaryFile(dir=os.path.dirname(dst), buffering=0) as bodies, open_stream(src) as stream:
         head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
         bare = head.lstrip().startswith(b"[")
         written = 0
@@ -222,10 +200,10 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
         buffered = io.BufferedWriter(bodies, buffer_size=1 << 20)  # type: ignore[arg-type]
         n = 0
         try:
-            for n, ev in enumerate(_events(stream, bare)):  # noqa: B007 - n names the event in errors
+            for n, ev in enumerate(json_events(stream, bare)):  # noqa: B007 - n names the event in errors
                 if not isinstance(ev, dict):
                     raise TraceFormatError(f"{src}: traceEvents[{n}] is not an object")
-                ph, pid, tid = ev.get("ph"), _hashable(ev.get("pid")), _hashable(ev.get("tid"))
+                ph, pid, tid = ev.get("ph"), hashable(ev.get("pid")), hashable(ev.get("tid"))
                 if ph in ("X", "i", "I") and ev.get("cat") != "Trace" and pid not in ENVELOPE_PIDS and ev.get("s") != "g":
                     ts = _ts(ev.get("ts"), src, n)
                     dur = _ts(ev.get("dur", 0), src, n, " dur") if ph == "X" else 0
@@ -259,7 +237,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
                     if not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**61:
                         skipped["flows without a usable id"] = skipped.get("flows without a usable id", 0) + 1
                         continue
-                    key = fid * 4 + _FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
+                    key = fid * 4 + FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
                     ts = _ts(ev.get("ts"), src, n)
                     if last is not None and last == (pid, tid, ts) and c.flow_key[-1] == 0:
                         c.flow_key[-1], c.flow_start[-1] = key, 1 if ph == "s" else 0
@@ -268,7 +246,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
                     stats.flows += 1
                 elif ph == "M":
                     ev["pid"], ev["tid"] = pid, tid
-                    _metadata_row(ev, places.devices, places.resources, places.device, places.resource)
+                    metadata_row(ev, places.devices, places.resources, places.device, places.resource)
                 elif ph == "C":
                     args = ev.get("args") or {}
                     ts = _ts(ev.get("ts"), src, n)

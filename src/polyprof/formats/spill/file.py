@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from polyprof.errors import TraceFormatError
-from polyprof.export.jsonsafe import json_bytes
+from polyprof.formats.common.jsonsafe import json_bytes
 from polyprof.model import (
     COLUMNS,
     COUNTER_COLUMNS,
@@ -45,7 +45,7 @@ from polyprof.model import (
     Resource,
     StringTable,
 )
-from polyprof.model.args import _Block, is_json_column
+from polyprof.model.args import ArgsBlock, is_json_column
 
 FILE_MAGIC = b"POLYPROF-SPILL 1\n"
 CHUNK_MAGIC = b"PPSC"
@@ -160,26 +160,14 @@ class SpillWriter(SpillFile):
 
 def spill_path(output: str) -> str:
     """Where the spill of a trace written to `output` lives: a hidden file beside it; for a Perfetto
-    output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.io.perfetto_spill`)."""
-    from polyprof.export.formats import format_of
+    output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.formats.spill.perfetto`)."""
+    from polyprof.formats.files import format_of
 
     folder, name = os.path.split(os.path.abspath(output))
     if format_of(output) == "perfetto":
         stem = name[:-3] if name.endswith(".gz") else name
         return os.path.join(folder, f".{os.path.splitext(stem)[0]}.spill.pftrace")
     return os.path.join(folder, f".{name}.spill")
-
-
-def open_spill(path: str, header: dict[str, Any]) -> Any:
-    """A new spill writer at `path`: polyprof's checksummed chunks, or Perfetto packets for a path in
-    a Perfetto format."""
-    from polyprof.export.formats import format_of
-
-    if format_of(path) == "perfetto":
-        from polyprof.io.perfetto_spill import PerfettoSpill
-
-        return PerfettoSpill.create(path, header)
-    return SpillWriter.create(path, header)
 
 
 # -- parts <-> bytes ---------------------------------------------------------------------------------
@@ -251,12 +239,12 @@ def decode_part(payload: bytes) -> CollectedPart:
             if "array" in c:
                 cols.append(take(c["array"]))
             elif "json" in c:
-                from polyprof.model.args import _JSONArray
+                from polyprof.model.args import JSONArray
 
-                cols.append(_JSONArray.of([v.encode() for v in c["json"]], len(c["json"])))
+                cols.append(JSONArray.of([v.encode() for v in c["json"]], len(c["json"])))
             else:
                 cols.append(np.array(c["values"] + [None], dtype=object)[:-1])
-        blocks.append(_Block(rows, tuple(b["keys"]), cols))
+        blocks.append(ArgsBlock(rows, tuple(b["keys"]), cols))
     columns = {name: take(head["columns"][name]) for name, _ in COLUMNS}
     counter_columns = {name: take(head["counters"][name]) for name, _ in COUNTER_COLUMNS}
     strings = StringTable()
@@ -413,7 +401,7 @@ def read_spill(path: str, data: bytes | None = None) -> Spill:
     """Every good chunk of the spill at `path` (a TraceFormatError when it is not one). A chunk that
     passed its checksum but cannot be used (a tampered file) is left out and named in ``dropped``."""
     if data is None:
-        from polyprof.io.source import max_trace_bytes, read_bytes
+        from polyprof.formats.common.source import max_trace_bytes, read_bytes
 
         data = read_bytes(path, max_trace_bytes())
     spill = Spill()

@@ -3,7 +3,7 @@ as far as they go) into a Trace, so every analysis works on either format.
 
 ::
 
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
     trace = load_trace("trace.pftrace")      # load_trace tells the formats apart by their bytes
 
 What polyprof wrote comes back as it was: devices and rows (from the layout in the metadata event),
@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from polyprof.errors import TraceFormatError
-from polyprof.export.perfetto import fields as F
-from polyprof.export.perfetto.wire import LENGTH, WireError, as_double, as_int64, fields, read_varint
-from polyprof.export.perfetto.writer import LAYOUT_KEY, METADATA_EVENT, METADATA_TRACK
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.wire import LENGTH, WireError, as_double, as_int64, fields, read_varint
+from polyprof.formats.perfetto.write import LAYOUT_KEY, METADATA_EVENT, METADATA_TRACK
 from polyprof.model import (
     FLOW_AC2G,
     ActivityBuilder,
@@ -43,20 +43,23 @@ def looks_like_perfetto(data: bytes) -> bool:
     return bool(data) and data[:1] == b"\x0a" and not head.startswith((b"{", b"["))
 
 
+def is_perfetto_file(path: str) -> bool:
+    """Whether the file at `path` (gzip or not) holds a Perfetto trace, from its first bytes."""
+    from polyprof.formats.common.source import open_stream
+
+    with open_stream(path) as f:
+        return looks_like_perfetto(f.read(64))
+
+
 def parse_perfetto(data: bytes, path: str = "<trace>", *, tolerate_torn: bool = False) -> Trace:
-    """A trace from Perfetto protobuf bytes (`path` names it in errors). With `tolerate_torn` (a spill
+    """A trace from Perfetto protobuf bytes, read by the reference reader (`path` names it in errors;
+    :func:`polyprof.formats.parse_trace` tries the C packet scanner first). With `tolerate_torn` (a spill
     whose writer was killed), a last packet cut short is left out (``reader.torn_bytes``) instead of
     being an error."""
-    if not tolerate_torn:
-        from polyprof.io.perfetto_scan import scan_perfetto
-
-        trace = scan_perfetto(data, path)  # columns straight from the packets, or None: the reader's
-        if trace is not None:
-            return trace
-    return read_with(_Reader(path, tolerate_torn), data)
+    return read_with(PacketReader(path, tolerate_torn), data)
 
 
-def read_with(reader: _Reader, data: bytes) -> Trace:
+def read_with(reader: PacketReader, data: bytes) -> Trace:
     """`reader`'s trace of `data`, every surprise a one-line TraceFormatError."""
     path = reader.path
     try:
@@ -106,7 +109,7 @@ class _Track:
         self.is_counter = False
 
 
-class _Reader:
+class PacketReader:
     def __init__(self, path: str, tolerate_torn: bool = False) -> None:
         self.path = path
         self.tolerate_torn = tolerate_torn
@@ -323,7 +326,9 @@ class _Reader:
             if not devices:
                 devices.append(Device("pid:0", "unknown", 0, "process 0", pid=0))
             counters.add(t.name if t else f"counter {track}", dev, ts, value)
-        from polyprof.io.chrome import _statuses  # the one parser of polyprof's status metadata
+        from polyprof.formats.common.finish import (
+            statuses_from_metadata,  # the one parser of polyprof's status metadata
+        )
 
         props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
         base = meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0))
@@ -334,7 +339,7 @@ class _Reader:
         if not (isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)):
             window = [int(acts["start"].min()), int(acts["end"].max())] if len(acts) else [0, 0]
         metadata = {k: v for k, v in meta.items() if k not in _RESERVED}
-        statuses, timings = _statuses(metadata)
+        statuses, timings = statuses_from_metadata(metadata)
         return Trace(
             activities=acts,
             devices=devices,

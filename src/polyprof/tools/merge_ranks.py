@@ -2,7 +2,7 @@
 
 ::
 
-    from polyprof.io.ranks import merge_traces
+    from polyprof.tools.merge_ranks import merge_traces
     merge_traces(["traces/rank0.json.gz", "traces/rank1.json.gz"], "job.pftrace")   # or a folder
 
 Each rank becomes its own processes, named ``rank R · host · <device>``, ordered rank by rank; process
@@ -31,12 +31,12 @@ import orjson
 
 from polyprof.clock import base_time_ns
 from polyprof.errors import ConfigError, TraceFormatError
-from polyprof.export.chrome import trace_metadata
-from polyprof.export.formats import format_of
-from polyprof.export.jsonsafe import json_bytes
-from polyprof.export.paths import check_output_path, trace_output
+from polyprof.formats.chrome.write import trace_metadata
+from polyprof.formats.common.jsonsafe import json_bytes
+from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.files import format_of
 from polyprof.model import ActivityTable, Args, Counters, Trace
-from polyprof.model.args import _Block, _JSONArray, is_json_column
+from polyprof.model.args import ArgsBlock, JSONArray, is_json_column
 
 ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
 PID_STRIDE = 1000
@@ -72,7 +72,7 @@ def trace_files(paths: list[str]) -> list[str]:
     return out
 
 
-def _rank_of(trace: Trace, fallback: int) -> int:
+def rank_of(trace: Trace, fallback: int) -> int:
     info = trace.metadata.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
     return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else fallback
@@ -94,9 +94,9 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
     be rewritten as they are (polyprof's own trace, every field one merge_packets.c knows): then from a
     walk over its packets that keeps all but the events, else from the whole trace read."""
     from polyprof import _native
-    from polyprof.io.chrome import parse_trace
-    from polyprof.io.perfetto_scan import scan_perfetto
-    from polyprof.io.source import max_trace_bytes, read_bytes
+    from polyprof.formats.common.source import max_trace_bytes, read_bytes
+    from polyprof.formats.files import parse_trace
+    from polyprof.formats.perfetto.scan import scan_perfetto
 
     rewriter = _native.packet_rewriter(0, 0, 0, 0, 0, b"", 1)
     if rewriter is not None:  # (None: declined, without the extension)
@@ -118,7 +118,7 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
 def _rank_input(trace: Trace, path: str, position: int) -> RankInput:
     offset, uncertainty = _offset_of(trace)
     host = str(trace.metadata.get("host_name") or (trace.metadata.get("polyprof") or {}).get("host") or "")
-    return RankInput(path, _rank_of(trace, position), host, offset, uncertainty)
+    return RankInput(path, rank_of(trace, position), host, offset, uncertainty)
 
 
 def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
@@ -175,7 +175,7 @@ def _ids_shifted(args: Args, shift: int) -> Args:
                 columns[at] = np.where(c != 0, c.astype(np.int64) + shift, 0)
             elif c.dtype == object:
                 columns[at] = np.array([shifted(v) for v in c.tolist()] + [None], dtype=object)[:-1]
-        blocks.append(_Block(b.rows, b.keys, columns))
+        blocks.append(ArgsBlock(b.rows, b.keys, columns))
     return Args(dicts, blocks)
 
 
@@ -191,7 +191,7 @@ def _json_ids_shifted(column: np.ndarray, shift: int, shifted: Any) -> np.ndarra
         out[present] = [json_bytes(shifted(orjson.loads(v))) for v in texts[present].tolist()]
     else:
         out[present] = np.where(values != 0, values + shift, 0).astype("S").astype(object)
-    return _JSONArray.of(out.tolist(), len(out))
+    return JSONArray.of(out.tolist(), len(out))
 
 
 def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | None = None) -> MergeStats:
@@ -201,9 +201,9 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
     if output in {os.path.abspath(f) for f in files}:
         raise ConfigError(f"polyprof merge: the output {output} is one of the inputs; give another name")
     stats = MergeStats(output=output)
-    from polyprof.io.convert import _is_perfetto
+    from polyprof.formats.perfetto.read import is_perfetto_file
 
-    if format_of(output, format) == "json" and not any(_is_perfetto(f) for f in files):
+    if format_of(output, format) == "json" and not any(is_perfetto_file(f) for f in files):
         described = [_json_rank(f, position) for position, f in enumerate(files)]
         stats.ranks = [d[0] for d in described]
         _unique_ranks(stats)
@@ -234,9 +234,9 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
 def _place_of(path: str, position: int) -> tuple[RankInput, int, Trace | None]:
     """A rank's place, the start of its window on its epoch and rank 0's clock, and (where its packets
     can be rewritten as they are) its trace without events."""
-    from polyprof.io.convert import _is_perfetto
+    from polyprof.formats.perfetto.read import is_perfetto_file
 
-    if _is_perfetto(path):
+    if is_perfetto_file(path):
         rank, trace, rewritable = _describe(path, position)
         return rank, trace.window[0] + trace.epoch_offset_ns + (rank.offset_ns or 0), trace if rewritable else None
     rank, base_ns, _ = _json_rank(path, position)  # a JSON rank says all that in its top-level keys
@@ -270,8 +270,8 @@ def _json_tail(out: IO[bytes], ranks: list[dict[str, Any]]) -> None:
 
 
 def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int) -> None:
-    from polyprof.export.chrome import iter_event_chunks
-    from polyprof.io import load_trace
+    from polyprof.formats import load_trace
+    from polyprof.formats.chrome.write import iter_event_chunks
 
     _json_head(out, base)
     first, ranks = True, []
@@ -294,13 +294,13 @@ def _write_perfetto(
 ) -> None:  # fmt: skip
     """One clock snapshot, then each rank on packet sequences of its own: its packets rewritten where
     they can be (`as_they_are`), else its trace read into the model and written."""
-    from polyprof.export.perfetto.writer import (
+    from polyprof.formats import load_trace
+    from polyprof.formats.perfetto.write import (
         clock_packet,
         iter_perfetto_chunks,
         metadata_values,
         standalone_metadata,
     )
-    from polyprof.io import load_trace
 
     sequence = 1
     with _BackgroundWriter(out, b"") as sink:
@@ -361,7 +361,7 @@ _PROCESS_ROWS = ("process_name", "process_labels", "process_sort_index")
 
 def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]]:
     """A JSON rank's place from its top-level keys alone (head and tail of the file)."""
-    from polyprof.io.convert import top_level_keys
+    from polyprof.tools.convert import top_level_keys
 
     top = top_level_keys(path)
     info = top.get("distributedInfo")
@@ -466,10 +466,10 @@ def _stream(path: str, step: Any) -> None:
     """The file at `path` (inflated), handed to ``step(data, final) -> (used, done)`` `READ_BYTES` at a
     time, read straight into one buffer: what `step` did not use comes again, with more, next time;
     `final` when nothing more comes; `done` stops the reading."""
-    from polyprof.io.convert import _open
+    from polyprof.formats.common.source import open_stream
 
     pending, filled = bytearray(2 * READ_BYTES), 0  # read, not yet used: pending[:filled]
-    with _open(path) as stream:
+    with open_stream(path) as stream:
         while True:
             if len(pending) < filled + READ_BYTES:  # an item longer than the buffer
                 pending.extend(bytes(filled + READ_BYTES - len(pending)))
@@ -524,17 +524,19 @@ def _rank_events_py(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base
     """The reference of `_rank_events_c`: ijson, event by event, the same rewrite."""
     import orjson
 
-    from polyprof.io.chrome import ENVELOPE_PIDS, _hashable
-    from polyprof.io.convert import _events, _open
+    from polyprof.formats.chrome.dialect import ENVELOPE_PIDS
+    from polyprof.formats.chrome.read import json_events
+    from polyprof.formats.common.source import open_stream
+    from polyprof.formats.common.values import hashable
 
     buf: list[bytes] = []
     events, shift_us = 0, shift_ns / 1000.0
-    with _open(path) as stream:
+    with open_stream(path) as stream:
         head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
-        for ev in _events(stream, head.lstrip().startswith(b"[")):
+        for ev in json_events(stream, head.lstrip().startswith(b"[")):
             if not isinstance(ev, dict):
                 continue
-            ph, pid = ev.get("ph"), _hashable(ev.get("pid"))
+            ph, pid = ev.get("ph"), hashable(ev.get("pid"))
             if ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or (ph == "i" and ev.get("s") == "g"):
                 continue  # each rank's Kineto envelope: the merged trace is not one profile
             if ph == "M" and ev.get("name") in _PROCESS_ROWS:

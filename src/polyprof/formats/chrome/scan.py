@@ -4,10 +4,10 @@ turns what it found into a :class:`Trace`.
 
 ::
 
-    trace = scan_trace(data, "trace.json")       # None: the scanner declined, use io.chrome's reader
+    trace = scan_trace(data, "trace.json")       # None: the scanner declined, use the reference reader (read.py)
     trace = scan_file("rank0.json.gz")           # the file read 4 MB at a time, never held whole
 
-The reader in :mod:`polyprof.io.chrome` stays the reference: the scanner reads exactly what it reads
+The reader in :mod:`polyprof.formats.chrome.read` stays the reference: the scanner reads exactly what it reads
 and declines (None) for anything it would read differently (a string timestamp, repeated keys, escaped
 keys, a pid given as a list, a malformed or cut-off event...), so that the reader reads the file and
 says what is wrong with it.
@@ -23,10 +23,10 @@ import orjson
 
 from polyprof import _native
 from polyprof._native import DECLINED
-from polyprof.io.source import max_value_bytes
+from polyprof.formats.chrome.dialect import FLOW_TYPES
+from polyprof.formats.common.source import max_value_bytes
 from polyprof.model import (
     FLOW_AC2G,
-    FLOW_FWDBWD,
     ActivityKind,
     ActivityTable,
     Args,
@@ -37,7 +37,7 @@ from polyprof.model import (
     kind_from_category,
 )
 from polyprof.model.activities import COLUMNS
-from polyprof.model.args import _Block, _JSONArray
+from polyprof.model.args import ArgsBlock, JSONArray
 
 ACT_DTYPE = np.dtype(
     [("ts", "<i8"), ("end", "<i8"), ("corr", "<i8"), ("ext", "<i8"), ("cat", "<i4"), ("name", "<i4"),
@@ -47,7 +47,6 @@ FLOW_DTYPE = np.dtype(
     [("ts", "<i8"), ("id", "<i8"), ("prev", "<i8"), ("pid", "<i4"), ("res", "<i4"), ("cat", "<i4"), ("start", "<i4")]
 )
 CHUNK = 4 << 20
-_FLOW_TYPES = {"ac2g": FLOW_AC2G, "fwdbwd": FLOW_FWDBWD}
 
 
 class Declined(Exception):
@@ -79,7 +78,7 @@ def scan_trace(data: bytes, path: str = "<trace>") -> Any:
 def scan_file(path: str, max_bytes: int) -> Any:
     """The trace in the JSON file `path` (gzip or not), read in chunks; None where the scanner declines.
     Reading more than `max_bytes` (after inflation) declines too, and so does an event, or the keys
-    around the events, longer than one token may be (io/source.py): the reader then says which."""
+    around the events, longer than one token may be (formats/common/source.py): the reader then says which."""
     state = _new_state()
     opener = gzip.open if _is_gzip(path) else open
     held = max_value_bytes() + CHUNK  # the most left unscanned at once
@@ -146,7 +145,9 @@ def _decode(token: bytes) -> Any:
 
 
 def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
-    from polyprof.io.chrome import _finish, _ns, apply_metadata
+    from polyprof.formats.chrome.dialect import apply_metadata
+    from polyprof.formats.common.finish import finish_trace
+    from polyprof.formats.common.values import us_to_ns
 
     acts_raw, flows_raw, strings, pids, threads, blocks, others, flow_threads, _ = state
     recs = np.frombuffer(acts_raw, dtype=ACT_DTYPE)
@@ -172,7 +173,7 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
         if what == 0:
             apply_metadata(ev.get("name"), args, devices[dev], resources[res] if res >= 0 else None)
             continue
-        ts = _ns(ev.get("ts"), path, "a counter")
+        ts = us_to_ns(ev.get("ts"), path, "a counter")
         for key, value in args.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 name = str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}"
@@ -199,9 +200,9 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
     for signature, (rows_raw, values) in blocks.items():
         keys = tuple(_decode(b'"' + k + b'"') for k in signature.split(b"\x00")[:-1])
         rows = np.frombuffer(rows_raw, dtype=np.int64)
-        args.blocks.append(_Block(rows, keys, [_JSONArray.of(v, len(v)) for v in values]))
+        args.blocks.append(ArgsBlock(rows, keys, [JSONArray.of(v, len(v)) for v in values]))
     acts = ActivityTable(table, columns, args)
-    return _finish(top, acts, devices, resources, counters)
+    return finish_trace(top, acts, devices, resources, counters)
 
 
 def _last_rows_at(resource: np.ndarray, start: np.ndarray, res: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -244,7 +245,7 @@ def _place_flows(columns: dict[str, np.ndarray], flows: np.ndarray, flow_res: np
     flows, row = flows[kept], row[kept]
     if not len(row):
         return
-    types = np.array([_FLOW_TYPES.get(t, FLOW_AC2G) for t in texts] + [FLOW_AC2G], dtype=np.int8)
+    types = np.array([FLOW_TYPES.get(t, FLOW_AC2G) for t in texts] + [FLOW_AC2G], dtype=np.int8)
     # the last flow event of each row wins: keep, per row, its last occurrence
     by_row = np.argsort(row, kind="stable")
     grouped = row[by_row]

@@ -1,0 +1,99 @@
+"""Trace files by their bytes (reading) and by their path (writing): the one place that chooses a
+format.
+
+::
+
+    trace = load_trace("rank0.json.gz")      # Chrome JSON or Perfetto, gzip or not: told by the bytes
+    trace = parse_trace(data, "name")        # the same from bytes in memory
+
+Which writer a trace path asks for: Perfetto protobuf for ``.pftrace`` / ``.perfetto-trace`` (and
+``.gz`` after either), Kineto-dialect Chrome JSON for everything else.
+
+::
+
+    write_trace(trace, "t.pftrace")          # Perfetto
+    write_trace(trace, "t.json.gz")          # Chrome JSON, gzip
+    write_trace(trace, "t.bin", format="perfetto")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from polyprof.errors import ConfigError, TraceFormatError
+from polyprof.formats.common.source import (
+    first_bytes,
+    inflate,
+    is_gzip_file,
+    max_trace_bytes,
+    max_value_bytes,
+    trace_chunks,
+)
+
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
+FORMATS = ("json", "perfetto")
+
+
+def format_of(path: str | os.PathLike, format: str | None = None) -> str:
+    """"perfetto" or "json": `format` when given (checked), else what the path's suffix says."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ConfigError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
+        return format
+    name = os.fspath(path).lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    return "perfetto" if name.endswith(PERFETTO_SUFFIXES) else "json"
+
+
+def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) -> str:
+    """Write `trace` in the format its path (or `format`) names; returns the path written."""
+    if format_of(path, format) == "perfetto":
+        from polyprof.formats import write_perfetto_trace
+
+        return write_perfetto_trace(trace, path)
+    from polyprof.formats.chrome.write import write_chrome_trace
+
+    return write_chrome_trace(trace, path)
+
+
+def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
+    """Load a trace file into a :class:`~polyprof.model.Trace`: Chrome trace JSON (polyprof's or
+    torch.profiler's) or Perfetto protobuf (``.pftrace``), either one gzip-compressed or not, told apart
+    by their bytes. Anything wrong with the file is a TraceFormatError naming the file and the problem,
+    in one line; so is a file over `max_bytes` (POLYPROF_MAX_TRACE_BYTES, 8 GiB) or, for gzip JSON, one
+    holding a token over POLYPROF_MAX_VALUE_BYTES (64 MiB), refused in bounded memory."""
+    from polyprof.formats.chrome import read as chrome_read
+    from polyprof.formats.perfetto.read import looks_like_perfetto
+
+    path = os.fspath(path)
+    limit = max_bytes or max_trace_bytes()
+    scanned = chrome_read.scanned_file(path, limit)
+    if scanned is not None:
+        return scanned
+    chunks = trace_chunks(path, limit)
+    data = first_bytes(chunks, max_value_bytes() + 1)
+    if len(data) > max_value_bytes() and is_gzip_file(path) and not looks_like_perfetto(data):
+        chunks.close()
+        del data
+        chrome_read.check_tokens(trace_chunks(path, limit), path)
+        chunks, data = trace_chunks(path, limit), b""
+    try:
+        return parse_trace(data + b"".join(chunks), path)
+    except MemoryError:
+        raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
+
+
+def parse_trace(data: bytes, path: str = "<trace>") -> Any:
+    """A trace from its bytes, Chrome JSON or Perfetto protobuf, gzip or not (`path` names it in errors)."""
+    from polyprof.formats.chrome.read import parse_json
+    from polyprof.formats.perfetto.read import looks_like_perfetto, parse_perfetto
+    from polyprof.formats.perfetto.scan import scan_perfetto
+
+    if data[:2] == b"\x1f\x8b":
+        data = inflate(data, path, max_trace_bytes())
+    if looks_like_perfetto(data):
+        scanned = scan_perfetto(data, path)  # columns straight from the packets, or None: the reader's
+        return scanned if scanned is not None else parse_perfetto(data, path)
+    return parse_json(data, path)

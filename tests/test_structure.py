@@ -1,0 +1,110 @@
+"""What the layout promises a newcomer (issue #52): polyprof's modules import one another without
+circles, no module takes another's private names, and one package chooses between C and Python."""
+
+import ast
+import os
+from collections import defaultdict
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+SRC = os.path.join(ROOT, "src")
+#: polyprof-internal packages whose names are public inside polyprof (the underscore keeps them out
+#: of the public API), and the C extension, which only polyprof._native imports
+INTERNAL = ("_native", "_speedups", "_version")
+
+
+def _modules():
+    """{dotted name: path} of every module under src/polyprof."""
+    found = {}
+    for dirpath, _, files in os.walk(os.path.join(SRC, "polyprof")):
+        for f in files:
+            if f.endswith(".py"):
+                name = os.path.relpath(os.path.join(dirpath, f), SRC)[:-3].replace(os.sep, ".")
+                found[name.removesuffix(".__init__")] = os.path.join(dirpath, f)
+    return found
+
+
+MODULES = _modules()
+EXTENSIONS = {"polyprof._speedups"}
+
+
+def _imports(name, path):
+    """(imported module, imported name or None) for every import in the module, function-level ones
+    included (a lazy import still ties the two modules)."""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, None) for a in node.names if a.name.startswith("polyprof"))
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            if target.startswith("polyprof"):
+                for alias in node.names:
+                    yield target, alias.name
+
+
+def _edges():
+    edges = defaultdict(set)
+    for name, path in MODULES.items():
+        for target, imported in _imports(name, path):
+            full = f"{target}.{imported}" if imported else target
+            to = full if full in MODULES or full in EXTENSIONS else target
+            if to != name and (to in MODULES or to in EXTENSIONS):
+                edges[name].add(to)
+    return edges
+
+
+def _cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(MODULES):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    assert _cycles(_edges()) == []
+
+
+def test_no_module_takes_another_modules_private_names():
+    private = [
+        (name, f"{target}.{imported}")
+        for name, path in MODULES.items()
+        for target, imported in _imports(name, path)
+        if imported and imported.startswith("_") and not imported.startswith("__") and imported not in INTERNAL
+        and target != name
+    ]  # fmt: skip
+    assert private == []
+
+
+def test_only_polyprof_native_chooses_between_c_and_python():
+    edges = _edges()
+    choosers = sorted(
+        name
+        for name, path in MODULES.items()
+        if not name.startswith("polyprof._native")
+        and (any(to in EXTENSIONS for to in edges.get(name, ())) or "POLYPROF_PURE_PYTHON" in open(path).read())
+    )
+    assert choosers == []
