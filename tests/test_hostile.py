@@ -317,7 +317,7 @@ def test_rows_a_backend_hands_over_after_its_collect_are_counted_once(tmp_path):
             time.sleep(0.05)
 
     class Late:
-        name, api_version, activities, on_by_default = "late", API_VERSION, frozenset({"LATE"}), True
+        name, api_version, activities = "late", API_VERSION, frozenset({"LATE"})
 
         def probe(self):
             return Availability.yes(devices=["x"])

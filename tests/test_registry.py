@@ -4,7 +4,8 @@ import textwrap
 import pytest
 
 import polyprof
-from polyprof.errors import BackendConflictError, UnknownNameError
+from polyprof.errors import BackendConflictError, BackendContractError, UnknownNameError
+from polyprof.plugin import BackendTraits, SessionTraits
 from polyprof.registry import Registry
 
 PLUGIN_SOURCE = """
@@ -149,8 +150,9 @@ def test_register_backend_checks_the_contract():
 
         def create_session(self, config, ctx): ...
 
-    with pytest.raises(ValueError, match="missing attribute 'probe'"):
+    with pytest.raises(BackendContractError, match="backend 'np': cannot be registered: missing attribute 'probe'") as err:
         reg.register(NoProbe())
+    assert err.value.backend == "np"
 
     from fake_backends import SimDeviceBackend
 
@@ -176,3 +178,70 @@ def test_unknown_backend_name_lists_known_ones(registry):
 def test_plugin_module_source_is_readable():
     # sanity check that the template renders valid Python
     compile(textwrap.dedent(PLUGIN_SOURCE.format(api_version=1, name="x", groups=["X"])), "x", "exec")
+
+
+def _backend_declaring(**attributes):
+    from fake_backends import SimDeviceBackend
+
+    backend = SimDeviceBackend()
+    for name, value in attributes.items():
+        setattr(backend, name, value)
+    return backend
+
+
+def test_a_backend_declares_its_traits_in_one_checked_object():
+    reg = Registry(use_entry_points=False, use_env=False)
+    with pytest.raises(BackendContractError, match=r"'in_process' is given as an attribute: declare it as "
+                       r"traits = BackendTraits\(in_process=True\)"):  # fmt: skip
+        reg.register(_backend_declaring(in_process=True))
+    with pytest.raises(BackendContractError, match="traits must be a polyprof.plugin.BackendTraits, got dict"):
+        reg.register(_backend_declaring(traits={"in_process": True}))
+    with pytest.raises(BackendContractError, match="traits.on_by_default must be True or False, got 'no'"):
+        reg.register(_backend_declaring(traits=BackendTraits(on_by_default="no")))
+    with pytest.raises(BackendContractError, match="traits.facilities must be a frozenset of names"):
+        reg.register(_backend_declaring(traits=BackendTraits(facilities={"CUPTI"})))
+    entry = reg.register(_backend_declaring(traits=BackendTraits(facilities=frozenset({"CUPTI"}), on_by_default=False)))
+    assert entry.backend.traits.described() == ["only when named", "takes CUPTI"]
+
+
+def test_a_session_with_a_loose_trait_fails_its_backend_naming_the_fix(monkeypatch, registry):
+    from fake_backends import SimDeviceBackend, SimDeviceSession
+
+    class LooseSession(SimDeviceSession):
+        thread_affine = True
+
+    class Declared(SimDeviceSession):
+        traits = SessionTraits(thread_affine=True)
+
+    backend = SimDeviceBackend()
+    making = []
+    monkeypatch.setattr(backend, "create_session", lambda config, ctx: making[-1](ctx))
+    registry.register(backend)
+    for session_class, ok in ((LooseSession, False), (Declared, True)):
+        making.append(session_class)
+        with polyprof.profile(["cpu", "simdev"], registry=registry) as prof:
+            backend.launch("k")
+        status = prof.trace.backends[backend.name]
+        if ok:
+            assert status.state == "ran", status.errors
+        else:
+            assert status.state == "failed"
+            assert "its session 'thread_affine' is given as an attribute: declare it as traits = SessionTraits(thread_affine=True)" in " ".join(status.errors)
+
+
+def test_polyprof_backends_shows_each_backends_traits():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "polyprof", "backends"], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "COLUMNS": "250"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if "┃ Name" in line)
+    traits_column = [c.strip() for c in header.split("┃")].index("Traits")
+    traits, name = {}, None
+    for line in r.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > traits_column:
+            name = cells[1] or name  # a row's cells wrap onto lines whose first cell is empty
+            traits[name] = f"{traits.get(name, '')} {cells[traits_column]}".strip()
+    assert traits["python"] == "in process, only when named"
+    assert traits["host"] == "in process, context-scoped spans"

@@ -9,13 +9,14 @@ A backend is any object with::
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Session: ...
 
 and optionally ``options`` (an :class:`~polyprof.options.OptionSchema` the engine checks),
-``check_options(options)``, and ``on_by_default = False`` for a backend that costs enough to run only
-when its group is asked for by name (a profile of "every group available" leaves it out). A session has ``prepare()``, ``start()``, ``stop()``, ``collect(sink)``,
+``check_options(options)``, and ``traits`` (:class:`~polyprof.traits.BackendTraits`: ``on_by_default=False``
+for a backend that costs enough to run only when its group is asked for by name, the facilities it
+takes, ...). A session has ``prepare()``, ``start()``, ``stop()``, ``collect(sink)``,
 ``close()`` (:class:`SessionBase` gives no-op ``prepare``/``close``) and, optionally, ``flush(sink)``
 (hand over completed rows while recording, from a background thread) and, if its device work can be
 attributed to host operations by the vendor library, ``push_correlation(id, kind)`` and
 ``pop_correlation(kind)``. A session whose ``stop`` must run on the thread that started the profile
-sets ``thread_affine = True`` (it then gets no time limit on that call).
+declares ``traits = SessionTraits(thread_affine=True)`` (it then gets no time limit on that call).
 
 Plugin authors import everything from one module, :mod:`polyprof.plugin`;
 ``docs/writing-a-backend.md`` walks through a complete backend.
@@ -205,9 +206,6 @@ class SessionBase:
             def collect(self, sink): ...
     """
 
-    #: True when ``stop()`` must run on the thread that started the profile (no time limit then)
-    thread_affine = False
-
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.config = config
         self.ctx = ctx
@@ -255,6 +253,8 @@ def contract_problems(backend: Any) -> list[str]:
     for method in ("probe", "create_session"):
         if not callable(getattr(backend, method)):
             problems.append(f"{method} is not callable")
-    return problems
+    from polyprof.traits import backend_trait_problems
+
+    return problems + backend_trait_problems(backend)
 
 

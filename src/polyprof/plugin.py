@@ -9,7 +9,8 @@ What is here, by job:
 
 - the contract: :data:`API_VERSION`, :class:`Availability`, :class:`ProfileConfig`,
   :class:`SessionContext` (clock, ids, window, options, ``report``, facilities), :class:`SessionBase`,
-  the :class:`Backend`/:class:`Session` protocols, :func:`contract_problems`;
+  the :class:`Backend`/:class:`Session` protocols, :func:`contract_problems`, and what a backend or
+  session may declare beyond it: :class:`BackendTraits`, :class:`SessionTraits`;
 - handing rows over: :class:`Sink` (one strict schema, :data:`ROW_COLUMNS`), :class:`ActivityKind`,
   :data:`DEFAULT_CATEGORY`, flow types, :class:`CodedStrings`, :class:`ArgColumns`, :class:`JSONColumn`;
 - clocks: :func:`host_ns`, :class:`ClockMapping`, :class:`ClockPair`, :class:`ClockPairs`,
@@ -63,6 +64,7 @@ from polyprof.records import walk_tagged_records
 from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, DeviceCounterSession
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
 from polyprof.symbols import demangle, demangled, demangler_problem
+from polyprof.traits import BackendTraits, SessionTraits
 
 current_external_id = correlation.current_external_id
 external_id_reader = correlation.external_id_reader
@@ -82,6 +84,7 @@ __all__ = [
     "ArgColumns",
     "Availability",
     "Backend",
+    "BackendTraits",
     "BackendContractError",
     "CUPTI",
     "CounterSampler",
@@ -108,6 +111,7 @@ __all__ = [
     "Reporter",
     "Session",
     "SessionBase",
+    "SessionTraits",
     "SessionContext",
     "Sink",
     "SinkClosedError",

@@ -26,7 +26,8 @@ from importlib import metadata
 from typing import Any
 
 from polyprof.backend import Availability, contract_problems
-from polyprof.errors import BackendConflictError, UnknownNameError
+from polyprof.errors import BackendConflictError, BackendContractError, UnknownNameError
+from polyprof.traits import backend_traits
 
 ENTRY_POINT_GROUP = "polyprof.backends"
 ACTIVITY_GROUP = "polyprof.activities"
@@ -106,12 +107,11 @@ class Registry:
 
     # -- registration -------------------------------------------------------------------------------
     def register(self, backend: Any) -> BackendEntry:
-        """Register a backend object. Raises ValueError if it breaks the contract or reuses a name."""
+        """Register a backend object. Raises BackendContractError (naming it) if it breaks the contract,
+        ValueError if it reuses a name."""
         problems = contract_problems(backend)
         if problems:
-            raise ValueError(
-                f"cannot register backend {getattr(backend, 'name', backend)!r}: " + "; ".join(problems)
-            )
+            raise BackendContractError(str(getattr(backend, "name", backend)), "cannot be registered: " + "; ".join(problems))
         with self._lock:
             if backend.name in self._explicit and self._explicit[backend.name].backend is not backend:
                 raise ValueError(
@@ -286,7 +286,7 @@ class Registry:
             return Availability.no(entry.error or entry.conflict or "not loaded")
         from polyprof.engine.guard import CallOutcome, describe, run_with_timeout
 
-        if getattr(entry.backend, "in_process", False):  # polyprof's own backends: called directly
+        if backend_traits(entry.backend).in_process:  # polyprof's own backends: called directly
             try:
                 outcome = CallOutcome(True, entry.backend.probe())
             except Exception as exc:

@@ -20,6 +20,7 @@ from typing import Any
 
 from polyprof.clock import host_ns
 from polyprof.options import Option, OptionSchema
+from polyprof.traits import SessionTraits
 
 Sample = tuple[Hashable, str, float]  # (source: a device index, "host"...; track name; value)
 
@@ -131,7 +132,7 @@ class DeviceCounterSession:
             errors = (LibError,)          # what a counter a device lacks raises
     """
 
-    in_process = True
+    traits = SessionTraits(in_process=True)
     thread_name = "polyprof-device-counters"
     device_prefix = "gpu"  # GPU i is the device "<prefix>:i" (the tracing backend's key for it)
     rates: tuple[str, ...] = ()  # tracks read as running totals, written as rates

@@ -21,6 +21,7 @@ from typing import Any
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, sampling_interval_s
 from polyprof.sink import Sink
+from polyprof.traits import BackendTraits, SessionTraits
 
 THREAD_NAME = "polyprof-counters"
 MB = 1 << 20
@@ -54,7 +55,7 @@ class ProcessCounters:
 
 
 class CountersSession:
-    in_process = True  # polyprof's own: called directly, not on a guard thread
+    traits = SessionTraits(in_process=True)  # polyprof's own: called directly, not on a guard thread
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
@@ -92,7 +93,7 @@ class CountersBackend:
     api_version = API_VERSION
     activities = frozenset({"COUNTERS"})
     options = SAMPLING_OPTIONS
-    in_process = True
+    traits = BackendTraits(in_process=True)
 
     def probe(self) -> Availability:
         try:

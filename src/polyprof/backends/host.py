@@ -16,6 +16,7 @@ from polyprof.model import ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.strings import as_name, code_strings, present_rows
 from polyprof.options import OptionSchema
 from polyprof.sink import Sink
+from polyprof.traits import BackendTraits, SessionTraits
 
 #: a buffer's event type -> the activity kind it becomes (counters become counter samples)
 _KIND_OF_TYPE = np.zeros(4, dtype=np.int64)
@@ -27,7 +28,7 @@ _KIND_OF_TYPE[annotations.GC] = int(ActivityKind.PYTHON_FUNCTION)
 class HostSession:
     # polyprof's own in-process bookkeeping cannot hang, so the engine calls it directly instead of
     # on a guard thread (whose start can wait milliseconds for a CPU under load)
-    in_process = True
+    traits = SessionTraits(in_process=True)
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
@@ -173,9 +174,8 @@ class HostBackend:
     api_version = API_VERSION
     activities = frozenset({"CPU"})
     #: record_function spans follow the context: asyncio tasks may interleave them on one thread
-    context_scoped_spans = True
+    traits = BackendTraits(context_scoped_spans=True, in_process=True)  # polyprof's own: probe and create_session are called directly, without a guard thread
     options = OptionSchema()  # none: an unknown key is an error, not ignored
-    in_process = True  # polyprof's own: probe and create_session are called directly, without a guard thread
 
     def probe(self) -> Availability:
         from polyprof import _native

@@ -50,6 +50,7 @@ from polyprof.backends import python_calls
 from polyprof.model import ActivityKind, CodedStrings
 from polyprof.options import Option, OptionSchema
 from polyprof.sink import Sink
+from polyprof.traits import BackendTraits, SessionTraits
 
 OPTIONS = OptionSchema(
     Option("min_duration_us", float, default=0.0, minimum=0, help="leave out calls shorter than this"),
@@ -119,7 +120,7 @@ class Monitoring:
 
 
 class PythonSession:
-    in_process = True  # polyprof's own: called directly, not on a guard thread
+    traits = SessionTraits(in_process=True)  # polyprof's own: called directly, not on a guard thread
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         from polyprof import _native
@@ -231,8 +232,7 @@ class PythonBackend:
     api_version = API_VERSION
     activities = frozenset({"PYTHON"})
     options = OPTIONS
-    in_process = True
-    on_by_default = False  # tracing every call has a cost: only when asked for by name
+    traits = BackendTraits(in_process=True, on_by_default=False)  # tracing every call has a cost: only when asked for by name
 
     def probe(self) -> Availability:
         from polyprof import _native

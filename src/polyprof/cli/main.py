@@ -50,33 +50,28 @@ def cli() -> None:
 def backends() -> None:
     """List installed backends: source, activity groups, and whether each can run here (and why not)."""
     from polyprof.registry import default
+    from polyprof.traits import backend_traits
 
     table = Table(title="polyprof backends", title_justify="left")
-    for col in ("Name", "From", "Activities", "Status", "Details"):
+    for col in ("Name", "From", "Activities", "Status", "Traits", "Details"):
         table.add_column(col, overflow="fold")
     for entry in sorted(default.entries(), key=lambda e: e.name):
         acts = ", ".join(sorted(entry.activities)) or "?"
+        row = [markup_safe(entry.name), markup_safe(entry.source), acts]
+        traits = markup_safe(", ".join(backend_traits(entry.backend).described())) if entry.backend is not None else ""
         if entry.conflict:
-            table.add_row(markup_safe(entry.name), markup_safe(entry.source), acts, "[red]conflict[/red]", markup_safe(entry.conflict))
+            table.add_row(*row, "[red]conflict[/red]", traits, markup_safe(entry.conflict))
         elif entry.error:
-            table.add_row(markup_safe(entry.name), markup_safe(entry.source), acts, "[red]broken[/red]", markup_safe(entry.error))
+            table.add_row(*row, "[red]broken[/red]", traits, markup_safe(entry.error))
         else:
             avail = default.probe(entry)
             if avail.available:
                 details = ", ".join(avail.devices)
                 versions = ", ".join(f"{k} {v}" for k, v in avail.versions.items())
-                table.add_row(
-                    markup_safe(entry.name),
-                    markup_safe(entry.source),
-                    acts,
-                    "[green]available[/green]",
-                    markup_safe("; ".join(filter(None, [details, versions]))),
-                )
+                table.add_row(*row, "[green]available[/green]", traits, markup_safe("; ".join(filter(None, [details, versions]))))
             else:
-                table.add_row(
-                    markup_safe(entry.name), markup_safe(entry.source), acts, "[yellow]unavailable[/yellow]", markup_safe(avail.reason)
-                )
-    new_console().print(table)
+                table.add_row(*row, "[yellow]unavailable[/yellow]", traits, markup_safe(avail.reason))
+    new_console(piped_width=160).print(table)  # (six columns: a device's reason stays on one line)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

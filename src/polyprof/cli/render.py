@@ -159,10 +159,11 @@ def analysis_table(table: object, title: str | None = None, limit: int = 30) -> 
 EXIT_BAD_INPUT = 2
 
 
-def new_console(stderr: bool = False) -> Console:
+def new_console(stderr: bool = False, piped_width: int = 120) -> Console:
+    """A console for the CLI's output; piped or captured, `piped_width` columns wide (not squeezed into 80)."""
     console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
-        console = Console(stderr=stderr, highlight=False, width=120)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, highlight=False, width=piped_width)
     return console
 
 

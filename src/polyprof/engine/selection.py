@@ -14,6 +14,7 @@ from typing import Any
 from polyprof.backend import Availability
 from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError
 from polyprof.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
+from polyprof.traits import backend_traits
 
 
 def activity_group_name(activity: Any) -> str:
@@ -92,7 +93,7 @@ def _select(registry: Registry, activities: Iterable[Any] | None) -> Selection:
             if entry.broken or entry.name in seen:
                 continue
             seen.add(entry.name)
-            if getattr(entry.backend, "on_by_default", True) is False:
+            if not backend_traits(entry.backend).on_by_default:
                 continue  # a costly backend (the python tracer): only when its group is asked for
             chosen = Chosen(entry, registry.probe(entry))
             (out.selected if chosen.availability.available else out.unavailable).append(chosen)

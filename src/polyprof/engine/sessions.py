@@ -28,9 +28,10 @@ from polyprof import correlation
 from polyprof.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
 from polyprof.engine.guard import CallOutcome, describe, guarded_call, release_worker
 from polyprof.engine.selection import Chosen, Selection
-from polyprof.errors import PolyprofWarning
+from polyprof.errors import BackendContractError, PolyprofWarning
 from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
 from polyprof.sink import Sink
+from polyprof.traits import SessionTraits, backend_traits, session_trait_problems, session_traits
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
 #: sessions with flush(sink) hand over completed rows this often while recording: it bounds what a
@@ -74,11 +75,12 @@ class Handle:
     def recording(self) -> bool:
         return self.alive and self.started
 
-    def option(self, attribute: str) -> bool:
-        return bool(getattr(self.session, attribute, False))
+    @property
+    def traits(self) -> SessionTraits:
+        return session_traits(self.session)
 
     def seal(self, sink: Sink) -> CollectedPart:
-        return sink.seal(self.status, context_scoped=bool(getattr(self.chosen.entry.backend, "context_scoped_spans", False)))
+        return sink.seal(self.status, context_scoped=backend_traits(self.chosen.entry.backend).context_scoped_spans)
 
 
 class SessionSet:
@@ -120,15 +122,18 @@ class SessionSet:
             handle = Handle(chosen, ctx)
             # polyprof's own backends (in_process) are called directly: no guard thread exists for a CPU
             # profile, which tools that sample every thread (torch's Python tracer) would see
-            direct = getattr(entry.backend, "in_process", False)
+            direct = backend_traits(entry.backend).in_process
             outcome = guarded_call(
                 status, "create_session", entry.backend.create_session, config, ctx,
                 timeout_s=None if direct else call_timeout_s,
             )  # fmt: skip
             if outcome.ok:
                 missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))]
+                problems = session_trait_problems(outcome.value)
                 if missing:
                     status.errors.append(f"create_session() returned a session without {', '.join(missing)}")
+                elif problems:
+                    status.errors.append(str(BackendContractError(entry.name, "its session " + "; ".join(problems))))
                 else:
                     handle.session = outcome.value
             handle.alive = handle.session is not None
@@ -142,7 +147,7 @@ class SessionSet:
         """`fn(*args)` guarded; on the calling thread for thread-affine and in-process sessions (polyprof's
         own bookkeeping, which cannot hang), else time-limited on a guard thread. The time it took is
         added to the backend's ``timings_ms``."""
-        direct = h.option("thread_affine") or h.option("in_process")
+        direct = h.traits.thread_affine or h.traits.in_process
         started = time.perf_counter()
         outcome = guarded_call(h.status, what, fn, *args, timeout_s=None if direct else self.call_timeout_s)
         h.status.add_timing(what, (time.perf_counter() - started) * 1e3)

@@ -28,7 +28,7 @@ class CollectedPart:
     device_properties: tuple[dict[str, Any], ...] = ()
     #: the backend's spans follow the context (asyncio tasks may interleave them on one thread), so the
     #: merge never uses them to refine another backend's External ids (the backend's
-    #: ``context_scoped_spans`` attribute)
+    #: ``BackendTraits.context_scoped_spans``)
     context_scoped: bool = False
 
     @classmethod

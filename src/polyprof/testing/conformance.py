@@ -23,6 +23,7 @@ from polyprof.plugin import (
     contract_problems,
     host_ns,
 )
+from polyprof.traits import session_trait_problems
 
 
 @dataclass
@@ -148,6 +149,8 @@ def _check_session(
     missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(session, m, None))]
     if not report.check(not missing, "session has prepare/start/stop/collect/close", f"missing {missing}"):
         return
+    trait_problems = session_trait_problems(session)
+    report.check(not trait_problems, "session declares its traits as a SessionTraits", "; ".join(trait_problems))
     push = getattr(session, "push_correlation", None)
     pop = getattr(session, "pop_correlation", None)
     report.check(callable(push) == callable(pop), "push_correlation and pop_correlation come as a pair")

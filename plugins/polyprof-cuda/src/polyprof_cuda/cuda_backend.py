@@ -8,6 +8,7 @@ from polyprof.plugin import (
     API_VERSION,
     CUPTI,
     Availability,
+    BackendTraits,
     Option,
     OptionSchema,
     ProfileConfig,
@@ -35,7 +36,7 @@ class CudaBackend:
     name = "cuda"
     api_version = API_VERSION
     activities = frozenset({"CUDA"})
-    facilities = frozenset({CUPTI})  # one subscriber per process; shared with torch's collector
+    traits = BackendTraits(facilities=frozenset({CUPTI}))  # one subscriber per process; shared with torch's collector
 
     def __init__(self, layer_factory: Any = make_layer) -> None:
         self.layer_factory = layer_factory

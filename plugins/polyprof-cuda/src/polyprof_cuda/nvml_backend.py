@@ -25,6 +25,7 @@ from polyprof.plugin import (
     API_VERSION,
     SAMPLING_OPTIONS,
     Availability,
+    BackendTraits,
     DeviceCounterSession,
     ProfileConfig,
     SessionContext,
@@ -101,7 +102,7 @@ class NvmlBackend:
     api_version = API_VERSION
     activities = frozenset({"CUDA"})
     options = SAMPLING_OPTIONS
-    in_process = True
+    traits = BackendTraits(in_process=True)
 
     def probe(self) -> Availability:
         try:

@@ -33,10 +33,12 @@ from polyprof.plugin import (
     API_VERSION,
     ActivityKind,
     Availability,
+    BackendTraits,
     Option,
     OptionSchema,
     ProfileConfig,
     SessionContext,
+    SessionTraits,
     Sink,
     host_ns,
 )
@@ -51,7 +53,7 @@ def _import_pva() -> Any:
 
 
 class IpuSession:
-    in_process = True
+    traits = SessionTraits(in_process=True)
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.ctx = ctx
@@ -135,7 +137,7 @@ class IpuBackend:
         Option("report_dir", str, default="",
                help="where Poplar writes profile.pop, kept there (default: a temporary folder, removed at the end)")
     )  # fmt: skip
-    in_process = True
+    traits = BackendTraits(in_process=True)
 
     def probe(self) -> Availability:
         try:

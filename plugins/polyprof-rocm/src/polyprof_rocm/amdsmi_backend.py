@@ -22,6 +22,7 @@ from polyprof.plugin import (
     API_VERSION,
     SAMPLING_OPTIONS,
     Availability,
+    BackendTraits,
     DeviceCounterSession,
     ProfileConfig,
     SessionContext,
@@ -81,7 +82,7 @@ class AmdSmiBackend:
     api_version = API_VERSION
     activities = frozenset({"ROCM"})
     options = SAMPLING_OPTIONS
-    in_process = True
+    traits = BackendTraits(in_process=True)
 
     def probe(self) -> Availability:
         try:

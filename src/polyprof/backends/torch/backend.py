@@ -10,6 +10,7 @@ from typing import Any
 from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
 from polyprof.options import OptionSchema
+from polyprof.traits import BackendTraits
 
 
 class TorchBackend:
@@ -19,7 +20,7 @@ class TorchBackend:
     api_version = API_VERSION
     activities = frozenset({"CPU"})
     options = OptionSchema()  # none: an unknown key is an error, not ignored
-    in_process = True  # polyprof's own: probe and create_session are called directly, without a guard thread
+    traits = BackendTraits(in_process=True)  # polyprof's own: probe and create_session are called directly, without a guard thread
 
     def probe(self) -> Availability:
         torch = sys.modules.get("torch")

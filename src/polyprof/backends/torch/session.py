@@ -17,6 +17,7 @@ from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
 from polyprof.sink import Sink
+from polyprof.traits import SessionTraits
 
 
 def observer_options(config: ProfileConfig) -> int:
@@ -33,7 +34,7 @@ def observer_options(config: ProfileConfig) -> int:
 
 
 class TorchSession:
-    thread_affine = True  # torch's profiler must be stopped on the thread that started it
+    traits = SessionTraits(thread_affine=True)  # torch's profiler must be stopped on the thread that started it
 
     def __init__(self, config: ProfileConfig, ctx: SessionContext) -> None:
         self.config = config
