@@ -18,9 +18,10 @@ import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
+from polyprof.backend import API_VERSION
 from polyprof.clock import host_ns
 from polyprof.options import Option, OptionSchema
-from polyprof.traits import SessionTraits
+from polyprof.traits import BackendTraits, SessionTraits
 
 Sample = tuple[Hashable, str, float]  # (source: a device index, "host"...; track name; value)
 
@@ -195,3 +196,22 @@ class DeviceCounterSession:
 
     def close(self) -> None:
         self.stop()
+
+
+class CounterBackend:
+    """The backend half every counter backend shares: the contract's version, the ``interval_ms`` option,
+    calls made in process, and a session of ``session_class``. A subclass names itself, its groups, its
+    session class and its probe::
+
+        class VendorBackend(CounterBackend):
+            name, activities, session_class = "vendor", frozenset({"VENDOR"}), VendorSession
+            def probe(self) -> Availability: ...
+    """
+
+    api_version = API_VERSION
+    options = SAMPLING_OPTIONS
+    traits = BackendTraits(in_process=True)
+    session_class: type
+
+    def create_session(self, config: Any, ctx: Any) -> Any:
+        return self.session_class(config, ctx)

@@ -19,7 +19,7 @@ from polyprof_cuda.records import (
 )
 from recorded_cupti import FakeLibCupti, dtype_name, latest_class, layout_dtype, make_record, stub_fields
 
-from polyprof.plugin import walk_tagged_records as walk
+from polyprof.plugin.records import walk_tagged_records as walk
 
 
 def kernel(name, corr):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
-from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, sampling_interval_s
+from polyprof.backend import Availability, ProfileConfig, SessionContext
+from polyprof.sampling import CounterBackend, CounterSampler, sampling_interval_s
 from polyprof.sink import Sink
-from polyprof.traits import BackendTraits, SessionTraits
+from polyprof.traits import SessionTraits
 
 THREAD_NAME = "polyprof-counters"
 MB = 1 << 20
@@ -88,12 +88,8 @@ class CountersSession:
         self.stop()
 
 
-class CountersBackend:
-    name = "counters"
-    api_version = API_VERSION
-    activities = frozenset({"COUNTERS"})
-    options = SAMPLING_OPTIONS
-    traits = BackendTraits(in_process=True)
+class CountersBackend(CounterBackend):
+    name, activities, session_class = "counters", frozenset({"COUNTERS"}), CountersSession
 
     def probe(self) -> Availability:
         try:
@@ -102,8 +98,6 @@ class CountersBackend:
             return Availability.no("needs psutil: pip install 'polyprof[counters]'")
         return Availability.yes(devices=["host process"], psutil=psutil.__version__)
 
-    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> CountersSession:
-        return CountersSession(config, ctx)
 
 
 backend = CountersBackend()

@@ -21,15 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from polyprof.plugin import (
-    API_VERSION,
-    SAMPLING_OPTIONS,
-    Availability,
-    BackendTraits,
-    DeviceCounterSession,
-    ProfileConfig,
-    SessionContext,
-)
+from polyprof.plugin import Availability
+from polyprof.plugin.counters import CounterBackend, DeviceCounterSession
 
 THREAD_NAME = "polyprof-nvml"
 MB = 1e6
@@ -97,12 +90,8 @@ class NvmlSession(DeviceCounterSession):
         return "not supported" if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", -1) else str(exc)
 
 
-class NvmlBackend:
-    name = "nvml"
-    api_version = API_VERSION
-    activities = frozenset({"CUDA"})
-    options = SAMPLING_OPTIONS
-    traits = BackendTraits(in_process=True)
+class NvmlBackend(CounterBackend):
+    name, activities, session_class = "nvml", frozenset({"CUDA"}), NvmlSession
 
     def probe(self) -> Availability:
         try:
@@ -127,8 +116,6 @@ class NvmlBackend:
         return Availability.yes(devices=[f"GPU {i}: {n}" for i, n in enumerate(names)],
                                 driver=driver.decode() if isinstance(driver, bytes) else str(driver))  # fmt: skip
 
-    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> NvmlSession:
-        return NvmlSession(config, ctx)
 
 
 backend = NvmlBackend()

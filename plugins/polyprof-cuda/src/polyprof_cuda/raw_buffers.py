@@ -4,7 +4,7 @@ cupti-python's buffer callbacks turn every record into a Python object before us
 an H200, ~85 us per record: 1.7 s to flush 20,000 records). So polyprof hands CUPTI its own buffers
 through libcupti's ``cuptiActivityRegisterCallbacks`` (ctypes, :mod:`polyprof_cuda.libcupti`) and, as
 Kineto does, keeps each filled buffer as it is: the completed callback, on CUPTI's thread, only
-appends (address, valid size) to a list. After stop, :func:`polyprof.plugin.walk_tagged_records` finds the records in each buffer and
+appends (address, valid size) to a list. After stop, :func:`polyprof.plugin.records.walk_tagged_records` finds the records in each buffer and
 :mod:`polyprof_cuda.records` reads their fields through the numpy dtypes cupti-python publishes.
 
     pool = BufferPool(buffer_bytes=8 << 20, max_bytes=4 << 30)

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.plugin import CodedStrings, sorted_unique
-from polyprof.plugin import walk_tagged_records as walk
+from polyprof.plugin import CodedStrings
+from polyprof.plugin.records import sorted_unique
+from polyprof.plugin.records import walk_tagged_records as walk
 
 # Record families.
 KERNEL, MEMCPY, MEMCPY_P2P, MEMSET, RUNTIME, DRIVER, SYNC, OVERHEAD, EXTERNAL = (

@@ -29,10 +29,8 @@ from polyprof.plugin import (
     ProfileConfig,
     SessionContext,
     Sink,
-    demangled,
-    demangler_problem,
-    sorted_unique,
 )
+from polyprof.plugin.records import demangled, demangler_problem, sorted_unique
 from polyprof_cuda.cupti_layer import UNNAMED_SUBSCRIBER, SubscriberHeld
 from polyprof_cuda.raw_buffers import BufferPool
 from polyprof_cuda.records import (

@@ -18,15 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from polyprof.plugin import (
-    API_VERSION,
-    SAMPLING_OPTIONS,
-    Availability,
-    BackendTraits,
-    DeviceCounterSession,
-    ProfileConfig,
-    SessionContext,
-)
+from polyprof.plugin import Availability
+from polyprof.plugin.counters import CounterBackend, DeviceCounterSession
 
 THREAD_NAME = "polyprof-amdsmi"
 
@@ -77,12 +70,8 @@ class AmdSmiSession(DeviceCounterSession):
         return counters_of(self.smi)
 
 
-class AmdSmiBackend:
-    name = "amdsmi"
-    api_version = API_VERSION
-    activities = frozenset({"ROCM"})
-    options = SAMPLING_OPTIONS
-    traits = BackendTraits(in_process=True)
+class AmdSmiBackend(CounterBackend):
+    name, activities, session_class = "amdsmi", frozenset({"ROCM"}), AmdSmiSession
 
     def probe(self) -> Availability:
         try:
@@ -101,8 +90,6 @@ class AmdSmiBackend:
             return Availability.no("AMD SMI sees no GPU")
         return Availability.yes(devices=[f"GPU {i}: {name}" for i, (_, name) in enumerate(gpus)])
 
-    def create_session(self, config: ProfileConfig, ctx: SessionContext) -> AmdSmiSession:
-        return AmdSmiSession(config, ctx)
 
 
 backend = AmdSmiBackend()

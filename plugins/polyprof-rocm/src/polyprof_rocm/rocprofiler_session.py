@@ -16,15 +16,8 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from polyprof.plugin import (
-    ActivityKind,
-    ClockPairs,
-    ProfileConfig,
-    SessionContext,
-    Sink,
-    demangle,
-    demangler_problem,
-)
+from polyprof.plugin import ActivityKind, ClockPairs, ProfileConfig, SessionContext, Sink
+from polyprof.plugin.records import demangle, demangler_problem
 from polyprof_rocm import rocprofiler_abi as abi
 
 KINDS = {

@@ -18,10 +18,14 @@ What is here, by job:
 - options: :class:`Option`, :class:`OptionSchema` (declared by a backend, checked by the engine);
 - shared vendor facilities: :mod:`polyprof.facilities` (:data:`CUPTI`), through ``ctx.hold_facility``
   and ``ctx.facility_holder``;
-- helpers: :func:`walk_tagged_records` (device tracing buffers), :func:`code_strings`,
-  :func:`sorted_unique`, :func:`current_external_id` and :func:`external_id_reader` (its C function,
-  for interceptors written in C), :func:`current_external_id_var`;
+- the host operation open where work is launched: :func:`current_external_id` and
+  :func:`external_id_reader` (its C function, for interceptors written in C), :func:`current_external_id_var`;
 - errors: :class:`ConfigError`, :class:`BackendContractError`, :class:`SinkClosedError`.
+
+Helpers for some kinds of backend live beside it: :mod:`polyprof.plugin.records` for vendors that
+hand over buffers of records (walking tagged records, coding strings, demangling kernel names), and
+:mod:`polyprof.plugin.counters` for counter samplers (the sampler thread, a per-GPU counter session
+and the backend half they share).
 
 ``docs/writing-a-backend.md`` walks through a whole backend; ``polyprof.testing.conformance`` checks one.
 """
@@ -57,13 +61,8 @@ from polyprof.model import (
     CodedStrings,
     JSONColumn,
 )
-from polyprof.model.args import sorted_unique
-from polyprof.model.strings import code_strings
 from polyprof.options import Option, OptionSchema
-from polyprof.records import walk_tagged_records
-from polyprof.sampling import SAMPLING_OPTIONS, CounterSampler, DeviceCounterSession
 from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
-from polyprof.symbols import demangle, demangled, demangler_problem
 from polyprof.traits import BackendTraits, SessionTraits
 
 current_external_id = correlation.current_external_id
@@ -87,8 +86,6 @@ __all__ = [
     "BackendTraits",
     "BackendContractError",
     "CUPTI",
-    "CounterSampler",
-    "DeviceCounterSession",
     "ClockMapping",
     "ClockPair",
     "ClockPairs",
@@ -107,7 +104,6 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "REQUIRED_SESSION_METHODS",
     "ROW_COLUMNS",
-    "SAMPLING_OPTIONS",
     "Reporter",
     "Session",
     "SessionBase",
@@ -115,16 +111,10 @@ __all__ = [
     "SessionContext",
     "Sink",
     "SinkClosedError",
-    "code_strings",
     "contract_problems",
     "current_external_id",
     "current_external_id_var",
     "external_id_reader",
-    "demangle",
-    "demangled",
-    "demangler_problem",
     "host_ns",
     "sample_clock_pair",
-    "sorted_unique",
-    "walk_tagged_records",
 ]
