@@ -148,7 +148,7 @@ class RocprofilerSession:
             report.warning(f"kernel names stay mangled: {problem}")
         with self._lock:
             raw, self.raw = self.raw, defaultdict(list)
-        to_host = mapping.to_host
+        span_to_host = mapping.span_to_host
         host = sink.host_device()
         gpus = self._gpus(sink)
         queues: dict[tuple[int, int], int] = {}
@@ -174,7 +174,7 @@ class RocprofilerSession:
             device_corr.add(corr)
             name = tool.kernel_names.get(kernel_id)
             _device_work(sink, ActivityKind.KERNEL, demangle(name) if name else f"kernel {kernel_id}", dev, row,
-                         to_host(start), end - start, corr, ext, {
+                         span_to_host(start, end), corr, ext, {
                     "device": index, "stream": queue, "correlation": corr, "kernel id": kernel_id,
                     "dispatch id": dispatch_id, "grid": [_ceil(gx, wx), _ceil(gy, wy), _ceil(gz, wz)],
                     "block": [wx, wy, wz], "grid size (work-items)": [gx, gy, gz], "shared memory": group,
@@ -188,7 +188,7 @@ class RocprofilerSession:
             args = {"device": index, "correlation": corr, "bytes": nbytes, "kind": direction}
             if end > start:
                 args["memory bandwidth (GB/s)"] = round(nbytes / (end - start), 6)
-            _device_work(sink, ActivityKind.GPU_MEMCPY, f"Memcpy {direction}", dev, row, to_host(start), end - start,
+            _device_work(sink, ActivityKind.GPU_MEMCPY, f"Memcpy {direction}", dev, row, span_to_host(start, end),
                          corr, ext, args)  # fmt: skip
         for kind, category in _API_CATEGORY.items():
             names: dict[int, str] = {}
@@ -201,14 +201,14 @@ class RocprofilerSession:
                     self.all_runtime_apis or launched or any(s in name for s in SYNCHRONIZING)
                 ):
                     continue
-                h_start = to_host(start)
+                h_start, h_end = span_to_host(start, end)
                 sink.activity(
                     ActivityKind.RUNTIME,
                     name,
                     device=host,
                     resource=thread_row(tid),
                     start=h_start,
-                    end=h_start + max(0, end - start),
+                    end=h_end,
                     cat=category,
                     correlation=corr,
                     external_id=ext,
@@ -248,10 +248,11 @@ class RocprofilerSession:
         return device_of
 
 
-def _device_work(sink: Sink, kind: ActivityKind, name: str, dev: int, row: int, start: int, duration: int, corr: int,
+def _device_work(sink: Sink, kind: ActivityKind, name: str, dev: int, row: int, span: tuple[int, int], corr: int,
                  ext: int, args: dict) -> None:  # fmt: skip
-    """One kernel or copy on its GPU row, the end of its launch's ac2g flow (keyed by the correlation)."""
-    sink.activity(kind, name, device=dev, resource=row, start=start, end=start + max(0, duration), correlation=corr,
+    """One kernel or copy on its GPU row (`span` on the host clock), the end of its launch's ac2g flow
+    (keyed by the correlation)."""
+    sink.activity(kind, name, device=dev, resource=row, start=span[0], end=span[1], correlation=corr,
                   external_id=ext, flow_id=corr, args=args)  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """One XPU profiling session over PTI's View API.
 
 PTI calls back on its own thread: ``_requested`` hands it a buffer, ``_completed`` copies the records
-out of a filled buffer into tuples and releases it. Both are short, hold no lock PTI could wait on,
+out of a filled buffer into named tuples (the ABI's field names) and releases it. Both are short, hold no lock PTI could wait on,
 and never let an exception reach C. Records are turned into activities at collect time.
 """
 
@@ -11,7 +11,7 @@ import ctypes
 import operator
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from typing import Any
 
 from polyprof.plugin import (
@@ -172,6 +172,11 @@ _DEVICE_KINDS = (
 )
 
 
+def _pci(record: Any) -> str:
+    """The PCI address of a device record's device (a peer-to-peer copy's: its source)."""
+    return _text(record.src_pci_address if hasattr(record, "src_pci_address") else record.pci_address)
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.split(b"\0", 1)[0].decode(errors="replace")
@@ -190,12 +195,13 @@ class XpuSession:
         self.max_buffers = int(opts.get("max_buffers", DEFAULT_MAX_BUFFERS))
         self.all_runtime_apis = opts.get("runtime_apis", "gpu_operations") == "all"
         self.loaded_after_sycl = loaded_after_sycl
-        getters = {}
+        getters, rows = {}, {}
         for kind, fields in _EXTRACT.items():
             if lib.v2 and kind in _DEVICE_KINDS:
                 fields = fields + _ENGINE_FIELDS
             getters[kind] = operator.attrgetter(*fields)
-        self._getters = getters
+            rows[kind] = namedtuple(f"Record{kind}", [f.lstrip("_") for f in fields])._make  # by the ABI's names
+        self._getters, self._rows = getters, rows
         self.raw: dict[int, list[tuple]] = defaultdict(list)
         self._buffers: dict[int, Any] = {}
         self.buffers_given = 0
@@ -277,12 +283,10 @@ class XpuSession:
             address = ctypes.cast(buffer, ctypes.c_void_p).value
             try:
                 if not self.closed and used:
-                    getters, parsed = self._getters, defaultdict(list)
+                    getters, rows, parsed = self._getters, self._rows, defaultdict(list)
                     for kind, rec in self.lib.records(buffer, used):
                         values = getters[kind](rec)
-                        parsed[kind].append(
-                            tuple(bytes(v) if isinstance(v, ctypes.Array) else v for v in values)
-                        )
+                        parsed[kind].append(rows[kind](bytes(v) if isinstance(v, ctypes.Array) else v for v in values))
                     with self._lock:
                         for kind, rows in parsed.items():
                             self.raw[kind].extend(rows)
@@ -308,9 +312,9 @@ class XpuSession:
         sink.add_metadata("xpupti_version", self.lib.version_string)
         with self._lock:
             raw, self.raw = self.raw, defaultdict(list)
-        to_host = mapping.to_host
+        span_to_host = mapping.span_to_host
         external = self._external_ids(raw.get(abi.VIEW_EXTERNAL_CORRELATION, []))
-        pcis = sorted({_text(r[7]) for kind in _DEVICE_KINDS for r in raw.get(kind, [])})
+        pcis = sorted({_pci(r) for kind in _DEVICE_KINDS for r in raw.get(kind, [])})
         device_index = {pci: i for i, pci in enumerate(pcis)}
         host = sink.host_device()
         threads: dict[int, int] = {}
@@ -320,10 +324,11 @@ class XpuSession:
                 threads[tid] = sink.host_thread(tid)
             return threads[tid]
 
-        def queue_row(r: tuple) -> tuple[int, int, int, int]:
-            pci = _text(r[7])
+        def queue_row(r: Any) -> tuple[int, int, int, int]:
+            pci = _pci(r)
             index = device_index[pci]
-            uuid = r[8].hex() if isinstance(r[8], bytes) and len(r[8]) == 16 else ""
+            raw_uuid = r.src_uuid if hasattr(r, "src_uuid") else r.device_uuid
+            uuid = raw_uuid.hex() if isinstance(raw_uuid, bytes) and len(raw_uuid) == 16 else ""
             dev = sink.device(
                 f"xpu:{pci}",
                 type="xpu",
@@ -333,7 +338,7 @@ class XpuSession:
                 label=f"XPU {index}",
                 properties={"pciAddress": pci, "uuid": uuid},
             )
-            sycl_queue, l0_queue = r[3], r[1] or 0
+            sycl_queue, l0_queue = r.sycl_queue_id, r.queue_handle or 0
             queue = sycl_queue if sycl_queue not in abi.INVALID_QUEUE_IDS else l0_queue
             label = (
                 f"queue {sycl_queue}"
@@ -351,51 +356,51 @@ class XpuSession:
         ):
             for r in raw.get(kind, []):
                 dev, row, index, queue = queue_row(r)
-                corr, start, end = r[5], r[10], r[11]
+                corr, start, end = r.correlation_id, r.start_timestamp, r.end_timestamp
                 device_corr.add(corr)
                 args = {
                     "correlation": corr,
                     "device": index,
                     "stream": queue,
-                    "sycl queue": r[3],
-                    "l0 queue": f"{r[1] or 0:#x}",
-                    "context": f"{r[2] or 0:#x}",
-                    "appended": (r[9] - start) / 1000.0 if r[9] else 0,
-                    "submitted": (r[12] - start) / 1000.0 if r[12] else 0,
+                    "sycl queue": r.sycl_queue_id,
+                    "l0 queue": f"{r.queue_handle or 0:#x}",
+                    "context": f"{r.context_handle or 0:#x}",
+                    "appended": (r.append_timestamp - start) / 1000.0 if r.append_timestamp else 0,
+                    "submitted": (r.submit_timestamp - start) / 1000.0 if r.submit_timestamp else 0,
                 }
                 if kind == abi.VIEW_DEVICE_GPU_KERNEL:
-                    name = _text(r[0])
-                    args["kernel_id"] = r[4]
-                    if r[13]:
-                        args["sycl_task_begin"] = (r[13] - start) / 1000.0
+                    name = _text(r.name)
+                    args["kernel_id"] = r.kernel_id
+                    if r.sycl_task_begin_timestamp:
+                        args["sycl_task_begin"] = (r.sycl_task_begin_timestamp - start) / 1000.0
                 elif kind == abi.VIEW_DEVICE_GPU_MEM_FILL:
-                    name = f"Memset ({r[15]} -> {abi.MEMORY_TYPES.get(r[14], '?')})"
-                    args.update({"l0 call": _text(r[0]), "memory operation id": r[4], "bytes": r[13]})
+                    name = f"Memset ({r.value_for_set} -> {abi.MEMORY_TYPES.get(r.mem_type, '?')})"
+                    args.update({"l0 call": _text(r.name), "memory operation id": r.mem_op_id, "bytes": r.bytes})
                 else:
-                    copy = abi.MEMCPY_TYPES.get(r[14], "?")
-                    name = f"Memcpy {copy} ({abi.MEMORY_TYPES.get(r[15], '?')} -> {abi.MEMORY_TYPES.get(r[16], '?')})"
-                    args.update({"l0 call": _text(r[0]), "memory operation id": r[4], "bytes": r[13]})
+                    copy = abi.MEMCPY_TYPES.get(r.memcpy_type, "?")
+                    name = f"Memcpy {copy} ({abi.MEMORY_TYPES.get(r.mem_src, '?')} -> {abi.MEMORY_TYPES.get(r.mem_dst, '?')})"
+                    args.update({"l0 call": _text(r.name), "memory operation id": r.mem_op_id, "bytes": r.bytes})
                     if kind == abi.VIEW_DEVICE_GPU_MEM_COPY_P2P:
                         name = name.replace("Memcpy", "Memcpy P2P", 1)
-                        args.update({"src device pci": _text(r[7]), "dst device pci": _text(r[17])})
+                        args.update({"src device pci": _pci(r), "dst device pci": _text(r.dst_pci_address)})
                 if "bytes" in args and end > start:
                     args["memory bandwidth (GB/s)"] = round(args["bytes"] / (end - start), 6)
                 if self.lib.v2:
-                    args["engine ordinal"], args["engine index"] = r[-2], r[-1]
-                h_start = to_host(start)
+                    args["engine ordinal"], args["engine index"] = r.engine_ordinal, r.engine_index
+                h_start, h_end = span_to_host(start, end)
                 sink.activity(
                     activity_kind,
                     name,
                     device=dev,
                     resource=row,
                     start=h_start,
-                    end=h_start + max(0, end - start),
+                    end=h_end,
                     correlation=corr,
                     external_id=external.get(corr, 0),
                     flow_id=corr,
                     args=args,
                 )
-        runtime_corr = {r[5] for r in raw.get(abi.VIEW_RUNTIME_API, [])}
+        runtime_corr = {r.correlation_id for r in raw.get(abi.VIEW_RUNTIME_API, [])}
         for kind, activity_kind, cat in (
             (abi.VIEW_RUNTIME_API, ActivityKind.RUNTIME, "xpu_runtime"),
             (abi.VIEW_DRIVER_API, ActivityKind.DRIVER, "xpu_driver"),
@@ -407,14 +412,14 @@ class XpuSession:
                     name = names[(group, api_id)] = self.lib.api_name(group, api_id)
                 # the runtime call starts the flow; a driver call only when no runtime call shares its id
                 starts = corr in device_corr and (kind == abi.VIEW_RUNTIME_API or corr not in runtime_corr)
-                h_start = to_host(start)
+                h_start, h_end = span_to_host(start, end)
                 sink.activity(
                     activity_kind,
                     name,
                     device=host,
                     resource=thread_row(tid),
                     start=h_start,
-                    end=h_start + max(0, end - start),
+                    end=h_end,
                     cat=cat,
                     correlation=corr,
                     external_id=external.get(corr, 0),
@@ -425,14 +430,14 @@ class XpuSession:
         for synch, start, end, tid, corr, group, api_id, queue in raw.get(
             abi.VIEW_DEVICE_SYNCHRONIZATION, []
         ):
-            h_start = to_host(start)
+            h_start, h_end = span_to_host(start, end)
             sink.activity(
                 ActivityKind.SYNC,
                 abi.SYNC_TYPES.get(synch, "Sync"),
                 device=host,
                 resource=thread_row(tid),
                 start=h_start,
-                end=h_start + max(0, end - start),
+                end=h_end,
                 cat="xpu_sync",
                 correlation=corr,
                 external_id=external.get(corr, 0),
@@ -443,14 +448,14 @@ class XpuSession:
                 },
             )
         for start, end, tid, send, recv, communicator, name in raw.get(abi.VIEW_COMMUNICATION, []):
-            h_start = to_host(start)
+            h_start, h_end = span_to_host(start, end)
             sink.activity(
                 ActivityKind.COLLECTIVE_COMM,
                 f"xccl::{_text(name)}",
                 device=host,
                 resource=thread_row(tid),
                 start=h_start,
-                end=h_start + max(0, end - start),
+                end=h_end,
                 args={"send size": send, "recv size": recv, "communicator id": communicator},
             )
         overheads = raw.get(abi.VIEW_COLLECTION_OVERHEAD, [])
@@ -460,14 +465,14 @@ class XpuSession:
             )
             row = sink.resource(dev, 0, "overhead")
             for start, end, tid, count, kind in overheads:
-                h_start = to_host(start)
+                h_start, h_end = span_to_host(start, end)
                 sink.activity(
                     ActivityKind.OVERHEAD,
                     abi.OVERHEAD_KINDS.get(kind, "Overhead"),
                     device=dev,
                     resource=row,
                     start=h_start,
-                    end=h_start + max(0, end - start),
+                    end=h_end,
                     args={"count": count, "thread": tid},
                 )
 
