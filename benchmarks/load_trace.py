@@ -1,6 +1,7 @@
 """Reading a large trace back: ``polyprof.load_trace`` (C scanner, and the reference reader that runs
 without the extension) against Holistic Trace Analysis 0.5's parser on the same Kineto JSON file, each
-in a fresh process: wall time of the read and the process's peak RSS (VmHWM).
+in a fresh process: wall time of the read and the process's peak RSS (VmHWM). The same trace as
+``.pftrace`` is read by polyprof both ways too (HTA reads JSON only).
 
     .venv/bin/python benchmarks/load_trace.py [--events 1000000]
 
@@ -47,11 +48,17 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     args = ap.parse_args()
     folder = scratch_folder()
-    path = os.path.join(folder, "trace.json")
-    write_trace(synthetic_trace(args.events, seed=7), path)
+    path, pftrace = os.path.join(folder, "trace.json"), os.path.join(folder, "trace.pftrace")
+    trace = synthetic_trace(args.events, seed=7)
+    write_trace(trace, path)
+    write_trace(trace, pftrace)
+    del trace
     results: dict = {"events": args.events, "file_mb": os.path.getsize(path) >> 20}
     results["polyprof_c"] = measured(sys.executable, POLYPROF, path)
     results["polyprof_reference_reader"] = measured(sys.executable, POLYPROF, path, {"POLYPROF_PURE_PYTHON": "1"})
+    results["pftrace_mb"] = os.path.getsize(pftrace) >> 20
+    results["pftrace_polyprof_c"] = measured(sys.executable, POLYPROF, pftrace)
+    results["pftrace_reference_reader"] = measured(sys.executable, POLYPROF, pftrace, {"POLYPROF_PURE_PYTHON": "1"})
     results["hta_0_5"] = measured(CONSUMERS, HTA, path) if os.path.exists(CONSUMERS) else "no .venv-consumers"
     hta = results["hta_0_5"]
     if isinstance(hta, dict) and results["polyprof_c"]:
