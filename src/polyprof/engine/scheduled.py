@@ -27,7 +27,6 @@ exception from a handler reach the training thread at the next ``step()``, ``sto
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
@@ -46,7 +45,8 @@ from polyprof.clock import epoch_offset, host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
 from polyprof.engine.limits import Limits
-from polyprof.engine.merge import RING, chosen_drop, merge
+from polyprof.engine.listeners import RingListener, SpillListener, WindowListener
+from polyprof.engine.merge import chosen_drop, merge
 from polyprof.engine.schedule import (
     PREPARE,
     READY,
@@ -162,9 +162,12 @@ class Profile:
             flush_interval_s = min(flush_interval_s or self.ring_s, self.ring_s / 4)
         self.flush_interval_s = _positive_seconds("flush_interval_s", flush_interval_s, allow_none=True)
         self.spill_path = os.path.abspath(os.fspath(spill)) if spill is not None else None
-        self._spill: Any = None  # the SpillWriter while one is open
-        self._spill_left: str | None = None  # a spill ended cleanly, removed once a trace is written
-        self._spilled: set[int] = set()  # ids of this window's parts already in the spill (flushed)
+        #: the spill and the ring: what a window tells besides its recording (engine/listeners.py)
+        self._listeners: list[WindowListener] = []
+        if self.spill_path is not None:
+            self._listeners.append(SpillListener(self.spill_path, self._spill_header, warn_user))
+        if self.ring_s is not None:
+            self._listeners.append(RingListener(self.ring_s))
         self.registry = registry or default_registry
         self.schedule = schedule or always_record
         self.record_steps = schedule is not None if record_steps is None else record_steps
@@ -356,7 +359,8 @@ class Profile:
         written = write_trace(trace, path, format)
         trace.timings_ms["write"] = round((time.perf_counter() - started) * 1e3, 3)
         if not self._recording:  # a trace is on disk: the spill is not needed any more
-            self.close_spill(remove=True)
+            for listener in self._listeners:
+                listener.on_trace_written()
         return written
 
     def dump(self, path: str) -> str:
@@ -371,26 +375,17 @@ class Profile:
             raise PolyprofError("dump() needs a recording window: nothing is being recorded now")
         now = host_ns()
         new = sessions.flush()
-        if self._spill is not None:
-            self._spill.append_parts(new)
-            self._spilled.update(id(p) for p in new)
+        for listener in self._listeners:
+            listener.on_parts(new, None)  # (the ring lets go of parts as flushes come, not here)
         parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for h in sessions.handles for p in list(h.parts)]
         epoch = self._epoch
         flushed = sorted({p.backend for p in parts})
-        meta = {
-            **self._window_metadata(),
-            "polyprof": {
-                "version": __version__,
-                "activities": sorted(self.config.activities),
-                "clock": {"host": "perf_counter_ns", "epoch_offset_ns": epoch.offset_ns},
-                "partial": {
-                    "ended": "a dump while recording",
-                    "covered_epoch_ns": [self._window_start + epoch.offset_ns, now + epoch.offset_ns],
-                    "backends_flushed": flushed,
-                    "not_in_it": sorted({h.name for h in sessions.handles if h.name not in flushed}),
-                },
-            },
-        }
+        meta = self._trace_metadata(epoch, partial={
+            "ended": "a dump while recording",
+            "covered_epoch_ns": [self._window_start + epoch.offset_ns, now + epoch.offset_ns],
+            "backends_flushed": flushed,
+            "not_in_it": sorted({h.name for h in sessions.handles if h.name not in flushed}),
+        })
         trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns, limits=self.limits,
                       metadata=meta)
         return write_trace(trace, path)
@@ -416,6 +411,23 @@ class Profile:
     def _window_metadata(self) -> dict[str, Any]:
         """The metadata of the window now ending (taken on the training thread, as it was then)."""
         return dict(self._metadata)
+
+    def _trace_metadata(self, epoch: Any, partial: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The window's trace metadata: the user's and front ends' keys, and polyprof's own (its
+        version, activities, clock; `partial` for a trace of part of a window). The one place it is
+        built: a window's end and a dump both take it from here."""
+        own: dict[str, Any] = {
+            "version": __version__,
+            "activities": sorted(self.config.activities),
+            "clock": {
+                "host": "perf_counter_ns",
+                "epoch_offset_ns": epoch.offset_ns,
+                "epoch_uncertainty_ns": epoch.uncertainty_ns,
+            },
+        }
+        if partial is not None:
+            own["partial"] = partial
+        return {**self._window_metadata(), "polyprof": own}
 
     # -- schedule machinery --------------------------------------------------------------------------
     def _profile_hooks(self, hook: str, *args: Any) -> None:
@@ -493,52 +505,23 @@ class Profile:
         self._window_start = host_ns()
         self._sessions.start(self._window_start)
         self._recording = True
-        self._spill_window()
-        on_parts = self._on_flushed_parts if self._spill is not None or self.ring_s is not None else None
-        if self.flush_interval_s is not None and self._sessions.flushing:
-            self._flusher = Flusher(self._sessions, self.flush_interval_s, on_parts)
-
-    def _on_flushed_parts(self, parts: list[CollectedPart]) -> None:
-        """After a flush: spill the new parts; in ring mode, let go of the parts that aged out."""
-        if self._spill is not None:
-            self._spill.append_parts(parts)
-            self._spilled.update(id(p) for p in parts)
-        sessions = self._sessions
-        if self.ring_s is None or sessions is None:
-            return
-        oldest = host_ns() - int(self.ring_s * 1e9)
-        for h in sessions.handles:
-            keep = []
-            for p in h.parts:
-                ends = p.activities["end"]
-                if len(ends) and int(ends.max()) < oldest:
-                    h.status.add_dropped(RING, len(ends))
-                else:
-                    keep.append(p)
-            h.parts = keep
-
-    def _spill_window(self) -> None:
-        """Open the spill (first window) and note this window in it; a spill that cannot be written is a
-        warning, never the user's exception."""
-        if self.spill_path is None:
-            return
-        from polyprof.formats.spill import open_spill
-
-        handles = self._sessions.handles if self._sessions is not None else []
+        handles = self._sessions.handles
         info = {
             "window_start": self._window_start,
             "step": self.step_num,
             "backends": sorted(h.name for h in handles if h.recording),
             "flushing": sorted(h.name for h in handles if h.recording and callable(getattr(h.session, "flush", None))),
         }
-        try:
-            if self._spill is None:
-                self._spill = open_spill(self.spill_path, self._spill_header())
-            self._spill.append_window(info)
-        except OSError as exc:
-            self._spill = None
-            warn_user(f"polyprof: the spill {self.spill_path} cannot be written ({exc.strerror or exc}); recording "
-                      "goes on without it")  # fmt: skip
+        for listener in self._listeners:
+            listener.on_window_start(info)
+        on_parts = self._on_flushed_parts if any(listener.wants_parts for listener in self._listeners) else None
+        if self.flush_interval_s is not None and self._sessions.flushing:
+            self._flusher = Flusher(self._sessions, self.flush_interval_s, on_parts)
+
+    def _on_flushed_parts(self, parts: list[CollectedPart]) -> None:
+        """After a flush, the listeners (the spill appends the new parts; the ring lets go of old ones)."""
+        for listener in self._listeners:
+            listener.on_parts(parts, self._sessions)
 
     def _spill_header(self) -> dict[str, Any]:
         import socket
@@ -557,13 +540,8 @@ class Profile:
 
     def close_spill(self, remove: bool = True) -> None:
         """End the spill cleanly; with `remove` (a trace has been written), delete it."""
-        spill, self._spill = self._spill, None
-        if spill is not None:
-            spill.close(clean=True, remove=remove)
-        elif remove and self._spill_left is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._spill_left)
-        self._spill_left = None if remove else (spill.path if spill is not None else self._spill_left)
+        for listener in self._listeners:
+            listener.close(remove)
 
     def _window_observers(self, call: str) -> None:
         for obs in self.window_observers:
@@ -593,24 +571,11 @@ class Profile:
             start = max(start, window_end - int(self.ring_s * 1e9))
         window = (start, window_end)
         epoch = self._epoch
-        meta = {
-            **self._window_metadata(),
-            "polyprof": {
-                "version": __version__,
-                "activities": sorted(self.config.activities),
-                "clock": {
-                    "host": "perf_counter_ns",
-                    "epoch_offset_ns": epoch.offset_ns,
-                    "epoch_uncertainty_ns": epoch.uncertainty_ns,
-                },
-            },
-        }
+        meta = self._trace_metadata(epoch)
         paused = self._take_paused(window_end)
         step_num = self.step_num
         handler = self.on_trace_ready if save else None
-        spill, spilled, self._spilled = self._spill, self._spilled, set()
-        if spill is not None:
-            spill.window_ended()
+        ended = [(listener, listener.on_window_end()) for listener in self._listeners]
 
         def run(job: Job) -> Trace:
             if flusher is not None:
@@ -618,12 +583,12 @@ class Profile:
             parts = sessions.collect()
             self._abandoned.update(sessions.abandoned())
             job.collected.set()
-            if spill is not None:  # the spill now holds the whole window: recoverable if the export fails
-                info = {"window_end": window_end, "collected": sorted({p.backend for p in parts})}
+            info = {"window_end": window_end, "collected": sorted({p.backend for p in parts})}
+            for listener, token in ended:
                 try:
-                    spill.window_collected([p for p in parts if id(p) not in spilled], info)
+                    listener.on_collected(token, parts, info)
                 except OSError as exc:
-                    self._warnings.append(f"the spill {spill.path} could not take the window's rows: {exc}")
+                    self._warnings.append(str(exc))
             started = time.perf_counter()
             trace = merge(
                 parts,

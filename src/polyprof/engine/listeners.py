@@ -1,0 +1,141 @@
+"""What a recording window tells the parts of a profile that are not its recording: the spill (what is
+complete, appended to a file while recording) and the ring (parts older than the last N seconds let
+go). Each is a :class:`WindowListener`; the Profile calls its listeners at each point of a window and
+knows nothing of what they do.
+
+::
+
+    listeners = [SpillListener(path, header, warn), RingListener(30.0)]
+    for listener in listeners:
+        listener.on_window_start(info)         # the training thread, as a window starts recording
+        listener.on_parts(parts, sessions)     # a flush (background thread) or a dump handed parts over
+        ended = listener.on_window_end()       # the training thread, as the window stops
+        listener.on_collected(ended, parts, info)  # the writer, with every part of that window
+        listener.on_trace_written()            # a trace of the profile is on disk
+        listener.close(remove=False)           # the profile ended
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from polyprof.clock import host_ns
+from polyprof.engine.merge import RING
+from polyprof.model import CollectedPart
+
+
+class WindowListener:
+    """The points of a recording window a listener may act on; each does nothing unless overridden."""
+
+    def on_window_start(self, info: dict[str, Any]) -> None:
+        """A window starts recording (`info`: its start, step, backends and those that flush)."""
+
+    def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
+        """Parts handed over while recording (a flush, or a dump), with the window's sessions."""
+
+    def on_window_end(self) -> Any:
+        """The window stops recording (the training thread); what is returned comes back to
+        :meth:`on_collected` for this window."""
+
+    def on_collected(self, ended: Any, parts: list[CollectedPart], info: dict[str, Any]) -> None:
+        """Every part of the window `ended` (on the writer, before the merge)."""
+
+    def on_trace_written(self) -> None:
+        """A trace of the profile has been written to a file."""
+
+    def close(self, remove: bool) -> None:
+        """The profile ended (`remove`: a trace of it is on disk)."""
+
+    @property
+    def wants_parts(self) -> bool:
+        """Whether flushes should report their parts here while recording."""
+        return False
+
+
+class SpillListener(WindowListener):
+    """The spill: each window noted as it starts, flushed parts appended as they come, the rest of a
+    window's parts once collected; ended cleanly with the profile and removed once a trace is written.
+    A spill that cannot be written is a warning (`warn`), never the user's exception."""
+
+    def __init__(self, path: str, header: Callable[[], dict[str, Any]], warn: Callable[[str], None]) -> None:
+        self.path, self.header, self.warn = path, header, warn
+        self.spill: Any = None  # the writer while one is open
+        self.left: str | None = None  # a spill ended cleanly, removed once a trace is written
+        self.spilled: set[int] = set()  # ids of this window's parts already in the spill
+
+    @property
+    def wants_parts(self) -> bool:
+        return self.spill is not None
+
+    def on_window_start(self, info: dict[str, Any]) -> None:
+        from polyprof.formats.spill import open_spill
+
+        try:
+            if self.spill is None:
+                self.spill = open_spill(self.path, self.header())
+            self.spill.append_window(info)
+        except OSError as exc:
+            self.spill = None
+            self.warn(f"polyprof: the spill {self.path} cannot be written ({exc.strerror or exc}); recording "
+                      "goes on without it")  # fmt: skip
+
+    def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
+        if self.spill is not None:
+            self.spill.append_parts(parts)
+            self.spilled.update(id(p) for p in parts)
+
+    def on_window_end(self) -> Any:
+        spill, spilled, self.spilled = self.spill, self.spilled, set()
+        if spill is not None:
+            spill.window_ended()
+        return spill, spilled
+
+    def on_collected(self, ended: Any, parts: list[CollectedPart], info: dict[str, Any]) -> None:
+        spill, spilled = ended
+        if spill is None:  # the spill now holds the whole window: recoverable if the export fails
+            return
+        try:
+            spill.window_collected([p for p in parts if id(p) not in spilled], info)
+        except OSError as exc:
+            raise OSError(f"the spill {spill.path} could not take the window's rows: {exc}") from exc
+
+    def on_trace_written(self) -> None:
+        self.close(remove=True)
+
+    def close(self, remove: bool) -> None:
+        spill, self.spill = self.spill, None
+        if spill is not None:
+            spill.close(clean=True, remove=remove)
+        elif remove and self.left is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.left)
+        self.left = None if remove else (spill.path if spill is not None else self.left)
+
+
+class RingListener(WindowListener):
+    """Ring mode: after each flush, the parts whose rows all ended more than `seconds` ago are let go,
+    counted on their backend's status (``dropped``, under :data:`RING`)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @property
+    def wants_parts(self) -> bool:
+        return True
+
+    def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
+        if sessions is None:
+            return
+        oldest = host_ns() - int(self.seconds * 1e9)
+        for h in sessions.handles:
+            keep = []
+            for p in h.parts:
+                ends = p.activities["end"]
+                if len(ends) and int(ends.max()) < oldest:
+                    h.status.add_dropped(RING, len(ends))
+                else:
+                    keep.append(p)
+            h.parts = keep
