@@ -1,4 +1,4 @@
-"""Helpers for backends whose vendor hands over buffers of activity records (CUPTI, PTI, rocprofiler):
+"""Helpers for backends whose vendor hands over buffers of activity records (CUPTI, PTI and the like):
 finding the records in a buffer, names as integer codes into a string table, and kernel names as
 Kineto writes them.
 
