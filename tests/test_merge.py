@@ -205,3 +205,17 @@ def test_an_id_given_on_the_device_row_only_stands_and_names_the_launch():
     kernels = {r.name: r.external_id for r in trace.activities_of(ActivityKind.KERNEL)}
     launches = sorted(r.external_id for r in trace.activities_of(ActivityKind.RUNTIME))
     assert kernels == {"k1": 11, "k2": 12} and launches == [11, 12]
+
+
+def test_the_merge_leaves_its_parts_statuses_alone_and_merging_again_counts_the_same():
+    """The merge is a function of sealed parts: what it drops and keeps is its report, folded into the
+    trace's snapshot of each status, never written into the parts (a dump merges the same parts as the
+    window's end will)."""
+    parts = _parts(0)
+    before = {p.backend: (p.status.activities, dict(p.status.dropped)) for p in parts}
+    first, second = _merged(merge, parts), _merged(merge, parts)
+    assert {p.backend: (p.status.activities, dict(p.status.dropped)) for p in parts} == before
+    counts = {n: (s.activities, s.dropped) for n, s in first.backends.items()}
+    assert counts == {n: (s.activities, s.dropped) for n, s in second.backends.items()}
+    assert counts["npu"][1]["activity filter"] > 0 and sum(a for a, _ in counts.values()) == len(first.activities) - (
+        first.activities["kind"] == int(ActivityKind.GPU_USER_ANNOTATION)).sum()  # fmt: skip

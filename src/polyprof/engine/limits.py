@@ -90,15 +90,15 @@ class Limits:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
             raise ConfigError(f"max_events_per_backend must be a whole number >= 0 or None, got {cap!r}")
 
-    def keep(self, part: CollectedPart, kept: np.ndarray) -> np.ndarray:
-        """`kept` (a row mask of `part`) less the rows these limits drop, each counted on its status."""
+    def keep(self, part: CollectedPart, kept: np.ndarray, report: Any) -> np.ndarray:
+        """`kept` (a row mask of `part`) less the rows these limits drop, each counted in `report` (the
+        merge's MergeReport)."""
         acts = part.activities
-        status = part.status
 
         def drop(mask: np.ndarray, reason: str) -> np.ndarray:
             gone = kept & ~mask
             if gone.any():
-                status.add_dropped(reason, int(gone.sum()))
+                report.drop(part.backend, reason, int(gone.sum()))
             return kept & mask
 
         if self.exclude_kinds:
@@ -120,9 +120,9 @@ class Limits:
         return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
 
 
-def cap_per_backend(parts: Sequence[CollectedPart], keeps: list[np.ndarray | None], cap: int) -> None:
+def cap_per_backend(parts: Sequence[CollectedPart], keeps: list[np.ndarray | None], cap: int, report: Any) -> None:
     """Keep, of each backend's rows over all its parts, the earliest `cap` (by start); the rest are
-    counted on its status. `keeps` (per part: kept row indices, None for all) is updated in place."""
+    counted in `report`. `keeps` (per part: kept row indices, None for all) is updated in place."""
     by_backend: dict[str, list[int]] = {}
     for i, part in enumerate(parts):
         by_backend.setdefault(part.backend, []).append(i)
@@ -140,7 +140,7 @@ def cap_per_backend(parts: Sequence[CollectedPart], keeps: list[np.ndarray | Non
             mine = chosen[at : at + len(r)]
             keeps[i] = r[mine]
             at += len(r)
-        parts[indices[0]].status.add_dropped(CAPPED, total - cap)
+        report.drop(parts[indices[0]].backend, CAPPED, total - cap)
 
 
 def limits_from_cli(min_span_us: float | None, include: Iterable[str], exclude: Iterable[str], exclude_kind: Iterable[str],

@@ -27,8 +27,6 @@ exception from a handler reach the training thread at the next ``step()``, ``sto
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import os
 import threading
@@ -377,7 +375,7 @@ class Profile:
         new = sessions.flush()
         for listener in self._listeners:
             listener.on_parts(new, None)  # (the ring lets go of parts as flushes come, not here)
-        parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for h in sessions.handles for p in list(h.parts)]
+        parts = [p for h in sessions.handles for p in list(h.parts)]  # (the merge leaves their statuses alone)
         epoch = self._epoch
         flushed = sorted({p.backend for p in parts})
         meta = self._trace_metadata(epoch, partial={

@@ -4,7 +4,7 @@ over the sealed parts' columns, with one concatenation and one ordering::
     trace = merge(parts, window=(w0, w1), epoch_offset_ns=..., base_time_ns=..., metadata={...})
 
 1. **select** (per part): rows outside the capture window, of filtered-out kinds, or recorded while
-   collection was toggled off are dropped and counted on the part's status;
+   collection was toggled off are dropped and counted in the merge's :class:`MergeReport`;
 2. **concatenate** every part's kept rows into the trace's columns (device, resource and string
    handles mapped onto the trace's, flow ids shifted where two backends' would collide); host rows
    still running at the window's end end with it;
@@ -14,6 +14,10 @@ over the sealed parts' columns, with one concatenation and one ordering::
    launches without one and refines to the synchronous op open at the launch;
 6. **device-side annotations** (:mod:`.gpu_annotations`): rows added, placed into the order without
    sorting again.
+
+The merge is a function of the sealed parts: it writes nothing into them or their statuses. What it
+did to each backend's rows (dropped by reason, kept) is its :class:`MergeReport`, folded once into the
+trace's snapshot of each backend's status.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,9 +40,18 @@ from polyprof.engine.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CAT
 from polyprof.engine.merge.gpu_annotations import gpu_user_annotations
 from polyprof.engine.merge.order import insertion_points, interleave, start_order
 from polyprof.memory import release_when_collected
-from polyprof.model import COLUMNS, ActivityTable, Args, CollectedPart, Counters, StringTable, Trace
+from polyprof.model import (
+    COLUMNS,
+    ActivityTable,
+    Args,
+    BackendStatus,
+    CollectedPart,
+    Counters,
+    StringTable,
+    Trace,
+)
 
-__all__ = ["DeviceTable", "host_process_name", "merge"]
+__all__ = ["DeviceTable", "MergeReport", "host_process_name", "merge"]
 
 OUTSIDE_WINDOW = "outside capture window"
 FILTERED = "activity filter"
@@ -54,32 +68,58 @@ def chosen_drop(what: str) -> bool:
     return what in CHOSEN_DROPS or what.startswith(BY_OPTION)
 
 
+@dataclass
+class MergeReport:
+    """What a merge did to each backend's rows: dropped ones by reason, and how many it kept."""
+
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, backend: str, reason: str, count: int) -> None:
+        if count:
+            mine = self.dropped.setdefault(backend, {})
+            mine[reason] = mine.get(reason, 0) + int(count)
+
+    def folded_into(self, statuses: dict[str, BackendStatus]) -> dict[str, BackendStatus]:
+        """Each status as it is now (a snapshot, which later rows leave alone) with this report added:
+        the one count that a trace, its summary and its file all show."""
+        out = {}
+        for name, status in statuses.items():
+            snap = status.snapshot()
+            for reason, count in self.dropped.get(name, {}).items():
+                snap.add_dropped(reason, count)
+            snap.activities = self.kept.get(name, 0)
+            out[name] = snap
+        return out
+
+
 def _select(
     part: CollectedPart,
     window: tuple[int, int],
     kinds: set[int] | None,
     paused: Sequence[tuple[int, int]],
+    report: MergeReport,
     limits: Limits | None = None,
 ) -> np.ndarray | None:
-    """The rows of `part` to keep (None: all), counting the others on its status."""
+    """The rows of `part` to keep (None: all), counting the others in `report`."""
     acts = part.activities
     if not len(acts):
         return None
     start = acts["start"]
     w0, w1 = window
     kept = (start >= w0) & (start <= w1)
-    part.status.add_dropped(OUTSIDE_WINDOW, int(len(acts) - kept.sum()))
+    report.drop(part.backend, OUTSIDE_WINDOW, int(len(acts) - kept.sum()))
     if kinds is not None:
         allowed = kept & np.isin(acts["kind"], sorted(kinds))
-        part.status.add_dropped(FILTERED, int(kept.sum() - allowed.sum()))
+        report.drop(part.backend, FILTERED, int(kept.sum() - allowed.sum()))
         kept = allowed
     for p0, p1 in paused:
         off = kept & (start >= p0) & (start < p1)
         if off.any():
-            part.status.add_dropped(TOGGLED_OFF, int(off.sum()))
+            report.drop(part.backend, TOGGLED_OFF, int(off.sum()))
             kept &= ~off
     if limits is not None:
-        kept = limits.keep(part, kept)
+        kept = limits.keep(part, kept, report)
     return None if kept.all() else np.flatnonzero(kept)
 
 
@@ -100,6 +140,7 @@ def _concatenate(
     parts: Sequence[CollectedPart],
     keeps: Sequence[np.ndarray | None],
     maps: Sequence[tuple[np.ndarray, np.ndarray]],
+    report: MergeReport,
 ) -> tuple[ActivityTable, np.ndarray]:
     """One table of every part's kept rows (handles mapped, flow ids de-collided), and a per-row mask
     of the rows whose backends' spans follow the context."""
@@ -112,7 +153,7 @@ def _concatenate(
     base = 0
     offsets = _flow_offsets(parts, keeps)
     for part, keep, (dev_map, res_map), n, offset in zip(parts, keeps, maps, sizes, offsets, strict=True):
-        part.status.activities += n
+        report.kept[part.backend] = report.kept.get(part.backend, 0) + n
         if not n:
             continue
         acts = part.activities
@@ -244,16 +285,16 @@ def merge(
     for part in parts:
         dev_map = devices.device_map(part.devices)
         maps.append((dev_map, devices.resource_map(part.resources, dev_map)))
+    report = MergeReport()
     keeps = [
-        _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), limits)
+        _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), report,
+                limits)  # fmt: skip
         for part in parts
     ]
     if limits is not None and limits.max_events_per_backend is not None:
-        cap_per_backend(parts, keeps, limits.max_events_per_backend)
-    for part in parts:  # a backend's count is over all its parts
-        part.status.activities = 0
+        cap_per_backend(parts, keeps, limits.max_events_per_backend, report)
     clock("select")
-    table, context_scoped = _concatenate(parts, keeps, maps)
+    table, context_scoped = _concatenate(parts, keeps, maps, report)
     clock("concatenate")
     cols = table.columns
     added = None
@@ -285,7 +326,7 @@ def merge(
                 device_properties.append(props)
         extra_metadata.update(part.metadata)
         statuses[part.backend] = part.status
-    statuses = {name: st.snapshot() for name, st in statuses.items()}  # counted once: later rows do not move it
+    statuses = report.folded_into(statuses)  # counted once: later rows do not move it
     trace = Trace(
         activities=activities,
         devices=devices.devices,
