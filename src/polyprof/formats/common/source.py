@@ -9,7 +9,8 @@
                                                                     # max_value_bytes() long
 
 Two limits keep a hostile or broken file an error rather than an out-of-memory kill: the whole file
-(after gzip inflation) and, for JSON read as a stream, one token (a string, a number, a run of blanks).
+(after gzip inflation) and, for gzip JSON checked as a stream before it is read, one token (a string, a
+number, a run of blanks).
 A gzip bomb of 1 MB that inflates to one 1 GB string is refused at the second, having held at most
 that limit of it.
 """
