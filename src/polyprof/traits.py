@@ -82,33 +82,30 @@ class SessionTraits:
                 for f in fields(self) if not isinstance(getattr(self, f.name), bool)]  # fmt: skip
 
 
-def _loose(obj: Any, names: tuple[str, ...], kind: str) -> list[str]:
-    return [
-        f"{name!r} is given as an attribute: declare it as traits = {kind}({name}={getattr(obj, name)!r})"
-        for name in names
-        if any(name in vars(k) for k in type(obj).__mro__) or name in getattr(obj, "__dict__", {})
+def _problems(obj: Any, kind: type) -> list[str]:
+    """What is wrong with what `obj` declares as `kind` (BackendTraits or SessionTraits): a trait given as
+    a loose attribute, a ``traits`` of another type, or a value of the wrong type."""
+    loose = [
+        f"{f.name!r} is given as an attribute: declare it as traits = {kind.__name__}({f.name}={getattr(obj, f.name)!r})"
+        for f in fields(kind)
+        if any(f.name in vars(k) for k in type(obj).__mro__) or f.name in getattr(obj, "__dict__", {})
     ]
+    traits = getattr(obj, "traits", None)
+    if traits is None:
+        return loose
+    if not isinstance(traits, kind):
+        return [*loose, f"traits must be a polyprof.plugin.{kind.__name__}, got {type(traits).__name__}"]
+    return [*loose, *traits.problems()]
 
 
 def backend_trait_problems(backend: Any) -> list[str]:
     """What is wrong with what `backend` declares (empty when nothing is)."""
-    traits = getattr(backend, "traits", None)
-    loose = _loose(backend, tuple(f.name for f in fields(BackendTraits)), "BackendTraits")
-    if traits is None:
-        return loose
-    if not isinstance(traits, BackendTraits):
-        return [*loose, f"traits must be a polyprof.plugin.BackendTraits, got {type(traits).__name__}"]
-    return [*loose, *traits.problems()]
+    return _problems(backend, BackendTraits)
 
 
 def session_trait_problems(session: Any) -> list[str]:
-    traits = getattr(session, "traits", None)
-    loose = _loose(session, tuple(f.name for f in fields(SessionTraits)), "SessionTraits")
-    if traits is None:
-        return loose
-    if not isinstance(traits, SessionTraits):
-        return [*loose, f"traits must be a polyprof.plugin.SessionTraits, got {type(traits).__name__}"]
-    return [*loose, *traits.problems()]
+    """What is wrong with what `session` declares (empty when nothing is)."""
+    return _problems(session, SessionTraits)
 
 
 def backend_traits(backend: Any) -> BackendTraits:

@@ -24,44 +24,40 @@ class Where:
         self.what = "the trace"
 
 
+#: top-level keys a Chrome trace's own format uses (the rest is the trace's metadata)
+JSON_KEYS = ("traceEvents", "deviceProperties", "schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "traceName")
+
+
 def finish_trace(
     doc: dict[str, Any], acts: Any, devices: list[Device], resources: list[Resource], counters: Counters,
-    where: Where | None = None,
-) -> Trace:
-    """The trace of the events read (`acts` and the rest) and the document's top-level keys."""
-    base = doc.get("baseTimeNanoseconds", 0)
-    base = base if isinstance(base, int) else 0
-    metadata = {
-        k: v
-        for k, v in doc.items()
-        if k
-        not in (
-            "traceEvents",
-            "deviceProperties",
-            "schemaVersion",
-            "displayTimeUnit",
-            "baseTimeNanoseconds",
-            "traceName",
-        )
-    }
+    where: Where | None = None, *, reserved: tuple[str, ...] = JSON_KEYS, base_time_ns: Any = None,
+    epoch_offset_ns: int | None = None, window: tuple[int, int] | None = None,
+) -> Trace:  # fmt: skip
+    """The trace of the events read (`acts` and the rest) and the document's top-level keys (`doc`: a JSON
+    trace's, or a Perfetto trace's metadata event's values): its keys but the `reserved` ones become the
+    metadata, polyprof's among them the backends' statuses. `base_time_ns` (else the document's
+    ``baseTimeNanoseconds``), `epoch_offset_ns` (else the base: times read back from JSON are relative to
+    it) and `window` (else the rows' extent) come from the format where it records them."""
+    base = doc.get("baseTimeNanoseconds", 0) if base_time_ns is None else base_time_ns
+    base = base if isinstance(base, int) and not isinstance(base, bool) else 0
+    metadata = {k: v for k, v in doc.items() if k not in reserved}
     if where is not None:
         where.what = "the polyprof metadata"
     statuses, timings = statuses_from_metadata(metadata)
-    start = int(acts["start"].min()) if len(acts) else 0
-    end = int(acts["end"].max()) if len(acts) else 0
+    if window is None:
+        window = (int(acts["start"].min()), int(acts["end"].max())) if len(acts) else (0, 0)
     props = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
-    props = [p for p in props if isinstance(p, dict)]
     return Trace(
         activities=acts,
         devices=devices,
         resources=resources,
         counters=counters,
         metadata=metadata,
-        device_properties=props,
+        device_properties=[p for p in props if isinstance(p, dict)],
         backends=statuses,
-        epoch_offset_ns=base,  # times read back are relative to baseTimeNanoseconds
+        epoch_offset_ns=base if epoch_offset_ns is None else epoch_offset_ns,
         base_time_ns=base,
-        window=(start, end),
+        window=window,
         timings_ms=timings,
     )
 

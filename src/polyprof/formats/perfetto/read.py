@@ -326,33 +326,16 @@ class PacketReader:
             if not devices:
                 devices.append(Device("pid:0", "unknown", 0, "process 0", pid=0))
             counters.add(t.name if t else f"counter {track}", dev, ts, value)
-        from polyprof.formats.common.finish import (
-            statuses_from_metadata,  # the one parser of polyprof's status metadata
-        )
+        from polyprof.formats.common.finish import finish_trace  # the one way a reader finishes a Trace
 
-        props = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else []
-        base = meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0))
         epoch = layout.get("epoch_offset_ns")
         if not isinstance(epoch, int):
             epoch = self.snapshot.get(F.CLOCK_REALTIME, 0) - self.snapshot.get(F.CLOCK_MONOTONIC, 0) if self.snapshot else 0
         window = layout.get("window")
-        if not (isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)):
-            window = [int(acts["start"].min()), int(acts["end"].max())] if len(acts) else [0, 0]
-        metadata = {k: v for k, v in meta.items() if k not in _RESERVED}
-        statuses, timings = statuses_from_metadata(metadata)
-        return Trace(
-            activities=acts,
-            devices=devices,
-            resources=resources,
-            counters=counters,
-            metadata=metadata,
-            device_properties=[p for p in props if isinstance(p, dict)],
-            backends=statuses,
-            epoch_offset_ns=int(epoch),
-            base_time_ns=base if isinstance(base, int) else 0,
-            window=(int(window[0]), int(window[1])),
-            timings_ms=timings,
-        )
+        ok = isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)
+        return finish_trace(meta, acts, devices, resources, counters, reserved=_RESERVED,
+                            base_time_ns=meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0)),
+                            epoch_offset_ns=int(epoch), window=(int(window[0]), int(window[1])) if ok else None)  # fmt: skip
 
     def meta_and_layout(self) -> tuple[dict[str, Any], dict]:
         """The metadata event's values, and polyprof's layout among them ({} when there is none)."""
