@@ -163,7 +163,7 @@ def test_only_one_profile_records_at_a_time(registry, sim):
         with pytest.raises(PolyprofError, match="already recording"):
             other.start()
         assert sim.sessions and sim.sessions[-1].closed, "the refused profile closed the sessions it prepared"
-        assert other._sessions is None
+        assert other._window is None
     with polyprof.profile(["cpu"], registry=registry):
         pass  # free again
 

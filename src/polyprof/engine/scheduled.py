@@ -39,7 +39,7 @@ import orjson
 from polyprof import annotations
 from polyprof._version import __version__
 from polyprof.backend import ProfileConfig
-from polyprof.clock import epoch_offset, host_ns
+from polyprof.clock import host_ns
 from polyprof.engine.background import Job, writer
 from polyprof.engine.guard import describe
 from polyprof.engine.limits import Limits
@@ -62,10 +62,11 @@ from polyprof.engine.selection import (
     kind_filters,
     select_backends,
 )
-from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S, Flusher, SessionSet
+from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S
 from polyprof.engine.signals import CleanStop, Signalled
+from polyprof.engine.window import Window
 from polyprof.errors import ConfigError, PolyprofError, warn_user
-from polyprof.model import BackendStatus, CollectedPart, Trace
+from polyprof.model import BackendStatus, Trace
 from polyprof.registry import Registry
 from polyprof.registry import default as default_registry
 
@@ -190,10 +191,7 @@ class Profile:
         self.window_observers = list(window_observers)
         self.step_num = 0
         self.current_action = ProfilerAction.NONE
-        self._sessions: SessionSet | None = None
-        self._flusher: Flusher | None = None
-        self._recording = False
-        self._window_start = 0
+        self._window: Window | None = None  # this cycle's window, from its warm-up to its end
         self._trace: Trace | None = None
         self._jobs: list[Job] = []  # this profile's windows still in the background, oldest first
         self._warnings: list[str] = []  # backend problems found in the background, for the user
@@ -204,6 +202,10 @@ class Profile:
         #: called (on the thread that starts it) with another profile about to record while this one
         #: records; it must stop this one. None: the other profile's start is refused with an error.
         self.yield_to: Callable[[Profile], None] | None = None
+
+    @property
+    def _recording(self) -> bool:
+        return self._window is not None and self._window.recording
 
     @property
     def backends(self) -> list[str]:
@@ -368,23 +370,20 @@ class Profile:
         them). Returns the path written."""
         from polyprof.formats.files import write_trace
 
-        sessions = self._sessions
-        if not self._recording or sessions is None:
+        window = self._window
+        if window is None or not window.recording:
             raise PolyprofError("dump() needs a recording window: nothing is being recorded now")
         now = host_ns()
-        new = sessions.flush()
-        for listener in self._listeners:
-            listener.on_parts(new, None)  # (the ring lets go of parts as flushes come, not here)
-        parts = [p for h in sessions.handles for p in list(h.parts)]  # (the merge leaves their statuses alone)
-        epoch = self._epoch
+        parts = window.parts_so_far(self._listeners)  # (the merge leaves their statuses alone)
+        epoch = window.epoch
         flushed = sorted({p.backend for p in parts})
         meta = self._trace_metadata(epoch, partial={
             "ended": "a dump while recording",
-            "covered_epoch_ns": [self._window_start + epoch.offset_ns, now + epoch.offset_ns],
+            "covered_epoch_ns": [window.start_ns + epoch.offset_ns, now + epoch.offset_ns],
             "backends_flushed": flushed,
-            "not_in_it": sorted({h.name for h in sessions.handles if h.name not in flushed}),
+            "not_in_it": sorted({h.name for h in window.sessions.handles if h.name not in flushed}),
         })
-        trace = merge(parts, window=(self._window_start, now), epoch_offset_ns=epoch.offset_ns, limits=self.limits,
+        trace = merge(parts, window=(window.start_ns, now), epoch_offset_ns=epoch.offset_ns, limits=self.limits,
                       metadata=meta)
         return write_trace(trace, path)
 
@@ -474,12 +473,10 @@ class Profile:
 
     # -- lifecycle phases ----------------------------------------------------------------------------
     def _prepare(self) -> None:
-        if self._sessions is not None:
+        if self._window is not None:
             return
-        self._sessions = SessionSet.create(
-            self._selection, self.config, self._backend_options, self.call_timeout_s, self._abandoned
-        )
-        self._sessions.prepare()
+        self._window = Window.prepared(self._selection, self.config, self._backend_options, self.call_timeout_s,
+                                       self._abandoned)  # fmt: skip
 
     def _start_recording(self) -> None:
         global _active_profile
@@ -493,33 +490,15 @@ class Profile:
                     "another polyprof profile is already recording in this process; stop it first"
                 )
             _active_profile = self
-        assert self._sessions is not None
+        window = self._window
+        assert window is not None
         if self._jobs and not writer.on_writer_thread:
             # a backend's recorder may be process-wide (torch's observer): the last window's collect
             # must be done with it before it records again (a warm-up step in between hides the wait)
             self._jobs[-1].collected.wait()
-        self._epoch = epoch_offset()
+        window.read_epoch()
         self._window_observers("start")
-        self._window_start = host_ns()
-        self._sessions.start(self._window_start)
-        self._recording = True
-        handles = self._sessions.handles
-        info = {
-            "window_start": self._window_start,
-            "step": self.step_num,
-            "backends": sorted(h.name for h in handles if h.recording),
-            "flushing": sorted(h.name for h in handles if h.recording and callable(getattr(h.session, "flush", None))),
-        }
-        for listener in self._listeners:
-            listener.on_window_start(info)
-        on_parts = self._on_flushed_parts if any(listener.wants_parts for listener in self._listeners) else None
-        if self.flush_interval_s is not None and self._sessions.flushing:
-            self._flusher = Flusher(self._sessions, self.flush_interval_s, on_parts)
-
-    def _on_flushed_parts(self, parts: list[CollectedPart]) -> None:
-        """After a flush, the listeners (the spill appends the new parts; the ring lets go of old ones)."""
-        for listener in self._listeners:
-            listener.on_parts(parts, self._sessions)
+        window.start(self.step_num, self.flush_interval_s, self._listeners)
 
     def _spill_header(self) -> dict[str, Any]:
         import socket
@@ -531,7 +510,7 @@ class Profile:
             "host_name": socket.gethostname(),
             "argv": list(sys.argv),
             "activities": sorted(self.config.activities),
-            "epoch_offset_ns": self._epoch.offset_ns,
+            "epoch_offset_ns": self._window.epoch.offset_ns if self._window is not None else 0,
             "flush_interval_s": self.flush_interval_s,
             "metadata": self._window_metadata(),
         }
@@ -553,22 +532,17 @@ class Profile:
         global _active_profile
         called = time.perf_counter()
         self._window_observers("stop")
-        window_end = host_ns()
-        sessions, self._sessions = self._sessions, None
-        assert sessions is not None
-        flusher, self._flusher = self._flusher, None
-        if flusher is not None:
-            flusher.stop()
-        sessions.stop(window_end)
-        self._abandoned.update(sessions.abandoned())  # a stop that hung: no session next window
-        self._recording = False
+        ending, self._window = self._window, None
+        assert ending is not None
+        window_end = ending.stop()
+        self._abandoned.update(ending.sessions.abandoned())  # a stop that hung: no session next window
         with _active_lock:
             _active_profile = None
-        start = self._window_start
+        start = ending.start_ns
         if self.ring_s is not None:
             start = max(start, window_end - int(self.ring_s * 1e9))
         window = (start, window_end)
-        epoch = self._epoch
+        epoch = ending.epoch
         meta = self._trace_metadata(epoch)
         paused = self._take_paused(window_end)
         step_num = self.step_num
@@ -576,10 +550,8 @@ class Profile:
         ended = [(listener, listener.on_window_end()) for listener in self._listeners]
 
         def run(job: Job) -> Trace:
-            if flusher is not None:
-                flusher.join(self.call_timeout_s)
-            parts = sessions.collect()
-            self._abandoned.update(sessions.abandoned())
+            parts = ending.collect(self.call_timeout_s)
+            self._abandoned.update(ending.sessions.abandoned())
             job.collected.set()
             info = {"window_end": window_end, "collected": sorted({p.backend for p in parts})}
             for listener, token in ended:
@@ -636,12 +608,9 @@ class Profile:
                 raise error
 
     def _abandon_sessions(self) -> None:
-        if self._flusher is not None:
-            self._flusher.stop()
-            self._flusher = None
-        if self._sessions is not None:
-            self._sessions.abandon()
-            self._sessions = None
+        if self._window is not None:
+            self._window.abandon()
+            self._window = None
         self.current_action = ProfilerAction.NONE
 
     @staticmethod

@@ -262,7 +262,7 @@ class profile(Profile):  # noqa: N801 - torch's name
         self._wait_for_trace()
         if self._view is None and self._trace is not None:
             self._view = self._torch_view(None, self._trace)
-        if self._view is None and self._sessions is not None and "torch" in sys.modules:
+        if self._view is None and self._window is not None and "torch" in sys.modules:
             if self._before_first_trace is None:
                 from torch.autograd.profiler import profile as autograd_profile
 
