@@ -50,7 +50,7 @@ def format_of(path: str | os.PathLike, format: str | None = None) -> str:
 def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) -> str:
     """Write `trace` in the format its path (or `format`) names; returns the path written."""
     if format_of(path, format) == "perfetto":
-        from polyprof.formats import write_perfetto_trace
+        from polyprof.formats.perfetto.write import write_perfetto_trace
 
         return write_perfetto_trace(trace, path)
     from polyprof.formats.chrome.write import write_chrome_trace
@@ -73,8 +73,9 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
     if scanned is not None:
         return scanned
     chunks = trace_chunks(path, limit)
-    data = first_bytes(chunks, max_value_bytes() + 1)
-    if len(data) > max_value_bytes() and is_gzip_file(path) and not looks_like_perfetto(data):
+    token_limit = max_value_bytes()
+    data = first_bytes(chunks, token_limit + 1)
+    if len(data) > token_limit and is_gzip_file(path) and not looks_like_perfetto(data):
         chunks.close()
         del data
         chrome_read.check_tokens(trace_chunks(path, limit), path)

@@ -22,6 +22,7 @@ import ijson
 import orjson
 
 from polyprof.errors import TraceFormatError
+from polyprof.formats.chrome import scan as chrome_scan
 from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, metadata_row
 from polyprof.formats.common.finish import Where, finish_trace
 from polyprof.formats.common.source import TokenBound
@@ -62,8 +63,6 @@ def json_events(stream: Any, bare: bool) -> Any:
 def scanned_file(path: str, limit: int) -> Trace | None:
     """The JSON trace at `path` read by the C scanner (formats/chrome/scan.py), or None: not built, not a
     plain JSON trace file, or something the scanner leaves to the reader (which then says what is wrong)."""
-    from polyprof.formats.chrome import scan as chrome_scan
-
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
@@ -78,8 +77,6 @@ def parse_json(data: bytes, path: str = "<trace>") -> Trace:
     where it takes it, else the reference reader's."""
     if not data.strip():
         raise TraceFormatError(f"{path}: the file is empty")
-    from polyprof.formats.chrome import scan as chrome_scan
-
     try:
         scanned = chrome_scan.scan_trace(data, path)
     except chrome_scan.Declined:

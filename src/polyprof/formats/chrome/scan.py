@@ -23,8 +23,10 @@ import orjson
 
 from polyprof import _native
 from polyprof._native import DECLINED
-from polyprof.formats.chrome.dialect import FLOW_TYPES
-from polyprof.formats.common.source import max_value_bytes
+from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata
+from polyprof.formats.common.finish import finish_trace
+from polyprof.formats.common.source import is_gzip_file, max_value_bytes
+from polyprof.formats.common.values import us_to_ns
 from polyprof.model import (
     FLOW_AC2G,
     ActivityKind,
@@ -80,7 +82,7 @@ def scan_file(path: str, max_bytes: int) -> Any:
     Reading more than `max_bytes` (after inflation) declines too, and so does an event, or the keys
     around the events, longer than one token may be (formats/common/source.py): the reader then says which."""
     state = _new_state()
-    opener = gzip.open if _is_gzip(path) else open
+    opener = gzip.open if is_gzip_file(path) else open
     held = max_value_bytes() + CHUNK  # the most left unscanned at once
     head = b""
     tail = b""
@@ -127,11 +129,6 @@ def _assembled(state: list[Any], top: dict[str, Any], path: str) -> Any:
         return None
 
 
-def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 def _top_level(doc: bytes) -> dict[str, Any] | None:
     try:
         top = orjson.loads(doc)
@@ -145,10 +142,6 @@ def _decode(token: bytes) -> Any:
 
 
 def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
-    from polyprof.formats.chrome.dialect import apply_metadata
-    from polyprof.formats.common.finish import finish_trace
-    from polyprof.formats.common.values import us_to_ns
-
     acts_raw, flows_raw, strings, pids, threads, blocks, others, flow_threads, _ = state
     recs = np.frombuffer(acts_raw, dtype=ACT_DTYPE)
     flows = np.frombuffer(flows_raw, dtype=FLOW_DTYPE)

@@ -68,12 +68,13 @@ def trace_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
         if info.st_size > max_bytes:
             raise TraceFormatError(f"{path}: {info.st_size:,} bytes is over the limit of {max_bytes:,} ({_RAISE_IT})")
         with open(path, "rb") as f:
-            first = f.read(min(info.st_size, STEP) + 1)  # what the size says: a small file in one read
-            if first[:2] == b"\x1f\x8b":
-                yield from inflated(_chained(first, f), path, max_bytes)
+            gzipped = f.read(2) == b"\x1f\x8b"
+            f.seek(0)
+            if gzipped:
+                yield from inflated(f, path, max_bytes)
                 return
-            size = len(first)
-            chunk = first
+            chunk = f.read(min(info.st_size, STEP) + 1)  # what the size says: a small file in one read
+            size = len(chunk)
             while chunk:
                 if size > max_bytes:
                     raise TraceFormatError(f"{path}: over the limit of {max_bytes:,} bytes ({_RAISE_IT})")
@@ -158,17 +159,6 @@ def open_stream(path: str) -> IO[bytes]:
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     raw.seek(0)
     return raw
-
-
-class _chained:  # noqa: N801 - a file-like reader: `first`, then the rest of `f`
-    def __init__(self, first: bytes, f: Any) -> None:
-        self.first, self.f = first, f
-
-    def read(self, n: int) -> bytes:
-        if self.first:
-            out, self.first = self.first, b""
-            return out
-        return self.f.read(n)
 
 
 class TokenBound:
