@@ -65,9 +65,6 @@ else:
 
 from polyprof._native.load import BUILT_HERE, extension, extension_missing, why_pure  # noqa: E402 - as chosen
 
-#: whether the C extension is in use
-EXTENSION = extension is not None
-
 
 def description() -> str:
     """Which recorder takes spans, instants and counters: ``C (polyprof._speedups)`` or
@@ -83,7 +80,7 @@ def unavailable(feature: str) -> str | None:
 
 
 __all__ = [
-    "BUILT_HERE", "COUNTER", "DECLINED", "EXTENSION", "FIELDS", "GC", "INSTANT", "SPAN", "NeedsExtension",
+    "BUILT_HERE", "COUNTER", "DECLINED", "FIELDS", "GC", "INSTANT", "SPAN", "NeedsExtension",
     "RECORDER_NAMES", "SIDE_NAMES",
     "description", "extension", "extension_missing", "unavailable", "why_pure", *SIDE_NAMES,
 ]  # fmt: skip

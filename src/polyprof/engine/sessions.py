@@ -76,6 +76,11 @@ class Handle:
         return self.alive and self.started
 
     @property
+    def flushing(self) -> bool:
+        """Recording, with a session that hands rows over while it records (``flush``)."""
+        return self.recording and callable(getattr(self.session, "flush", None))
+
+    @property
     def traits(self) -> SessionTraits:
         return session_traits(self.session)
 
@@ -270,7 +275,7 @@ class SessionSet:
 
     @property
     def flushing(self) -> bool:
-        return any(h.recording and callable(getattr(h.session, "flush", None)) for h in self.handles)
+        return any(h.flushing for h in self.handles)
 
     def abandon(self) -> None:
         """Stop and close everything (a start failed, or the profile is torn down)."""

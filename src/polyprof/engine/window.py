@@ -59,7 +59,7 @@ class Window:
             "window_start": self.start_ns,
             "step": step,
             "backends": sorted(h.name for h in handles if h.recording),
-            "flushing": sorted(h.name for h in handles if h.recording and callable(getattr(h.session, "flush", None))),
+            "flushing": sorted(h.name for h in handles if h.flushing),
         }
         for listener in listeners:
             listener.on_window_start(info)
