@@ -31,6 +31,15 @@ def as_other_user(*command: str, input: str | None = None) -> subprocess.Complet
                           input=input, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
 
 
+def skip_unless_other_user_runs(python: str) -> None:
+    """Skip (naming why) where another user cannot run `python` with polyprof: a checkout inside a
+    folder only its owner may enter (``mktemp -d`` makes one 0700)."""
+    try:
+        as_other_user(python, "-c", "import polyprof")
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"another user cannot run this checkout's interpreter ({exc.stderr.strip().splitlines()[-1:]})")
+
+
 def sticky_folder(path: Path) -> Path:
     """A folder everyone can write, sticky (each user may only rename or remove their own), as /tmp is;
     its parents open enough for another user to reach it."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from other_user import NOBODY, as_other_user, needs_other_user, sticky_folder
+from other_user import NOBODY, as_other_user, needs_other_user, skip_unless_other_user_runs, sticky_folder
 
 PYTHON = sys.executable
 
@@ -51,6 +51,7 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
              "    except Exception as e:\n"
              "        print(type(e).__name__, e)\n")  # fmt: skip
     os.chmod(tmp_path, 0o755)
+    skip_unless_other_user_runs(PYTHON)
     r = as_other_user(PYTHON, "-c", check, str(theirs), str(shared / "link.json"), str(shared / "new.json"))
     lines = r.stdout.splitlines()
     assert lines[0].startswith("OutputPathError") and "a file of another user's (uid 0)" in lines[0], lines
