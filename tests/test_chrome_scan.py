@@ -137,3 +137,28 @@ def test_an_args_key_with_a_raw_control_byte_is_declined_and_refused_in_one_line
     trace = parse_trace(escaped, "t.json")
     args = orjson.loads(dumps_chrome_trace(trace))["traceEvents"]
     assert any(e.get("args", {}).get("In" + raw.decode() + "put") == [1] for e in args)
+
+
+def test_odd_pids_and_tids_get_one_placement_in_both_readers_and_convert(tmp_path, monkeypatch):
+    """A bool, a string, a float and a pid past 32 bits each get a process of their own, the same in the
+    reference reader, the scanner and the streaming converter (formats/chrome/dialect.Places)."""
+    from polyprof.tools.convert import convert
+
+    odd = [(True, 1), ("gpu", 2), (1.5, 3), (2**40, 9), (7, "t"), (7, 8)]
+    events = [{"ph": "X", "name": f"e{i}", "cat": "cpu_op", "pid": pid, "tid": tid, "ts": 10 + i, "dur": 1}
+              for i, (pid, tid) in enumerate(odd)]  # fmt: skip
+    data = orjson.dumps({"traceEvents": events})
+    reference = _reference(data, "odd.json", monkeypatch)
+    pids = [d.pid for d in reference.devices]
+    assert all(p < 0 for p in pids[:4]), "none of the odd pids taken as its own"
+    assert len(set(pids)) == len(pids) == 5 and 7 in pids
+    scannable = orjson.dumps({"traceEvents": [ev for ev in events if type(ev["pid"]) in (int, str)]})
+    scanned = chrome_scan.scan_trace(scannable, "odd.json")  # (a bool or float pid: the scanner declines)
+    assert scanned is not None and _same(scanned, _reference(scannable, "odd.json", monkeypatch))
+    src = tmp_path / "odd.json"
+    src.write_bytes(data)
+    convert(src, tmp_path / "odd.pftrace")
+    converted = load_trace(str(tmp_path / "odd.pftrace"))
+    by_name = {a.name: a for a in converted.activities_of(reference.activities_of(0)[0].kind)}
+    assert {d.name for d in converted.devices} >= {d.name for d in reference.devices}
+    assert len(by_name) == len(odd)

@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from polyprof.errors import ConfigError, TraceFormatError
-from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, metadata_row
+from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, Places, metadata_row
 from polyprof.formats.chrome.read import json_events
 from polyprof.formats.common.paths import check_output_path, trace_output
 from polyprof.formats.common.source import open_stream
@@ -39,7 +39,7 @@ from polyprof.formats.files import format_of, write_trace
 from polyprof.formats.perfetto import write as W
 from polyprof.formats.perfetto.order import slice_events
 from polyprof.formats.perfetto.read import is_perfetto_file
-from polyprof.model import FLOW_AC2G, Counters, Device, Resource, Trace
+from polyprof.model import FLOW_AC2G, Counters, Trace
 
 EDGE_BYTES = 4 << 20  # how much of the head and the tail is searched for the top-level keys
 
@@ -130,33 +130,6 @@ def _keys_after_events(tail: bytes) -> dict[str, Any]:
     return {}
 
 
-class _Places:
-    """Devices and rows by (pid, tid), as the JSON reader makes them."""
-
-    def __init__(self) -> None:
-        self.devices: list[Device] = []
-        self.resources: list[Resource] = []
-        self._dev: dict[Any, int] = {}
-        self._res: dict[tuple[int, Any], int] = {}
-
-    def device(self, pid: Any) -> int:
-        idx = self._dev.get(pid)
-        if idx is None:
-            idx = self._dev[pid] = len(self.devices)
-            pid_int = pid if isinstance(pid, int) and -(2**31) <= pid < 2**31 else -1 - idx
-            self.devices.append(Device(f"pid:{pid}", "unknown", max(pid_int, 0), f"process {pid}", pid=pid_int))
-        return idx
-
-    def resource(self, dev: int, tid: Any) -> int:
-        key = (dev, tid)
-        idx = self._res.get(key)
-        if idx is None:
-            idx = self._res[key] = len(self.resources)
-            tid_int = tid if isinstance(tid, int) and -(2**63) <= tid < 2**63 else len(self.resources)
-            self.resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
-        return idx
-
-
 class _Columns:
     """The few numbers kept per event while the JSON streams by (typed arrays: no object per event)."""
 
@@ -183,7 +156,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
     top = top_level_keys(src)
     base = top.get("baseTimeNanoseconds", 0)
     base = base if isinstance(base, int) else 0
-    places = _Places()
+    places = Places()
     counters = Counters()
     interned = W._Interned()
     names: dict[str, int] = {}

@@ -23,7 +23,7 @@ import orjson
 
 from polyprof.errors import TraceFormatError
 from polyprof.formats.chrome import scan as chrome_scan
-from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, metadata_row
+from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, Places, metadata_row
 from polyprof.formats.common.finish import Where, finish_trace
 from polyprof.formats.common.source import TokenBound
 from polyprof.formats.common.values import hashable, us_to_ns
@@ -33,7 +33,6 @@ from polyprof.model import (
     ActivityKind,
     Counters,
     Device,
-    Resource,
     Trace,
     kind_from_category,
 )
@@ -111,29 +110,8 @@ def trace_of_doc(doc: Any, path: str) -> Trace:
 
 
 def _build(doc: dict[str, Any], path: str, where: Where) -> Trace:
-    devices: list[Device] = []
-    dev_by_pid: dict[Any, int] = {}
-    resources: list[Resource] = []
-    res_by_key: dict[tuple[int, Any], int] = {}
-
-    def device(pid: Any) -> int:
-        idx = dev_by_pid.get(pid)
-        if idx is None:
-            idx = dev_by_pid[pid] = len(devices)
-            pid_int = pid if isinstance(pid, int) else -1 - len(devices)
-            devices.append(
-                Device(f"pid:{pid}", "unknown", pid_int if pid_int >= 0 else 0, f"process {pid}", pid=pid_int)
-            )
-        return idx
-
-    def resource(dev: int, tid: Any) -> int:
-        key = (dev, tid)
-        idx = res_by_key.get(key)
-        if idx is None:
-            idx = res_by_key[key] = len(resources)
-            tid_int = tid if isinstance(tid, int) else len(resources)
-            resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
-        return idx
+    places = Places()
+    devices, resources, device, resource = places.devices, places.resources, places.device, places.resource
 
     builder = ActivityBuilder()
     counters = Counters()

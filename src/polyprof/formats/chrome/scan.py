@@ -23,7 +23,7 @@ import orjson
 
 from polyprof import _native
 from polyprof._native import DECLINED
-from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata
+from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata, pid_device, tid_resource
 from polyprof.formats.common.finish import finish_trace
 from polyprof.formats.common.source import is_gzip_file, max_value_bytes
 from polyprof.formats.common.values import us_to_ns
@@ -33,8 +33,6 @@ from polyprof.model import (
     ActivityTable,
     Args,
     Counters,
-    Device,
-    Resource,
     StringTable,
     kind_from_category,
 )
@@ -145,18 +143,11 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
     acts_raw, flows_raw, strings, pids, threads, blocks, others, flow_threads, _ = state
     recs = np.frombuffer(acts_raw, dtype=ACT_DTYPE)
     flows = np.frombuffer(flows_raw, dtype=FLOW_DTYPE)
-    devices = []
-    for token in pids:  # in code order, as the reader created them
-        pid = _decode(token)
-        n = len(devices)
-        pid_int = pid if isinstance(pid, int) and not isinstance(pid, bool) else -1 - n
-        devices.append(Device(f"pid:{pid}", "unknown", pid_int if pid_int >= 0 else 0, f"process {pid}", pid=pid_int))
-    resources = []
-    for key in threads:
-        dev = int.from_bytes(key[:4], "little", signed=True)
-        tid = _decode(key[4:])
-        tid_int = tid if isinstance(tid, int) and not isinstance(tid, bool) else len(resources)
-        resources.append(Resource(dev, tid_int, f"thread {tid}", tid_int))
+    devices = [pid_device(_decode(token), n) for n, token in enumerate(pids)]  # in code order, as read
+    resources = [
+        tid_resource(int.from_bytes(key[:4], "little", signed=True), _decode(key[4:]), n)
+        for n, key in enumerate(threads)
+    ]
     counters = Counters()
     for what, dev, res, raw in others:
         ev = orjson.loads(raw)
