@@ -62,7 +62,8 @@ from polyprof.model import (
     JSONColumn,
 )
 from polyprof.options import Option, OptionSchema
-from polyprof.sink import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS, Sink
+from polyprof.sink import Sink
+from polyprof.sink_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS
 from polyprof.traits import BackendTraits, SessionTraits
 
 current_external_id = correlation.current_external_id
