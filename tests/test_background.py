@@ -70,7 +70,7 @@ def test_stop_without_waiting_returns_and_the_trace_waits(slow):
     with polyprof.record_function("x"):
         pass
     prof.stop(wait=False)
-    assert prof._jobs and not prof._jobs[-1].merged.is_set()
+    assert prof._jobs and not prof._jobs.jobs[-1].merged.is_set()
     _SlowCollect.release.set()
     assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["x"]
 

@@ -46,6 +46,7 @@ _LAZY = {
     "UnknownNameError": "polyprof.errors",
     "Profile": "polyprof.engine.scheduled",
     "Limits": "polyprof.engine.limits",
+    "ProfileOptions": "polyprof.engine.profile_options",
     "ProfilerAction": "polyprof.engine.schedule",
     "profile": "polyprof.engine.scheduled",
     "schedule": "polyprof.engine.schedule",

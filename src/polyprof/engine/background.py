@@ -101,3 +101,72 @@ class Writer:
 
 writer = Writer()
 atexit.register(writer.drain)
+
+
+class WindowJobs:
+    """One profile's windows still in the background, oldest first, and what they found that the user
+    must hear of (warnings, a handler's exception), raised on the user's thread when it next calls in::
+
+        jobs.add(writer.submit(run))     # or jobs.add(run_here(run)) where the caller waits anyway
+        jobs.wait_merged()               # prof.trace
+        jobs.raise_error()               # step() / stop(): a handler's exception, once
+    """
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.warnings: list[str] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs)
+
+    def add(self, job: Job) -> None:
+        self.jobs = [j for j in self.jobs if not j.done.is_set()] + [job]
+
+    @property
+    def busy(self) -> bool:
+        """Whether a window's job has not finished."""
+        return any(not j.done.is_set() for j in self.jobs)
+
+    def wait_collected(self) -> None:
+        """Until the last window's backends have handed over (a process-wide recorder may then record
+        again); nothing to wait for on the writer itself."""
+        if self.jobs and not writer.on_writer_thread:
+            self.jobs[-1].collected.wait()
+
+    def wait_merged(self) -> None:
+        if self.jobs and not writer.on_writer_thread:
+            self.jobs[-1].merged.wait()
+
+    def wait_done(self) -> None:
+        if not writer.on_writer_thread:
+            for job in list(self.jobs):
+                job.done.wait()
+
+    def raise_error(self, merge_only: bool = False) -> None:
+        """Raise (once) what a finished job raised: an on_trace_ready handler's exception, or a polyprof
+        bug that cost the window its trace (`merge_only`: a job that has merged counts as finished)."""
+        for job in self.jobs:
+            if job.error is not None and (job.done.is_set() or (merge_only and job.merged.is_set())):
+                error, job.error = job.error, None
+                self.jobs = [j for j in self.jobs if j is not job]
+                raise error
+
+    def emit_warnings(self, warn: Callable[[str], Any]) -> None:
+        """Hand the warnings found so far to `warn` (on the user's thread; never on the writer's)."""
+        if writer.on_writer_thread:
+            return
+        while self.warnings:
+            warn(self.warnings.pop(0))
+
+
+def run_here(run: Callable[[Job], Any]) -> Job:
+    """`run` as a job on the calling thread (a stop that waits anyway, or a window ended from inside a
+    handler on the writer), its error kept for the user as the writer keeps it."""
+    job = Job(run)
+    try:
+        job.result = run(job)
+    except BaseException as exc:
+        job.error = exc
+    finally:
+        job.finish()
+    return job

@@ -5,7 +5,7 @@ knows nothing of what they do.
 
 ::
 
-    listeners = [SpillListener(path, header, warn), RingListener(30.0)]
+    listeners = listeners_for(spill_path, ring_s, header, warn)   # [SpillListener, RingListener]
     for listener in listeners:
         listener.on_window_start(info)         # the training thread, as a window starts recording
         listener.on_parts(parts, sessions)     # a flush (background thread) or a dump handed parts over
@@ -25,6 +25,29 @@ from typing import Any
 from polyprof.clock import host_ns
 from polyprof.engine.merge import RING
 from polyprof.model import CollectedPart
+
+
+def process_identity() -> dict[str, Any]:
+    """Who wrote a spill: polyprof's version, the process id, host name and command line."""
+    import socket
+    import sys
+
+    from polyprof._version import __version__
+
+    return {"version": __version__, "pid": os.getpid(), "host_name": socket.gethostname(), "argv": list(sys.argv)}
+
+
+def listeners_for(
+    spill_path: str | None, ring_s: float | None, spill_header: Callable[[], dict[str, Any]],
+    warn: Callable[[str], None],
+) -> list[WindowListener]:  # fmt: skip
+    """The listeners a profile's options ask for: the spill, the ring, both or none."""
+    listeners: list[WindowListener] = []
+    if spill_path is not None:
+        listeners.append(SpillListener(spill_path, spill_header, warn))
+    if ring_s is not None:
+        listeners.append(RingListener(ring_s))
+    return listeners
 
 
 class WindowListener:
@@ -75,7 +98,7 @@ class SpillListener(WindowListener):
 
         try:
             if self.spill is None:
-                self.spill = open_spill(self.path, self.header())
+                self.spill = open_spill(self.path, {**process_identity(), **self.header()})
             self.spill.append_window(info)
         except OSError as exc:
             self.spill = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyprof.backend import Availability
-from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError
+from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError, warn_user
 from polyprof.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
 from polyprof.traits import backend_traits
 
@@ -68,6 +68,21 @@ class Selection:
     def serving(self, groups: set[str]) -> list[Chosen]:
         """The selected backends that serve any of `groups`."""
         return [c for c in self.selected if c.groups & groups]
+
+    def call_hooks(self, hook: str, *args: Any) -> None:
+        """Each backend's optional ``profile_started(config)`` / ``profile_stopped()``: the whole profile,
+        every step of a schedule (OpenCL makes queues created at any step profiling-enabled). A failure
+        is a warning naming the backend, never the user's exception."""
+        from polyprof.engine.guard import describe
+
+        for chosen in self.selected:
+            fn = getattr(chosen.entry.backend, hook, None)
+            if not callable(fn):
+                continue
+            try:
+                fn(*args)
+            except Exception as exc:
+                warn_user(f"polyprof backend {chosen.name!r}: {hook}() raised {describe(exc)}")
 
 
 def select_backends(registry: Registry, activities: Iterable[Any] | None) -> Selection:

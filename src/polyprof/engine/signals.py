@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
@@ -111,3 +111,15 @@ class CleanStop:
         signal.signal(self.signum, signal.SIG_DFL)
         os.kill(os.getpid(), self.signum)
         sys.exit(128 + self.signum)  # where the default action does not end the process
+
+    def end_with(self, end: Callable[[], Any]) -> None:
+        """Run `end` (a profile's stop) where a signal meanwhile waits until it is done, then end the
+        process as the first signal asked (nothing happens when none came)."""
+        try:
+            with self.deferred():  # a second signal does not cut the stop (and the handler's file) short
+                end()
+        except Signalled:
+            pass
+        finally:
+            self.__exit__()
+        self.exit()

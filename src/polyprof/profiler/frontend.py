@@ -12,6 +12,7 @@ is a ``torch.autograd.profiler.profile`` over polyprof's trace (see :mod:`.torch
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from polyprof.backends.torch.steps import profiler_stepped
+from polyprof.engine.profile_options import ProfileOptions
 from polyprof.engine.scheduled import Profile
 from polyprof.errors import ConfigError
 from polyprof.profiler.options import experimental_settings, parse_activities
@@ -122,10 +124,24 @@ class profile(Profile):  # noqa: N801 - torch's name
         **polyprof_options: Any,
     ) -> None:
         self.post_processing_timeout_s = _check_timeout(post_processing_timeout_s)
+        own = ProfileOptions.of(polyprof_options.pop("options", None), polyprof_options)
+        # torch's keywords that ProfileOptions also has: the one given here wins, else the options object's
+        schedule, on_trace_ready = schedule or own.schedule, on_trace_ready or own.on_trace_ready
+        record_shapes, profile_memory = (
+            record_shapes or own.record_shapes,
+            profile_memory or own.profile_memory,
+        )
+        with_stack, with_flops, with_modules = (
+            with_stack or own.with_stack,
+            with_flops or own.with_flops,
+            with_modules or own.with_modules,
+        )
         groups, filters = parse_activities(activities)
-        groups = activity_edits().apply(groups, polyprof_options.get("registry"))  # POLYPROF_ACTIVITIES, config file
+        groups = activity_edits().apply(groups, own.registry)  # POLYPROF_ACTIVITIES, config file
         if use_cuda is not None:
-            warnings.warn("`use_cuda` is deprecated, use `activities` argument instead", FutureWarning, stacklevel=2)
+            warnings.warn(
+                "`use_cuda` is deprecated, use `activities` argument instead", FutureWarning, stacklevel=2
+            )
             if use_cuda:
                 groups = [*(groups or ["CPU"]), "CUDA"]
         asked = [
@@ -141,7 +157,7 @@ class profile(Profile):  # noqa: N801 - torch's name
                 "pip install torch, or leave these options off to profile annotations and devices"
             )
         if with_stack and not profile_memory:  # (with profile_memory, torch's collector records the frames)
-            groups = _with_python_frames(groups, polyprof_options.get("registry"))
+            groups = _with_python_frames(groups, own.registry)
         experimental_config, extra = experimental_settings(experimental_config, with_stack)
         self.experimental_config = experimental_config
         self.record_shapes = record_shapes or with_flops
@@ -165,9 +181,8 @@ class profile(Profile):  # noqa: N801 - torch's name
             )
             if on
         }
-        metadata = {**flags, **dict(polyprof_options.pop("metadata", None) or {})}
-        super().__init__(
-            groups,
+        options = dataclasses.replace(
+            own,
             schedule=schedule,
             on_trace_ready=on_trace_ready,
             record_shapes=self.record_shapes,
@@ -175,12 +190,12 @@ class profile(Profile):  # noqa: N801 - torch's name
             with_stack=with_stack,
             with_flops=with_flops,
             with_modules=with_modules,
-            activity_filters=filters,
-            window_observers=[self.execution_trace_observer] if self.execution_trace_observer else (),
-            extra=extra,
-            metadata=metadata,
-            **polyprof_options,
+            activity_filters=filters or own.activity_filters,
+            window_observers=(*own.window_observers, *filter(None, [self.execution_trace_observer])),
+            extra={**own.extra, **extra},
+            metadata={**flags, **own.metadata},
         )
+        super().__init__(groups, options=options)
         tracker = _step_tracker()
         if tracker is not None:
             tracker.init_step_count(PROFILER_STEP_NAME)
@@ -327,7 +342,9 @@ class profile(Profile):  # noqa: N801 - torch's name
     def export_memory_timeline(self, path: str, device: str | None = None) -> None:
         """torch's memory timeline (.html, .json, .json.gz, .raw.json.gz); needs record_shapes,
         profile_memory and with_stack, as torch's does."""
-        missing = [f"{n}=True" for n in ("record_shapes", "profile_memory", "with_stack") if not getattr(self, n)]
+        missing = [
+            f"{n}=True" for n in ("record_shapes", "profile_memory", "with_stack") if not getattr(self, n)
+        ]
         if missing:
             raise ValueError(f"{', '.join(missing)} required for memory profiling.")
         import gzip
