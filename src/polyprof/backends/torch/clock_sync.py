@@ -10,7 +10,7 @@ either side of midnight UTC write one base::
 
     sync = ClockSync.start_measuring("start")    # background threads on every rank; never blocks
     ...
-    sync.result()  # {"reference": "rank 0", "offset_ns": ..., "uncertainty_ns": ..., "round_trips": 5}
+    sync.result()  # {"reference": "rank 0", "offset_ns": ..., "uncertainty_ns": ..., "round_trips": 16}
 
 Both sides run on daemon threads with a short time limit, so a rank that does not profile, or a store
 that is slow, costs a missing measurement (said in the result), never a stalled step. Ranks agree on
@@ -28,7 +28,7 @@ from typing import Any
 
 from polyprof.clock import JOB_BASE_KEY, job_base_time_ns
 
-ROUND_TRIPS = 5
+ROUND_TRIPS = 16
 TIME_LIMIT_S = 10.0  # a limit for a job in trouble: the pings take milliseconds
 POLL_S = 0.25  # waits are this short, so that the threads end soon when the process does
 _counter = 0
