@@ -26,6 +26,11 @@ if [ "${1:-}" = "--test" ]; then
     { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null 2>&1 \
       || echo "setup: libfaketime not installed; the clock-offset test will be skipped"
   fi
+  # Java for Spark in local mode (tests/test_store_spark.py): Debian, as root only
+  if ! command -v java >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get install -y -q openjdk-17-jre-headless || { apt-get update -q && apt-get install -y -q openjdk-17-jre-headless; }; } \
+      >/dev/null 2>&1 || echo "setup: Java not installed; the Spark tests will be skipped"
+  fi
   # headless Chromium opens the HTML reports in tests/test_report.py (driven by Playwright): Debian, as root only
   if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1 \

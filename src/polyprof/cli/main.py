@@ -1,4 +1,4 @@
-"""``polyprof backends | run | summary | report | diff | recover | convert | merge | ps | capture``.
+"""``polyprof backends | run | summary | report | diff | recover | convert | merge | store | sql | ps | capture``.
 
 ::
 
@@ -11,6 +11,8 @@
     polyprof recover .trace.json.spill             # the trace of a run that was killed (SIGKILL, OOM)
     polyprof convert big.pt.trace.json big.pftrace # a trace too large to open, as Perfetto protobuf
     polyprof merge traces/ -o job.pftrace          # every rank's trace on one timeline
+    polyprof store traces/ -o job.polyprof         # every rank into a columnar store (cli/store.py)
+    polyprof sql job.polyprof "select ..."         # a query on it (DuckDB; --engine spark)
     polyprof ps                                    # running processes that can be captured on demand
     polyprof capture 4242 --steps 3                # capture one of them now (cli/ondemand.py)
 """
@@ -417,12 +419,21 @@ VIEWS = ("top", "steps", "kernels", "ops", "idle", "ranks", "backends", "launch"
               help="One analysis, with the numbers the report shows: steps (breakdown), kernels, ops, idle, ranks, "
               "backends, launch (latency), devices (temporal breakdown and kinds of work); default: the top activities, "
               "or the rank view for several traces.")  # fmt: skip
-def summary(trace_files: tuple[str, ...], top: int, view: str | None) -> None:
+@click.option("--engine", default=None, help="For a store: duckdb (default), spark (local mode) or spark://HOST:PORT.")
+def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None) -> None:
     """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
-    time in collectives and who waited."""
+    time in collectives and who waited; for a store (polyprof store): its clocks and who made everyone
+    wait, by rank and step."""
     from polyprof.cli.render import print_rank_view, print_summary
+    from polyprof.cli.store import is_store, print_store_summary
     from polyprof.formats import load_trace
+
+    if len(trace_files) == 1 and is_store(trace_files[0]):
+        print_store_summary(trace_files[0], engine)
+        return
+    if engine is not None:
+        fail("--engine reads a store (polyprof store TRACES -o job.polyprof); give the store's folder")
 
     several = len(trace_files) > 1 or os.path.isdir(trace_files[0])
     if view not in (None, "top") and not (view == "ranks" and several):
@@ -570,14 +581,15 @@ def merge(traces: tuple[str, ...], output: str) -> None:
     )
 
 
-def _add_on_demand_commands() -> None:
+def _add_commands() -> None:
     from polyprof.cli.ondemand import capture, ps
+    from polyprof.cli.store import sql_command, store_command
 
-    cli.add_command(ps)
-    cli.add_command(capture)
+    for command in (ps, capture, store_command, sql_command):
+        cli.add_command(command)
 
 
-_add_on_demand_commands()
+_add_commands()
 
 
 def main() -> None:

@@ -78,7 +78,8 @@ def rank_of(trace: Trace, fallback: int) -> int:
     return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else fallback
 
 
-def _offset_of(trace: Trace) -> tuple[int | None, int | None]:
+def recorded_offset(trace: Trace) -> tuple[int | None, int | None]:
+    """(offset to rank 0's clock, its uncertainty) in ns as the trace recorded it, or (None, None)."""
     for status in trace.backends.values():
         sync = status.clock.get("to rank 0")
         if isinstance(sync, dict) and isinstance(sync.get("offset_ns"), int):
@@ -116,7 +117,7 @@ def _describe(path: str, position: int) -> tuple[RankInput, Trace, bool]:
 
 
 def _rank_input(trace: Trace, path: str, position: int) -> RankInput:
-    offset, uncertainty = _offset_of(trace)
+    offset, uncertainty = recorded_offset(trace)
     host = str(trace.metadata.get("host_name") or (trace.metadata.get("polyprof") or {}).get("host") or "")
     return RankInput(path, rank_of(trace, position), host, offset, uncertainty)
 

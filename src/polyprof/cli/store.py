@@ -1,0 +1,139 @@
+"""``polyprof store`` and ``polyprof sql``: a job's traces into the columnar store, and queries on it
+(see :mod:`polyprof.store`); ``polyprof summary STORE`` reads a store too (:func:`print_store_summary`).
+
+::
+
+    polyprof store traces/ -o job.polyprof                     # every rank, several at once
+    polyprof sql job.polyprof "select rank, count(*) from activities group by rank"
+    polyprof sql job.polyprof --engine spark "select * from blame limit 5"
+    polyprof summary job.polyprof                              # who made everyone wait, per step and rank
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+from rich.table import Table
+
+from polyprof.cli.progress import progress
+from polyprof.cli.render import fail, format_ns, markup_safe, new_console
+from polyprof.errors import PolyprofError, TraceFormatError
+
+ENGINE_HELP = "duckdb (default, in this process), spark (local mode) or spark://HOST:PORT."
+
+
+def is_store(path: str) -> bool:
+    from polyprof.store.schema import MANIFEST
+
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST))
+
+
+@click.command("store")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False))
+@click.option("-o", "--output", required=True, help="The store (a folder) to write, e.g. job.polyprof.")
+@click.option("-j", "--jobs", type=int, default=None, help="Ranks converted at once (default: the CPUs).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwrite: bool, quiet: bool) -> None:
+    """Write TRACES (files or folders; one per rank; polyprof's or torch.profiler's JSON or .pftrace) into
+    a columnar store that DuckDB or Spark query: Parquet tables partitioned by rank (docs: store.md)."""
+    from polyprof.store import write_store
+    from polyprof.tools.merge_ranks import trace_files
+
+    if jobs is not None and jobs < 1:
+        fail(f"--jobs must be at least 1, got {jobs}")
+    started = time.perf_counter()
+    try:
+        files = trace_files(list(traces))
+        with progress("ranks", total=len(files), quiet=quiet) as advance:
+            stats = write_store(files, output, jobs=jobs, overwrite=overwrite, on_rank=lambda rank, source: advance(1))
+    except (TraceFormatError, PolyprofError) as exc:
+        fail(str(exc))
+    rows = ", ".join(f"{n:,} {table}" for table, n in stats.rows.items() if n)
+    click.echo(f"polyprof: {len(stats.ranks)} ranks into {stats.path} in {time.perf_counter() - started:.1f} s ({rows})",
+               err=True)  # fmt: skip
+
+
+@click.command("sql")
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("query")
+@click.option("--engine", default="duckdb", show_default=True, help=ENGINE_HELP)
+@click.option("--format", "out_format", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--limit", type=int, default=100, show_default=True, help="Rows shown in the table format.")
+def sql_command(store: str, query: str, engine: str, out_format: str, limit: int) -> None:
+    """Run QUERY (DuckDB's SQL; translated for Spark) on STORE. Tables: activities, collectives, counters,
+    backends, ranks; views: clock, and the analyses (select * from blame)."""
+    from polyprof import store as polystore
+
+    try:
+        with polystore.open(store, engine) as job:
+            result = job.table(_with_analyses(query))
+    except PolyprofError as exc:
+        fail(str(exc))
+    except Exception as exc:  # the engine's own error (a typo in the query): one line
+        fail(f"the query failed: {str(exc).splitlines()[0]}")
+    if out_format == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(result, click.get_binary_stream("stdout"))
+        return
+    if out_format == "json":
+        import orjson
+
+        for row in result.to_pylist():
+            click.echo(orjson.dumps(row, default=str))
+        return
+    table = Table(*result.column_names)
+    for row in result.slice(0, limit).to_pylist():
+        table.add_row(*(markup_safe("" if v is None else v) for v in row.values()))
+    console = new_console()
+    console.print(table)
+    if result.num_rows > limit:
+        console.print(f"({result.num_rows - limit:,} more rows: --limit, or --format csv)")
+
+
+def _with_analyses(query: str) -> str:
+    """`query` with the analyses it names (``from blame``) defined in front of it."""
+    from polyprof.store.query import ANALYSES, VIEWS, analysis_sql
+
+    named = [a for a in ANALYSES if a not in VIEWS and a in query]
+    if not named:
+        return query
+    return "with " + ", ".join(f"{a} as ({analysis_sql(a)})" for a in named) + "\n" + query
+
+
+def print_store_summary(path: str, engine: str | None) -> None:
+    """The job's ranks and clocks, and who made everyone wait, by rank and by step."""
+    from polyprof import store as polystore
+
+    try:
+        with polystore.open(path, engine) as job:
+            clock = job.analysis("clock").to_pylist()
+            by_rank = job.table(_with_analyses(
+                "select late_rank, count(distinct seq) as instances, cast(sum(cause_ns) as bigint) as wait_ns from blame "
+                "group by late_rank order by wait_ns desc"))  # fmt: skip
+            causes = job.table(_with_analyses(
+                "select step, late_rank, cause_kind, cause, cast(sum(cause_ns) as bigint) as ns from blame "
+                "group by step, late_rank, cause_kind, cause order by ns desc limit 15"))  # fmt: skip
+    except PolyprofError as exc:
+        fail(str(exc))
+    console = new_console()
+    console.print(f"polyprof summary: {path} ({len(clock)} ranks)")
+    ct = Table("rank", "recorded offset", "± recorded", "fitted correction", "± fitted", "applied", title="clocks")
+    for r in clock:
+        ct.add_row(str(r["rank"]), format_ns(r["recorded_offset_ns"] or 0),
+                   format_ns(r["recorded_uncertainty_ns"]) if r["recorded_uncertainty_ns"] is not None else "-",
+                   format_ns(r["fitted_correction_ns"] or 0),
+                   format_ns(r["fitted_uncertainty_ns"]) if r["fitted_uncertainty_ns"] is not None else "-",
+                   format_ns(r["applied_correction_ns"]))  # fmt: skip
+    console.print(ct)
+    rt = Table("rank", "made others wait", "collectives it was last into", title="who made everyone wait")
+    for r in by_rank.to_pylist():
+        rt.add_row(str(r["late_rank"]), format_ns(r["wait_ns"]), str(r["instances"]))
+    console.print(rt)
+    wt = Table("step", "late rank", "doing", "kind", "others waited", title="the largest waits and what the late rank was doing")
+    for r in causes.to_pylist():
+        wt.add_row(str(r["step"]), str(r["late_rank"]), markup_safe(r["cause"]), r["cause_kind"], format_ns(r["ns"]))
+    console.print(wt)

@@ -1,0 +1,191 @@
+"""Query a store (:mod:`polyprof.store.schema`) with DuckDB, embedded, or Spark, on a cluster or in
+local mode. The analyses are SQL written once, in DuckDB's dialect (``store/sql/*.sql``), and
+translated for Spark by sqlglot (the translator ibis itself uses), so both engines run the same
+expressions and a user can read, copy and change them.
+
+::
+
+    job = open("job.polyprof")                               # DuckDB
+    job.sql("select rank, sum(dur_ns) from activities where kind = 'kernel' group by rank")
+    job.analysis("blame")                                    # a pyarrow.Table
+    spark = open("job.polyprof", engine="spark://head:7077") # or "spark" for local mode
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import pyarrow as pa
+
+from polyprof.errors import ConfigError
+from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
+
+#: analyses that later ones read as views, in order
+VIEWS = ("clock",)
+ANALYSES = ("clock", "blame")
+
+
+@cache
+def analysis_sql(name: str) -> str:
+    """The SQL text of analysis `name` (DuckDB's dialect)."""
+    if name not in ANALYSES:
+        raise ConfigError(f"no analysis {name!r}; there are: {', '.join(ANALYSES)}")
+    return resources.files("polyprof.store").joinpath("sql", f"{name}.sql").read_text()
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """The store's ``store.json``, checked: a folder that is not a store, or one of a newer schema, is
+    a ConfigError saying so."""
+    file = os.path.join(path, MANIFEST)
+    try:
+        with builtins.open(file) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is not a polyprof store (no {MANIFEST}); make one with: polyprof store TRACES -o {path}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file} cannot be read: {exc}") from None
+    if manifest.get("schema") != SCHEMA_NAME or not isinstance(manifest.get("version"), int):
+        raise ConfigError(f"{file} is not a polyprof store's manifest")
+    if manifest["version"] > SCHEMA_VERSION:
+        raise ConfigError(f"{path} is a store of schema version {manifest['version']}; this polyprof reads up to "
+                          f"{SCHEMA_VERSION}: upgrade polyprof")  # fmt: skip
+    return manifest
+
+
+class Store:
+    """An open store: its tables (and the analyses in :data:`VIEWS`) as views of one engine."""
+
+    def __init__(self, path: str, engine: Any) -> None:
+        self.path = path
+        self.manifest = read_manifest(path)
+        self.engine = engine
+        for table in TABLES:
+            engine.register_parquet(table, os.path.join(path, table))
+        for view in VIEWS:
+            engine.register_view(view, analysis_sql(view))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.manifest.get("ranks", []))
+
+    def sql(self, query: str) -> Any:
+        """`query` (DuckDB's dialect; translated for Spark) as the engine's relation: DuckDB's
+        ``DuckDBPyRelation`` (``.df()``, ``.arrow()``, ``.pl()``) or Spark's DataFrame."""
+        return self.engine.sql(query)
+
+    def table(self, query: str) -> pa.Table:
+        """`query`'s result as a pyarrow Table, whichever the engine."""
+        return self.engine.arrow(query)
+
+    def analysis(self, name: str) -> pa.Table:
+        """Analysis `name` (see :data:`ANALYSES`) as a pyarrow Table."""
+        return self.table(analysis_sql(name))
+
+    def blame(self) -> pa.Table:
+        return self.analysis("blame")
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class DuckDBEngine:
+    """DuckDB in this process (``memory_limit``: DuckDB's own, e.g. "2GB"; it spills beyond it)."""
+
+    name = "duckdb"
+
+    def __init__(self, memory_limit: str | None = None, threads: int | None = None) -> None:
+        try:
+            import duckdb
+        except ImportError:
+            raise ConfigError("the store's queries need duckdb: pip install 'polyprof[store]'") from None
+        config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads)) if v is not None}
+        self.con = duckdb.connect(config=config)
+
+    def register_parquet(self, name: str, folder: str) -> None:
+        files = os.path.join(folder, "*", "*.parquet").replace("'", "''")
+        if not any(os.scandir(folder)) if os.path.isdir(folder) else True:
+            raise ConfigError(f"{folder}: the store has no {name} table")
+        self.con.execute(f"create view {name} as select * from read_parquet('{files}', hive_partitioning = true)")
+
+    def register_view(self, name: str, query: str) -> None:
+        self.con.execute(f"create view {name} as {query}")
+
+    def sql(self, query: str) -> Any:
+        return self.con.sql(query)
+
+    def arrow(self, query: str) -> pa.Table:
+        relation = self.con.sql(query)
+        return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class SparkEngine:
+    """Apache Spark: ``master`` a cluster's URL (``spark://host:7077``) or ``local[N]``. Queries are
+    translated from DuckDB's dialect by sqlglot."""
+
+    name = "spark"
+
+    def __init__(self, master: str = "local[2]", session: Any = None) -> None:
+        try:
+            import sqlglot  # noqa: F401
+            from pyspark.sql import SparkSession
+        except ImportError:
+            raise ConfigError("Spark queries need pyspark and sqlglot: pip install 'polyprof[spark]' (and Java 17)") from None
+        self.spark = session or (
+            SparkSession.builder.master(master).appName("polyprof")
+            .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
+            .getOrCreate()
+        )  # fmt: skip
+
+    @staticmethod
+    def translate(query: str) -> str:
+        import sqlglot
+
+        return ";\n".join(sqlglot.transpile(query, read="duckdb", write="spark"))
+
+    def register_parquet(self, name: str, folder: str) -> None:
+        self.spark.read.option("basePath", folder).parquet(folder).createOrReplaceTempView(name)
+
+    def register_view(self, name: str, query: str) -> None:
+        self.spark.sql(self.translate(query)).createOrReplaceTempView(name)
+
+    def sql(self, query: str) -> Any:
+        return self.spark.sql(self.translate(query))
+
+    def arrow(self, query: str) -> pa.Table:
+        frame = self.sql(query)
+        return frame.toArrow() if hasattr(frame, "toArrow") else pa.Table.from_pandas(frame.toPandas())
+
+    def close(self) -> None:
+        pass  # the session is the process's; Spark stops it at exit
+
+
+def engine_for(spec: str | None) -> Any:
+    """``None``/``"duckdb"``: DuckDB here; ``"spark"``: Spark in local mode; ``"spark://HOST:PORT"`` (or
+    ``local[N]``): that Spark master."""
+    if spec in (None, "", "duckdb"):
+        return DuckDBEngine()
+    if spec == "spark":
+        return SparkEngine()
+    if spec.startswith(("spark://", "local[", "yarn", "k8s://")):
+        return SparkEngine(spec)
+    raise ConfigError(f"unknown engine {spec!r}: use duckdb, spark (local mode) or spark://HOST:PORT")
+
+
+def open(path: str | os.PathLike, engine: str | Any | None = None) -> Store:  # noqa: A001 - the store's verb
+    """Open the store at `path` on `engine` (see :func:`engine_for`, or an engine object)."""
+    chosen = engine if engine is not None and not isinstance(engine, str) else engine_for(engine)
+    return Store(os.fspath(path), chosen)

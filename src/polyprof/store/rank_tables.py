@@ -1,0 +1,284 @@
+"""One rank's trace as the store's tables (:mod:`polyprof.store.schema`): its rows on the job's clock,
+each with its step, its nesting level and, for a collective, its instance.
+
+::
+
+    tables = rank_tables(load_trace("rank2.json"), source="rank2.json")
+    tables.rank, tables["activities"]            # 2, a pyarrow.Table sorted by step
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from polyprof.analysis.steps import step_rows
+from polyprof.model import ActivityKind, Trace
+from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
+from polyprof.tools.merge_ranks import rank_of, recorded_offset
+
+STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
+                ActivityKind.COLLECTIVE_COMM)  # fmt: skip
+#: args kept in columns of their own
+SHAPE_ARGS = {"Input Dims": "input_dims", "Input type": "input_types"}
+#: bytes per element by the dtype names torch writes ("Float", "c10::Half", "BFloat16", ...)
+DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4, "short": 2, "char": 1,
+               "byte": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}  # fmt: skip
+#: collectives that no rank leaves before every rank of the group has entered (a broadcast's root, a
+#: send, a reduce's non-roots may leave first): the ones that say who made everyone wait
+SYNCHRONIZING = {"allreduce", "all_reduce", "allgather", "all_gather", "allgather_into_tensor", "_allgather_base",
+                 "allgather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
+                 "alltoall", "all_to_all", "alltoall_base", "barrier", "allreduce_coalesced"}  # fmt: skip
+_KIND_NAMES = [k.name.lower() for k in sorted(ActivityKind)]
+
+
+@dataclass
+class RankTables:
+    """A rank's tables, by name, and where it sits in the job."""
+
+    rank: int
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> pa.Table:
+        return self.tables[name]
+
+
+def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankTables:
+    """The store's tables for `trace` (one rank); `fallback_rank` where the trace does not say its rank."""
+    rank = rank_of(trace, fallback_rank)
+    offset, uncertainty = recorded_offset(trace)
+    shift = trace.epoch_offset_ns + (offset or 0)  # host clock -> the job's (rank 0's) epoch ns
+    acts = trace.activities
+    steps = _steps(trace)
+    names = acts.strings.strings
+    collective = _collective_rows(acts)
+    activities = _activities(trace, steps, shift, collective)
+    collectives = _collectives(trace, steps, shift, collective)
+    info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
+    counters = trace.counters.columns
+    cnames = trace.counters.strings.strings
+    counter_steps = _step_at(steps, counters["ts"])
+    tables = {
+        "activities": activities,
+        "collectives": collectives,
+        "counters": pa.table({
+            "name": pa.DictionaryArray.from_arrays(counters["name"], pa.array(cnames or [""], pa.string())),
+            "device": pa.array([trace.devices[d].key for d in counters["device"].tolist()], pa.string()),
+            "resource": counters["resource"].astype(np.int64),
+            "ts_ns": counters["ts"] + shift,
+            "value": counters["value"],
+            "step": counter_steps,
+        }, schema=COUNTERS),  # fmt: skip
+        "backends": pa.Table.from_pylist([_backend_row(s) for s in trace.backends.values()], schema=BACKENDS),
+        "ranks": pa.Table.from_pylist([{
+            "world_size": info.get("world_size"),
+            "host": str(trace.metadata.get("host_name", "")),
+            "source": source,
+            "epoch_offset_ns": trace.epoch_offset_ns,
+            "offset_ns": offset or 0,
+            "offset_uncertainty_ns": uncertainty,
+            "window_start_ns": trace.window[0] + shift,
+            "window_end_ns": trace.window[1] + shift,
+            "events": len(acts),
+            "metadata": json.dumps(trace.metadata, default=str),
+        }], schema=RANKS),  # fmt: skip
+    }
+    del names
+    return RankTables(rank, tables)
+
+
+def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(numbers, starts, ends) of the trace's steps, by start."""
+    acts = trace.activities
+    rows = step_rows(trace)
+    numbers = np.array(list(rows), dtype=np.int64)
+    idx = np.array(list(rows.values()), dtype=np.int64)
+    starts = acts["start"][idx] if len(idx) else np.zeros(0, np.int64)
+    ends = acts["end"][idx] if len(idx) else np.zeros(0, np.int64)
+    order = np.argsort(starts, kind="stable")
+    return numbers[order], starts[order], ends[order]
+
+
+def _step_at(steps: tuple[np.ndarray, np.ndarray, np.ndarray], times: np.ndarray) -> np.ndarray:
+    """The step whose span holds each time (-1 where none)."""
+    numbers, starts, ends = steps
+    if not len(numbers):
+        return np.full(len(times), -1, dtype=np.int64)
+    i = np.searchsorted(starts, times, side="right") - 1
+    inside = (i >= 0) & (times < ends[np.clip(i, 0, None)])
+    return np.where(inside, numbers[np.clip(i, 0, None)], -1)
+
+
+def _collective_rows(acts: Any) -> dict[int, dict[str, Any]]:
+    """Row -> args of the rows that are collectives (their args name the collective)."""
+    out = {}
+    for row in acts.args.rows().tolist() if len(acts.args) else []:
+        args = acts.args[row]
+        if "Collective name" in args:
+            out[int(row)] = args
+    return out
+
+
+def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """Each row's nesting level on its resource (rows in `skip`, the step spans, are not counted)."""
+    level = np.zeros(len(start), dtype=np.int32)
+    order = np.lexsort((-end, start, resource))
+    stack: list[int] = []
+    current = -1
+    for row in order.tolist():
+        if skip[row]:
+            continue
+        if resource[row] != current:
+            stack, current = [], resource[row]
+        s = start[row]
+        while stack and stack[-1] <= s:
+            stack.pop()
+        level[row] = len(stack)
+        stack.append(end[row])
+    return level
+
+
+def _training_thread(trace: Trace, steps_rows: list[int]) -> int:
+    acts = trace.activities
+    if steps_rows:
+        return int(acts["resource"][steps_rows[0]])
+    ops = acts["resource"][acts["kind"] == int(ActivityKind.CPU_OP)]
+    if not len(ops):
+        return -1
+    values, counts = np.unique(ops, return_counts=True)
+    return int(values[np.argmax(counts)])
+
+
+def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict]) -> pa.Table:
+    acts = trace.activities
+    n = len(acts)
+    strings = pa.array(acts.strings.strings or [""], pa.string())
+    kind, start, end, resource = acts["kind"], acts["start"], acts["end"], acts["resource"]
+    step = _step_at(steps, start)
+    on_device = np.isin(kind, [int(k) for k in DEVICE_KINDS])
+    corr = acts["correlation"]
+    if on_device.any():  # device rows take their launch's step
+        launches = ~on_device & (corr != 0)
+        by_corr = dict(zip(corr[launches].tolist(), step[launches].tolist(), strict=True))
+        rows = np.flatnonzero(on_device & (corr != 0))
+        step[rows] = [by_corr.get(c, s) for c, s in zip(corr[rows].tolist(), step[rows].tolist(), strict=True)]
+    is_step = np.zeros(n, dtype=bool)
+    step_codes = [c for c, s in enumerate(acts.strings.strings) if isinstance(s, str) and STEP_NAME.match(s)]
+    if step_codes:
+        is_step = np.isin(acts["name"], step_codes)
+    instant = kind == int(ActivityKind.INSTANT)
+    level = _levels(resource, start, end, is_step | instant)
+    training = _training_thread(trace, list(step_rows(trace).values()))
+    devices = trace.devices
+    dev_key = pa.array([d.key for d in devices] or [""], pa.string())
+    dev_type = pa.array([d.type for d in devices] or [""], pa.string())
+    res_id = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
+    res_name = pa.array([r.name for r in trace.resources] or [""], pa.string())
+    res_device = np.array([r.device for r in trace.resources] or [0], dtype=np.int32)
+    del res_device
+    dims, types, other = [None] * n, [None] * n, [None] * n
+    for row in acts.args.rows().tolist() if len(acts.args) else []:
+        args = dict(acts.args[row])
+        for key, column in SHAPE_ARGS.items():
+            if key in args:
+                (dims if column == "input_dims" else types)[row] = json.dumps(args.pop(key))
+        if args:
+            other[row] = json.dumps(args, default=str)
+    is_collective = np.zeros(n, dtype=bool)
+    if collective:
+        is_collective[list(collective)] = True
+    table = pa.table({
+        "step": step,
+        "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(_KIND_NAMES)).cast(pa.string()),
+        "category": pa.DictionaryArray.from_arrays(acts["cat"], strings),
+        "name": pa.DictionaryArray.from_arrays(acts["name"], strings),
+        "device": pa.DictionaryArray.from_arrays(acts["device"], dev_key),
+        "device_type": pa.DictionaryArray.from_arrays(acts["device"], dev_type),
+        "resource": res_id[resource] if len(trace.resources) else np.zeros(n, np.int64),
+        "resource_name": pa.DictionaryArray.from_arrays(resource, res_name),
+        "training_thread": resource == training,
+        "level": level,
+        "start_ns": start + shift,
+        "end_ns": end + shift,
+        "dur_ns": end - start,
+        "correlation": corr,
+        "external_id": acts["external_id"],
+        "flow_id": acts["flow_id"],
+        "flow_type": acts["flow_type"],
+        "flow_start": acts["flow_start"] != 0,
+        "collective": is_collective,
+        "input_dims": pa.array(dims, pa.string()),
+        "input_types": pa.array(types, pa.string()),
+        "args": pa.array(other, pa.string()),
+    }, schema=ACTIVITIES)  # fmt: skip
+    return table.take(np.lexsort((start, step)))
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _collectives(trace: Trace, steps: Any, shift: int, collective: dict[int, dict]) -> pa.Table:
+    """One row per collective instance of this rank: device rows where the rank has them (NCCL's
+    kernels), else host rows; numbered per process group in the order they started, the order every
+    rank of a group issues them in (or by the ``Seq`` arg where the trace has it)."""
+    acts = trace.activities
+    rows = np.array(sorted(collective), dtype=np.int64)
+    if len(rows):
+        on_device = np.isin(acts["kind"][rows], [int(k) for k in DEVICE_KINDS])
+        if on_device.any():
+            rows = rows[on_device]
+        rows = rows[np.argsort(acts["start"][rows], kind="stable")]
+    names = acts.strings.strings
+    seen: dict[str, int] = {}
+    out = []
+    step = _step_at(steps, acts["start"][rows]) if len(rows) else []
+    for i, row in enumerate(rows.tolist()):
+        args = collective[row]
+        group = str(args.get("Process Group Name", "0"))
+        seq = _int(args.get("Seq", args.get("seq")))
+        if seq is None:
+            seq = seen.get(group, 0)
+            seen[group] = seq + 1
+        nelems = _int(args.get("In msg nelems"))
+        dtype = str(args.get("dtype", ""))
+        size = DTYPE_BYTES.get(dtype.lower().removeprefix("c10::"))
+        out.append({
+            "process_group": group,
+            "group_description": str(args.get("Process Group Description", "")),
+            "seq": seq,
+            "op": (op := str(args.get("Collective name", ""))),
+            "name": names[int(acts["name"][row])],
+            "on_device": bool(int(acts["kind"][row]) in [int(k) for k in DEVICE_KINDS]),
+            "synchronizing": op.lower() in SYNCHRONIZING,
+            "group_size": _int(args.get("Group size")),
+            "in_nelems": nelems,
+            "out_nelems": _int(args.get("Out msg nelems")),
+            "dtype": dtype,
+            "bytes": nelems * size if nelems is not None and size is not None else None,
+            "step": int(step[i]),
+            "entry_ns": int(acts["start"][row]) + shift,
+            "exit_ns": int(acts["end"][row]) + shift,
+        })  # fmt: skip
+    return pa.Table.from_pylist(out, schema=COLLECTIVES)
+
+
+def _backend_row(status: Any) -> dict[str, Any]:
+    doc = status.to_json()
+    return {
+        "backend": status.name,
+        "state": status.state,
+        "reason": status.reason,
+        "activities": status.activities,
+        "rejected": status.rejected,
+        "dropped": json.dumps(status.dropped),
+        "errors": json.dumps(status.errors),
+        "warnings": json.dumps(status.warnings),
+        "status": json.dumps(doc, default=str),
+    }

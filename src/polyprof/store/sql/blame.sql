@@ -1,0 +1,65 @@
+-- Who made everyone wait: for every synchronizing collective instance (allreduce, allgather, barrier...:
+-- no rank leaves before the last has entered) (a process group's n-th collective, on the
+-- ranks that took part), the rank that entered last is blamed for the wait each other rank paid from
+-- its own entry to that last entry, on the job's clock refined by `clock`. What the late rank was
+-- doing meanwhile is read from the outermost rows of its training thread (operators, annotations,
+-- data loading) that overlap each waiter's interval; what none covers is idle host time, or "not
+-- recorded" before the late rank's recording began. One row per instance and cause.
+with aligned as (
+    select c.*, c.entry_ns - k.applied_correction_ns as entry, c.exit_ns - k.applied_correction_ns as leave
+    from collectives c join clock k on k.rank = c.rank
+    where c.synchronizing
+),
+instances as (
+    select process_group, seq, min(op) as op, count(*) as ranks,
+           max(entry) as last_entry, max_by(rank, entry) as late_rank, max_by(step, entry) as step
+    from aligned group by process_group, seq
+    having count(*) > 1
+),
+waits as (
+    select i.process_group, i.seq, i.op, i.step, i.late_rank, i.ranks, i.last_entry,
+           a.rank as waiter, a.entry as waiter_entry, i.last_entry - a.entry as wait_ns
+    from instances i
+    join aligned a on a.process_group = i.process_group and a.seq = i.seq
+    where a.rank <> i.late_rank and i.last_entry > a.entry
+),
+late_work as (
+    select a.rank, a.kind, a.name,
+           a.start_ns - k.applied_correction_ns as s, a.end_ns - k.applied_correction_ns as e
+    from activities a join clock k on k.rank = a.rank
+    where a.training_thread and a.level = 0 and not a.collective and a.kind <> 'instant'
+      and a.name not like 'ProfilerStep#%'
+),
+covered as (
+    select w.process_group, w.seq, l.kind, l.name,
+           cast(sum(least(l.e, w.last_entry) - greatest(l.s, w.waiter_entry)) as bigint) as ns
+    from waits w
+    join late_work l on l.rank = w.late_rank and l.s < w.last_entry and l.e > w.waiter_entry
+    group by w.process_group, w.seq, l.kind, l.name
+),
+totals as (
+    select process_group, seq, min(op) as op, min(step) as step, min(late_rank) as late_rank,
+           min(ranks) as ranks, cast(sum(wait_ns) as bigint) as wait_ns, max(wait_ns) as max_wait_ns
+    from waits group by process_group, seq
+),
+unrecorded as (
+    select w.process_group, w.seq, 'unrecorded' as kind, 'not recorded' as name,
+           cast(sum(greatest(least(k.recorded_from_ns, w.last_entry) - w.waiter_entry, 0)) as bigint) as ns
+    from waits w join clock k on k.rank = w.late_rank
+    group by w.process_group, w.seq
+),
+idle as (
+    select t.process_group, t.seq, 'idle' as kind, 'idle host' as name,
+           t.wait_ns - cast(coalesce(sum(c.ns), 0) as bigint) - min(u.ns) as ns
+    from totals t
+    join unrecorded u on u.process_group = t.process_group and u.seq = t.seq
+    left join covered c on c.process_group = t.process_group and c.seq = t.seq
+    group by t.process_group, t.seq, t.wait_ns
+)
+select t.process_group, t.seq, t.op, t.step, t.late_rank, t.ranks, t.wait_ns, t.max_wait_ns,
+       x.kind as cause_kind, x.name as cause, x.ns as cause_ns
+from totals t
+join (select * from covered union all select * from unrecorded where ns > 0
+      union all select * from idle where ns > 0) x
+  on x.process_group = t.process_group and x.seq = t.seq
+order by t.process_group, t.seq, x.ns desc
