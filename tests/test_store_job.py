@@ -153,3 +153,22 @@ def test_summary_of_the_store_names_who_made_everyone_wait(job):
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "who made everyone wait" in r.stdout and "enumerate(DataLoader)" in r.stdout and "aten::matmul" in r.stdout
+
+
+def test_the_traces_in_memory_give_the_stores_blame_and_the_summary_and_report_show_it(job, tmp_path):
+    from polyprof import store
+    from polyprof.analysis import blame
+
+    traces = [job["folder"] / f"rank{r}.json" for r in range(4)]
+    in_memory = blame(traces)
+    with store.open(job["store"]) as s:
+        on_disk = s.blame()
+    assert in_memory.columns == tuple(on_disk.column_names)
+    assert sorted(in_memory.rows, key=str) == sorted((tuple(r.values()) for r in on_disk.to_pylist()), key=str)
+    r = subprocess.run([sys.executable, "-m", "polyprof", "summary", *map(str, traces)], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "who made everyone wait" in r.stdout and "aten::matmul" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "polyprof", "report", *map(str, traces), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    page = (tmp_path / "r.html").read_text()
+    assert r.returncode == 0 and 'id="blame"' in page and "enumerate(DataLoader)" in page, r.stderr

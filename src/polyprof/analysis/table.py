@@ -52,3 +52,8 @@ class Table:
     @classmethod
     def of(cls, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> Table:
         return cls(tuple(columns), [tuple(r) for r in rows], title)
+
+    @classmethod
+    def of_arrow(cls, table: Any, title: str = "") -> Table:
+        """A pyarrow Table's rows (an engine's result) as a Table."""
+        return cls(tuple(table.column_names), [tuple(r.values()) for r in table.to_pylist()], title)

@@ -440,13 +440,22 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
         _print_view(trace_files, view, max(top, 30))
         return
     if several:
-        from polyprof.analysis.ranks import rank_view
+        from polyprof.analysis.ranks import load_ranks, rank_view
+        from polyprof.cli.store import print_blame
 
         try:
-            ranks = rank_view(trace_files)
+            traces, _, numbers = load_ranks(trace_files)
+            ranks = rank_view(traces)
         except (TraceFormatError, PolyprofError) as exc:
             fail(str(exc))
-        print_rank_view(ranks, new_console())
+        console = new_console()
+        print_rank_view(ranks, console)
+        try:
+            from polyprof.store.query import Store
+
+            print_blame(Store.of_traces(traces, numbers).blame().to_pylist(), console)
+        except ImportError:
+            console.print("who made everyone wait: pip install 'polyprof[store]' (pyarrow, duckdb) to see it")
         return
     try:
         trace = load_trace(trace_files[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import click
 from rich.table import Table
@@ -111,12 +112,7 @@ def print_store_summary(path: str, engine: str | None) -> None:
     try:
         with polystore.open(path, engine) as job:
             clock = job.analysis("clock").to_pylist()
-            by_rank = job.table(_with_analyses(
-                "select late_rank, count(distinct seq) as instances, cast(sum(cause_ns) as bigint) as wait_ns from blame "
-                "group by late_rank order by wait_ns desc"))  # fmt: skip
-            causes = job.table(_with_analyses(
-                "select step, late_rank, cause_kind, cause, cast(sum(cause_ns) as bigint) as ns from blame "
-                "group by step, late_rank, cause_kind, cause order by ns desc limit 15"))  # fmt: skip
+            blame = job.blame().to_pylist()
     except PolyprofError as exc:
         fail(str(exc))
     console = new_console()
@@ -129,11 +125,28 @@ def print_store_summary(path: str, engine: str | None) -> None:
                    format_ns(r["fitted_uncertainty_ns"]) if r["fitted_uncertainty_ns"] is not None else "-",
                    format_ns(r["applied_correction_ns"]))  # fmt: skip
     console.print(ct)
+    print_blame(blame, console)
+
+
+def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
+    """Who made everyone wait (the blame analysis's rows): the wait each rank cost the others, and the
+    largest waits by step with what the late rank was doing."""
+    if not rows:
+        console.print("who made everyone wait: no collective that every rank entered (none recorded, or one rank only)")
+        return
+    by_rank: dict[int, list] = {}
+    by_cause: dict[tuple, int] = {}
+    for r in rows:
+        entry = by_rank.setdefault(r["late_rank"], [0, set()])
+        entry[0] += r["cause_ns"]
+        entry[1].add((r["process_group"], r["seq"]))
+        key = (r["step"], r["late_rank"], r["cause"], r["cause_kind"])
+        by_cause[key] = by_cause.get(key, 0) + r["cause_ns"]
     rt = Table("rank", "made others wait", "collectives it was last into", title="who made everyone wait")
-    for r in by_rank.to_pylist():
-        rt.add_row(str(r["late_rank"]), format_ns(r["wait_ns"]), str(r["instances"]))
+    for rank, (ns, instances) in sorted(by_rank.items(), key=lambda kv: -kv[1][0]):
+        rt.add_row(str(rank), format_ns(ns), str(len(instances)))
     console.print(rt)
     wt = Table("step", "late rank", "doing", "kind", "others waited", title="the largest waits and what the late rank was doing")
-    for r in causes.to_pylist():
-        wt.add_row(str(r["step"]), str(r["late_rank"]), markup_safe(r["cause"]), r["cause_kind"], format_ns(r["ns"]))
+    for (step, rank, cause, kind), ns in sorted(by_cause.items(), key=lambda kv: -kv[1])[:top]:
+        wt.add_row(str(step), str(rank), markup_safe(cause), kind, format_ns(ns))
     console.print(wt)

@@ -77,6 +77,7 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
                                [(r.rank, r.steps, r.mean_step_ns, r.collective_ns, r.waited_ns) for r in rv.ranks])  # fmt: skip
         steps_table = Table.of(("step", "slowest_rank", "behind_ns"), [(s.step, s.slowest, s.behind_ns) for s in rv.steps])
         page.section("ranks", "Ranks", page.chart(charts.rank_bars(ov)), page.table(ranks_table), page.table(steps_table))
+        page.section("blame", "Who made everyone wait", *_blame_parts(page, traces, ranks))
     page.section("counters", "Counters", page.chart(charts.counter_lines(ov)), page.table(ov.counters))
     page.section("backends", "Backends", page.table(ov.backends))
     if baseline is not None:
@@ -90,6 +91,22 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
             head = f"<p>Mean step: {b / 1e6:.3f} ms before, {a / 1e6:.3f} ms now ({(a - b) / (b or 1):+.1%}).</p>"
         page.section("diff", "Diff against the baseline", head, page.table(d.operators), page.table(d.kernels))
     return page.html(js)
+
+
+def _blame_parts(page: Any, traces: Sequence[Any], ranks: Sequence[int]) -> list[str]:
+    """The blame section: per instance, the last rank into each synchronizing collective and what it
+    was doing while the others waited (needs pyarrow and duckdb; a note says so when they are missing)."""
+    note = ('<p class="note">For each collective every rank must enter before any leaves (all-reduce, all-gather, '
+            "...), the last rank in is blamed for the wait each other rank paid; the cause is what that rank's "
+            "training thread was doing meanwhile, on the job's clock.</p>")  # fmt: skip
+    try:
+        from polyprof.store.query import Store
+    except ImportError:
+        return [note, "<p>Install pyarrow and duckdb (<code>pip install 'polyprof[store]'</code>) to see it.</p>"]
+    from polyprof.analysis.table import Table
+
+    result = Store.of_traces(traces, ranks).blame()
+    return [note, page.table(Table.of_arrow(result, "who made everyone wait"))]
 
 
 def write_report(items: Sequence[Any], output: str | os.PathLike, baseline: Any = None) -> str:

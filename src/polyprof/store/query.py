@@ -58,16 +58,38 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 
 class Store:
-    """An open store: its tables (and the analyses in :data:`VIEWS`) as views of one engine."""
+    """An open store: its tables (and the analyses in :data:`VIEWS`) as views of one engine. A store
+    on disk (:func:`open`) or the store of loaded traces, held in memory (:meth:`of_traces`)."""
 
-    def __init__(self, path: str, engine: Any) -> None:
+    def __init__(self, path: str, engine: Any, manifest: dict[str, Any] | None = None) -> None:
         self.path = path
-        self.manifest = read_manifest(path)
         self.engine = engine
-        for table in TABLES:
-            engine.register_parquet(table, os.path.join(path, table))
+        if manifest is None:
+            self.manifest = read_manifest(path)
+            for table in TABLES:
+                engine.register_parquet(table, os.path.join(path, table))
+        else:
+            self.manifest = manifest
         for view in VIEWS:
             engine.register_view(view, analysis_sql(view))
+
+    @classmethod
+    def of_traces(cls, traces: Any, ranks: Any = None) -> Store:
+        """The store of `traces` (loaded Traces, one per rank; `ranks`: theirs, else each trace's own),
+        in memory on DuckDB: the same tables and analyses as on disk, nothing written."""
+        from polyprof.store.rank_tables import rank_tables
+
+        engine = DuckDBEngine()
+        per_rank = [rank_tables(t, fallback_rank=i) for i, t in enumerate(traces)]
+        if ranks is not None:
+            for tables, rank in zip(per_rank, ranks, strict=True):
+                tables.rank = rank
+        for name in TABLES:
+            parts = [t.tables[name].append_column("rank", pa.array([t.rank] * t.tables[name].num_rows, pa.int64()))
+                     for t in per_rank]  # fmt: skip
+            engine.register_arrow(name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
+        return cls("<memory>", engine, {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION,
+                                        "ranks": sorted(t.rank for t in per_rank)})  # fmt: skip
 
     @property
     def ranks(self) -> list[int]:
@@ -120,6 +142,9 @@ class DuckDBEngine:
 
     def register_view(self, name: str, query: str) -> None:
         self.con.execute(f"create view {name} as {query}")
+
+    def register_arrow(self, name: str, table: pa.Table) -> None:
+        self.con.register(name, table)
 
     def sql(self, query: str) -> Any:
         return self.con.sql(query)

@@ -1,0 +1,42 @@
+"""Who made everyone wait, from several ranks' traces: the store's ``blame`` analysis
+(:mod:`polyprof.store`, ``store/sql/blame.sql``) run on the traces in memory, with DuckDB.
+
+::
+
+    from polyprof.analysis.blame import blame, blame_by_rank
+    table = blame(["rank0.json", "rank1.json", ...])    # or loaded Traces, or a folder
+    table.where(late_rank=2)                            # step, seq, op, wait_ns, cause, cause_ns, ...
+    blame_by_rank(table)                                # rank -> the wait it cost the others
+
+Needs the ``polyprof[store]`` extra (pyarrow and duckdb).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from polyprof.analysis.table import Table
+from polyprof.errors import ConfigError
+
+
+def blame(traces: Iterable[Any]) -> Table:
+    """One row per synchronizing collective instance and what its late rank was doing (see
+    ``docs/store.md``), largest causes first within an instance."""
+    from polyprof.analysis.ranks import load_ranks
+
+    try:
+        from polyprof.store.query import Store
+    except ImportError:
+        raise ConfigError("who made everyone wait needs pyarrow and duckdb: pip install 'polyprof[store]'") from None
+    loaded, _, ranks = load_ranks(traces)
+    result = Store.of_traces(loaded, ranks).blame()
+    return Table.of_arrow(result, "who made everyone wait")
+
+
+def blame_by_rank(table: Table) -> dict[int, int]:
+    """Late rank -> the wait (ns) it cost the others, largest first."""
+    out: dict[int, int] = {}
+    for row in table.dicts():
+        out[row["late_rank"]] = out.get(row["late_rank"], 0) + row["cause_ns"]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
