@@ -79,9 +79,14 @@ def load_ranks(items: Iterable[Any]) -> tuple[list[Trace], list[str], list[int]]
     traces: list[Trace] = [i for i in items if isinstance(i, Trace)]
     sources = [f"trace {n}" for n in range(len(traces))]
     paths = [str(p) for p in items if not isinstance(p, Trace)]
-    for path in trace_files(paths) if paths else []:
+    from polyprof import progress
+
+    files = trace_files(paths) if paths else []
+    advance = progress.task("traces read", total=len(files))
+    for path in files:
         traces.append(load_trace(path))
         sources.append(path)
+        advance(1)
     ranks = [rank_of(t, i) for i, t in enumerate(traces)]
     if len(set(ranks)) != len(ranks):
         ranks = list(range(len(traces)))

@@ -37,6 +37,7 @@ import click
 from rich.table import Table
 
 from polyprof._version import __version__
+from polyprof.cli.progress import QUIET, shown
 from polyprof.cli.render import EXIT_BAD_INPUT, fail, markup_safe, new_console, printable
 from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import PolyprofError, TraceFormatError
@@ -361,13 +362,15 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
 @cli.command()
 @click.argument("spill_file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default=None, help="Trace file to write (default: beside the spill, .recovered.json.gz).")
-def recover(spill_file: str, output: str | None) -> None:
+@QUIET
+def recover(spill_file: str, output: str | None, quiet: bool) -> None:
     """Write a trace from SPILL_FILE, what a killed `polyprof run` (or a profile with spill=) left."""
     from polyprof.formats import write_trace
     from polyprof.tools.recover import recover_trace
 
     try:
-        trace = recover_trace(spill_file)
+        with shown(quiet):
+            trace = recover_trace(spill_file)
         if output is None:
             folder, name = os.path.split(os.path.abspath(spill_file))
             stem = name.lstrip(".").split(".spill")[0]
@@ -420,7 +423,8 @@ VIEWS = ("top", "steps", "kernels", "ops", "idle", "ranks", "backends", "launch"
               "backends, launch (latency), devices (temporal breakdown and kinds of work); default: the top activities, "
               "or the rank view for several traces.")  # fmt: skip
 @click.option("--engine", default=None, help="For a store: duckdb (default), spark (local mode) or spark://HOST:PORT.")
-def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None) -> None:
+@QUIET
+def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None, quiet: bool) -> None:
     """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
     time in collectives and who waited; for a store (polyprof store): its clocks and who made everyone
@@ -444,7 +448,8 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
         from polyprof.cli.store import print_blame
 
         try:
-            traces, _, numbers = load_ranks(trace_files)
+            with shown(quiet):
+                traces, _, numbers = load_ranks(trace_files)
             ranks = rank_view(traces)
         except (TraceFormatError, PolyprofError) as exc:
             fail(str(exc))
@@ -495,7 +500,8 @@ def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
 @click.argument("trace_files", nargs=-1, required=True, type=click.Path(dir_okay=True))
 @click.option("-o", "--output", default="polyprof-report.html", show_default=True, help="The HTML file to write.")
 @click.option("--baseline", default=None, type=click.Path(dir_okay=False), help="A trace to compare with (a diff section).")
-def report(trace_files: tuple[str, ...], output: str, baseline: str | None) -> None:
+@QUIET
+def report(trace_files: tuple[str, ...], output: str, baseline: str | None, quiet: bool) -> None:
     """One self-contained HTML report (opens offline) of TRACE_FILES: one trace, or several ranks' (or a
     folder): what to look at, steps, devices, kernels, operators, launch latency, idle time, ranks,
     counters, backends."""
@@ -503,7 +509,8 @@ def report(trace_files: tuple[str, ...], output: str, baseline: str | None) -> N
 
     started = time.perf_counter()
     try:
-        written = write_report(list(trace_files), output, baseline=baseline)
+        with shown(quiet):
+            written = write_report(list(trace_files), output, baseline=baseline)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
     size = os.path.getsize(written)
@@ -550,14 +557,16 @@ def diff_command(before: str, after: str, top: int, output: str | None) -> None:
 @click.argument("output_file", type=click.Path(dir_okay=False))
 @click.option("--format", "out_format", type=click.Choice(["json", "perfetto"]), default=None,
               help="Output format (default: from OUTPUT_FILE's suffix: .pftrace/.perfetto-trace is Perfetto).")  # fmt: skip
-def convert(input_file: str, output_file: str, out_format: str | None) -> None:
+@QUIET
+def convert(input_file: str, output_file: str, out_format: str | None, quiet: bool) -> None:
     """Convert a trace: Kineto/torch.profiler or polyprof JSON to Perfetto protobuf (streaming: a trace
     too large to open converts without loading it), or a .pftrace back to JSON."""
     from polyprof.tools.convert import convert as run_convert
 
     started = time.perf_counter()
     try:
-        stats = run_convert(input_file, output_file, format=out_format)
+        with shown(quiet):
+            stats = run_convert(input_file, output_file, format=out_format)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
     seconds = time.perf_counter() - started
@@ -572,14 +581,16 @@ def convert(input_file: str, output_file: str, out_format: str | None) -> None:
 @cli.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False))
 @click.option("-o", "--output", required=True, help="Merged trace to write (.json[.gz] or .pftrace[.gz]).")
-def merge(traces: tuple[str, ...], output: str) -> None:
+@QUIET
+def merge(traces: tuple[str, ...], output: str, quiet: bool) -> None:
     """One timeline from many ranks' TRACES (files or folders; polyprof's or torch.profiler's): a
     process per rank and device, ids kept unique, clocks put on rank 0's where the traces recorded it."""
     from polyprof.tools.merge_ranks import merge_traces
 
     started = time.perf_counter()
     try:
-        stats = merge_traces(list(traces), output)
+        with shown(quiet):
+            stats = merge_traces(list(traces), output)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
     aligned = sum(r.offset_ns is not None for r in stats.ranks)

@@ -1,17 +1,17 @@
-"""A progress bar for commands that can run long (files and bytes done, rate, time left), on stderr
-when it is a terminal; nothing at all when it is not, or with ``--quiet``::
+"""The command line's progress bars (rich: units done, rate, time left), on stderr when it is a
+terminal; nothing at all when it is not, or with ``--quiet``. Library code reports through
+:mod:`polyprof.progress`::
 
-    with progress("converting ranks", total=len(files), quiet=quiet) as advance:
-        for f in files:
-            convert(f)
-            advance(1)
+    with shown(quiet):
+        stats = write_store(files, out)        # its tasks appear as bars
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
+import click
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,20 +19,34 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 
+from polyprof import progress
 from polyprof.cli.render import new_console
+
+#: the option every command with a bar takes
+QUIET = click.option("-q", "--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
 
 
 @contextlib.contextmanager
-def progress(description: str, total: float, quiet: bool = False) -> Iterator[Callable[[float], None]]:
-    """Yields ``advance(amount)``; shows the bar only on a terminal and without `quiet`."""
+def shown(quiet: bool = False) -> Iterator[None]:
+    """Bars for the tasks library code starts inside the block (see the module docstring)."""
     console = new_console(stderr=True)
     if quiet or not console.is_terminal:
-        yield lambda amount: None
+        yield
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("left"), TimeRemainingColumn())  # fmt: skip
+    byte_columns = (TextColumn("{task.description}"), BarColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda amount: bar.advance(task, amount)
+
+        def make_task(description: str, total: float) -> progress.Advance:
+            if description.endswith("bytes"):
+                bar.columns = byte_columns
+            task_id = bar.add_task(description, total=total)
+            return lambda amount: bar.advance(task_id, amount)
+
+        with progress.listening(make_task):
+            yield

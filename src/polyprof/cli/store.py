@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from polyprof.cli.progress import progress
+from polyprof.cli.progress import QUIET, shown
 from polyprof.cli.render import fail, format_ns, markup_safe, new_console
 from polyprof.errors import PolyprofError, TraceFormatError
 
@@ -36,7 +36,7 @@ def is_store(path: str) -> bool:
 @click.option("-o", "--output", required=True, help="The store (a folder) to write, e.g. job.polyprof.")
 @click.option("-j", "--jobs", type=int, default=None, help="Ranks converted at once (default: the CPUs).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@QUIET
 def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwrite: bool, quiet: bool) -> None:
     """Write TRACES (files or folders; one per rank; polyprof's or torch.profiler's JSON or .pftrace) into
     a columnar store that DuckDB or Spark query: Parquet tables partitioned by rank (docs: store.md)."""
@@ -47,9 +47,8 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
         fail(f"--jobs must be at least 1, got {jobs}")
     started = time.perf_counter()
     try:
-        files = trace_files(list(traces))
-        with progress("ranks", total=len(files), quiet=quiet) as advance:
-            stats = write_store(files, output, jobs=jobs, overwrite=overwrite, on_rank=lambda rank, source: advance(1))
+        with shown(quiet):
+            stats = write_store(trace_files(list(traces)), output, jobs=jobs, overwrite=overwrite)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
     rows = ", ".join(f"{n:,} {table}" for table, n in stats.rows.items() if n)

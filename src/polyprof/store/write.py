@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from polyprof import progress
 from polyprof._version import __version__
 from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, ROW_GROUP_ROWS, SCHEMA_NAME, SCHEMA_VERSION, TABLES
@@ -91,12 +92,14 @@ def write_store(
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".polyprof-store-", dir=parent)
     stats = StoreStats(out)
+    advance = progress.task("ranks into the store", total=len(files))
     try:
         workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
         results = []
         if workers == 1:
             for i, f in enumerate(files):
                 results.append(_convert(f, i, staging))
+                advance(1)
                 if on_rank:
                     on_rank(results[-1][0], f)
         else:
@@ -104,6 +107,7 @@ def write_store(
                 futures = [pool.submit(_convert, f, i, staging) for i, f in enumerate(files)]
                 for fut in futures:
                     results.append(fut.result())
+                    advance(1)
                     if on_rank:
                         on_rank(results[-1][0], results[-1][2])
         for rank, rows, source in results:

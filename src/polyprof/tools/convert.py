@@ -29,6 +29,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
+from polyprof import progress
 from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, Places, metadata_row
 from polyprof.formats.chrome.read import json_events
@@ -172,8 +173,14 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
         last: tuple[Any, Any, int] | None = None  # (pid, tid, ts) of the slice just read
         buffered = io.BufferedWriter(bodies, buffer_size=1 << 20)  # type: ignore[arg-type]
         n = 0
+        raw = getattr(stream, "fileobj", None) or stream  # the file under gzip: its position is the progress
+        advance, read_so_far = progress.task("converted bytes", total=stats.input_bytes), 0
         try:
             for n, ev in enumerate(json_events(stream, bare)):  # noqa: B007 - n names the event in errors
+                if not n & 0xFFFF:
+                    position = raw.tell()
+                    advance(position - read_so_far)
+                    read_so_far = position
                 if not isinstance(ev, dict):
                     raise TraceFormatError(f"{src}: traceEvents[{n}] is not an object")
                 ph, pid, tid = ev.get("ph"), hashable(ev.get("pid")), hashable(ev.get("tid"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -195,6 +196,16 @@ def _json_ids_shifted(column: np.ndarray, shift: int, shifted: Any) -> np.ndarra
     return JSONArray.of(out.tolist(), len(out))
 
 
+def ranks_done(order: list[int]) -> Iterator[int]:
+    """`order`, each rank counted as done (progress) once the loop comes back for the next."""
+    from polyprof import progress
+
+    advance = progress.task("ranks merged", total=len(order))
+    for i in order:
+        yield i
+        advance(1)
+
+
 def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | None = None) -> MergeStats:
     """Merge the ranks' trace files `paths` (files or folders) into `output`."""
     files = trace_files([os.fspath(p) for p in paths])
@@ -276,7 +287,7 @@ def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list
 
     _json_head(out, base)
     first, ranks = True, []
-    for i in order:
+    for i in ranks_done(order):
         rank = stats.ranks[i]
         trace = _placed(load_trace(files[i]), rank, base)
         for chunk in iter_event_chunks(trace):
@@ -306,7 +317,7 @@ def _write_perfetto(
     sequence = 1
     with _BackgroundWriter(out, b"") as sink:
         sink.write(clock_packet(t0, base, sequence))
-        for i in order:
+        for i in ranks_done(order):
             rank, described = stats.ranks[i], as_they_are[i]
             sequence += 1
             if described is not None:
@@ -382,7 +393,7 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
     _json_head(out, base)
     ranks = []
     with _BackgroundWriter(out) as events:
-        for i in sorted(range(len(files)), key=lambda k: stats.ranks[k].rank):
+        for i in ranks_done(sorted(range(len(files)), key=lambda k: stats.ranks[k].rank)):
             rank = stats.ranks[i]
             r = rank.rank
             pids: dict[Any, int] = {}

@@ -407,7 +407,12 @@ def read_spill(path: str, data: bytes | None = None) -> Spill:
     spill = Spill()
     end = len(FILE_MAGIC)
     names = {HEADER: "the header", WINDOW: "a window", PART: "a part", END: "the end"}
+    from polyprof import progress
+
+    advance, done = progress.task("spill bytes read", total=len(data)), end
     for kind, payload, end in _chunks(data, path):  # noqa: B007 - `end` is read after the loop
+        advance(end - done)
+        done = end
         spill.chunks += 1
         try:
             if kind == HEADER:

@@ -1,0 +1,61 @@
+"""Long commands show a progress bar on a terminal, and nothing extra when stderr is not one or with
+--quiet."""
+
+import os
+import pty
+import subprocess
+import sys
+
+import polyprof
+
+
+def _trace(path, n=2000):
+    with polyprof.profile(["cpu"]) as prof:
+        for i in range(n):
+            with polyprof.record_function(f"work {i % 7}"):
+                pass
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def _on_a_terminal(*args):
+    """The command with its stderr on a pseudo-terminal: (exit status, what the terminal showed)."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "polyprof", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=follower, env=env)  # fmt: skip
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the command ended and closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return proc.wait(timeout=120), shown.decode(errors="replace")
+
+
+def test_convert_merge_store_and_summary_show_a_bar_on_a_terminal_only(tmp_path):
+    a, b = _trace(tmp_path / "a.json"), _trace(tmp_path / "b.json")
+    cases = [
+        (lambda out: ("convert", a, out / "a.pftrace"), "converted bytes"),
+        (lambda out: ("merge", a, b, "-o", out / "m.json"), "ranks merged"),
+        (lambda out: ("store", a, b, "-o", out / "job.polyprof"), "ranks into the store"),
+        (lambda out: ("summary", a, b), "traces read"),
+    ]
+    for command, words in cases:
+        for how in ("terminal", "quiet", "piped"):
+            out = tmp_path / f"{words.replace(' ', '-')}-{how}"
+            out.mkdir()
+            args = command(out)
+            if how == "piped":
+                r = subprocess.run([sys.executable, "-m", "polyprof", *map(str, args)], capture_output=True, text=True,
+                                   timeout=120)  # fmt: skip
+                status, shown = r.returncode, r.stderr
+            else:
+                status, shown = _on_a_terminal(*args, *(["-q"] if how == "quiet" else []))
+            assert status == 0, (args, shown[-500:])
+            assert (words in shown) == (how == "terminal"), (how, args, shown[-500:])
