@@ -49,3 +49,22 @@ def test_spark_reads_a_real_traces_store_as_duckdb_does(tmp_path, spark, stepped
     got = store.open(tmp_path / "job.polyprof", spark).table(query)
     key = ["rank", "step", "kind", "name", "level"]
     assert _rows(got, key) == _rows(expected, key) and got.num_rows > 3
+
+
+@pytest.mark.parametrize("analysis", ["kernels", "temporal", "idle", "overlap"])
+def test_spark_and_duckdb_give_the_same_device_analyses(tmp_path_factory, spark, analysis):
+    from test_store import _write
+    from test_store_analyses import random_trace
+
+    from polyprof.store.rank_tables import rank_tables
+
+    folder = tmp_path_factory.getbasetemp() / "device-job.polyprof"
+    if not folder.exists():
+        _write(folder, [rank_tables(random_trace(20261206 + r, r), fallback_rank=r) for r in range(2)])
+    with store.open(folder) as duck:
+        expected = duck.analysis(analysis)
+    got = store.open(folder, spark).analysis(analysis)
+    key = got.column_names
+    rounded = [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in _rows(got, key)]
+    wanted = [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in _rows(expected, key)]
+    assert rounded == wanted and got.num_rows > 0

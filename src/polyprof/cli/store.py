@@ -64,12 +64,12 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
 @click.option("--limit", type=int, default=100, show_default=True, help="Rows shown in the table format.")
 def sql_command(store: str, query: str, engine: str, out_format: str, limit: int) -> None:
     """Run QUERY (DuckDB's SQL; translated for Spark) on STORE. Tables: activities, collectives, counters,
-    backends, ranks; views: clock, and the analyses (select * from blame)."""
+    backends, ranks; the analyses are views: clock, blame, kernels, temporal, idle, overlap, islands."""
     from polyprof import store as polystore
 
     try:
         with polystore.open(store, engine) as job:
-            result = job.table(_with_analyses(query))
+            result = job.table(query)
     except PolyprofError as exc:
         fail(str(exc))
     except Exception as exc:  # the engine's own error (a typo in the query): one line
@@ -92,16 +92,6 @@ def sql_command(store: str, query: str, engine: str, out_format: str, limit: int
     console.print(table)
     if result.num_rows > limit:
         console.print(f"({result.num_rows - limit:,} more rows: --limit, or --format csv)")
-
-
-def _with_analyses(query: str) -> str:
-    """`query` with the analyses it names (``from blame``) defined in front of it."""
-    from polyprof.store.query import ANALYSES, VIEWS, analysis_sql
-
-    named = [a for a in ANALYSES if a not in VIEWS and a in query]
-    if not named:
-        return query
-    return "with " + ", ".join(f"{a} as ({analysis_sql(a)})" for a in named) + "\n" + query
 
 
 def print_store_summary(path: str, engine: str | None) -> None:

@@ -25,9 +25,8 @@ import pyarrow as pa
 from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
-#: analyses that later ones read as views, in order
-VIEWS = ("clock",)
-ANALYSES = ("clock", "blame")
+#: the analyses, each a view of the store (later ones read earlier ones: clock, islands)
+ANALYSES = ("clock", "islands", "blame", "kernels", "temporal", "idle", "overlap")
 
 
 @cache
@@ -58,7 +57,7 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 
 class Store:
-    """An open store: its tables (and the analyses in :data:`VIEWS`) as views of one engine. A store
+    """An open store: its tables and analyses (:data:`ANALYSES`) as views of one engine. A store
     on disk (:func:`open`) or the store of loaded traces, held in memory (:meth:`of_traces`)."""
 
     def __init__(self, path: str, engine: Any, manifest: dict[str, Any] | None = None) -> None:
@@ -70,7 +69,7 @@ class Store:
                 engine.register_parquet(table, os.path.join(path, table))
         else:
             self.manifest = manifest
-        for view in VIEWS:
+        for view in ANALYSES:  # views: nothing runs until a query reads one
             engine.register_view(view, analysis_sql(view))
 
     @classmethod

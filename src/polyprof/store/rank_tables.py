@@ -17,11 +17,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
 from polyprof.analysis.steps import step_rows
+from polyprof.analysis.summary import device_heading
 from polyprof.model import ActivityKind, Trace
 from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
 from polyprof.tools.merge_ranks import rank_of, recorded_offset
 
+WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
                 ActivityKind.COLLECTIVE_COMM)  # fmt: skip
@@ -178,6 +181,8 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     devices = trace.devices
     dev_key = pa.array([d.key for d in devices] or [""], pa.string())
     dev_type = pa.array([d.type for d in devices] or [""], pa.string())
+    dev_name = pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string())
+    work = _work_column(trace)
     res_id = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
     res_name = pa.array([r.name for r in trace.resources] or [""], pa.string())
     res_device = np.array([r.device for r in trace.resources] or [0], dtype=np.int32)
@@ -200,6 +205,7 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
         "name": pa.DictionaryArray.from_arrays(acts["name"], strings),
         "device": pa.DictionaryArray.from_arrays(acts["device"], dev_key),
         "device_type": pa.DictionaryArray.from_arrays(acts["device"], dev_type),
+        "device_name": pa.DictionaryArray.from_arrays(acts["device"], dev_name),
         "resource": res_id[resource] if len(trace.resources) else np.zeros(n, np.int64),
         "resource_name": pa.DictionaryArray.from_arrays(resource, res_name),
         "training_thread": resource == training,
@@ -213,11 +219,22 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
         "flow_type": acts["flow_type"],
         "flow_start": acts["flow_start"] != 0,
         "collective": is_collective,
+        "work": work,
         "input_dims": pa.array(dims, pa.string()),
         "input_types": pa.array(types, pa.string()),
         "args": pa.array(other, pa.string()),
     }, schema=ACTIVITIES)  # fmt: skip
     return table.take(np.lexsort((start, step)))
+
+
+def _work_column(trace: Trace) -> pa.Array:
+    """Each device row's kind of work, as the in-memory analyses classify it (one owner:
+    :class:`polyprof.analysis.device.DeviceWork`); null for the other rows."""
+    work = DeviceWork(trace)
+    labels = [WORK_TYPES.index(t) for t in work.type.tolist()]
+    codes = np.full(len(trace.activities), -1, dtype=np.int32)
+    codes[work.rows] = labels
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(WORK_TYPES, pa.string()))
 
 
 def _int(value: Any) -> int | None:

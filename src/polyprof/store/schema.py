@@ -38,6 +38,7 @@ ACTIVITIES = pa.schema([
     ("name", _string),
     ("device", _string),            # the device's key ("host", "cuda:0", "opencl:0", ...)
     ("device_type", _string),       # cpu, gpu, ...
+    ("device_name", _string),       # as summaries name it ("GPU 0", "GPU 0 (gpu:0)", the host's name)
     ("resource", pa.int64()),       # thread id on the host, stream or queue on a device
     ("resource_name", _string),
     ("training_thread", pa.bool_()),  # the host thread of the rank's steps
@@ -51,6 +52,7 @@ ACTIVITIES = pa.schema([
     ("flow_type", pa.int8()),       # 0 none, 1 fwdbwd, 2 ac2g
     ("flow_start", pa.bool_()),
     ("collective", pa.bool_()),     # the row is a collective (see the collectives table)
+    ("work", _string),              # device work: COMPUTATION, COMMUNICATION, MEMORY or OTHER (HTA's); null elsewhere
     ("input_dims", pa.string()),    # JSON, where shapes were recorded
     ("input_types", pa.string()),
     ("args", pa.string()),          # the row's other args, JSON; null when none

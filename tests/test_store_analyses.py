@@ -1,0 +1,99 @@
+"""The store's device analyses (SQL over its tables) give the numbers the in-memory analyses give on the
+same traces: kernel breakdown, temporal breakdown, idle time by cause and communication overlap."""
+
+import random
+
+import pytest
+
+pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
+
+from polyprof.analysis import device  # noqa: E402
+from polyprof.model import ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
+from polyprof.store.query import Store  # noqa: E402
+
+K = ActivityKind
+KERNELS = ["gemm_a", "gemm_b", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "elementwise", "cudaStreamSync_kernel"]
+
+
+def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
+    """Two GPUs, two streams each, kernels (some NCCL), copies and fills overlapping at random, each
+    launched by a runtime call on the host (some launched after the stream went idle)."""
+    rng = random.Random(seed)
+    b = ActivityBuilder()
+    t = {(d, s): 0 for d in (1, 2) for s in (0, 1)}
+    for i in range(n):
+        dev, stream = rng.choice([1, 2]), rng.choice([0, 1])
+        gap = rng.choice([0, 5_000, 20_000, 80_000, 400_000])
+        start = t[(dev, stream)] + gap
+        dur = rng.randint(1_000, 300_000)
+        kind = rng.choice([K.KERNEL] * 6 + [K.GPU_MEMCPY, K.GPU_MEMSET])
+        name = {K.GPU_MEMCPY: "Memcpy HtoD (Pageable -> Device)", K.GPU_MEMSET: "Memset (Device)"}.get(kind, rng.choice(KERNELS))
+        launched = start - rng.choice([2_000, 50_000, 200_000])
+        b.append(K.RUNTIME, "cuda_runtime", "cudaLaunchKernel", 0, 0, launched, launched + 1_500, correlation=i + 1)
+        resource = 1 + (dev - 1) * 2 + stream
+        b.append(kind, kind.name.lower(), name, dev, resource, start, start + dur, correlation=i + 1)
+        t[(dev, stream)] = start + dur
+    devices = [Device("host", "cpu", 0, f"rank{rank} host"), Device("cuda:0", "gpu", 0, "GPU 0", label="GPU 0"),
+               Device("cuda:1", "gpu", 1, "GPU 1", label="GPU 1")]  # fmt: skip
+    resources = [Resource(0, 100 + rank, "main thread"), Resource(1, 7, "stream 7"), Resource(1, 8, "stream 8"),
+                 Resource(2, 7, "stream 7"), Resource(2, 8, "stream 8")]  # fmt: skip
+    return Trace(activities=b.freeze(), devices=devices, resources=resources, metadata={"distributedInfo": {"rank": rank}})
+
+
+@pytest.fixture(scope="module")
+def job():
+    traces = [random_trace(20261206 + r, r) for r in range(2)]
+    return traces, Store.of_traces(traces, [0, 1])
+
+
+def _by(rows, *key):
+    assert rows, "the analysis has rows to compare"
+    return {tuple(r[k] for k in key): r for r in rows}
+
+
+def test_kernel_breakdown(job):
+    traces, store = job
+    got = _by(store.analysis("kernels").to_pylist(), "rank", "device_name", "kernel")
+    for rank, trace in enumerate(traces):
+        for row in device.kernel_breakdown(trace).dicts():
+            mine = got.pop((rank, row["device"], row["kernel"]))
+            assert (mine["kind"], mine["calls"], mine["total_ns"], mine["min_ns"], mine["max_ns"]) == (
+                row["kind"], row["calls"], row["total_ns"], row["min_ns"], row["max_ns"])
+            assert mine["mean_ns"] == pytest.approx(row["mean_ns"]) and mine["share"] == pytest.approx(row["share"])
+    assert not got, "no row the in-memory analysis does not have"
+
+
+def test_temporal_breakdown(job):
+    traces, store = job
+    got = _by(store.analysis("temporal").to_pylist(), "rank", "device_name")
+    for rank, trace in enumerate(traces):
+        for row in device.temporal_breakdown(trace).dicts():
+            mine = got.pop((rank, row["device"]))
+            for column in ("span_ns", "idle_ns", "compute_ns", "non_compute_ns"):
+                assert mine[column] == row[column], (rank, row["device"], column)
+            assert mine["idle_share"] == pytest.approx(row["idle_share"])
+    assert not got
+
+
+def test_idle_time_by_cause(job):
+    traces, store = job
+    got = _by(store.analysis("idle").to_pylist(), "rank", "device_name", "stream", "cause")
+    for rank, trace in enumerate(traces):
+        for row in device.idle_breakdown(trace).dicts():
+            if not row["gaps"]:
+                assert (rank, row["device"], row["stream"], row["cause"]) not in got
+                continue
+            mine = got.pop((rank, row["device"], row["stream"], row["cause"]))
+            assert (mine["gaps"], mine["idle_ns"]) == (row["gaps"], row["idle_ns"])
+            assert mine["share"] == pytest.approx(row["share"])
+    assert not got
+
+
+def test_communication_overlap(job):
+    traces, store = job
+    got = _by(store.analysis("overlap").to_pylist(), "rank", "device_name")
+    for rank, trace in enumerate(traces):
+        for row in device.overlap(trace).dicts():
+            mine = got.pop((rank, row["device"]))
+            assert (mine["communication_ns"], mine["overlapped_ns"]) == (row["communication_ns"], row["overlapped_ns"])
+    assert not got
