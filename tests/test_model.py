@@ -171,6 +171,13 @@ def test_column_args_read_like_dicts_and_follow_their_rows():
     assert args.rows().tolist() == [0, 1, 2] and len(args) == 3 and 3 not in args and 1 in args
     with pytest.raises(KeyError):
         args[3]
+    args.add_block(np.array([1, 4]), ArgColumns(("grid", "note"), ([(9, 9, 9), (3, 3, 3)], np.array(["a", "b"]))))
+    every = args.as_dicts()
+    assert every == {row: args[row] for row in args} and every[1]["grid"] == (9, 9, 9), "all at once, as one by one"
+    args = Args({0: {"error": "x"}, 2: {"stream": 99}})
+    args.add_block(
+        np.array([2, 1]), ArgColumns(("stream", "grid"), (np.array([7, 8]), [(1, 1, 1), (2, 1, 1)]))
+    )
     taken = args.take(np.array([2, 3, 1]))
     assert taken[0] == {"stream": 99, "grid": (1, 1, 1)} and 1 not in taken and taken[2]["stream"] == 8
     t = ActivityTable.concat([(ActivityTable.empty(), np.zeros(0, np.int32), np.zeros(0, np.int32), 0)])

@@ -213,3 +213,35 @@ def test_a_newer_schema_is_refused_with_the_upgrade_to_make(stepped_trace, tmp_p
     (out / MANIFEST).write_text(json.dumps({**manifest, "version": SCHEMA_VERSION + 1}))
     with pytest.raises(ConfigError, match="upgrade polyprof"):
         store.open(out)
+
+
+def test_run_and_merge_write_into_a_store_by_its_suffix(stepped_trace, tmp_path):
+    """``-o job.polyprof``: polyprof run adds its rank to the store (made if missing), merge makes one."""
+    script = tmp_path / "work.py"
+    script.write_text("import polyprof\nfor i in range(3):\n    with polyprof.record_function('unit'):\n        pass\n")
+    r = _polyprof("run", "-o", tmp_path / "run.polyprof", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    with store.open(tmp_path / "run.polyprof") as job:
+        assert job.ranks == [0] and job.table("select count(*) as n from activities where name = 'unit'").to_pylist() == [{"n": 3}]
+    r = _polyprof("merge", stepped_trace, "-o", tmp_path / "merged.polyprof")
+    assert r.returncode == 0, r.stderr
+    assert store.open(tmp_path / "merged.polyprof").ranks == [0]
+
+
+def test_ranks_adding_themselves_at_once_keep_one_manifest(stepped_trace, tmp_path):
+    """Four processes add four ranks to one store at the same moment: every rank is in the manifest."""
+    doc = json.loads(stepped_trace.read_text())
+    paths = []
+    for rank in range(4):
+        path = tmp_path / f"rank{rank}.json"
+        path.write_text(json.dumps({**doc, "distributedInfo": {"rank": rank, "world_size": 4}}))
+        paths.append(path)
+    code = ("import sys, polyprof\nfrom polyprof.formats import write_trace\n"
+            "write_trace(polyprof.load_trace(sys.argv[1]), sys.argv[2])")  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(tmp_path / "job.polyprof")]) for p in paths]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    with store.open(tmp_path / "job.polyprof") as job:
+        assert job.ranks == [0, 1, 2, 3]
+        per_rank = job.table("select rank, count(*) as n from activities group by rank order by rank").to_pylist()
+    assert [r["n"] for r in per_rank] == [len(polyprof.load_trace(str(stepped_trace)).activities)] * 4
+    assert json.loads((tmp_path / "job.polyprof" / MANIFEST).read_text())["rows"]["activities"] == sum(r["n"] for r in per_rank)

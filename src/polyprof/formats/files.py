@@ -7,13 +7,15 @@ format.
     trace = parse_trace(data, "name")        # the same from bytes in memory
 
 Which writer a trace path asks for: Perfetto protobuf for ``.pftrace`` / ``.perfetto-trace`` (and
-``.gz`` after either), Kineto-dialect Chrome JSON for everything else.
+``.gz`` after either), the trace store (:mod:`polyprof.store`) for a ``.polyprof`` folder, where each
+rank adds its own tables, Kineto-dialect Chrome JSON for everything else.
 
 ::
 
     write_trace(trace, "t.pftrace")          # Perfetto
     write_trace(trace, "t.json.gz")          # Chrome JSON, gzip
     write_trace(trace, "t.bin", format="perfetto")
+    write_trace(trace, "job.polyprof")       # this rank's tables into the store (made if missing)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 from typing import Any
 
 from polyprof.errors import ConfigError, TraceFormatError
+from polyprof.formats.common.paths import STORE_SUFFIX
 from polyprof.formats.common.source import (
     first_bytes,
     inflate,
@@ -32,16 +35,18 @@ from polyprof.formats.common.source import (
 )
 
 PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
-FORMATS = ("json", "perfetto")
+FORMATS = ("json", "perfetto", "store")
 
 
 def format_of(path: str | os.PathLike, format: str | None = None) -> str:
-    """"perfetto" or "json": `format` when given (checked), else what the path's suffix says."""
+    """"perfetto", "store" or "json": `format` when given (checked), else what the path's suffix says."""
     if format is not None:
         if format not in FORMATS:
             raise ConfigError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
         return format
-    name = os.fspath(path).lower()
+    name = os.fspath(path).lower().rstrip("/")
+    if name.endswith(STORE_SUFFIX):
+        return "store"
     if name.endswith(".gz"):
         name = name[:-3]
     return "perfetto" if name.endswith(PERFETTO_SUFFIXES) else "json"
@@ -49,7 +54,12 @@ def format_of(path: str | os.PathLike, format: str | None = None) -> str:
 
 def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) -> str:
     """Write `trace` in the format its path (or `format`) names; returns the path written."""
-    if format_of(path, format) == "perfetto":
+    chosen = format_of(path, format)
+    if chosen == "store":
+        from polyprof.store.write import add_rank
+
+        return add_rank(trace, path)
+    if chosen == "perfetto":
         from polyprof.formats.perfetto.write import write_perfetto_trace
 
         return write_perfetto_trace(trace, path)

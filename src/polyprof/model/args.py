@@ -158,6 +158,27 @@ class Args(Mapping):
         return f"Args({len(self.dicts)} dict rows, {sum(len(b.rows) for b in self.blocks)} column rows)"
 
     # -- bulk -------------------------------------------------------------------------------------
+    def as_dicts(self) -> dict[int, dict[str, Any]]:
+        """Every row's args at once, as ``args[row]`` gives them (block keys, then the dict's): one pass
+        over each block's columns, where looking rows up one by one searches every block per row."""
+        out: dict[int, dict[str, Any]] = {}
+        for b in self.blocks:
+            columns = [c if isinstance(c, JSONArray) else c.tolist() for c in b.columns]
+            for p, row in enumerate(b.rows.tolist()):
+                d = {}
+                for k, c in zip(b.keys, columns, strict=True):
+                    if isinstance(c, JSONArray):
+                        if c[p]:
+                            d[k] = orjson.loads(c[p])
+                    else:
+                        d[k] = c[p]
+                before = out.get(row)
+                out[row] = {**before, **d} if before is not None else d
+        for row, own in self.dicts.items():
+            before = out.get(row)
+            out[row] = {**before, **own} if before is not None else own
+        return out
+
     def rows(self) -> np.ndarray:
         """Every row that has args, ascending."""
         parts = [np.fromiter(self.dicts, dtype=np.int64, count=len(self.dicts))]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
@@ -60,8 +61,9 @@ def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankT
     acts = trace.activities
     steps = _steps(trace)
     names = acts.strings.strings
-    collective = _collective_rows(acts)
-    activities = _activities(trace, steps, shift, collective)
+    args = acts.args.as_dicts() if len(acts) else {}
+    collective = _collective_rows(args)
+    activities = _activities(trace, steps, shift, collective, args)
     collectives = _collectives(trace, steps, shift, collective)
     info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
     counters = trace.counters.columns
@@ -118,14 +120,9 @@ def _step_at(steps: tuple[np.ndarray, np.ndarray, np.ndarray], times: np.ndarray
     return np.where(inside, numbers[np.clip(i, 0, None)], -1)
 
 
-def _collective_rows(acts: Any) -> dict[int, dict[str, Any]]:
+def _collective_rows(args: dict[int, dict]) -> dict[int, dict[str, Any]]:
     """Row -> args of the rows that are collectives (their args name the collective)."""
-    out = {}
-    for row in acts.args.rows().tolist() if len(acts.args) else []:
-        args = acts.args[row]
-        if "Collective name" in args:
-            out[int(row)] = args
-    return out
+    return {row: a for row, a in args.items() if "Collective name" in a}
 
 
 def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray) -> np.ndarray:
@@ -158,7 +155,7 @@ def _training_thread(trace: Trace, steps_rows: list[int]) -> int:
     return int(values[np.argmax(counts)])
 
 
-def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict]) -> pa.Table:
+def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict], args: dict[int, dict]) -> pa.Table:
     acts = trace.activities
     n = len(acts)
     strings = pa.array(acts.strings.strings or [""], pa.string())
@@ -188,13 +185,13 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     res_device = np.array([r.device for r in trace.resources] or [0], dtype=np.int32)
     del res_device
     dims, types, other = [None] * n, [None] * n, [None] * n
-    for row in acts.args.rows().tolist() if len(acts.args) else []:
-        args = dict(acts.args[row])
+    for row, row_args in args.items():
+        rest = dict(row_args)
         for key, column in SHAPE_ARGS.items():
-            if key in args:
-                (dims if column == "input_dims" else types)[row] = json.dumps(args.pop(key))
-        if args:
-            other[row] = json.dumps(args, default=str)
+            if key in rest:
+                (dims if column == "input_dims" else types)[row] = _json(rest.pop(key))
+        if rest:
+            other[row] = _json(rest)
     is_collective = np.zeros(n, dtype=bool)
     if collective:
         is_collective[list(collective)] = True
@@ -235,6 +232,10 @@ def _work_column(trace: Trace) -> pa.Array:
     codes = np.full(len(trace.activities), -1, dtype=np.int32)
     codes[work.rows] = labels
     return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(WORK_TYPES, pa.string()))
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _int(value: Any) -> int | None:

@@ -207,7 +207,14 @@ def ranks_done(order: list[int]) -> Iterator[int]:
 
 
 def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | None = None) -> MergeStats:
-    """Merge the ranks' trace files `paths` (files or folders) into `output`."""
+    """Merge the ranks' trace files `paths` (files or folders) into `output` (a ``.polyprof`` output is
+    the trace store: :func:`polyprof.store.write_store`)."""
+    if format_of(output, format) == "store":
+        from polyprof.store.write import write_store
+
+        written = write_store(paths, output, overwrite=True)
+        return MergeStats(output=written.path, events=written.rows.get("activities", 0),
+                          ranks=[RankInput(written.sources[r], r, "", None, None) for r in written.ranks])  # fmt: skip
     files = trace_files([os.fspath(p) for p in paths])
     output = check_output_path(output)
     if output in {os.path.abspath(f) for f in files}:

@@ -62,11 +62,20 @@ def expand_placeholders(path: str | os.PathLike) -> str:
         raise OutputPathError(f"cannot fill in the trace path {text!r}: {exc} ({{{{ and }}}} for literal braces)") from None
 
 
+#: a path ending so names a trace store (polyprof.store), a folder each rank adds its tables to
+STORE_SUFFIX = ".polyprof"
+
+
 def check_output_path(path: str | os.PathLike) -> str:
     """Fail now, not after a long run, when `path` cannot be written. Placeholders (``{rank}``...) are
     filled in. Returns the absolute path."""
     path = os.path.abspath(expand_placeholders(path))
     folder = os.path.dirname(path)
+    is_store = path.lower().rstrip("/").endswith(STORE_SUFFIX)  # a store: a folder each rank adds to
+    if os.path.isdir(path) and is_store:
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputPathError(f"cannot write into the store {path}: it is not writable")
+        return path
     if os.path.isdir(path):
         raise OutputPathError(
             f"cannot write the trace to {path}: it is a directory; give a file name such as trace.json"
