@@ -245,3 +245,15 @@ def test_ranks_adding_themselves_at_once_keep_one_manifest(stepped_trace, tmp_pa
         per_rank = job.table("select rank, count(*) as n from activities group by rank order by rank").to_pylist()
     assert [r["n"] for r in per_rank] == [len(polyprof.load_trace(str(stepped_trace)).activities)] * 4
     assert json.loads((tmp_path / "job.polyprof" / MANIFEST).read_text())["rows"]["activities"] == sum(r["n"] for r in per_rank)
+
+
+def test_a_spill_left_by_a_killed_run_goes_into_the_store(tmp_path):
+    spill = tmp_path / "run.spill"
+    with polyprof.profile(["cpu"], spill=spill):
+        for _ in range(5):
+            with polyprof.record_function("before the kill"):
+                pass
+    assert spill.exists(), "no trace was written: the spill stays, as after a kill"
+    store.write_store([spill], tmp_path / "job.polyprof")
+    with store.open(tmp_path / "job.polyprof") as job:
+        assert job.table("select count(*) as n from activities where name = 'before the kill'").to_pylist() == [{"n": 5}]

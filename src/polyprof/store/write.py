@@ -34,11 +34,27 @@ class StoreStats:
 
 def _convert(source: str, position: int, out: str) -> tuple[int, dict[str, int], str]:
     """One rank's trace into `out` (the store being made): its rank, rows per table and source."""
-    from polyprof.formats import load_trace
     from polyprof.store.rank_tables import rank_tables
 
-    tables = rank_tables(load_trace(source), source=os.path.abspath(source), fallback_rank=position)
+    tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
+
+
+def _load(source: str) -> Any:
+    """A trace file, or a spill a killed process left (read as ``polyprof recover`` reads it)."""
+    from polyprof.formats import load_trace
+    from polyprof.formats.spill.file import FILE_MAGIC
+
+    try:
+        with open(source, "rb") as f:
+            spill = f.read(len(FILE_MAGIC)) == FILE_MAGIC
+    except OSError:
+        spill = False  # load_trace says what is wrong with the path
+    if spill:
+        from polyprof.tools.recover import recover_trace
+
+        return recover_trace(source)
+    return load_trace(source)
 
 
 def write_rank(tables: Any, out: str) -> dict[str, int]:
