@@ -20,7 +20,7 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
     launched by a runtime call on the host (some launched after the stream went idle)."""
     rng = random.Random(seed)
     b = ActivityBuilder()
-    t = {(d, s): 0 for d in (1, 2) for s in (0, 1)}
+    t = {(d, s): 1_000_000 for d in (1, 2) for s in (0, 1)}  # (host clocks are positive)
     for i in range(n):
         dev, stream = rng.choice([1, 2]), rng.choice([0, 1])
         gap = rng.choice([0, 5_000, 20_000, 80_000, 400_000])
@@ -96,4 +96,17 @@ def test_communication_overlap(job):
         for row in device.overlap(trace).dicts():
             mine = got.pop((rank, row["device"]))
             assert (mine["communication_ns"], mine["overlapped_ns"]) == (row["communication_ns"], row["overlapped_ns"])
+    assert not got
+
+
+def test_launch_latency(job):
+    traces, store = job
+    got = _by(store.analysis("launch").to_pylist(), "rank", "device_name")
+    for rank, trace in enumerate(traces):
+        table, _ = device.launch_latency(trace)
+        for row in table.dicts():
+            mine = got.pop((rank, row["device"]))
+            assert (mine["launches"], mine["max_ns"], mine["worst"]) == (row["launches"], row["max_ns"], row["worst"])
+            for column in ("mean_ns", "p50_ns", "p90_ns", "p99_ns"):
+                assert mine[column] == pytest.approx(row[column]), column
     assert not got

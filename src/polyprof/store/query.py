@@ -26,7 +26,7 @@ from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands)
-ANALYSES = ("clock", "islands", "blame", "kernels", "temporal", "idle", "overlap")
+ANALYSES = ("clock", "islands", "blame", "kernels", "temporal", "idle", "overlap", "launch")
 
 
 @cache
@@ -176,9 +176,17 @@ class SparkEngine:
 
     @staticmethod
     def translate(query: str) -> str:
+        """`query` in Spark's dialect. An exact quantile (DuckDB's ``quantile_cont``) becomes Spark's exact
+        ``percentile`` (sqlglot would write ``percentile_cont``'s form, which Spark reads otherwise)."""
         import sqlglot
+        from sqlglot import exp
 
-        return ";\n".join(sqlglot.transpile(query, read="duckdb", write="spark"))
+        def exact(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.PercentileCont) and node.expression is not None:
+                return exp.Anonymous(this="percentile", expressions=[node.this, node.expression])
+            return node
+
+        return ";\n".join(e.transform(exact).sql("spark") for e in sqlglot.parse(query, read="duckdb") if e)
 
     def register_parquet(self, name: str, folder: str) -> None:
         self.spark.read.option("basePath", folder).parquet(folder).createOrReplaceTempView(name)
