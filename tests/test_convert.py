@@ -12,7 +12,8 @@ from test_export_perfetto import Parsed, _rows, overlapping_trace
 
 from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats import dumps_chrome_trace, load_trace
-from polyprof.tools.convert import convert, top_level_keys
+from polyprof.formats.chrome.keys import top_level_keys
+from polyprof.tools.convert import convert
 
 pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (test extra)")
 
