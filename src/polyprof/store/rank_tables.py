@@ -9,7 +9,6 @@ each with its step, its nesting level and, for a collective, its instance.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,47 +54,48 @@ class RankTables:
 
 def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankTables:
     """The store's tables for `trace` (one rank); `fallback_rank` where the trace does not say its rank."""
-    rank = rank_of(trace, fallback_rank)
     offset, uncertainty = recorded_offset(trace)
     shift = trace.epoch_offset_ns + (offset or 0)  # host clock -> the job's (rank 0's) epoch ns
-    acts = trace.activities
     steps = _steps(trace)
-    names = acts.strings.strings
-    args = acts.args.as_dicts() if len(acts) else {}
+    args = trace.activities.args.as_dicts() if len(trace.activities) else {}
     collective = _collective_rows(args)
-    activities = _activities(trace, steps, shift, collective, args)
-    collectives = _collectives(trace, steps, shift, collective)
-    info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
-    counters = trace.counters.columns
-    cnames = trace.counters.strings.strings
-    counter_steps = _step_at(steps, counters["ts"])
     tables = {
-        "activities": activities,
-        "collectives": collectives,
-        "counters": pa.table({
-            "name": pa.DictionaryArray.from_arrays(counters["name"], pa.array(cnames or [""], pa.string())),
-            "device": pa.array([trace.devices[d].key for d in counters["device"].tolist()], pa.string()),
-            "resource": counters["resource"].astype(np.int64),
-            "ts_ns": counters["ts"] + shift,
-            "value": counters["value"],
-            "step": counter_steps,
-        }, schema=COUNTERS),  # fmt: skip
+        "activities": _activities(trace, steps, shift, collective, args),
+        "collectives": _collectives(trace, steps, shift, collective),
+        "counters": _counters(trace, steps, shift),
         "backends": pa.Table.from_pylist([_backend_row(s) for s in trace.backends.values()], schema=BACKENDS),
-        "ranks": pa.Table.from_pylist([{
-            "world_size": info.get("world_size"),
-            "host": str(trace.metadata.get("host_name", "")),
-            "source": source,
-            "epoch_offset_ns": trace.epoch_offset_ns,
-            "offset_ns": offset or 0,
-            "offset_uncertainty_ns": uncertainty,
-            "window_start_ns": trace.window[0] + shift,
-            "window_end_ns": trace.window[1] + shift,
-            "events": len(acts),
-            "metadata": json.dumps(trace.metadata, default=str),
-        }], schema=RANKS),  # fmt: skip
+        "ranks": _rank_row(trace, source, shift, offset, uncertainty),
     }
-    del names
-    return RankTables(rank, tables)
+    return RankTables(rank_of(trace, fallback_rank), tables)
+
+
+def _counters(trace: Trace, steps: Any, shift: int) -> pa.Table:
+    counters = trace.counters.columns
+    names = pa.array(trace.counters.strings.strings or [""], pa.string())
+    return pa.table({
+        "name": pa.DictionaryArray.from_arrays(counters["name"], names),
+        "device": pa.array([trace.devices[d].key for d in counters["device"].tolist()], pa.string()),
+        "resource": counters["resource"].astype(np.int64),
+        "ts_ns": counters["ts"] + shift,
+        "value": counters["value"],
+        "step": _step_at(steps, counters["ts"]),
+    }, schema=COUNTERS)  # fmt: skip
+
+
+def _rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncertainty: int | None) -> pa.Table:
+    info = trace.metadata.get("distributedInfo")
+    return pa.Table.from_pylist([{
+        "world_size": info.get("world_size") if isinstance(info, dict) else None,
+        "host": str(trace.metadata.get("host_name", "")),
+        "source": source,
+        "epoch_offset_ns": trace.epoch_offset_ns,
+        "offset_ns": offset or 0,
+        "offset_uncertainty_ns": uncertainty,
+        "window_start_ns": trace.window[0] + shift,
+        "window_end_ns": trace.window[1] + shift,
+        "events": len(trace.activities),
+        "metadata": _json(trace.metadata),
+    }], schema=RANKS)  # fmt: skip
 
 
 def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -182,8 +182,6 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     work = _work_column(trace)
     res_id = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
     res_name = pa.array([r.name for r in trace.resources] or [""], pa.string())
-    res_device = np.array([r.device for r in trace.resources] or [0], dtype=np.int32)
-    del res_device
     dims, types, other = [None] * n, [None] * n, [None] * n
     for row, row_args in args.items():
         rest = dict(row_args)
@@ -295,8 +293,8 @@ def _backend_row(status: Any) -> dict[str, Any]:
         "reason": status.reason,
         "activities": status.activities,
         "rejected": status.rejected,
-        "dropped": json.dumps(status.dropped),
-        "errors": json.dumps(status.errors),
-        "warnings": json.dumps(status.warnings),
-        "status": json.dumps(doc, default=str),
+        "dropped": _json(status.dropped),
+        "errors": _json(status.errors),
+        "warnings": _json(status.warnings),
+        "status": _json(doc),
     }
