@@ -5,7 +5,7 @@ the whole tree's memory (HTA's parsing workers and polyprof's conversion workers
 20 ms with psutil as PSS: forked workers share their parent's pages, which RSS would count once per
 process.
 
-    .venv/bin/python benchmarks/store_vs_hta.py [--ranks 64] [--events 20000]
+    .venv/bin/python benchmarks/store_vs_hta.py [--ranks 64] [--events 20000] [--hta-timeout 600]
     .venv/bin/python benchmarks/store_vs_hta.py --scale 64,256,1024 --events 20000   # the store only
 
 ``--scale`` writes each size's store straight from the synthetic traces (no JSON) and times the four
@@ -44,8 +44,9 @@ HTA = (
 )
 
 
-def measured(cmd: list[str]) -> dict:
-    """Run `cmd`; its wall time and the peak RSS of its process tree."""
+def measured(cmd: list[str], timeout_s: float | None = None) -> dict:
+    """Run `cmd`; its wall time and the peak memory of its process tree (after `timeout_s`, the tree is
+    killed and the result says it did not finish)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -64,7 +65,17 @@ def measured(cmd: list[str]) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out, err = proc.communicate()
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.communicate()
+        done.set()
+        sampler.join()
+        return {"seconds": round(time.perf_counter() - start, 2), "peak_pss_mb": round(peak / 2**20, 1),
+                "finished": False}  # fmt: skip
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
@@ -73,7 +84,7 @@ def measured(cmd: list[str]) -> dict:
     return {"seconds": round(seconds, 2), "peak_pss_mb": round(peak / 2**20, 1), "output": out.split()}
 
 
-def compare(ranks: int, events: int) -> dict:
+def compare(ranks: int, events: int, hta_timeout_s: float | None = None) -> dict:
     folder = scratch_folder()
     traces = os.path.join(folder, "traces")
     os.makedirs(traces)
@@ -88,7 +99,7 @@ def compare(ranks: int, events: int) -> dict:
     out = {"ranks": ranks, "events_per_rank": events, "json_mb": round(size / 2**20, 1),
            "polyprof": {"store": made, "analyses": analysed, "seconds": round(polyprof_s, 2), "peak_pss_mb": polyprof_mb}}  # fmt: skip
     if os.path.exists(CONSUMERS):
-        hta = measured([CONSUMERS, "-c", HTA, traces])
+        hta = measured([CONSUMERS, "-c", HTA, traces], hta_timeout_s)
         out["hta"] = hta
         out["time_ratio"] = round(polyprof_s / hta["seconds"], 3)
         out["memory_ratio"] = round(polyprof_mb / hta["peak_pss_mb"], 3)
@@ -120,11 +131,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--scale", default=None, help="comma-separated rank counts: the store's analyses only")
+    parser.add_argument("--hta-timeout", type=float, default=None, help="stop HTA after this many seconds")
     args = parser.parse_args()
     if args.scale:
         report("store_scale", {"rows": scale([int(x) for x in args.scale.split(",")], args.events)})
     else:
-        report("store_vs_hta", compare(args.ranks, args.events))
+        report("store_vs_hta", compare(args.ranks, args.events, args.hta_timeout))
 
 
 if __name__ == "__main__":
