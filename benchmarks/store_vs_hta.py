@@ -107,8 +107,8 @@ def compare(ranks: int, events: int, hta_timeout_s: float | None = None) -> dict
 
 
 def scale(sizes: list[int], events: int) -> list[dict]:
+    from polyprof.store.files import StoreStats, write_manifest, write_rank
     from polyprof.store.rank_tables import rank_tables
-    from polyprof.store.write import StoreStats, write_manifest, write_rank
 
     rows = []
     for ranks in sizes:

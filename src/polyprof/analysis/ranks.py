@@ -73,7 +73,7 @@ def load_ranks(items: Iterable[Any]) -> tuple[list[Trace], list[str], list[int]]
     """The traces `items` name (loaded Traces, files, folders of rank traces), where each came from, and
     each one's rank (its ``distributedInfo`` rank; their order when those are missing or repeated)."""
     from polyprof.formats import load_trace
-    from polyprof.tools.merge_ranks import rank_of, trace_files
+    from polyprof.formats.common.job import rank_of, trace_files
 
     items = list(items)
     traces: list[Trace] = [i for i in items if isinstance(i, Trace)]

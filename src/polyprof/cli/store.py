@@ -40,8 +40,8 @@ def is_store(path: str) -> bool:
 def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwrite: bool, quiet: bool) -> None:
     """Write TRACES (files or folders; one per rank; polyprof's or torch.profiler's JSON or .pftrace) into
     a columnar store that DuckDB or Spark query: Parquet tables partitioned by rank (docs: store.md)."""
+    from polyprof.formats.common.job import trace_files
     from polyprof.store import write_store
-    from polyprof.tools.merge_ranks import trace_files
 
     if jobs is not None and jobs < 1:
         fail(f"--jobs must be at least 1, got {jobs}")

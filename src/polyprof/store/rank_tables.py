@@ -20,9 +20,9 @@ import pyarrow as pa
 from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
 from polyprof.analysis.steps import step_rows
 from polyprof.analysis.summary import device_heading
+from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.model import ActivityKind, Trace
 from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
-from polyprof.tools.merge_ranks import rank_of, recorded_offset
 
 WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")

@@ -33,6 +33,7 @@ import orjson
 from polyprof.clock import base_time_ns
 from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats.chrome.write import trace_metadata
+from polyprof.formats.common.job import rank_of, recorded_offset, trace_files
 from polyprof.formats.common.jsonsafe import json_bytes
 from polyprof.formats.common.paths import check_output_path, trace_output
 from polyprof.formats.files import format_of
@@ -41,7 +42,6 @@ from polyprof.model.args import ArgsBlock, JSONArray, is_json_column
 
 ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
 PID_STRIDE = 1000
-TRACE_SUFFIXES = (".json", ".json.gz", ".pftrace", ".pftrace.gz", ".perfetto-trace", ".perfetto-trace.gz")
 
 
 @dataclass
@@ -58,34 +58,6 @@ class MergeStats:
     ranks: list[RankInput] = field(default_factory=list)
     events: int = 0
     output: str = ""
-
-
-def trace_files(paths: list[str]) -> list[str]:
-    """The trace files named, folders expanded to the traces in them (sorted)."""
-    out: list[str] = []
-    for p in paths:
-        if os.path.isdir(p):
-            out += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(TRACE_SUFFIXES))
-        else:
-            out.append(p)
-    if not out:
-        raise ConfigError("polyprof merge: no trace files given (or none in the folders named)")
-    return out
-
-
-def rank_of(trace: Trace, fallback: int) -> int:
-    info = trace.metadata.get("distributedInfo")
-    rank = info.get("rank") if isinstance(info, dict) else None
-    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else fallback
-
-
-def recorded_offset(trace: Trace) -> tuple[int | None, int | None]:
-    """(offset to rank 0's clock, its uncertainty) in ns as the trace recorded it, or (None, None)."""
-    for status in trace.backends.values():
-        sync = status.clock.get("to rank 0")
-        if isinstance(sync, dict) and isinstance(sync.get("offset_ns"), int):
-            return sync["offset_ns"], sync.get("uncertainty_ns")
-    return None, None
 
 
 _WHOLE_READS = threading.Lock()
