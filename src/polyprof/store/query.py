@@ -25,8 +25,8 @@ import pyarrow as pa
 from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
-#: the analyses, each a view of the store (later ones read earlier ones: clock, islands)
-ANALYSES = ("clock", "islands", "blame", "kernels", "temporal", "idle", "overlap", "launch")
+#: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
+ANALYSES = ("clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch")
 
 
 @cache

@@ -98,8 +98,8 @@ def _rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncerta
     }], schema=RANKS)  # fmt: skip
 
 
-def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(numbers, starts, ends) of the trace's steps, by start."""
+def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(numbers, starts, ends, rows) of the trace's steps, by start."""
     acts = trace.activities
     rows = step_rows(trace)
     numbers = np.array(list(rows), dtype=np.int64)
@@ -107,12 +107,12 @@ def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts = acts["start"][idx] if len(idx) else np.zeros(0, np.int64)
     ends = acts["end"][idx] if len(idx) else np.zeros(0, np.int64)
     order = np.argsort(starts, kind="stable")
-    return numbers[order], starts[order], ends[order]
+    return numbers[order], starts[order], ends[order], idx[order]
 
 
-def _step_at(steps: tuple[np.ndarray, np.ndarray, np.ndarray], times: np.ndarray) -> np.ndarray:
+def _step_at(steps: tuple[np.ndarray, ...], times: np.ndarray) -> np.ndarray:
     """The step whose span holds each time (-1 where none)."""
-    numbers, starts, ends = steps
+    numbers, starts, ends, _ = steps
     if not len(numbers):
         return np.full(len(times), -1, dtype=np.int64)
     i = np.searchsorted(starts, times, side="right") - 1
@@ -144,10 +144,10 @@ def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.n
     return level
 
 
-def _training_thread(trace: Trace, steps_rows: list[int]) -> int:
+def _training_thread(trace: Trace, step_rows: np.ndarray) -> int:
     acts = trace.activities
-    if steps_rows:
-        return int(acts["resource"][steps_rows[0]])
+    if len(step_rows):
+        return int(acts["resource"][step_rows[0]])
     ops = acts["resource"][acts["kind"] == int(ActivityKind.CPU_OP)]
     if not len(ops):
         return -1
@@ -174,7 +174,7 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
         is_step = np.isin(acts["name"], step_codes)
     instant = kind == int(ActivityKind.INSTANT)
     level = _levels(resource, start, end, is_step | instant)
-    training = _training_thread(trace, list(step_rows(trace).values()))
+    training = _training_thread(trace, steps[3])
     devices = trace.devices
     dev_key = pa.array([d.key for d in devices] or [""], pa.string())
     dev_type = pa.array([d.type for d in devices] or [""], pa.string())

@@ -9,10 +9,12 @@ process, several at once, its tables written as Parquet under ``TABLE/rank=N/``.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -52,12 +54,11 @@ def write_store(
     *,
     jobs: int | None = None,
     overwrite: bool = False,
-    on_rank: Callable[[int, str], Any] | None = None,
 ) -> StoreStats:
     """Convert `sources` (one trace per rank: polyprof's or torch.profiler's JSON, ``.pftrace``, gzip or
     not) into the store `out`, `jobs` ranks at a time (default: the CPUs). The store is written beside
-    and moved into place at the end: a failure leaves no half store. `on_rank(rank, source)` is called
-    as each rank is done (progress). Two traces of one rank are an error naming both."""
+    and moved into place at the end: a failure leaves no half store. Each rank done is reported to
+    :mod:`polyprof.progress`. Two traces of one rank are an error naming both."""
     from polyprof.formats.common.job import trace_files
 
     files = trace_files([os.fspath(s) for s in sources])
@@ -77,20 +78,12 @@ def write_store(
     try:
         workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
         results = []
-        if workers == 1:
-            for i, f in enumerate(files):
-                results.append(_convert(f, i, staging))
+        with contextlib.ExitStack() as stack:  # one process per rank at a time; none for one worker
+            pool = stack.enter_context(ProcessPoolExecutor(workers)) if workers > 1 else None
+            converted = (pool.map if pool else map)(_convert, files, range(len(files)), itertools.repeat(staging))
+            for result in converted:
+                results.append(result)
                 advance(1)
-                if on_rank:
-                    on_rank(results[-1][0], f)
-        else:
-            with ProcessPoolExecutor(workers) as pool:
-                futures = [pool.submit(_convert, f, i, staging) for i, f in enumerate(files)]
-                for fut in futures:
-                    results.append(fut.result())
-                    advance(1)
-                    if on_rank:
-                        on_rank(results[-1][0], results[-1][2])
         for rank, rows, source in results:
             if rank in stats.sources:
                 raise ConfigError(f"two traces say they are rank {rank}: {stats.sources[rank]} and {source}")

@@ -1,12 +1,7 @@
 -- Per rank, device and stream, HTA's idle time by cause: each gap between consecutive rows on a stream
 -- is "host wait" when the next row's launch call started after the previous row ended, "kernel wait"
 -- when it is shorter than 30 us (launch overhead), "other" otherwise.
-with launches as (
-    select rank, correlation, min(start_ns) as launched
-    from activities where kind in ('runtime', 'driver') and correlation <> 0
-    group by rank, correlation
-),
-ordered as (
+with ordered as (
     select a.rank, a.device, a.device_name, a.resource_name, a.start_ns, l.launched,
            lag(a.end_ns) over (partition by a.rank, a.device, a.resource order by a.start_ns, a.end_ns) as prev_end
     from activities a

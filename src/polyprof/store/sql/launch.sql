@@ -1,12 +1,7 @@
 -- Per rank and device, the time from the start of each launch call (the runtime or driver row with
 -- the device row's correlation id) to the start of its device work: count, mean, median, p90, p99,
 -- max, and the name of the row that waited longest (the earliest of those that waited as long).
-with launches as (
-    select rank, correlation, min(start_ns) as launched
-    from activities where kind in ('runtime', 'driver') and correlation <> 0
-    group by rank, correlation
-),
-latencies as (
+with latencies as (
     select a.rank, a.device, a.device_name, a.name, a.start_ns - l.launched as latency,
            row_number() over (partition by a.rank, a.device order by a.start_ns - l.launched desc, a.start_ns) as place
     from activities a join launches l on l.rank = a.rank and l.correlation = a.correlation
