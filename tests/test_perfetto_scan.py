@@ -4,8 +4,11 @@ traces, a merged multi-rank trace, another writer's trace built field by field, 
 
 from __future__ import annotations
 
+import itertools
 import random
 import struct
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -198,6 +201,10 @@ def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined():
     for i in range(600):
         data = bytes(mutated(bases[i % 2], rng, cut=0.2, most_changed=4, most_inserted=4))
         got = perfetto_scan.scan_perfetto(data, f"mutant{i}")
+        in_pieces = perfetto_scan.scan_perfetto_pieces(_pieces(data, rng), f"mutant{i}")
+        assert (in_pieces is None) == (got is None), f"mutant {i}: read whole and in pieces differ"
+        if got is not None:
+            assert _document(in_pieces) == _document(got), f"mutant {i}: read in pieces differs"
         try:
             expected = _reference(data, f"mutant{i}")
         except TraceFormatError:
@@ -212,12 +219,39 @@ def test_mutated_traces_scan_to_what_the_reader_reads_or_are_declined():
     assert scanned > 40 and refused > 300 and declined < scanned, (scanned, refused, declined)
 
 
+def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    """`data` cut at a few random places (and half the time an empty piece after them)."""
+    cuts = sorted({0, len(data), *(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 8)))})
+    pieces = [data[a:b] for a, b in itertools.pairwise(cuts)]
+    return pieces + [b""] if rng.random() < 0.5 else pieces
+
+
+def test_a_trace_read_in_pieces_is_the_trace_read_whole():
+    """Every cut of a trace into two pieces, and into pieces of 1 to 5 bytes: the same trace."""
+    data = dumps_perfetto_trace(overlapping_trace())
+    whole = _document(perfetto_scan.scan_perfetto(data))
+    for at in range(0, len(data) + 1, 7):
+        assert _document(perfetto_scan.scan_perfetto_pieces([data[:at], data[at:]])) == whole, at
+    for size in range(1, 6):
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        assert _document(perfetto_scan.scan_perfetto_pieces(pieces)) == whole, size
+
+
+def test_a_trace_cut_off_in_its_last_packet_is_left_to_the_reader(tmp_path):
+    data = dumps_perfetto_trace(overlapping_trace())
+    assert perfetto_scan.scan_perfetto_pieces([data[:-3]]) is None
+    path = tmp_path / "cut.pftrace"
+    path.write_bytes(data[:-3])
+    with pytest.raises(TraceFormatError, match="cut.pftrace"):
+        polyprof.load_trace(path)
+
+
 def test_load_trace_of_a_pftrace_goes_through_the_scanner(tmp_path, monkeypatch):
     path = tmp_path / "t.pftrace"
     path.write_bytes(dumps_perfetto_trace(overlapping_trace()))
     calls = []
-    real = perfetto_scan.scan_perfetto
-    monkeypatch.setattr(perfetto_scan, "scan_perfetto", lambda *a: calls.append(a[1]) or real(*a))
+    real = perfetto_scan.scan_perfetto_pieces
+    monkeypatch.setattr(perfetto_scan, "scan_perfetto_pieces", lambda *a: calls.append(a[1]) or real(*a))
     from polyprof.formats import load_trace
 
     assert len(load_trace(str(path)).activities) == len(overlapping_trace().activities)
@@ -246,3 +280,31 @@ def test_metadata_only_gives_the_place_and_clock_without_the_events():
     assert {k: s.to_json() for k, s in head.backends.items()} == {k: s.to_json() for k, s in whole.backends.items()}
     assert _document(head)["places"] == _document(whole)["places"] and _document(head)["rows"] == _document(whole)["rows"]
     assert perfetto_scan.scan_perfetto(_other_writers_trace(), metadata_only=True) is None
+
+
+PEAK_OF_LOAD = """import sys
+import polyprof.formats.perfetto.read, polyprof.formats.perfetto.scan  # what reading imports: not counted
+from polyprof.formats import load_trace
+status = lambda key: int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith(key)))
+before = status('VmRSS:')
+trace = load_trace(sys.argv[1])
+print(len(trace.activities), (status('VmHWM:') - before) >> 10)
+"""
+
+
+def test_a_large_pftrace_is_read_without_holding_its_bytes(tmp_path):
+    """A 96 MiB .pftrace whose bytes are mostly packets' fields nobody reads: load_trace scans it as it
+    reads it, so its peak holds a piece of the file (1 MiB) and the packet cut at a piece's end, not
+    the file (it held all of it, and a copy, before)."""
+    path = tmp_path / "padded.pftrace"
+    padding = _packet(field_bytes(900, bytes(64 << 10)))  # a field of TracePacket no reader knows
+    with open(path, "wb") as f:
+        f.write(dumps_perfetto_trace(overlapping_trace()))
+        for _ in range(1536):
+            f.write(padding)
+    assert path.stat().st_size > 96 << 20
+    run = subprocess.run([sys.executable, "-c", PEAK_OF_LOAD, str(path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows, peak_mib = map(int, run.stdout.split())
+    assert rows == len(overlapping_trace().activities)
+    assert peak_mib < 24, f"reading a 96 MiB file took {peak_mib} MiB more"

@@ -93,7 +93,12 @@ def scan_events(buf: bytes | bytearray, pos: int, final: bool, state: list[Any],
 # read_packets.c
 def scan_packets(
     data: bytes, metadata_only: bool = False, /,
-) -> tuple[bytes, list[bytes], list[tuple[int, bytes]], list[bytes], dict[bytes, list[Any]], list[bytes]] | None: ...
+) -> tuple[bytearray, list[bytes], list[tuple[int, bytes]], list[bytes], dict[bytes, list[Any]], list[bytes]] | None: ...
+def packet_scanner(metadata_only: bool = False, /) -> Any: ...
+def scan_packets_feed(scanner: Any, piece: bytes | bytearray | memoryview, /) -> int: ...  # 0, -1: declined
+def scan_packets_result(
+    scanner: Any, /,
+) -> tuple[bytearray, list[bytes], list[tuple[int, bytes]], list[bytes], dict[bytes, list[Any]], list[bytes]] | None: ...
 
 # pytrace.c
 class TraceBuffer:

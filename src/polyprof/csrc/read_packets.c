@@ -7,10 +7,10 @@
  * wire type the reader would choke on...), and the caller then uses the reader, which names the problem.
  *
  *   scan_packets(data, metadata_only=False) -> None (declined) or
- *       (records: bytes of pf_rec, strings: list of bytes, descriptors: list of bytes,
+ *       (records: bytearray of pf_rec, strings: list of bytes, descriptors: list of bytes,
  *        snapshots: list of bytes, blocks: dict, legacy_json: list of bytes)
  *
- * records    the slice begins, instants and counter values, in file order (pf_rec, PF_DTYPE in
+ * records    (a bytearray) the slice begins, instants and counter values, in file order (pf_rec, PF_DTYPE in
  *            formats/perfetto/scan.py); a slice's end is filled in when its TYPE_SLICE_END comes
  * strings    UTF-8 names, categories and annotation keys, by code
  * descriptors  (records before it, TrackDescriptor message) of each, for the reader's own parser
@@ -19,6 +19,13 @@
  *            [JSON text per record, one list per key]]: every annotation but "External id", which
  *            goes to its own column
  * legacy_json  the legacy_json values passed on as they are, for the caller to check they are JSON
+ *
+ * The same scan fed in pieces, so that a file is never held whole (the scanner keeps a packet cut off
+ * at a piece's end until the next piece completes it):
+ *
+ *   scanner = packet_scanner(metadata_only=False)
+ *   scan_packets_feed(scanner, piece) -> 0, or -1 declined
+ *   scan_packets_result(scanner) -> what scan_packets gives (the scanner is spent)
  *
  * With metadata_only, every event but polyprof's metadata event is skipped unread (a rank's place and
  * clock, for `polyprof merge`'s first pass over its inputs).
@@ -50,7 +57,8 @@ typedef struct { uint64_t track; int64_t *rows; Py_ssize_t n, cap; int32_t slot;
 
 typedef struct {
     PyObject *strings, *codes, *descriptors, *snapshots, *blocks, *legacy;
-    pf_rec *recs;
+    pf_rec *recs;        /* in recs_bytes, handed to the caller as they are (a copy would double them) */
+    PyObject *recs_bytes;
     Py_ssize_t n, cap;
     sequence seqs[MAX_SEQUENCES];
     int n_seqs;
@@ -58,6 +66,10 @@ typedef struct {
     Py_ssize_t stacks_cap, stacks_used;
     int32_t next_slot, next_end, ext_code, corr_code, metadata_code;
     int metadata_only;   /* keep only instants named "trace metadata" (polyprof's metadata event) */
+    int declined;        /* something the reader reads differently was met: nothing more is scanned */
+    long long packets;   /* packets met so far */
+    uint8_t *cut;        /* fed in pieces: the start of a packet cut off at the last piece's end */
+    Py_ssize_t cut_n, cut_cap;
     outbuf json;         /* one annotation value's JSON text */
 } scan;
 
@@ -371,9 +383,9 @@ static int track_event(scan *s, sequence *q, int64_t ts, const uint8_t *p, Py_ss
     if (type == 3) rec.end = ts;
     if (s->n == s->cap) {
         Py_ssize_t cap = s->cap ? s->cap * 2 : 1 << 14;
-        pf_rec *more = PyMem_RawRealloc(s->recs, cap * sizeof(pf_rec));
-        if (more == NULL) { PyErr_NoMemory(); result = -2; goto done; }
-        s->recs = more, s->cap = cap;
+        if (s->recs_bytes == NULL ? (s->recs_bytes = PyByteArray_FromStringAndSize(NULL, cap * sizeof(pf_rec))) == NULL
+                                  : PyByteArray_Resize(s->recs_bytes, cap * sizeof(pf_rec)) < 0) { result = -2; goto done; }
+        s->recs = (pf_rec *)PyByteArray_AS_STRING(s->recs_bytes), s->cap = cap;
     }
     int64_t row = s->n;
     if (type == 1) {
@@ -479,10 +491,138 @@ static void scan_release(scan *s) {
         for (int k = 0; k < 3; k++) PyMem_RawFree(s->seqs[i].kinds[k].code);
     for (Py_ssize_t i = 0; i < s->stacks_cap; i++) PyMem_RawFree(s->stacks[i].rows);
     PyMem_RawFree(s->stacks);
-    PyMem_RawFree(s->recs);
+    Py_XDECREF(s->recs_bytes);
+    PyMem_RawFree(s->cut);
     PyMem_RawFree(s->json.p);
     Py_XDECREF(s->strings), Py_XDECREF(s->codes), Py_XDECREF(s->descriptors);
     Py_XDECREF(s->snapshots), Py_XDECREF(s->blocks), Py_XDECREF(s->legacy);
+}
+
+/* ---- a scan fed in pieces --------------------------------------------------------------------- */
+static const char CAPSULE[] = "polyprof.packet_scanner";
+
+static void scanner_free(PyObject *capsule) {
+    scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (s == NULL) return;
+    scan_release(s);
+    PyMem_RawFree(s);
+}
+
+static PyObject *scanner_new(int metadata_only) {
+    scan *s = PyMem_RawCalloc(1, sizeof(scan));
+    if (s == NULL) return PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(s, CAPSULE, scanner_free);
+    if (capsule == NULL) { PyMem_RawFree(s); return NULL; }
+    s->metadata_only = metadata_only;
+    s->strings = PyList_New(0), s->codes = PyDict_New(), s->descriptors = PyList_New(0);
+    s->snapshots = PyList_New(0), s->blocks = PyDict_New(), s->legacy = PyList_New(0);
+    if (!s->strings || !s->codes || !s->descriptors || !s->snapshots || !s->blocks || !s->legacy ||
+        (s->ext_code = string_code(s, (const uint8_t *)"External id", 11)) < 0 ||
+        (s->corr_code = string_code(s, (const uint8_t *)"correlation", 11)) < 0 ||
+        (s->metadata_code = string_code(s, (const uint8_t *)"trace metadata", 14)) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    return capsule;
+}
+
+/* The whole packets at the start of [p, end) scanned: the bytes they took (a packet cut off at `end`
+ * waits for the next piece), or -1 declined (s->declined set), -2 a Python error. */
+static Py_ssize_t feed(scan *s, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *at = p;
+    while (at < end) {
+        reader r = {at, end};
+        uint64_t key, size;
+        if (read_varint(&r, &key) < 0 || read_varint(&r, &size) < 0) {
+            if (end - at >= 20) break;  /* no varint is that long: malformed */
+            return at - p;              /* cut off: the rest comes in the next piece */
+        }
+        if (key != ((1u << 3) | F_LEN)) break;  /* a Trace holds packets */
+        if (size > (uint64_t)(end - r.p)) return at - p;
+        s->packets++;
+        int rc = packet(s, r.p, (Py_ssize_t)size);
+        if (rc == -2) return -2;
+        if (rc < 0) break;
+        at = r.p + size;
+    }
+    if (at == end) return at - p;
+    s->declined = 1;
+    return -1;
+}
+
+/* The next piece of a trace fed in pieces: 0, -1 declined, -2 a Python error. What a packet cut off
+ * at a piece's end has so far waits in s->cut (one packet's bytes), completed from the next piece. */
+static int feed_piece(scan *s, const uint8_t *p, Py_ssize_t len) {
+    const uint8_t *end = p + len;
+    while (s->cut_n > 0 && p < end) {
+        reader r = {s->cut, s->cut + s->cut_n};
+        uint64_t key, size;
+        Py_ssize_t want = 1;  /* the header's next byte, until it reads */
+        if (read_varint(&r, &key) == 0 && read_varint(&r, &size) == 0) {
+            if (size > (uint64_t)PY_SSIZE_T_MAX / 2) { s->declined = 1; return -1; }
+            want = (r.p - s->cut) + (Py_ssize_t)size - s->cut_n;
+        }
+        if (want > end - p) want = end - p;
+        if (s->cut_n + want > s->cut_cap) {
+            Py_ssize_t cap = (s->cut_n + want) * 2;
+            uint8_t *more = PyMem_RawRealloc(s->cut, cap);
+            if (more == NULL) { PyErr_NoMemory(); return -2; }
+            s->cut = more, s->cut_cap = cap;
+        }
+        memcpy(s->cut + s->cut_n, p, want), s->cut_n += want, p += want;
+        Py_ssize_t took = feed(s, s->cut, s->cut + s->cut_n);
+        if (took < 0) return (int)took;
+        if (took == s->cut_n) s->cut_n = 0;
+    }
+    Py_ssize_t took = feed(s, p, end);
+    if (took < 0) return (int)took;
+    if (took < end - p) {  /* a packet cut off: kept until the next piece */
+        Py_ssize_t rest = (end - p) - took;
+        if (rest > s->cut_cap) {
+            uint8_t *more = PyMem_RawRealloc(s->cut, rest);
+            if (more == NULL) { PyErr_NoMemory(); return -2; }
+            s->cut = more, s->cut_cap = rest;
+        }
+        memcpy(s->cut, p + took, rest), s->cut_n = rest;
+    }
+    return 0;
+}
+
+static PyObject *result_of(scan *s) {
+    if (s->declined || s->packets == 0 || s->cut_n > 0) Py_RETURN_NONE;  /* cut_n: the last packet is cut off */
+    PyObject *recs = s->recs_bytes != NULL ? Py_NewRef(s->recs_bytes) : PyByteArray_FromStringAndSize(NULL, 0);
+    if (recs == NULL || PyByteArray_Resize(recs, s->n * (Py_ssize_t)sizeof(pf_rec)) < 0) { Py_XDECREF(recs); return NULL; }
+    return Py_BuildValue("(NOOOOO)", recs, s->strings, s->descriptors, s->snapshots, s->blocks, s->legacy);
+}
+
+static PyObject *sp_packet_scanner(PyObject *m, PyObject *args) {
+    int metadata_only = 0;
+    if (!PyArg_ParseTuple(args, "|p:packet_scanner", &metadata_only)) return NULL;
+    return scanner_new(metadata_only);
+}
+
+static PyObject *sp_scan_packets_feed(PyObject *m, PyObject *args) {
+    PyObject *capsule, *data;
+    if (!PyArg_ParseTuple(args, "OO:scan_packets_feed", &capsule, &data)) return NULL;
+    scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (s == NULL) return NULL;
+    if (s->declined) return PyLong_FromLong(-1);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int rc = feed_piece(s, view.buf, view.len);
+    PyBuffer_Release(&view);
+    return rc == -2 ? NULL : PyLong_FromLong(rc);
+}
+
+static PyObject *sp_scan_packets_result(PyObject *m, PyObject *capsule) {
+    scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (s == NULL) return NULL;
+    PyObject *result = result_of(s);
+    scan_release(s);  /* the records are copied out: what the scan held goes now, not with the capsule */
+    memset(s, 0, sizeof *s);
+    s->declined = 1;
+    return result;
 }
 
 static PyObject *sp_scan_packets(PyObject *m, PyObject *args) {
@@ -491,38 +631,22 @@ static PyObject *sp_scan_packets(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O|p:scan_packets", &data, &metadata_only)) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
-    scan *s = PyMem_RawCalloc(1, sizeof(scan));
-    if (s == NULL) { PyBuffer_Release(&view); return PyErr_NoMemory(); }
-    s->metadata_only = metadata_only;
-    PyObject *result = NULL;
-    s->strings = PyList_New(0), s->codes = PyDict_New(), s->descriptors = PyList_New(0);
-    s->snapshots = PyList_New(0), s->blocks = PyDict_New(), s->legacy = PyList_New(0);
-    if (!s->strings || !s->codes || !s->descriptors || !s->snapshots || !s->blocks || !s->legacy) goto done;
-    if ((s->ext_code = string_code(s, (const uint8_t *)"External id", 11)) < 0 ||
-        (s->corr_code = string_code(s, (const uint8_t *)"correlation", 11)) < 0 ||
-        (s->metadata_code = string_code(s, (const uint8_t *)"trace metadata", 14)) < 0) goto done;
-    reader r = {view.buf, (const uint8_t *)view.buf + view.len};
-    field f;
-    int rc, packets = 0;
-    while ((rc = next_field(&r, &f)) == 1) {
-        if (f.number != 1 || f.wire != F_LEN) { rc = -1; break; }  /* a Trace holds packets */
-        packets++;
-        if ((rc = packet(s, f.p, f.len)) < 0) break;
+    PyObject *capsule = scanner_new(metadata_only), *result = NULL;
+    if (capsule != NULL) {
+        scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+        result = feed_piece(s, view.buf, view.len) == -2 ? NULL : result_of(s);
+        Py_DECREF(capsule);
     }
-    if (rc == -2) goto done;
-    if (rc < 0 || packets == 0) { result = Py_NewRef(Py_None); goto done; }
-    PyObject *recs = PyBytes_FromStringAndSize((const char *)s->recs, s->n * (Py_ssize_t)sizeof(pf_rec));
-    if (recs == NULL) goto done;
-    result = Py_BuildValue("(NOOOOO)", recs, s->strings, s->descriptors, s->snapshots, s->blocks, s->legacy);
-done:
-    if (result == NULL && !PyErr_Occurred()) PyErr_NoMemory();
-    scan_release(s);
-    PyMem_RawFree(s);
     PyBuffer_Release(&view);
     return result;
 }
 
 PyMethodDef pp_read_packets_methods[] = {
     {"scan_packets", sp_scan_packets, METH_VARARGS, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
+    {"packet_scanner", sp_packet_scanner, METH_VARARGS, "packet_scanner(metadata_only=False): a scan fed in pieces."},
+    {"scan_packets_feed", sp_scan_packets_feed, METH_VARARGS,
+     "scan_packets_feed(scanner, piece): the trace's next bytes scanned; 0, or -1 declined."},
+    {"scan_packets_result", sp_scan_packets_result, METH_O,
+     "scan_packets_result(scanner): what scan_packets gives, for the packets fed so far (None: declined)."},
     {NULL, NULL, 0, NULL},
 };

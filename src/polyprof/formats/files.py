@@ -20,7 +20,9 @@ rank adds its own tables, Kineto-dialect Chrome JSON for everything else.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from polyprof.errors import ConfigError, TraceFormatError
@@ -68,6 +70,10 @@ def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) 
     return write_chrome_trace(trace, path)
 
 
+#: read at a time by load_trace: what a Perfetto file's scan holds of the file
+PIECE = 1 << 20
+
+
 def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
     """Load a trace file into a :class:`~polyprof.model.Trace`: Chrome trace JSON (polyprof's or
     torch.profiler's) or Perfetto protobuf (``.pftrace``), either one gzip-compressed or not, told apart
@@ -82,10 +88,16 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
     scanned = chrome_read.scanned_file(path, limit)
     if scanned is not None:
         return scanned
-    chunks = trace_chunks(path, limit)
+    chunks = trace_chunks(path, limit, PIECE)
+    data = first_bytes(chunks, 1)  # the first piece tells Perfetto from JSON
+    if looks_like_perfetto(data):
+        pieces = itertools.chain((data,), chunks)
+        del data  # the scan lets each piece go once read
+        return _perfetto_file(path, pieces, limit)
     token_limit = max_value_bytes()
-    data = first_bytes(chunks, token_limit + 1)
-    if len(data) > token_limit and not looks_like_perfetto(data):  # large JSON the scanner did not read
+    if len(data) <= token_limit:
+        data += first_bytes(chunks, token_limit + 1 - len(data))
+    if len(data) > token_limit:  # large JSON the scanner did not read
         chunks.close()
         del data
         if is_gzip_file(path):  # one token of gigabytes (a gzip bomb) is refused before reading
@@ -93,6 +105,21 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
         return chrome_read.read_streamed(path)
     try:
         return parse_trace(data + b"".join(chunks), path)
+    except MemoryError:
+        raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
+
+
+def _perfetto_file(path: str, pieces: Iterator[bytes], limit: int) -> Any:
+    """A Perfetto file scanned as it is read (its bytes never held whole), or, where the scanner
+    declines, read whole by the reference reader, which names what is wrong."""
+    from polyprof.formats.perfetto.read import parse_perfetto
+    from polyprof.formats.perfetto.scan import scan_perfetto_pieces
+
+    try:
+        scanned = scan_perfetto_pieces(pieces, path)
+        if scanned is not None:
+            return scanned
+        return parse_perfetto(b"".join(trace_chunks(path, limit)), path)
     except MemoryError:
         raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
 

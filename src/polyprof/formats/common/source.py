@@ -55,8 +55,8 @@ def max_value_bytes() -> int:
     return _limit("POLYPROF_MAX_VALUE_BYTES", DEFAULT_MAX_VALUE_BYTES)
 
 
-def trace_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
-    """The file's bytes, inflated where it is gzip, in steps of at most :data:`STEP`; a TraceFormatError
+def trace_chunks(path: str, max_bytes: int, step: int = STEP) -> Iterator[bytes]:
+    """The file's bytes, inflated where it is gzip, in steps of at most `step` bytes; a TraceFormatError
     (on the first ``next``) for a file that is missing, special or over `max_bytes`, before or after
     inflation."""
     try:
@@ -71,15 +71,15 @@ def trace_chunks(path: str, max_bytes: int) -> Iterator[bytes]:
             gzipped = f.read(2) == b"\x1f\x8b"
             f.seek(0)
             if gzipped:
-                yield from inflated(f, path, max_bytes)
+                yield from inflated(f, path, max_bytes, step)
                 return
-            chunk = f.read(min(info.st_size, STEP) + 1)  # what the size says: a small file in one read
+            chunk = f.read(min(info.st_size, step) + 1)  # what the size says: a small file in one read
             size = len(chunk)
             while chunk:
                 if size > max_bytes:
                     raise TraceFormatError(f"{path}: over the limit of {max_bytes:,} bytes ({_RAISE_IT})")
                 yield chunk
-                chunk = f.read(STEP)
+                chunk = f.read(step)
                 size += len(chunk)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such file") from None
@@ -97,7 +97,7 @@ def inflate(data: bytes, path: str, max_bytes: int) -> bytes:
     return b"".join(inflated(io.BytesIO(data), path, max_bytes))
 
 
-def inflated(f: Any, path: str, max_bytes: int) -> Iterator[bytes]:
+def inflated(f: Any, path: str, max_bytes: int, step: int = STEP) -> Iterator[bytes]:
     """The gzip stream `f` (its ``read(n)``; several members, zero padding between) inflated one step at
     a time: the limit is checked before the next step allocates."""
     size = 0
@@ -106,7 +106,7 @@ def inflated(f: Any, path: str, max_bytes: int) -> Iterator[bytes]:
     try:
         while True:
             if not pending:
-                pending = f.read(STEP)
+                pending = f.read(step)
                 if not pending:
                     break
             if inflater is None:
@@ -114,7 +114,7 @@ def inflated(f: Any, path: str, max_bytes: int) -> Iterator[bytes]:
                 if not pending:
                     continue
                 inflater = zlib.decompressobj(wbits=31)
-            chunk = inflater.decompress(pending, min(STEP, max_bytes + 1 - size))
+            chunk = inflater.decompress(pending, min(step, max_bytes + 1 - size))
             pending = inflater.unconsumed_tail
             if chunk:
                 size += len(chunk)

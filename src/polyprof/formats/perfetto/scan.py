@@ -13,6 +13,7 @@ anything it would read differently, so that the reader reads the file and says w
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,27 @@ def scan_perfetto(data: bytes, path: str = "<trace>", *, metadata_only: bool = F
     """The trace in the Perfetto protobuf bytes `data`, or None where the scanner declines. With
     `metadata_only`, the trace without its events (its metadata, places, clock and window), or None
     where the window is not recorded (it would take the events)."""
-    found = _native.scan_packets(data, metadata_only)
+    return _trace_of(_native.scan_packets(data, metadata_only), path, metadata_only)
+
+
+def scan_perfetto_pieces(pieces: Iterable[bytes], path: str = "<trace>", *, metadata_only: bool = False) -> Any:
+    """:func:`scan_perfetto` for the trace's bytes in pieces (a file read in steps), of which the scanner
+    holds only a packet cut off at a piece's end: a large file's scan holds its columns, not its bytes.
+
+    ::
+
+        trace = scan_perfetto_pieces(trace_chunks(path, limit), path)   # None: declined
+    """
+    scanner = _native.packet_scanner(metadata_only)
+    if scanner is None:
+        return None
+    for piece in pieces:
+        if _native.scan_packets_feed(scanner, piece) < 0:
+            return None
+    return _trace_of(_native.scan_packets_result(scanner), path, metadata_only)
+
+
+def _trace_of(found: Any, path: str, metadata_only: bool) -> Any:
     if found is None:
         return None
     try:
@@ -95,7 +116,7 @@ def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
     table = StringTable()
     codes = np.array([table.intern(t) for t in texts] + [table.intern("")], dtype=np.int32)  # -1: ""
     kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] + [int(kind_from_category(""))], dtype=np.uint8)
-    r = recs[rows]
+    r = _Gathered(recs, rows)
     columns = {name: np.zeros(len(rows), dtype=dtype) for name, dtype in COLUMNS}
     columns["kind"][:] = np.where(r["type"] == F.TYPE_INSTANT, int(ActivityKind.INSTANT), kind_of_cat[r["cat"]])
     columns["cat"][:] = codes[r["cat"]]
@@ -164,6 +185,17 @@ def _row_order(recs: np.ndarray, meta_rows: np.ndarray) -> tuple[np.ndarray, np.
     rows = rows[order]
     ends = np.where(unclosed[rows], np.maximum(ts[rows], last), end[rows])
     return rows, ends
+
+
+class _Gathered:
+    """The records `rows` of `recs`, a field at a time (a copy of whole 80-byte records would be the
+    largest thing a large trace's read holds)."""
+
+    def __init__(self, recs: np.ndarray, rows: np.ndarray) -> None:
+        self.recs, self.rows = recs, rows
+
+    def __getitem__(self, field: str) -> np.ndarray:
+        return self.recs[field][self.rows]
 
 
 class _ArgsOf:
