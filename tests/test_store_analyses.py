@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
 
 from polyprof.analysis import device  # noqa: E402
+from polyprof.analysis.steps import step_breakdown  # noqa: E402
 from polyprof.model import ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
 from polyprof.store.query import Store  # noqa: E402
 
@@ -17,9 +18,12 @@ KERNELS = ["gemm_a", "gemm_b", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "eleme
 
 def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
     """Two GPUs, two streams each, kernels (some NCCL), copies and fills overlapping at random, each
-    launched by a runtime call on the host (some launched after the stream went idle)."""
+    launched by a runtime call on the host (some launched after the stream went idle); ten steps on
+    the main thread with ops nested at random in them (some of the same name, one in another), and
+    ops on a second thread."""
     rng = random.Random(seed)
     b = ActivityBuilder()
+    _steps_and_ops(b, rng)
     t = {(d, s): 1_000_000 for d in (1, 2) for s in (0, 1)}  # (host clocks are positive)
     for i in range(n):
         dev, stream = rng.choice([1, 2]), rng.choice([0, 1])
@@ -36,8 +40,35 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
     devices = [Device("host", "cpu", 0, f"rank{rank} host"), Device("cuda:0", "gpu", 0, "GPU 0", label="GPU 0"),
                Device("cuda:1", "gpu", 1, "GPU 1", label="GPU 1")]  # fmt: skip
     resources = [Resource(0, 100 + rank, "main thread"), Resource(1, 7, "stream 7"), Resource(1, 8, "stream 8"),
-                 Resource(2, 7, "stream 7"), Resource(2, 8, "stream 8")]  # fmt: skip
+                 Resource(2, 7, "stream 7"), Resource(2, 8, "stream 8"), Resource(0, 300, "loader")]  # fmt: skip
     return Trace(activities=b.freeze(), devices=devices, resources=resources, metadata={"distributedInfo": {"rank": rank}})
+
+
+OPS = ["aten::linear", "aten::addmm", "aten::relu", "aten::sum", "forward"]
+
+
+def _steps_and_ops(b: ActivityBuilder, rng: random.Random) -> None:
+    at = 1_000_000
+    for step in range(10):
+        length = rng.randint(2_000_000, 6_000_000)
+        b.append(K.USER_ANNOTATION, "user_annotation", f"ProfilerStep#{step}", 0, 0, at, at + length)
+        t = at + rng.randint(0, 50_000)
+        while t < at + length - 200_000:
+            name = rng.choice(OPS)
+            dur = rng.randint(20_000, 400_000)
+            end = min(t + dur, at + length - 1)
+            kind = K.USER_ANNOTATION if name == "forward" else K.CPU_OP
+            b.append(kind, kind.name.lower(), name, 0, 0, t, end)
+            inner = t + (end - t) // 4
+            for _ in range(rng.randint(0, 2)):  # children, sometimes of the parent's own name
+                child = name if rng.random() < 0.3 else rng.choice(OPS[:4])
+                c_end = inner + (end - t) // 5
+                b.append(K.CPU_OP, "cpu_op", child, 0, 0, inner, c_end)
+                inner = c_end + 1_000
+            if rng.random() < 0.2:
+                b.append(K.CPU_OP, "cpu_op", rng.choice(OPS[:4]), 0, 5, t, t + dur // 2)  # the loader thread
+            t = end + rng.choice([0, 10_000, 300_000])
+        at += length + rng.choice([0, 100_000])
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +141,24 @@ def test_launch_latency(job):
             for column in ("mean_ns", "p50_ns", "p90_ns", "p99_ns"):
                 assert mine[column] == pytest.approx(row[column]), column
     assert not got
+
+
+def test_step_breakdown(job):
+    traces, store = job
+    got = _by(store.analysis("steps").to_pylist(), "rank", "step", "device")
+    assert len({key[1] for key in got}) == 10
+    for row in step_breakdown(traces, [0, 1]).dicts():
+        mine = got.pop((row["rank"], row["step"], row["device"]))
+        assert mine == row, (row["rank"], row["step"], row["device"])
+    assert not got
+
+
+def test_step_breakdown_of_a_rank_without_device_work():
+    b = ActivityBuilder()
+    _steps_and_ops(b, random.Random(7))
+    resources = [Resource(0, 1, "main thread")] + [Resource(0, 10 + i, f"t{i}") for i in range(5)]
+    trace = Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "the host")], resources=resources)
+    got = Store.of_traces([trace], [0]).analysis("steps").to_pylist()
+    expected = step_breakdown([trace], [0]).dicts()
+    assert [r["device"] for r in got] == ["host"] * 10 and all(r["host_only_ns"] > 0 for r in got)
+    assert got == expected
