@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
 
 from polyprof.analysis import device  # noqa: E402
+from polyprof.analysis.operators import operator_table  # noqa: E402
 from polyprof.analysis.steps import step_breakdown  # noqa: E402
 from polyprof.model import ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
 from polyprof.store.query import Store  # noqa: E402
@@ -23,7 +24,7 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
     ops on a second thread."""
     rng = random.Random(seed)
     b = ActivityBuilder()
-    _steps_and_ops(b, rng)
+    op_ids = _steps_and_ops(b, rng)
     t = {(d, s): 1_000_000 for d in (1, 2) for s in (0, 1)}  # (host clocks are positive)
     for i in range(n):
         dev, stream = rng.choice([1, 2]), rng.choice([0, 1])
@@ -35,7 +36,8 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
         launched = start - rng.choice([2_000, 50_000, 200_000])
         b.append(K.RUNTIME, "cuda_runtime", "cudaLaunchKernel", 0, 0, launched, launched + 1_500, correlation=i + 1)
         resource = 1 + (dev - 1) * 2 + stream
-        b.append(kind, kind.name.lower(), name, dev, resource, start, start + dur, correlation=i + 1)
+        by = rng.choice(op_ids) if rng.random() < 0.6 else 0  # the op that launched it (External id)
+        b.append(kind, kind.name.lower(), name, dev, resource, start, start + dur, correlation=i + 1, external_id=by)
         t[(dev, stream)] = start + dur
     devices = [Device("host", "cpu", 0, f"rank{rank} host"), Device("cuda:0", "gpu", 0, "GPU 0", label="GPU 0"),
                Device("cuda:1", "gpu", 1, "GPU 1", label="GPU 1")]  # fmt: skip
@@ -47,8 +49,10 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
 OPS = ["aten::linear", "aten::addmm", "aten::relu", "aten::sum", "forward"]
 
 
-def _steps_and_ops(b: ActivityBuilder, rng: random.Random) -> None:
+def _steps_and_ops(b: ActivityBuilder, rng: random.Random) -> list[int]:
+    """Ten steps with ops in them; returns the ops' External ids."""
     at = 1_000_000
+    ids = []
     for step in range(10):
         length = rng.randint(2_000_000, 6_000_000)
         b.append(K.USER_ANNOTATION, "user_annotation", f"ProfilerStep#{step}", 0, 0, at, at + length)
@@ -58,17 +62,20 @@ def _steps_and_ops(b: ActivityBuilder, rng: random.Random) -> None:
             dur = rng.randint(20_000, 400_000)
             end = min(t + dur, at + length - 1)
             kind = K.USER_ANNOTATION if name == "forward" else K.CPU_OP
-            b.append(kind, kind.name.lower(), name, 0, 0, t, end)
+            ids.append(len(ids) + 1)
+            b.append(kind, kind.name.lower(), name, 0, 0, t, end, external_id=ids[-1])
             inner = t + (end - t) // 4
             for _ in range(rng.randint(0, 2)):  # children, sometimes of the parent's own name
                 child = name if rng.random() < 0.3 else rng.choice(OPS[:4])
                 c_end = inner + (end - t) // 5
-                b.append(K.CPU_OP, "cpu_op", child, 0, 0, inner, c_end)
+                ids.append(len(ids) + 1)
+                b.append(K.CPU_OP, "cpu_op", child, 0, 0, inner, c_end, external_id=ids[-1])
                 inner = c_end + 1_000
             if rng.random() < 0.2:
                 b.append(K.CPU_OP, "cpu_op", rng.choice(OPS[:4]), 0, 5, t, t + dur // 2)  # the loader thread
             t = end + rng.choice([0, 10_000, 300_000])
         at += length + rng.choice([0, 100_000])
+    return ids
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +169,15 @@ def test_step_breakdown_of_a_rank_without_device_work():
     expected = step_breakdown([trace], [0]).dicts()
     assert [r["device"] for r in got] == ["host"] * 10 and all(r["host_only_ns"] > 0 for r in got)
     assert got == expected
+
+
+def test_operator_table(job):
+    traces, store = job
+    got = _by(store.analysis("operators").to_pylist(), "rank", "op")
+    for rank, trace in enumerate(traces):
+        for row in operator_table(trace).dicts():
+            mine = got.pop((rank, row["op"]))
+            for column in ("calls", "total_ns", "self_ns", "device_ns", "device_total_ns"):
+                assert mine[column] == row[column], (rank, row["op"], column)
+            assert mine["mean_ns"] == pytest.approx(row["mean_ns"])
+    assert not got

@@ -213,7 +213,7 @@ def idle_breakdown(trace: Trace, kernel_wait_ns: int = KERNEL_WAIT_NS, work: Dev
 
 def launch_latency(trace: Trace, work: DeviceWork | None = None) -> tuple[Table, dict[str, np.ndarray]]:
     """Per device, the time from the start of each launch call to the start of its device work: count,
-    mean, median, p90, p99, max and the worst row's name; and the latencies themselves per device (for
+    mean, median, p90, p99, max and the worst row's name (the earliest of those that waited longest); and the latencies themselves per device (for
     a histogram)."""
     work = work or DeviceWork(trace)
     launched = _launch_starts(trace, work)
@@ -224,7 +224,7 @@ def launch_latency(trace: Trace, work: DeviceWork | None = None) -> tuple[Table,
         if not m.any():
             continue
         lat = (work.start[m] - launched[m]).astype(np.int64)
-        worst = int(np.argmax(lat))
+        worst = int(np.lexsort((work.start[m], -lat))[0])  # the longest wait; of equal ones, the earliest
         heading = work.heading(d)
         samples[heading] = lat
         p50, p90, p99 = np.percentile(lat, [50, 90, 99])
