@@ -9,6 +9,7 @@ pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
 
 from polyprof.analysis import device  # noqa: E402
 from polyprof.analysis.operators import operator_table  # noqa: E402
+from polyprof.analysis.ranks import rank_view  # noqa: E402
 from polyprof.analysis.steps import step_breakdown  # noqa: E402
 from polyprof.model import ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
 from polyprof.store.query import Store  # noqa: E402
@@ -181,3 +182,20 @@ def test_operator_table(job):
                 assert mine[column] == row[column], (rank, row["op"], column)
             assert mine["mean_ns"] == pytest.approx(row["mean_ns"])
     assert not got
+
+
+def test_rank_view(job):
+    traces, store = job
+    view = rank_view(traces)
+    got = _by(store.analysis("rank_steps").to_pylist(), "step", "rank")
+    for row in view.steps:
+        for rank, step_ns in row.times_ns.items():
+            mine = got.pop((row.step, rank))
+            assert (mine["step_ns"], mine["busy_ns"], mine["slowest"]) == (step_ns, row.busy_ns[rank], rank == row.slowest)
+            assert mine["behind_ns"] == (row.behind_ns if rank == row.slowest else None)
+    assert not got
+    totals = store.analysis("rank_totals").to_pylist()
+    assert [(r["rank"], r["steps"], r["collective_ns"], r["waited_ns"]) for r in totals] == [
+        (r.rank, r.steps, r.collective_ns, r.waited_ns) for r in view.ranks]
+    assert [r["mean_step_ns"] for r in totals] == pytest.approx([r.mean_step_ns for r in view.ranks])
+    assert any(r.waited_ns for r in view.ranks) and all(r.collective_ns for r in view.ranks)

@@ -26,7 +26,8 @@ from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
-ANALYSES = ("clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps", "operators")
+ANALYSES = ("clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
+            "operators", "rank_steps", "rank_totals")  # fmt: skip
 
 
 @cache
