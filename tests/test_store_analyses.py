@@ -199,3 +199,21 @@ def test_rank_view(job):
         (r.rank, r.steps, r.collective_ns, r.waited_ns) for r in view.ranks]
     assert [r["mean_step_ns"] for r in totals] == pytest.approx([r.mean_step_ns for r in view.ranks])
     assert any(r.waited_ns for r in view.ranks) and all(r.collective_ns for r in view.ranks)
+
+
+def test_overview_gathers_the_other_analyses_per_rank(job):
+    traces, store = job
+    got = store.analysis("overview").to_pylist()
+    assert [r["rank"] for r in got] == [0, 1]
+    for rank, (trace, mine) in enumerate(zip(traces, got, strict=True)):
+        steps = [r for r in step_breakdown([trace], [rank]).dicts()]
+        span = sum(r["step_ns"] for r in steps)
+        for part in ("compute", "communication", "memory", "other", "host_only", "idle"):
+            assert mine[f"{part}_share"] == pytest.approx(sum(r[f"{part}_ns"] for r in steps) / span), part
+        kernels: dict[str, int] = {}
+        for r in device.kernel_breakdown(trace).dicts():
+            kernels[r["kernel"]] = kernels.get(r["kernel"], 0) + r["total_ns"]
+        assert (mine["top_kernel"], mine["top_kernel_ns"]) == max(kernels.items(), key=lambda kv: kv[1])
+        top_op = max(operator_table(trace).dicts(), key=lambda r: r["self_ns"])
+        assert (mine["top_op"], mine["top_op_self_ns"]) == (top_op["op"], top_op["self_ns"])
+        assert mine["steps"] == 10 and mine["made_others_wait_ns"] == 0  # no collective args: no blame

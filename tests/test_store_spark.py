@@ -51,7 +51,8 @@ def test_spark_reads_a_real_traces_store_as_duckdb_does(tmp_path, spark, stepped
     assert _rows(got, key) == _rows(expected, key) and got.num_rows > 3
 
 
-@pytest.mark.parametrize("analysis", ["kernels", "temporal", "idle", "overlap", "launch", "steps", "operators", "rank_steps", "rank_totals"])
+@pytest.mark.parametrize("analysis", ["kernels", "temporal", "idle", "overlap", "launch", "steps", "operators",
+                                      "rank_steps", "rank_totals", "overview"])  # fmt: skip
 def test_spark_and_duckdb_give_the_same_device_analyses(tmp_path_factory, spark, analysis):
     from test_store import _write
     from test_store_analyses import random_trace

@@ -27,7 +27,7 @@ from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
 ANALYSES = ("clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
-            "operators", "rank_steps", "rank_totals")  # fmt: skip
+            "operators", "rank_steps", "rank_totals", "overview")  # fmt: skip
 
 
 @cache
