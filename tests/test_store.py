@@ -178,7 +178,7 @@ def test_store_sql_and_summary_commands(stepped_trace, tmp_path):
     r = _polyprof("sql", out, "select count(*) as n from blame", "--format", "csv")
     assert r.returncode == 0 and r.stdout.splitlines() == ['"n"', "0"], r.stderr
     r = _polyprof("summary", out)
-    assert r.returncode == 0 and "clocks" in r.stdout, r.stderr
+    assert r.returncode == 0 and "clocks" in r.stdout and "mean step" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize(

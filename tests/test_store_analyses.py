@@ -1,7 +1,10 @@
 """The store's device analyses (SQL over its tables) give the numbers the in-memory analyses give on the
 same traces: kernel breakdown, temporal breakdown, idle time by cause and communication overlap."""
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -217,3 +220,34 @@ def test_overview_gathers_the_other_analyses_per_rank(job):
         top_op = max(operator_table(trace).dicts(), key=lambda r: r["self_ns"])
         assert (mine["top_op"], mine["top_op_self_ns"]) == (top_op["op"], top_op["self_ns"])
         assert mine["steps"] == 10 and mine["made_others_wait_ns"] == 0  # no collective args: no blame
+
+
+def test_two_stores_diff_as_their_traces_do(tmp_path):
+    from polyprof import store
+    from polyprof.analysis.diff import diff
+
+    before, after = random_trace(1, 0), random_trace(2, 0, n=500)
+    expected = diff(before, after, top=100)
+    got = store.diff(Store.of_traces([before], [0]), Store.of_traces([after], [0]), top=100)
+    assert got.per_step and got.step_ns == pytest.approx(expected.step_ns)
+    for mine, theirs in ((got.operators, expected.operators), (got.kernels, expected.kernels)):
+        theirs_by_name = {r[0]: r for r in theirs.rows}
+        assert mine.rows and len(mine.rows) == len(theirs.rows) and mine.title == theirs.title
+        for name, *numbers, change in mine.rows:
+            assert numbers == pytest.approx(list(theirs_by_name[name][1:4])) and change == theirs_by_name[name][4], name
+
+
+def test_polyprof_diff_of_two_stores_prints_what_changed(tmp_path):
+    from polyprof import store
+    from polyprof.formats import write_trace
+
+    for name, seed in (("before", 1), ("after", 2)):
+        write_trace(random_trace(seed, 0), tmp_path / f"{name}.json")
+        store.write_store([tmp_path / f"{name}.json"], tmp_path / f"{name}.polyprof")
+    polyprof = [sys.executable, "-m", "polyprof", "diff", tmp_path / "before.polyprof"]
+    run = subprocess.run([*polyprof, tmp_path / "after.polyprof"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "mean step:" in run.stdout and "aten::relu" in run.stdout and "gemm_a" in run.stdout
+    mixed = subprocess.run([*polyprof, tmp_path / "after.json"], capture_output=True, text=True, timeout=120)
+    assert mixed.returncode != 0 and "is a store and the other not" in mixed.stderr

@@ -41,7 +41,9 @@ def _mean_step(trace: Trace) -> tuple[float, int]:
     return (float(np.mean([hi - lo for lo, hi in steps.values()])) if steps else 0.0), len(steps)
 
 
-def _compare(before: dict[str, float], after: dict[str, float], title: str, top: int) -> Table:
+def compare_totals(before: dict[str, float], after: dict[str, float], title: str, top: int) -> Table:
+    """The names of `before` and `after` (name -> time) by how much their time changed, the largest
+    change first: new and vanished ones named so."""
     rows = []
     for name in set(before) | set(after):
         b, a = before.get(name), after.get(name)
@@ -72,6 +74,6 @@ def diff(before: Trace, after: Trace, top: int = 30) -> Diff:
     return Diff(
         step_ns=(b_step, a_step) if per_step else None,
         per_step=per_step,
-        operators=_compare(ops(before, scale_b), ops(after, scale_a), f"Ops whose host time changed most ({unit})", top),
-        kernels=_compare(kernels(before, scale_b), kernels(after, scale_a), f"Kernels whose device time changed most ({unit})", top),
+        operators=compare_totals(ops(before, scale_b), ops(after, scale_a), f"Ops whose host time changed most ({unit})", top),
+        kernels=compare_totals(kernels(before, scale_b), kernels(after, scale_a), f"Kernels whose device time changed most ({unit})", top),
     )

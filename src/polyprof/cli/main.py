@@ -519,19 +519,30 @@ def report(trace_files: tuple[str, ...], output: str, baseline: str | None, quie
 
 
 @cli.command(name="diff")
-@click.argument("before", type=click.Path(dir_okay=False))
-@click.argument("after", type=click.Path(dir_okay=False))
+@click.argument("before", type=click.Path())
+@click.argument("after", type=click.Path())
 @click.option("--top", type=int, default=15, show_default=True, help="Rows per table.")
 @click.option("-o", "--output", default=None, help="Also write AFTER's report with a diff section against BEFORE.")
 def diff_command(before: str, after: str, top: int, output: str | None) -> None:
-    """Compare two traces (before and after a change): step time, and the ops and kernels whose time
-    changed most, new and vanished ones."""
+    """Compare two traces, or two stores of jobs (before and after a change): step time, and the ops
+    and kernels whose time changed most, new and vanished ones."""
     from polyprof.analysis.diff import diff
     from polyprof.cli.render import analysis_table, format_ns
     from polyprof.formats import load_trace
 
+    stores = os.path.isdir(before), os.path.isdir(after)
+    if any(stores) and not all(stores):
+        fail(f"diff compares two traces or two stores; {before if stores[0] else after} is a store and the other not")
+    if all(stores) and output:
+        fail("-o writes a trace's report; for two stores, leave it out")
     try:
-        d = diff(load_trace(before), load_trace(after), top=top)
+        if all(stores):
+            from polyprof import store
+
+            with store.open(before) as b, store.open(after) as a:
+                d = store.diff(b, a, top=top)
+        else:
+            d = diff(load_trace(before), load_trace(after), top=top)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
     console = new_console()

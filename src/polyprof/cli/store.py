@@ -102,10 +102,12 @@ def print_store_summary(path: str, engine: str | None) -> None:
         with polystore.open(path, engine) as job:
             clock = job.analysis("clock").to_pylist()
             blame = job.blame().to_pylist()
+            overview = job.analysis("overview").to_pylist()
     except PolyprofError as exc:
         fail(str(exc))
     console = new_console()
     console.print(f"polyprof summary: {path} ({len(clock)} ranks)")
+    print_overview(overview, console)
     ct = Table("rank", "recorded offset", "± recorded", "fitted correction", "± fitted", "applied", title="clocks")
     for r in clock:
         ct.add_row(str(r["rank"]), format_ns(r["recorded_offset_ns"] or 0),
@@ -115,6 +117,21 @@ def print_store_summary(path: str, engine: str | None) -> None:
                    format_ns(r["applied_correction_ns"]))  # fmt: skip
     console.print(ct)
     print_blame(blame, console)
+
+
+def print_overview(rows: list[dict], console: Any, top: int = 16) -> None:
+    """The overview analysis's rows: the ranks with the longest mean step first."""
+    share = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    shown = sorted(rows, key=lambda r: -(r["mean_step_ns"] or 0))[:top]
+    title = "ranks" if len(shown) == len(rows) else f"the {len(shown)} ranks of {len(rows)} with the longest steps"
+    t = Table("rank", "steps", "mean step", "compute", "comm.", "memory", "host only", "idle", "top kernel",
+              "top op (self)", "waited", "made others wait", title=title)  # fmt: skip
+    for r in shown:
+        t.add_row(str(r["rank"]), str(r["steps"]), format_ns(r["mean_step_ns"] or 0), share(r["compute_share"]),
+                  share(r["communication_share"]), share(r["memory_share"]), share(r["host_only_share"]),
+                  share(r["idle_share"]), markup_safe(r["top_kernel"] or "-"), markup_safe(r["top_op"] or "-"),
+                  format_ns(r["waited_ns"]), format_ns(r["made_others_wait_ns"]))  # fmt: skip
+    console.print(t)
 
 
 def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:

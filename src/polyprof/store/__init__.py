@@ -9,6 +9,7 @@ embedded engine (DuckDB) or a cluster engine (Spark) queries, and the analyses w
     job = store.open("job.polyprof")                     # DuckDB
     job.sql("select rank, count(*) from activities group by rank").df()
     job.blame().to_pandas()                              # who made everyone wait
+    store.diff(store.open("before.polyprof"), job)       # what changed between two jobs
 
 The schema is :mod:`polyprof.store.schema` (and ``docs/store.md``); pyarrow and duckdb are the
 ``polyprof[store]`` extra, pyspark the ``polyprof[spark]`` one.
@@ -22,6 +23,7 @@ _LAZY = {
     "write_store": "polyprof.store.write",
     "open": "polyprof.store.query",
     "Store": "polyprof.store.query",
+    "diff": "polyprof.store.diff",
 }
 
 __getattr__, __dir__ = lazy_names(globals(), _LAZY)
