@@ -5,7 +5,7 @@ the host backend's conversion; when it cannot be built (no C compiler, non-Linux
 installation still succeeds and polyprof uses its pure-Python implementation.
 
 ``polyprof-startup.pth`` goes to site-packages itself (a .pth file works only there): at interpreter
-start, when POLYPROF_ON_DEMAND, POLYPROF_TORCH_PROFILER or POLYPROF_ACTIVITIES is set, it runs
+start, when POLYPROF_ON_DEMAND, POLYPROF_TORCH_PROFILER, POLYPROF_ACTIVITIES or POLYPROF_FLIGHT_RECORDER is set, it runs
 polyprof.startup, and does nothing else (src/polyprof/startup.py). Editable installs get it too.
 """
 

@@ -9,7 +9,8 @@ process.
     .venv/bin/python benchmarks/store_vs_hta.py --scale 64,256,1024 --events 20000   # the store only
 
 ``--scale`` writes each size's store straight from the synthetic traces (no JSON) and times the four
-analyses on DuckDB with a 1 GB memory limit, to show how time and memory grow with the ranks.
+analyses on DuckDB with a memory limit (``--memory-limit``, 1 GB), to show how time and memory grow with
+the ranks.
 HTA runs from ``.venv-consumers`` (scripts/setup.sh --test makes it).
 """
 
@@ -106,7 +107,7 @@ def compare(ranks: int, events: int, hta_timeout_s: float | None = None) -> dict
     return out
 
 
-def scale(sizes: list[int], events: int) -> list[dict]:
+def scale(sizes: list[int], events: int, memory_limit: str = "1GB") -> list[dict]:
     from polyprof.store.files import StoreStats, write_manifest, write_rank
     from polyprof.store.rank_tables import rank_tables
 
@@ -120,8 +121,9 @@ def scale(sizes: list[int], events: int) -> list[dict]:
             stats.sources[r] = f"rank{r}"
         stats.ranks = sorted(stats.sources)
         write_manifest(folder, stats)
-        result = measured([sys.executable, "-c", POLYPROF_ANALYSES, folder, "1GB"])
-        rows.append({"ranks": ranks, "activities": stats.rows["activities"], **{k: result[k] for k in ("seconds", "peak_pss_mb")}})
+        result = measured([sys.executable, "-c", POLYPROF_ANALYSES, folder, memory_limit])
+        rows.append({"ranks": ranks, "activities": stats.rows["activities"], "memory_limit": memory_limit,
+                     **{k: result[k] for k in ("seconds", "peak_pss_mb")}})  # fmt: skip
         print(rows[-1], file=sys.stderr)
     return rows
 
@@ -132,9 +134,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--scale", default=None, help="comma-separated rank counts: the store's analyses only")
     parser.add_argument("--hta-timeout", type=float, default=None, help="stop HTA after this many seconds")
+    parser.add_argument("--memory-limit", default="1GB", help="DuckDB's memory limit for --scale")
     args = parser.parse_args()
     if args.scale:
-        report("store_scale", {"rows": scale([int(x) for x in args.scale.split(",")], args.events)})
+        report("store_scale", {"rows": scale([int(x) for x in args.scale.split(",")], args.events, args.memory_limit)})
     else:
         report("store_vs_hta", compare(args.ranks, args.events, args.hta_timeout))
 

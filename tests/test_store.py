@@ -11,9 +11,11 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="needs pyarrow (the polyprof[store] extra)")
 pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
 
+import numpy as np  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
 
 import polyprof  # noqa: E402
+import polyprof._native  # noqa: E402
 from polyprof import store  # noqa: E402
 from polyprof.errors import ConfigError  # noqa: E402
 from polyprof.model import ActivityKind  # noqa: E402
@@ -257,3 +259,22 @@ def test_a_spill_left_by_a_killed_run_goes_into_the_store(tmp_path):
     store.write_store([spill], tmp_path / "job.polyprof")
     with store.open(tmp_path / "job.polyprof") as job:
         assert job.table("select count(*) as n from activities where name = 'before the kill'").to_pylist() == [{"n": 5}]
+
+
+@pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension (built by setup.sh)")
+def test_nesting_levels_in_c_are_the_python_twins():
+    """Seeded intervals on three threads, nested, overlapping part-way and repeated, some skipped."""
+    from polyprof._native.twins.columns import nesting_levels
+
+    rng = np.random.default_rng(20261206)
+    n = 5_000
+    resource = rng.integers(0, 3, n).astype(np.int64)
+    start = rng.integers(0, 100_000, n).astype(np.int64)
+    end = start + rng.integers(0, 5_000, n)
+    start[10:20], end[10:20] = start[0], end[0]  # ties
+    skip = (rng.random(n) < 0.05).astype(np.uint8)
+    order = np.lexsort((-end, start, resource)).astype(np.int64)
+    theirs, ours = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    nesting_levels(order, resource, start, end, skip, theirs)
+    polyprof._native.extension.nesting_levels(order, resource, start, end, skip, ours)
+    assert (ours == theirs).all() and theirs.max() > 3

@@ -61,6 +61,8 @@ _LAZY = {
     "install_torch_profiler": "polyprof.profiler.behind_torch",
     "uninstall_torch_profiler": "polyprof.profiler.behind_torch",
     "listen": "polyprof.ondemand",
+    "flight_recorder": "polyprof.flight",
+    "FlightRecorder": "polyprof.flight",
 }
 
 

@@ -5,7 +5,8 @@ is set (unset, the hook costs three environment lookups and imports nothing):
   serves ends the program before it starts (exit status 2), with the installed groups listed;
 * ``POLYPROF_TORCH_PROFILER=1``: polyprof goes behind ``torch.profiler`` as soon as torch is imported
   (:mod:`polyprof.profiler.behind_torch`);
-* ``POLYPROF_ON_DEMAND=1``: the process listens for captures (:mod:`polyprof.ondemand`).
+* ``POLYPROF_ON_DEMAND=1``: the process listens for captures (:mod:`polyprof.ondemand`);
+* ``POLYPROF_FLIGHT_RECORDER=SECONDS``: the flight recorder runs (:mod:`polyprof.flight.environment`).
 
 The variables reach what the program starts (``torchrun`` workers, Ray workers, subprocesses), each of
 which runs the same hook. Any other failure is said on stderr and never stops the program.
@@ -42,6 +43,14 @@ def _start() -> None:
             listen()
         except Exception as exc:
             print(f"polyprof: POLYPROF_ON_DEMAND is set but this process cannot be made capturable: {exc}",
+                  file=sys.stderr)  # fmt: skip
+    if _on("POLYPROF_FLIGHT_RECORDER"):
+        try:
+            from polyprof.flight.environment import start_from_environment
+
+            start_from_environment()
+        except Exception as exc:
+            print(f"polyprof: POLYPROF_FLIGHT_RECORDER is set but the flight recorder cannot start: {exc}",
                   file=sys.stderr)  # fmt: skip
 
 

@@ -54,6 +54,7 @@ def present_rows(values: Sequence[Any]) -> np.ndarray:
 
 
 walk_tagged_records = _c.walk_tagged_records
+nesting_levels = _c.nesting_levels
 
 
 # -- the merge's passes -------------------------------------------------------------------------------

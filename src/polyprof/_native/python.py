@@ -9,7 +9,12 @@ from typing import Any
 
 from polyprof._native import load
 from polyprof._native.shared import DECLINED, SIDE_NAMES, NeedsExtension
-from polyprof._native.twins.columns import code_strings, present_rows, walk_tagged_records  # noqa: F401
+from polyprof._native.twins.columns import (  # noqa: F401
+    code_strings,
+    nesting_levels,
+    present_rows,
+    walk_tagged_records,
+)
 from polyprof._native.twins.recorder import (  # noqa: F401 - exported by __all__ (SIDE_NAMES)
     EventBuffer,
     RecordFunction,

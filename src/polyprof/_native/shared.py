@@ -27,7 +27,7 @@ RECORDER_NAMES = (
     "thread_buffer", "thread_context_fast",
 )  # fmt: skip
 #: ...the column helpers (Python twins)...
-COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records")
+COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_levels")
 #: ...the accelerators (None, or DECLINED, without the extension)...
 ACCELERATOR_NAMES = (
     "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "format_activities",

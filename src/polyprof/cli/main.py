@@ -125,6 +125,11 @@ def backends() -> None:
 @click.option("--max-events", type=int, default=None, help="Keep each backend's earliest N activities; the rest are counted.")
 @click.option("--on-demand", is_flag=True, help="Record nothing now: run SCRIPT capturable on demand "
               "(polyprof ps, polyprof capture PID), as POLYPROF_ON_DEMAND=1 does.")  # fmt: skip
+@click.option("--flight-recorder", "flight_seconds", type=float, default=None, metavar="SECONDS",
+              help="Record nothing to a trace now: keep the last SECONDS always (steps, annotations, top-level "
+              "ops, collectives) and write them to --flight-dir when a step is slow, the script hangs, fails "
+              "or is signalled (POLYPROF_FLIGHT_RECORDER=SECONDS, which torchrun's ranks inherit).")  # fmt: skip
+@click.option("--flight-dir", default="flight", show_default=True, help="Where --flight-recorder writes.")
 @click.option("--torch-profiler/--no-torch-profiler", default=True, show_default=True,
               help="Put polyprof behind torch.profiler in SCRIPT and what it starts (POLYPROF_TORCH_PROFILER=1): "
               "profilers that SCRIPT or its framework make are polyprof's; when one starts recording, this "
@@ -146,6 +151,8 @@ def run(
     exclude_kind: tuple[str, ...],
     max_events: int | None,
     on_demand: bool,
+    flight_seconds: float | None,
+    flight_dir: str,
     torch_profiler: bool,
     script: str,
     script_args: tuple[str, ...],
@@ -163,6 +170,8 @@ def run(
         _behind_torch_profiler()
     if on_demand:
         _run_on_demand(script, script_args)
+    if flight_seconds is not None:
+        _run_flight_recorder(flight_seconds, flight_dir, script, script_args)
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         fail(f"--duration must be a positive, finite number of seconds, got {duration}")
     if ring is not None and not (math.isfinite(ring) and ring > 0):
@@ -308,6 +317,23 @@ def _behind_torch_profiler() -> None:
     install_when_torch_is_imported()
 
 
+def _run_flight_recorder(seconds: float, folder: str, script: str, script_args: tuple[str, ...]) -> None:
+    """`polyprof run --flight-recorder SECONDS`: the script runs as under python, the flight recorder on
+    (and on in what it starts, through the environment)."""
+    from polyprof.flight.environment import FOLDER, VARIABLE, start_from_environment
+
+    if not (math.isfinite(seconds) and seconds > 0):
+        fail(f"--flight-recorder must be a positive, finite number of seconds, got {seconds}")
+    os.environ[VARIABLE], os.environ[FOLDER] = repr(seconds), os.path.abspath(folder)
+    try:
+        recorder = start_from_environment()
+    except PolyprofError as exc:
+        fail(str(exc))
+    click.echo(f"polyprof: flight recorder on: the last {seconds:g} s written to {recorder.out_dir} when "
+               "something goes wrong (SIGUSR2: now)", err=True)  # fmt: skip
+    _run_script(script, script_args)
+
+
 def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
     """`polyprof run --on-demand`: the script runs as under python, capturable, recording nothing."""
     from polyprof.ondemand import listen
@@ -317,6 +343,12 @@ def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
     except (PolyprofError, OSError) as exc:
         fail(f"cannot listen for captures: {exc}")
     click.echo(f"polyprof: pid {os.getpid()} is capturable (polyprof capture {os.getpid()} ...; socket {path})", err=True)
+    _run_script(script, script_args)
+
+
+def _run_script(script: str, script_args: tuple[str, ...]) -> None:
+    """SCRIPT as `python SCRIPT ARGS...` runs it: its exit status, and its failure reported through
+    sys.excepthook (where a flight recorder captures before the traceback is printed)."""
     script_path = os.path.abspath(script)
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(script_path))
@@ -325,7 +357,7 @@ def _run_on_demand(script: str, script_args: tuple[str, ...]) -> None:
     except SystemExit:
         raise
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         sys.exit(1)
     sys.exit(0)
 

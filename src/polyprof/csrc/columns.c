@@ -104,9 +104,60 @@ done:
     return result;
 }
 
+/* nesting_levels(order, resource, start, end, skip, level_out): each row's nesting level on its
+ * resource. `order` (int64) is the rows by (resource, start, longest first); resource, start and end are
+ * int64 arrays, skip uint8 (rows not counted: step spans, instants), level_out int32. A row's level is
+ * the number of rows still open when it starts: a stack of ends, popped while its top has ended, as
+ * rank_tables' twin does. */
+static PyObject *sp_nesting_levels(PyObject *m, PyObject *args) {
+    PyObject *objs[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5])) return NULL;
+    Py_buffer v[6];
+    int got = 0;
+    for (; got < 6; got++)
+        if (PyObject_GetBuffer(objs[got], &v[got], got == 5 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) break;
+    PyObject *result = NULL;
+    long long *stack = NULL;
+    if (got < 6) goto done;
+    Py_ssize_t n = v[0].len / 8;
+    if (v[1].len / 8 < n || v[2].len / 8 < n || v[3].len / 8 < n || v[4].len < n || v[5].len / 4 < n) {
+        PyErr_SetString(PyExc_ValueError, "nesting_levels: arrays shorter than the order");
+        goto done;
+    }
+    {
+        const long long *order = v[0].buf, *resource = v[1].buf, *start = v[2].buf, *end = v[3].buf;
+        const unsigned char *skip = v[4].buf;
+        int32_t *level = v[5].buf;
+        Py_ssize_t depth = 0, cap = 64, rows = v[1].len / 8;
+        long long current = 0;
+        int any = 0;
+        if ((stack = PyMem_RawMalloc(cap * sizeof *stack)) == NULL) { PyErr_NoMemory(); goto done; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long row = order[i];
+            if (row < 0 || row >= rows) { PyErr_SetString(PyExc_IndexError, "nesting_levels: a row past the arrays"); goto done; }
+            if (skip[row]) continue;
+            if (!any || resource[row] != current) depth = 0, current = resource[row], any = 1;
+            while (depth > 0 && stack[depth - 1] <= start[row]) depth--;
+            level[row] = (int32_t)depth;
+            if (depth == cap) {
+                long long *more = PyMem_RawRealloc(stack, 2 * cap * sizeof *stack);
+                if (more == NULL) { PyErr_NoMemory(); goto done; }
+                stack = more, cap *= 2;
+            }
+            stack[depth++] = end[row];
+        }
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(stack);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 PyMethodDef pp_columns_methods[] = {
     {"code_strings", sp_code_strings, METH_O, "code_strings(list) -> (int64 codes as bytes, table)."},
     {"present_rows", sp_present_rows, METH_O, "present_rows(list) -> int64 positions (bytes) of entries not None."},
     {"walk_tagged_records", sp_walk_tagged_records, METH_VARARGS, "Offsets of kind-tagged records (see columns.c)."},
+    {"nesting_levels", sp_nesting_levels, METH_VARARGS, "Each row's nesting level on its resource (see columns.c)."},
     {NULL, NULL, 0, NULL},
 };

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -252,17 +252,20 @@ class Profile:
                 listener.on_trace_written()
         return written
 
-    def dump(self, path: str) -> str:
-        """Write what the current window has recorded so far, while it goes on recording (for a job that
-        hangs: its state without stopping it). Backends that hand over rows while recording (``flush``)
-        are in it; the others only come at the window's end (the trace's ``polyprof.partial`` lists
-        them). Returns the path written."""
+    def dump(self, path: str, *, last_s: float | None = None, metadata: Mapping[str, Any] | None = None) -> str:
+        """Write what the current window has recorded so far (its last `last_s` seconds where given),
+        while it goes on recording (for a job that hangs: its state without stopping it), with
+        `metadata` added to this trace's. Backends that hand over rows while recording (``flush``) are
+        in it; the others only come at the window's end (the trace's ``polyprof.partial`` lists them).
+        Returns the path written. Safe on another thread than the training one."""
         from polyprof.formats.files import write_trace
 
         window = self._window
         if window is None or not window.recording:
             raise PolyprofError("dump() needs a recording window: nothing is being recorded now")
-        return write_trace(window.dump(self._window_metadata(), self.config.activities, self.options.limits), path)
+        trace = window.dump({**self._window_metadata(), **(metadata or {})}, self.config.activities,
+                            self.options.limits, last_s)  # fmt: skip
+        return write_trace(trace, path)
 
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key/value of the trace (value must be JSON-serialisable)."""

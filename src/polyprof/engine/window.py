@@ -126,14 +126,16 @@ class Window:
         if flush_interval_s is not None and self.sessions.flushing:
             self.flusher = Flusher(self.sessions, flush_interval_s, on_parts if wanting else None)
 
-    def dump(self, metadata: Mapping[str, Any], activities: Iterable[str], limits: Any) -> Trace:
+    def dump(self, metadata: Mapping[str, Any], activities: Iterable[str], limits: Any,
+             last_s: float | None = None) -> Trace:  # fmt: skip
         """A trace of what the recording window holds now (a flush first; its parts reach the listeners,
-        and the ring lets go of parts as flushes come, not here). Backends that hand rows over only at
-        the window's end are named in the trace's ``polyprof.partial``; the parts' statuses are not
-        changed (the merge copies them)."""
+        and the ring lets go of parts as flushes come, not here), of its last `last_s` seconds where
+        given. Backends that hand rows over only at the window's end are named in the trace's
+        ``polyprof.partial``; the parts' statuses are not changed (the merge copies them)."""
         if not self.recording:
             raise RuntimeError("dump() of a window that is not recording")
         now = host_ns()
+        start = self.start_ns if last_s is None else max(self.start_ns, now - int(last_s * 1e9))
         new = self.sessions.flush()
         for listener in self.listeners:
             listener.on_parts(new, None)
@@ -142,11 +144,11 @@ class Window:
         offset = self.epoch.offset_ns
         meta = trace_metadata(metadata, activities, self.epoch, partial={
             "ended": "a dump while recording",
-            "covered_epoch_ns": [self.start_ns + offset, now + offset],
+            "covered_epoch_ns": [start + offset, now + offset],
             "backends_flushed": flushed,
             "not_in_it": sorted({h.name for h in self.sessions.handles if h.name not in flushed}),
         })  # fmt: skip
-        return merge(parts, window=(self.start_ns, now), epoch_offset_ns=offset, limits=limits, metadata=meta)
+        return merge(parts, window=(start, now), epoch_offset_ns=offset, limits=limits, metadata=meta)
 
     def stop(self, ring_s: float | None = None) -> int:
         """The recorders stop (the training thread's part of the window's end) and the listeners hear of

@@ -14,22 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
+from polyprof import _native
 from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
 from polyprof.analysis.steps import step_rows
 from polyprof.analysis.summary import device_heading
 from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.model import ActivityKind, Trace
+from polyprof.store.rank_args import ArgColumns, args_columns, encode
 from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
 
 WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
                 ActivityKind.COLLECTIVE_COMM)  # fmt: skip
-#: args kept in columns of their own
-SHAPE_ARGS = {"Input Dims": "input_dims", "Input type": "input_types"}
 #: bytes per element by the dtype names torch writes ("Float", "c10::Half", "BFloat16", ...)
 DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4, "short": 2, "char": 1,
                "byte": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}  # fmt: skip
@@ -57,8 +56,8 @@ def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankT
     offset, uncertainty = recorded_offset(trace)
     shift = trace.epoch_offset_ns + (offset or 0)  # host clock -> the job's (rank 0's) epoch ns
     steps = _steps(trace)
-    args = trace.activities.args.as_dicts() if len(trace.activities) else {}
-    collective = _collective_rows(args)
+    args = args_columns(trace.activities.args, len(trace.activities))
+    collective = args.collective
     tables = {
         "activities": _activities(trace, steps, shift, collective, args),
         "collectives": _collectives(trace, steps, shift, collective),
@@ -94,7 +93,7 @@ def _rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncerta
         "window_start_ns": trace.window[0] + shift,
         "window_end_ns": trace.window[1] + shift,
         "events": len(trace.activities),
-        "metadata": _json(trace.metadata),
+        "metadata": encode(trace.metadata),
     }], schema=RANKS)  # fmt: skip
 
 
@@ -120,27 +119,13 @@ def _step_at(steps: tuple[np.ndarray, ...], times: np.ndarray) -> np.ndarray:
     return np.where(inside, numbers[np.clip(i, 0, None)], -1)
 
 
-def _collective_rows(args: dict[int, dict]) -> dict[int, dict[str, Any]]:
-    """Row -> args of the rows that are collectives (their args name the collective)."""
-    return {row: a for row, a in args.items() if "Collective name" in a}
-
-
 def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray) -> np.ndarray:
     """Each row's nesting level on its resource (rows in `skip`, the step spans, are not counted)."""
     level = np.zeros(len(start), dtype=np.int32)
     order = np.lexsort((-end, start, resource))
-    stack: list[int] = []
-    current = -1
-    for row in order.tolist():
-        if skip[row]:
-            continue
-        if resource[row] != current:
-            stack, current = [], resource[row]
-        s = start[row]
-        while stack and stack[-1] <= s:
-            stack.pop()
-        level[row] = len(stack)
-        stack.append(end[row])
+    as_int64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+    _native.nesting_levels(order.astype(np.int64), as_int64(resource), as_int64(start), as_int64(end),
+                           np.ascontiguousarray(skip, dtype=np.uint8), level)  # fmt: skip
     return level
 
 
@@ -155,7 +140,7 @@ def _training_thread(trace: Trace, step_rows: np.ndarray) -> int:
     return int(values[np.argmax(counts)])
 
 
-def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict], args: dict[int, dict]) -> pa.Table:
+def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict], args: ArgColumns) -> pa.Table:
     acts = trace.activities
     n = len(acts)
     strings = pa.array(acts.strings.strings or [""], pa.string())
@@ -182,14 +167,7 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     work = _work_column(trace)
     res_id = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
     res_name = pa.array([r.name for r in trace.resources] or [""], pa.string())
-    dims, types, other = [None] * n, [None] * n, [None] * n
-    for row, row_args in args.items():
-        rest = dict(row_args)
-        for key, column in SHAPE_ARGS.items():
-            if key in rest:
-                (dims if column == "input_dims" else types)[row] = _json(rest.pop(key))
-        if rest:
-            other[row] = _json(rest)
+    dims, types, other = args.input_dims, args.input_types, args.other
     is_collective = np.zeros(n, dtype=bool)
     if collective:
         is_collective[list(collective)] = True
@@ -230,10 +208,6 @@ def _work_column(trace: Trace) -> pa.Array:
     codes = np.full(len(trace.activities), -1, dtype=np.int32)
     codes[work.rows] = labels
     return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(WORK_TYPES, pa.string()))
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _int(value: Any) -> int | None:
@@ -293,8 +267,8 @@ def _backend_row(status: Any) -> dict[str, Any]:
         "reason": status.reason,
         "activities": status.activities,
         "rejected": status.rejected,
-        "dropped": _json(status.dropped),
-        "errors": _json(status.errors),
-        "warnings": _json(status.warnings),
-        "status": _json(doc),
+        "dropped": encode(status.dropped),
+        "errors": encode(status.errors),
+        "warnings": encode(status.warnings),
+        "status": encode(doc),
     }

@@ -38,3 +38,23 @@ def walk_tagged_records(
         count += 1
         offset += size
     return count, offset
+
+
+def nesting_levels(
+    order: np.ndarray, resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray, level: np.ndarray
+) -> None:
+    """Each row's nesting level on its resource into `level`: `order` is the rows by (resource, start,
+    longest first); rows in `skip` are not counted. A row's level is the number of rows still open when
+    it starts (a stack of ends, popped while its top has ended)."""
+    stack: list[int] = []
+    current = None
+    for row in order.tolist():
+        if skip[row]:
+            continue
+        if resource[row] != current:
+            stack, current = [], resource[row]
+        s = start[row]
+        while stack and stack[-1] <= s:
+            stack.pop()
+        level[row] = len(stack)
+        stack.append(end[row])

@@ -29,6 +29,7 @@ def observer_options(config: ProfileConfig) -> int:
         (config.with_modules, observer.WITH_MODULES),
         (bool(config.extra.get("profile_all_threads")), observer.ALL_THREADS),
         (bool(config.extra.get("capture_overload_names")), observer.OVERLOAD_NAMES),
+        (config.extra.get("torch_ops") == "top", observer.TOP_LEVEL_ONLY),
     )  # (with_stack: the python backend records the calls, as torch's Python tracer does)
     return sum(flag for on, flag in flags if on)
 
@@ -61,6 +62,9 @@ class TorchSession:
         pass
 
     def start(self) -> None:
+        if self.config.extra.get("torch_ops") == "none":  # a flight recorder's choice: no operators at all
+            self.ctx.report.detail("recorder", "none (torch_ops='none')")
+            return
         self.recording = True
         self._pair()
         torch = sys.modules.get("torch")

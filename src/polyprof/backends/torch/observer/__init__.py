@@ -44,6 +44,7 @@ __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"
 ABI_VERSION = 9
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
+TOP_LEVEL_ONLY = 64  # only the ops no other op of their thread is open around, annotations and collectives
 
 #: the args the observer formats, in torch's order (fragments of polyprof_observer_arg_fragments); the
 #: last fragment is an object body of the extra args (kwargs, flops, Module Hierarchy), not one key
@@ -132,7 +133,7 @@ class Observer:
 
     def start(self, options: int = 0) -> None:
         """Start recording; `options` is a sum of RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS,
-        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES."""
+        WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES, TOP_LEVEL_ONLY."""
         from polyprof import _native
 
         _native.clock_ns()  # a clock pair: the TSC's rate measured, if it is not yet, for the ops' clock

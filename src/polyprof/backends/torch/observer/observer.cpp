@@ -70,6 +70,7 @@ constexpr int kWithFlops = 4;
 constexpr int kWithModules = 8;
 constexpr int kAllThreads = 16;
 constexpr int kOverloadNames = 32;
+constexpr int kTopLevelOnly = 64;  // only ops no other op of the thread is open around, annotations and collectives
 
 // Input encodings in ThreadBuffer::shapes (record_shapes): one head per input, tag | payload << 8, and
 // for tensors the sizes (and strides) after it.
@@ -1184,6 +1185,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadBuffer* b = thread_buffer(ts);
   Busy busy(b);
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;  // read after the mark (see Busy)
+  // top-level only: an op inside another is left out (its end finds no open row), but for annotations
+  // and collectives (record_param_comms, gloo:* work spans), which a flight recorder keeps
+  if ((g_options & kTopLevelOnly) && !b->open.empty() && fn.scope() != at::RecordScope::USER_SCOPE && !fn.isNcclMeta())
+    return nullptr;
   OpFields op;
   bool from_schema = false;
   op.name = intern_op(b, fn, &from_schema);

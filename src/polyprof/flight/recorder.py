@@ -1,0 +1,236 @@
+"""The flight recorder: a profile that is always on, keeps only its last seconds, and writes them when
+something goes wrong (a slow step, a hang, a fatal exception, a signal) or when asked.
+
+::
+
+    recorder = polyprof.flight_recorder(seconds=30, out_dir="flight")   # started; stop() or `with`
+    ...                                                                  # training, unchanged
+    recorder.capture("manual", {"why": "looked odd"})                    # any time: a path, later
+
+It is a :class:`~polyprof.engine.scheduled.Profile` in ring mode (its rows older than `seconds` let go as
+they age, so memory does not grow with the run) whose steps come from the optimizer's step hook
+(no code change) or :meth:`FlightRecorder.step`, each one a ``ProfilerStep#N`` span. Operators: the
+top-level ones by default (``ops="top"``: what a step spends its time in, at a small share of the
+cost), every one (``"all"``) or none (``"none"``). Captures are written on a thread of their own, so
+the training thread never waits for one; each trace names its trigger and evidence in its metadata
+(``polyprof.flight``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from polyprof.errors import ConfigError
+from polyprof.flight.triggers import ExitHooks, HangWatchdog, SignalTriggers, SlowSteps
+
+OPS = ("top", "all", "none")
+#: the metadata key of a capture's trigger and evidence
+FLIGHT_KEY = "polyprof.flight"
+
+
+def _rank() -> int | None:
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+class FlightRecorder:
+    """See the module docstring. `seconds`: how much each capture holds (the ring); `slow_step`: a
+    step longer than this many times the median of the last steps is a capture (None: off);
+    `slow_step_s`: or longer than this many seconds; `hang_s`: no step boundary for this long is a
+    capture, with every thread's Python stack beside it (None: off); `after_s`: a capture waits this long
+    after its trigger, so that it holds what followed too; `signals`: the signals that capture (SIGTERM
+    and SIGINT then end the process as they would have); `on_exception`: an uncaught exception
+    captures before the program ends; `min_gap_s`: a trigger fires at most once in this long;
+    `format`: "pftrace" or "json" (gzip)."""
+
+    def __init__(
+        self,
+        seconds: float = 30.0,
+        *,
+        out_dir: str | os.PathLike = "flight",
+        activities: Iterable[Any] | None = ("cpu",),
+        ops: str = "top",
+        slow_step: float | None = 3.0,
+        slow_step_s: float | None = None,
+        hang_s: float | None = 300.0,
+        after_s: float = 0.0,
+        signals: Iterable[str] = ("SIGUSR2", "SIGTERM", "SIGINT"),
+        on_exception: bool = True,
+        min_gap_s: float | None = None,
+        format: str = "pftrace",
+        **profile_options: Any,
+    ) -> None:
+        if ops not in OPS:
+            raise ConfigError(f"flight_recorder(ops={ops!r}): choose one of {', '.join(OPS)}")
+        if format not in ("pftrace", "json"):
+            raise ConfigError(f"flight_recorder(format={format!r}): choose pftrace or json")
+        for name, value in (("seconds", seconds), ("after_s", after_s)):
+            if not isinstance(value, (int, float)) or value < 0 or (name == "seconds" and value == 0):
+                raise ConfigError(f"flight_recorder({name}={value!r}): a number of seconds, above 0")
+        self.seconds = float(seconds)
+        self.out_dir = os.path.abspath(os.fspath(out_dir))
+        self.ops = ops
+        self.after_s = float(after_s)
+        self.min_gap_s = self.seconds if min_gap_s is None else float(min_gap_s)
+        self.suffix = ".pftrace" if format == "pftrace" else ".json.gz"
+        self.captures: list[str] = []  # the traces written, in order
+        self.failures: list[str] = []  # captures that could not be written, and why
+        self._activities = list(activities) if activities is not None else None
+        self._profile_options = {"flush_interval_s": min(1.0, self.seconds / 4), **profile_options}
+        self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
+        self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
+        self._signals = SignalTriggers(tuple(signals), self._trigger_now)
+        self._exit = ExitHooks(self._trigger_now) if on_exception else None
+        self._last_fired: dict[str, float] = {}
+        self._jobs: queue.Queue = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.profile: Any = None
+        self._tracker: Any = None
+
+    # -- life -------------------------------------------------------------------------------------
+    def start(self) -> FlightRecorder:
+        from polyprof.engine.scheduled import Profile
+
+        if self.profile is not None:
+            return self
+        self.profile = Profile(self._activities, ring_s=self.seconds, record_steps=True,
+                               extra={"torch_ops": self.ops}, **self._profile_options)  # fmt: skip
+        self.profile.start()
+        self._writer = threading.Thread(target=self._write_loop, name="polyprof-flight-writer", daemon=True)
+        self._writer.start()
+        self._install_step_source()
+        if self._hang is not None:
+            self._hang.start(os.path.join(self.out_dir, f"flight-hang-{_who()}-stacks.txt"))
+        self._signals.install()
+        if self._exit is not None:
+            self._exit.install()
+        return self
+
+    def stop(self, wait: bool = True) -> None:
+        """Stop recording (nothing more is captured); `wait`: for the captures in progress to be written."""
+        if self.profile is None:
+            return
+        if self._tracker is not None:
+            self._tracker.remove_listener(self._on_tracked_step)
+        if self._hang is not None:
+            self._hang.stop()
+        self._signals.uninstall()
+        if self._exit is not None:
+            self._exit.uninstall()
+        if wait:
+            self._jobs.join()
+        self._jobs.put(None)
+        profile, self.profile = self.profile, None
+        profile.stop(wait=False)
+        if wait and self._writer is not None:
+            self._writer.join(timeout=60)
+
+    def __enter__(self) -> FlightRecorder:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _install_step_source(self) -> None:
+        from polyprof.backends.torch.steps import tracker
+
+        tracker.install()
+        tracker.add_listener(self._on_tracked_step)
+        self._tracker = tracker
+
+    def _on_tracked_step(self, _count: int) -> None:
+        self.step()
+
+    def step(self) -> None:
+        """A step boundary (the optimizer's step hook calls this; a loop with no optimizer calls it
+        itself): the step span ends and the next begins, and the slow-step and hang triggers see it."""
+        profile = self.profile
+        if profile is None:
+            return
+        now = time.monotonic()
+        ended = profile.step_num
+        profile.step()
+        if self._hang is not None:
+            self._hang.beat(now)
+        self._slow.step_ended(ended, now)
+
+    # -- captures ---------------------------------------------------------------------------------
+    def capture(self, trigger: str = "manual", evidence: Mapping[str, Any] | None = None) -> None:
+        """Write the last `seconds` (and `after_s` more) to a trace named after `trigger`, on the
+        writer thread; :attr:`captures` lists the paths written."""
+        self._trigger(trigger, dict(evidence or {}), gap=False)
+
+    def _trigger(self, trigger: str, evidence: dict[str, Any], gap: bool = True) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if gap and now - self._last_fired.get(trigger, -1e18) < self.min_gap_s:
+                return False
+            self._last_fired[trigger] = now
+        self._jobs.put((trigger, evidence, time.time(), now + self.after_s))
+        return True
+
+    def _trigger_now(self, trigger: str, evidence: dict[str, Any]) -> str | None:
+        """A capture written on the calling thread before it returns (the process is about to end)."""
+        if self.profile is None:
+            return None
+        return self._write(trigger, evidence, time.time())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the captures asked for so far to be written (True when they are)."""
+        done = threading.Event()
+        threading.Thread(target=lambda: (self._jobs.join(), done.set()), daemon=True).start()
+        return done.wait(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                trigger, evidence, wall, not_before = job
+                delay = not_before - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                self._write(trigger, evidence, wall)
+            finally:
+                self._jobs.task_done()
+
+    def _write(self, trigger: str, evidence: dict[str, Any], wall: float) -> str | None:
+        profile = self.profile
+        if profile is None:
+            return None
+        rank = _rank()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(wall)) + f".{int(wall * 1e3) % 1000:03d}"
+        path = os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
+        meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
+                             "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}}  # fmt: skip
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+            written = profile.dump(path, last_s=self.seconds + self.after_s, metadata=meta)
+        except Exception as exc:  # noqa: BLE001 - a capture never raises into the program
+            self.failures.append(f"{trigger}: {exc}")
+            return None
+        if trigger == "hang" and self._hang is not None:
+            self._hang.write_stacks(written)
+        self.captures.append(written)
+        return written
+
+
+def _who() -> str:
+    rank = _rank()
+    return f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
+
+
+def flight_recorder(seconds: float = 30.0, **options: Any) -> FlightRecorder:
+    """Start a :class:`FlightRecorder` (see it for the options) and return it."""
+    return FlightRecorder(seconds, **options).start()

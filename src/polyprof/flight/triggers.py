@@ -1,0 +1,215 @@
+"""What makes the flight recorder write: a slow step, a hang, a signal, an uncaught exception. Each
+calls back into the recorder with the trigger's name and its evidence (a dict that goes into the
+trace's metadata); none raises into the program.
+
+::
+
+    slow = SlowSteps(multiple=3.0, absolute_s=None, fire=recorder_trigger)   # fire(name, evidence)
+    slow.step_ended(step, now)            # at each step boundary (monotonic seconds)
+    hang = HangWatchdog(300.0, fire); hang.start(); hang.beat(now)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import faulthandler
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: steps the rolling median is taken over, and the least before a step is judged against it
+WINDOW_STEPS, MIN_STEPS = 50, 5
+
+Fire = Callable[[str, dict[str, Any]], Any]
+
+
+class SlowSteps:
+    """A step longer than `multiple` times the median of the last steps and `min_excess_s` above it
+    (once there are enough of them: jitter of a few milliseconds on millisecond steps is no event), or
+    longer than `absolute_s`, fires ``slow_step`` with the step, its time and the median."""
+
+    def __init__(self, multiple: float | None, absolute_s: float | None, fire: Fire, min_excess_s: float = 0.05) -> None:
+        self.multiple, self.absolute_s, self.fire = multiple, absolute_s, fire
+        self.min_excess_s = min_excess_s
+        self.recent: collections.deque[float] = collections.deque(maxlen=WINDOW_STEPS)
+        self.last: float | None = None
+
+    def step_ended(self, step: int, now: float) -> None:
+        last, self.last = self.last, now
+        if last is None:
+            return
+        took = now - last
+        median = statistics.median(self.recent) if len(self.recent) >= MIN_STEPS else None
+        self.recent.append(took)
+        limits = []
+        if self.multiple is not None and median is not None:
+            limits.append(max(self.multiple * median, median + self.min_excess_s))
+        if self.absolute_s is not None:
+            limits.append(self.absolute_s)
+        if limits and took > min(limits):
+            self.fire("slow_step", {"step": step, "step_s": round(took, 6), "threshold_s": round(min(limits), 6),
+                                    "median_s": None if median is None else round(median, 6)})  # fmt: skip
+
+
+class HangWatchdog:
+    """A thread that fires ``hang`` when no step boundary came for `after_s` seconds (once per
+    silence: a new boundary re-arms it), from the first step on (before it, a program loads data,
+    compiles, waits for its peers: no step has set the pace yet). It runs whenever the interpreter lets it: while the training
+    thread waits in C (a collective, a sleep, I/O) it does. While that thread holds the GIL in C code
+    that never lets it go, no Python thread runs, and what comes out is every thread's Python stack,
+    written by faulthandler's timer (a C thread that needs no GIL) into `stacks_path`."""
+
+    def __init__(self, after_s: float, fire: Fire) -> None:
+        self.after_s, self.fire = float(after_s), fire
+        self.last = time.monotonic()
+        self.steps = 0
+        self.fired = False
+        self.stacks_path: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stacks: Any = None
+        self._armed_at = 0.0
+
+    def start(self, stacks_path: str | None = None) -> None:
+        self.last = time.monotonic()
+        if stacks_path is not None:
+            try:
+                os.makedirs(os.path.dirname(stacks_path) or ".", exist_ok=True)
+                self._stacks = open(stacks_path, "w")  # noqa: SIM115 - faulthandler writes to it later
+                self.stacks_path = stacks_path
+            except OSError:
+                self._stacks = None
+        self._thread = threading.Thread(target=self._watch, name="polyprof-flight-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._stacks is not None:
+            with contextlib.suppress(Exception):
+                faulthandler.cancel_dump_traceback_later()
+            self._stacks.close()
+            with contextlib.suppress(OSError):
+                if self.stacks_path and os.path.getsize(self.stacks_path) == 0:
+                    os.unlink(self.stacks_path)  # never written: no hang
+            self._stacks = None
+
+    def _arm(self, now: float) -> None:
+        """faulthandler's timer set again (at most once a second: it restarts a C thread)."""
+        if self._stacks is None or now - self._armed_at < 1.0 and self._armed_at:
+            return
+        self._armed_at = now
+        with contextlib.suppress(Exception):
+            faulthandler.dump_traceback_later(self.after_s + 1.0, repeat=False, file=self._stacks, exit=False)
+
+    def beat(self, now: float) -> None:
+        silent = now - self.last
+        if self.steps and silent >= self.after_s and not self.fired:  # the watchdog could not run (the GIL)
+            self.fired = True
+            self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps, "threshold_s": self.after_s,
+                               "seen": "at the next step: no Python thread ran meanwhile"})  # fmt: skip
+        self.last, self.fired = now, False
+        self.steps += 1
+        self._arm(now)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.after_s / 4)):
+            silent = time.monotonic() - self.last
+            if self.steps and silent >= self.after_s and not self.fired:
+                self.fired = True
+                self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps,
+                                   "threshold_s": self.after_s})  # fmt: skip
+
+    @staticmethod
+    def write_stacks(trace_path: str) -> str | None:
+        """Every thread's Python stack beside a capture (``<trace>.stacks.txt``), from this thread."""
+        path = f"{trace_path}.stacks.txt"
+        try:
+            with open(path, "w") as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        except OSError:
+            return None
+        return path
+
+
+class SignalTriggers:
+    """The signals named (SIGUSR2, SIGTERM, SIGINT, ...) capture on the main thread as they come; then
+    SIGUSR2 lets the program go on, and the others do what they did before (the previous handler, or
+    the default: the process ends by the signal)."""
+
+    def __init__(self, names: tuple[str, ...], capture_now: Fire) -> None:
+        self.names, self.capture_now = names, capture_now
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers are the main thread's to set
+        for name in self.names:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue
+            self.previous[number] = signal.signal(number, self._on_signal)
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number, previous in self.previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+        self.previous.clear()
+
+    def _on_signal(self, number: int, frame: Any) -> None:
+        name = signal.Signals(number).name
+        self.capture_now("signal", {"signal": name})
+        if number == getattr(signal, "SIGUSR2", None):
+            return
+        previous = self.previous.get(number)
+        if callable(previous):
+            previous(number, frame)
+            return
+        if previous == signal.SIG_IGN:
+            return
+        self.uninstall()
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)  # ends the process as the signal would have
+
+
+class ExitHooks:
+    """An uncaught exception on the main thread (or on another thread) captures before the program
+    ends (``exception``, with its type and message), then the previous hooks run."""
+
+    def __init__(self, capture_now: Fire) -> None:
+        self.capture_now = capture_now
+        self._sys_hook: Any = None
+        self._thread_hook: Any = None
+
+    def install(self) -> None:
+        self._sys_hook, sys.excepthook = sys.excepthook, self._on_exception
+        self._thread_hook, threading.excepthook = threading.excepthook, self._on_thread_exception
+
+    def uninstall(self) -> None:
+        if sys.excepthook == self._on_exception:
+            sys.excepthook = self._sys_hook
+        if threading.excepthook == self._on_thread_exception:
+            threading.excepthook = self._thread_hook
+
+    def _capture(self, exc_type: Any, value: Any, thread: str) -> None:
+        if exc_type is None or issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
+            return  # an exit asked for, or Ctrl-C (SIGINT's trigger writes that one)
+        with contextlib.suppress(Exception):
+            self.capture_now("exception", {"type": exc_type.__name__, "message": str(value)[:2000], "thread": thread})
+
+    def _on_exception(self, exc_type: Any, value: Any, tb: Any) -> None:
+        self._capture(exc_type, value, threading.current_thread().name)
+        (self._sys_hook or sys.__excepthook__)(exc_type, value, tb)
+
+    def _on_thread_exception(self, args: Any) -> None:
+        self._capture(args.exc_type, args.exc_value, getattr(args.thread, "name", "?"))
+        (self._thread_hook or threading.__excepthook__)(args)

@@ -1,0 +1,89 @@
+"""A rank's args as the store's JSON columns: the shapes (``Input Dims``, ``Input type``) in columns of
+their own, the rest as one JSON object per row, and the args of the rows that name a collective as
+dicts (read further by rank_tables).
+
+The args a reader leaves as JSON text (one column per key, :class:`~polyprof.model.args.JSONArray`)
+go into the columns as they are, without being parsed and encoded again; a row with args in several
+places (blocks and dicts) is merged as ``trace.activities.args[row]`` merges it.
+
+::
+
+    columns = args_columns(trace.activities.args, len(trace.activities))
+    columns.input_dims[row], columns.other[row], columns.collective   # JSON text or None; {row: dict}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from polyprof.model.args import Args, ArgsBlock, is_json_column
+
+#: args kept in columns of their own
+SHAPE_ARGS = {"Input Dims": "input_dims", "Input type": "input_types"}
+#: the arg that makes a row a collective (its other args name the group, sequence, sizes)
+COLLECTIVE_KEY = "Collective name"
+
+
+@dataclass
+class ArgColumns:
+    input_dims: list[str | None]
+    input_types: list[str | None]
+    other: list[str | None]
+    collective: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def encode(value: Any) -> str:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def args_columns(args: Args, n: int) -> ArgColumns:
+    out = ArgColumns([None] * n, [None] * n, [None] * n)
+    if not args:
+        return out
+    placed = np.concatenate([b.rows for b in args.blocks] + [np.fromiter(args.dicts, np.int64, len(args.dicts))])
+    rows, counts = np.unique(placed, return_counts=True)
+    merged = set(rows[counts > 1].tolist())  # in several places: merged as args[row] merges them
+    for block in args.blocks:
+        _block_as_text(block, merged, out)
+    for row in merged | set(args.dicts):
+        _dict_into(row, args[row], out)
+    return out
+
+
+def _dict_into(row: int, values: dict[str, Any], out: ArgColumns) -> None:
+    rest = dict(values)
+    for key, column in SHAPE_ARGS.items():
+        if key in rest:
+            getattr(out, column)[row] = encode(rest.pop(key))
+    out.other[row] = encode(rest) if rest else None
+    if COLLECTIVE_KEY in values:
+        out.collective[row] = values
+
+
+def _block_as_text(block: ArgsBlock, merged: set[int], out: ArgColumns) -> None:
+    """One block's rows (but those in `merged`) into `out`: each key's values as JSON text, joined."""
+    texts = []  # (key, per-row JSON text, b"" where the row has no such key)
+    for key, column in zip(block.keys, block.columns, strict=True):
+        if is_json_column(column):
+            texts.append((key, column.tolist()))
+        else:
+            texts.append((key, [orjson.dumps(v, default=str) for v in column.tolist()]))
+    rows = block.rows.tolist()
+    shape_keys = [(getattr(out, SHAPE_ARGS[k]), values) for k, values in texts if k in SHAPE_ARGS]
+    rest = [(orjson.dumps(k) + b":", values) for k, values in texts if k not in SHAPE_ARGS]
+    collective = COLLECTIVE_KEY in block.keys
+    for p, row in enumerate(rows):
+        if row in merged:
+            continue
+        for column, values in shape_keys:
+            if values[p]:
+                column[row] = values[p].decode()
+        parts = [key + values[p] for key, values in rest if values[p]]
+        if parts:
+            out.other[row] = (b"{" + b",".join(parts) + b"}").decode()
+        if collective and (values := block.dict_at(p)).get(COLLECTIVE_KEY) is not None:
+            out.collective[row] = values

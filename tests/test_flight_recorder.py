@@ -1,0 +1,200 @@
+"""The flight recorder (polyprof.flight): always on in real processes that really slow down, hang (in
+a sleep, and in C code that holds the GIL), fail and get signals; each leaves a trace of the steps
+before the event that names its trigger."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import polyprof
+from polyprof.errors import ConfigError
+from polyprof.flight import FLIGHT_KEY, FlightRecorder
+
+pytest.importorskip("torch", reason="needs torch (the flight recorder's steps come from its optimizer)")
+
+TRAINING = r"""
+import ctypes, os, sys, time
+import torch
+import polyprof
+
+mode, out = sys.argv[1], sys.argv[2]
+if os.environ.get("POLYPROF_FLIGHT_RECORDER") is None:  # else the start-up hook started it
+    polyprof.flight_recorder(seconds=5, out_dir=out, hang_s=1.0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(60):
+    with polyprof.record_function("train_step"):
+        model(torch.randn(16, 32)).sum().backward()
+    time.sleep(0.01)
+    if step == 40 and mode == "slow":
+        time.sleep(0.4)
+    if step == 20 and mode == "hang":
+        time.sleep(4)
+    if step == 20 and mode == "hang_holding_the_gil":
+        ctypes.PyDLL(None).sleep(4)  # C that keeps the GIL: no Python thread runs meanwhile
+    if step == 30 and mode == "exception":
+        raise RuntimeError("the loss is NaN")
+    if step == 30 and mode in ("SIGTERM", "SIGUSR2"):
+        open(os.path.join(out, "ready"), "w").close()
+        time.sleep(3)
+    opt.step()
+    opt.zero_grad()
+print("finished", flush=True)
+"""
+
+
+def _run(tmp_path, mode: str, env: dict | None = None, signal_at_ready: int | None = None):
+    out = tmp_path / "flight"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", TRAINING, mode, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})  # fmt: skip
+    if signal_at_ready is not None:
+        deadline = time.monotonic() + 120
+        while not (out / "ready").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal_at_ready)
+    stdout, stderr = proc.communicate(timeout=180)
+    return proc.returncode, stdout, stderr, out
+
+
+def _captures(out, trigger: str) -> list[str]:
+    return sorted(glob.glob(str(out / f"flight-{trigger}-*.pftrace")))
+
+
+def _steps(trace) -> list[int]:
+    return sorted(int(a.name.split("#")[1]) for a in trace.activities if a.name.startswith("ProfilerStep#"))
+
+
+def test_a_slow_step_leaves_the_steps_before_it(tmp_path):
+    code, _, stderr, out = _run(tmp_path, "slow")
+    assert code == 0, stderr[-3000:]
+    (path,) = _captures(out, "slow_step")
+    trace = polyprof.load_trace(path)
+    flight = trace.metadata[FLIGHT_KEY]
+    assert flight["trigger"] == "slow_step" and flight["evidence"]["step"] == 40
+    assert flight["evidence"]["step_s"] >= 0.4 > flight["evidence"]["threshold_s"]
+    assert set(range(30, 41)) <= set(_steps(trace)), "the steps before the slow one are in it"
+    names = {a.name for a in trace.activities}
+    assert {"train_step", "aten::linear", "Optimizer.step#SGD.step"} <= names
+    assert "aten::addmm" not in names, "top-level ops only (aten::linear's own are left out)"
+
+
+def test_a_hang_leaves_a_trace_and_every_threads_stack(tmp_path):
+    code, _, stderr, out = _run(tmp_path, "hang")
+    assert code == 0, stderr[-3000:]
+    (path,) = _captures(out, "hang")
+    flight = polyprof.load_trace(path).metadata[FLIGHT_KEY]
+    assert flight["trigger"] == "hang" and 1.0 <= flight["evidence"]["silent_s"] < 1.0 + 2.0
+    # the steps done before it (step 20, still open, is not: spans come once they end; the stacks say
+    # where it is)
+    assert set(range(15, 20)) <= set(_steps(polyprof.load_trace(path)))
+    stacks = open(f"{path}.stacks.txt").read()
+    assert "MainThread" in stacks or "Current thread" in stacks or "Thread" in stacks
+    assert "<string>" in stacks, "the training thread's frame (the script) is in it"
+
+
+def test_a_hang_in_c_holding_the_gil_still_writes_the_stacks(tmp_path):
+    """No Python thread runs while the training thread sleeps in C with the GIL held: faulthandler's
+    timer (a C thread) writes every thread's stack at the hang threshold, and the trace comes once the
+    interpreter runs again."""
+    code, _, stderr, out = _run(tmp_path, "hang_holding_the_gil")
+    assert code == 0, stderr[-3000:]
+    (stacks,) = glob.glob(str(out / "flight-hang-*-stacks.txt"))
+    text = open(stacks).read()
+    assert "Thread" in text and "<string>" in text, text[-2000:]
+    (path,) = _captures(out, "hang")
+    assert polyprof.load_trace(path).metadata[FLIGHT_KEY]["evidence"]["silent_s"] >= 1.0
+
+
+def test_an_uncaught_exception_is_captured_before_the_program_ends(tmp_path):
+    code, _, stderr, out = _run(tmp_path, "exception")
+    assert code == 1 and "RuntimeError: the loss is NaN" in stderr, "the failure is reported as python reports it"
+    (path,) = _captures(out, "exception")
+    trace = polyprof.load_trace(path)
+    assert trace.metadata[FLIGHT_KEY]["evidence"]["type"] == "RuntimeError"
+    assert set(range(20, 30)) <= set(_steps(trace))
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR2"])
+def test_a_signal_captures_then_does_what_it_did(tmp_path, sig):
+    number = getattr(signal, sig)
+    code, stdout, stderr, out = _run(tmp_path, sig, signal_at_ready=number)
+    if sig == "SIGTERM":
+        assert code == -signal.SIGTERM, stderr[-3000:]  # ended by the signal, as without the recorder
+    else:
+        assert code == 0 and "finished" in stdout, stderr[-3000:]
+    (path,) = _captures(out, "signal")
+    trace = polyprof.load_trace(path)
+    assert trace.metadata[FLIGHT_KEY]["evidence"]["signal"] == sig
+    assert set(range(20, 30)) <= set(_steps(trace))
+
+
+def test_the_environment_starts_it_in_an_unchanged_script(tmp_path):
+    env = {"POLYPROF_FLIGHT_RECORDER": "5", "POLYPROF_FLIGHT_DIR": str(tmp_path / "flight")}
+    code, _, stderr, out = _run(tmp_path, "exception", env=env)
+    assert code == 1, stderr[-3000:]
+    assert _captures(out, "exception")
+
+
+def test_polyprof_run_flight_recorder(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING.replace("sys.argv[1], sys.argv[2]", "'slow', 'unused'"))
+    run = subprocess.run([sys.executable, "-m", "polyprof", "run", "--flight-recorder", "5", "--flight-dir",
+                          tmp_path / "flight", script], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert run.returncode == 0 and "finished" in run.stdout, run.stderr[-3000:]
+    assert "flight recorder on" in run.stderr
+    (path,) = _captures(tmp_path / "flight", "slow_step")
+    assert polyprof.load_trace(path).metadata[FLIGHT_KEY]["evidence"]["step"] == 40
+
+
+def _ops_recorded(tmp_path, ops: str) -> set[str]:
+    import torch
+
+    model = torch.nn.Linear(8, 8)
+    with FlightRecorder(5, out_dir=tmp_path / ops, ops=ops, hang_s=None, signals=()) as recorder:
+        for _ in range(3):
+            model(torch.randn(2, 8))
+        recorder.capture("manual", {"why": "a test"})
+        assert recorder.wait(30)
+    (path,) = recorder.captures
+    trace = polyprof.load_trace(path)
+    assert trace.metadata[FLIGHT_KEY]["evidence"] == {"why": "a test"}
+    return {a.name for a in trace.activities if a.kind == polyprof.ActivityKind.CPU_OP}
+
+
+def test_ops_top_all_and_none(tmp_path):
+    assert {"aten::linear", "aten::addmm"} <= _ops_recorded(tmp_path, "all")
+    top = _ops_recorded(tmp_path, "top")
+    assert "aten::linear" in top and "aten::addmm" not in top
+    assert _ops_recorded(tmp_path, "none") == set()
+
+
+def test_the_ring_lets_go_of_what_is_older_than_its_seconds(tmp_path):
+    import torch
+
+    x = torch.ones(4)
+    with FlightRecorder(0.5, out_dir=tmp_path, hang_s=None, signals=()) as recorder:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            x.neg()
+            time.sleep(0.001)
+        recorder.capture()
+        assert recorder.wait(30)
+    trace = polyprof.load_trace(recorder.captures[0])
+    starts = [a.start for a in trace.activities if a.name == "aten::neg"]
+    assert starts and (max(starts) - min(starts)) / 1e9 < 0.5 + 0.3, "only about the last half second"
+    assert any("ring" in str(s.dropped).lower() for s in trace.backends.values()), "the rest was let go, counted"
+
+
+@pytest.mark.parametrize("bad", [{"ops": "some"}, {"seconds": 0}, {"format": "xml"}])
+def test_bad_options_are_refused_naming_them(bad):
+    seconds = bad.pop("seconds", 5)
+    with pytest.raises(ConfigError, match=next(iter(bad), "seconds")):
+        FlightRecorder(seconds, **bad)
