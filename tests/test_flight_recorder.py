@@ -160,7 +160,8 @@ def _ops_recorded(tmp_path, ops: str) -> set[str]:
     model = torch.nn.Linear(8, 8)
     with FlightRecorder(5, out_dir=tmp_path / ops, ops=ops, hang_s=None, signals=()) as recorder:
         for _ in range(3):
-            model(torch.randn(2, 8))
+            with torch.profiler.record_function("an annotation"):  # not an op: what it holds is top-level
+                model(torch.randn(2, 8))
         recorder.capture("manual", {"why": "a test"})
         assert recorder.wait(30)
     (path,) = recorder.captures

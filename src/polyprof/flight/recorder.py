@@ -82,9 +82,12 @@ class FlightRecorder:
         self.min_gap_s = self.seconds if min_gap_s is None else float(min_gap_s)
         self.suffix = ".pftrace" if format == "pftrace" else ".json.gz"
         self.captures: list[str] = []  # the traces written, in order
+        self.write_seconds: list[float] = []  # how long each took to write, from the dump's start
         self.failures: list[str] = []  # captures that could not be written, and why
         self._activities = list(activities) if activities is not None else None
-        self._profile_options = {"flush_interval_s": min(1.0, self.seconds / 4), **profile_options}
+        # rows change hands four times per ring (the ring lets go of them a part at a time); a capture
+        # takes what is newer itself
+        self._profile_options = {"flush_interval_s": max(1.0, self.seconds / 4), **profile_options}
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now)
@@ -116,7 +119,8 @@ class FlightRecorder:
         return self
 
     def stop(self, wait: bool = True) -> None:
-        """Stop recording (nothing more is captured); `wait`: for the captures in progress to be written."""
+        """Stop recording (nothing more is captured); `wait`: for the captures in progress to be written
+        and the recording's end to be done (else it ends in the background)."""
         if self.profile is None:
             return
         if self._tracker is not None:
@@ -130,7 +134,7 @@ class FlightRecorder:
             self._jobs.join()
         self._jobs.put(None)
         profile, self.profile = self.profile, None
-        profile.stop(wait=False)
+        profile.stop(wait=wait)  # (the window's last trace is merged, and let go: captures are the output)
         if wait and self._writer is not None:
             self._writer.join(timeout=60)
 
@@ -214,6 +218,7 @@ class FlightRecorder:
         path = os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
                              "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}}  # fmt: skip
+        started = time.perf_counter()
         try:
             os.makedirs(self.out_dir, exist_ok=True)
             written = profile.dump(path, last_s=self.seconds + self.after_s, metadata=meta)
@@ -222,6 +227,7 @@ class FlightRecorder:
             return None
         if trigger == "hang" and self._hang is not None:
             self._hang.write_stacks(written)
+        self.write_seconds.append(time.perf_counter() - started)
         self.captures.append(written)
         return written
 

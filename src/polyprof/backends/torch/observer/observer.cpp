@@ -323,6 +323,7 @@ inline size_t name_set(const char* name) {  // the first of its set's two slots
 struct OpenOp {
   Op* row;          // in ops (its chunk never moves)
   const void* key;  // its RecordFunction, to pair start and end
+  bool function;    // an operator (not a user annotation): what top-level-only counts as "inside"
 };
 
 struct ThreadBuffer {
@@ -332,6 +333,7 @@ struct ThreadBuffer {
   int64_t rf_common = 0, fwd_common = 0;  // the RecordFunction thread id and forward thread id most ops have
   bool rf_set = false, fwd_set = false;
   std::vector<OpenOp> open;  // innermost last
+  int open_functions = 0;    // of them, operators (see OpenOp::function)
   std::vector<std::string> names;
   std::unordered_map<std::string, int32_t> name_ids;
   NameSlot name_by_ptr[kNameSlots] = {};  // cache of name_ids by the name's address (see NameSlot)
@@ -1185,10 +1187,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadBuffer* b = thread_buffer(ts);
   Busy busy(b);
   if (!g_recording.load(std::memory_order_relaxed)) return nullptr;  // read after the mark (see Busy)
-  // top-level only: an op inside another is left out (its end finds no open row), but for annotations
+  // top-level only: an op inside another op is left out (its end finds no open row), but for annotations
   // and collectives (record_param_comms, gloo:* work spans), which a flight recorder keeps
-  if ((g_options & kTopLevelOnly) && !b->open.empty() && fn.scope() != at::RecordScope::USER_SCOPE && !fn.isNcclMeta())
-    return nullptr;
+  bool function = fn.scope() != at::RecordScope::USER_SCOPE && !fn.isNcclMeta();
+  bool top_only = (g_options & kTopLevelOnly) != 0;
+  if (top_only && function && b->open_functions > 0) return nullptr;
   OpFields op;
   bool from_schema = false;
   op.name = intern_op(b, fn, &from_schema);
@@ -1235,7 +1238,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     ctx->index = int64_t(b->ops.size()) - 1;  // the row just pushed
     return ctx;
   }
-  b->open.push_back(OpenOp{&row, &fn});
+  b->open.push_back(OpenOp{&row, &fn, function});
+  if (function) b->open_functions++;
   return nullptr;
 }
 
@@ -1257,12 +1261,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   // search's erase() of the same last element.
   if (!open.empty() && open.back().key == &fn) {
     set_end(*b, *open.back().row, t);
+    if (open.back().function) b->open_functions--;
     open.pop_back();
     return;
   }
   for (size_t i = open.size(); i-- > 0;) {
     if (open[i].key == &fn) {
       set_end(*b, *open[i].row, t);
+      if (open[i].function) b->open_functions--;
       open.erase(open.begin() + long(i));
       return;
     }
