@@ -18,6 +18,7 @@ the training thread never waits for one; each trace names its trigger and eviden
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -49,7 +50,8 @@ class FlightRecorder:
     after its trigger, so that it holds what followed too; `signals`: the signals that capture (SIGTERM
     and SIGINT then end the process as they would have); `on_exception`: an uncaught exception
     captures before the program ends; `min_gap_s`: a trigger fires at most once in this long;
-    `format`: "pftrace" or "json" (gzip)."""
+    `format`: "pftrace" or "json" (gzip); `job`: in a torch.distributed job (torchrun), a trigger on one
+    rank makes every rank capture the same window (:mod:`polyprof.flight.job`)."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class FlightRecorder:
         on_exception: bool = True,
         min_gap_s: float | None = None,
         format: str = "pftrace",
+        job: bool = True,
         **profile_options: Any,
     ) -> None:
         if ops not in OPS:
@@ -96,8 +99,11 @@ class FlightRecorder:
         self._jobs: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._dumping = threading.Lock()  # one capture written at a time (the writer's, the job's)
         self.profile: Any = None
         self._tracker: Any = None
+        self._job: Any = None  # the link to the other ranks, in a torch.distributed job
+        self._job_wanted = job
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -116,7 +122,16 @@ class FlightRecorder:
         self._signals.install()
         if self._exit is not None:
             self._exit.install()
+        self._link_job()
         return self
+
+    def _link_job(self) -> None:
+        from polyprof.flight.job import JobLink, job_rank
+
+        where = job_rank() if self._job_wanted else None
+        if where is not None:
+            self._job = JobLink(*where, on_trigger=self._on_job_trigger)
+            self._job.start()
 
     def stop(self, wait: bool = True) -> None:
         """Stop recording (nothing more is captured); `wait`: for the captures in progress to be written
@@ -130,6 +145,8 @@ class FlightRecorder:
         self._signals.uninstall()
         if self._exit is not None:
             self._exit.uninstall()
+        if self._job is not None:
+            self._job.stop()
         if wait:
             self._jobs.join()
         self._jobs.put(None)
@@ -187,7 +204,33 @@ class FlightRecorder:
         """A capture written on the calling thread before it returns (the process is about to end)."""
         if self.profile is None:
             return None
-        return self._write(trigger, evidence, time.time())
+        wall = time.time()
+        number = self._publish(trigger, evidence, wall)
+        written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
+        if number is not None and written is not None:
+            self._report_answers(number, written)
+        return written
+
+    def _publish(self, trigger: str, evidence: dict[str, Any], wall: float) -> int | None:
+        if self._job is None:
+            return None
+        return self._job.publish({"trigger": trigger, "evidence": evidence, "at_epoch_s": wall})
+
+    def _on_job_trigger(self, message: dict[str, Any]) -> str | None:
+        """Another rank's trigger (on the job thread): the same window captured here, unless this rank
+        captured the same trigger within `min_gap_s` (its capture is the answer then)."""
+        trigger = str(message.get("trigger", "job"))
+        now = time.monotonic()
+        with self._lock:
+            recent = now - self._last_fired.get(trigger, -1e18) < self.min_gap_s
+            if not recent:
+                self._last_fired[trigger] = now
+        if recent:
+            return self.captures[-1] if self.captures else None
+        behind = max(0.0, time.time() - float(message.get("at_epoch_s", time.time())))
+        job = {"origin_rank": message.get("rank"), "trigger_number": message.get("number")}
+        evidence = dict(message.get("evidence") or {})
+        return self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the captures asked for so far to be written (True when they are)."""
@@ -202,14 +245,38 @@ class FlightRecorder:
                 if job is None:
                     return
                 trigger, evidence, wall, not_before = job
+                number = self._publish(trigger, evidence, wall)  # the other ranks start on it now
                 delay = not_before - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                self._write(trigger, evidence, wall)
+                written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
+                if number is not None and written is not None:
+                    self._report_answers(number, written)
             finally:
                 self._jobs.task_done()
 
-    def _write(self, trigger: str, evidence: dict[str, Any], wall: float) -> str | None:
+    def _span_s(self, evidence: dict[str, Any]) -> float:
+        """What a capture holds: `seconds` before its trigger (and `after_s` after it), and before a
+        slow step or a hang, the `seconds` before it began."""
+        event_s = evidence.get("step_s") or evidence.get("silent_s") or 0.0
+        return self.seconds + self.after_s + float(event_s)
+
+    def _report_answers(self, number: int, written: str, wait_s: float = 10.0) -> None:
+        """Beside this rank's capture, ``<trace>.job.json``: the ranks that captured the same window
+        (their paths) and those that did not answer within `wait_s` (killed, or stuck where no Python
+        thread runs), written from a thread of its own."""
+        def report() -> None:
+            import orjson
+
+            answers = self._job.answers(number, wait_s)
+            with contextlib.suppress(OSError), open(f"{written}.job.json", "wb") as f:
+                f.write(orjson.dumps({"trigger_number": number, "rank": _rank(), **answers},
+                                     option=orjson.OPT_NON_STR_KEYS))  # fmt: skip
+
+        threading.Thread(target=report, name="polyprof-flight-answers", daemon=True).start()
+
+    def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
+               last_s: float | None = None) -> str | None:  # fmt: skip
         profile = self.profile
         if profile is None:
             return None
@@ -217,11 +284,13 @@ class FlightRecorder:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(wall)) + f".{int(wall * 1e3) % 1000:03d}"
         path = os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
-                             "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank}}  # fmt: skip
+                             "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
+                             **({"job": job} if job else {})}}  # fmt: skip
         started = time.perf_counter()
         try:
             os.makedirs(self.out_dir, exist_ok=True)
-            written = profile.dump(path, last_s=self.seconds + self.after_s, metadata=meta)
+            with self._dumping:
+                written = profile.dump(path, last_s=last_s or self._span_s(evidence), metadata=meta)
         except Exception as exc:  # noqa: BLE001 - a capture never raises into the program
             self.failures.append(f"{trigger}: {exc}")
             return None

@@ -1,0 +1,130 @@
+"""Every rank of a torch.distributed job captures the same window: a trigger on one rank is published
+through the job's store (torchrun's TCPStore, MASTER_ADDR:MASTER_PORT) with its time, and every rank's
+recorder, whose daemon thread watches the store (so a rank stuck in a collective still answers),
+captures the seconds before it::
+
+    link = JobLink(rank, on_trigger)      # on_trigger(message): a trigger another rank published
+    link.start()                          # the watching thread (nothing where there is no job)
+    link.publish({"trigger": ..., "evidence": ..., "at_epoch_s": ...})   # from the writer thread
+
+A trigger is numbered by the store's counter (``polyprof/flight/count``) and kept under
+``polyprof/flight/trigger/N``; each rank answers under ``polyprof/flight/trigger/N/rank/R`` with its
+capture's path, so the trigger's rank can say which ranks answered and which did not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("polyprof.flight")
+
+COUNT_KEY = "polyprof/flight/count"
+POLL_S = 0.5
+STORE_TIMEOUT_S = 10.0
+
+
+def trigger_key(number: int) -> str:
+    return f"polyprof/flight/trigger/{number}"
+
+
+def answer_key(number: int, rank: int) -> str:
+    return f"{trigger_key(number)}/rank/{rank}"
+
+
+def job_rank() -> tuple[int, int] | None:
+    """(rank, world size) of this process in a job launched with a store's address (torchrun, env://);
+    None for a lone process."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    if world < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        return None
+    return rank, world
+
+
+def _client() -> Any:
+    from polyprof.backends.torch.job_store import job_store
+
+    return job_store(STORE_TIMEOUT_S)
+
+
+class JobLink:
+    def __init__(self, rank: int, world: int, on_trigger: Callable[[dict[str, Any]], Any]) -> None:
+        self.rank, self.world, self.on_trigger = rank, world, on_trigger
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._publisher: Any = None  # the writer thread's own client (a client per thread)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="polyprof-flight-job", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        store, seen = None, None
+        while not self._stop.wait(POLL_S):
+            try:
+                if store is None:
+                    store = _client()  # the store may come up after this process (init_process_group)
+                    if store is None:
+                        return
+                count = int(store.add(COUNT_KEY, 0))
+                if seen is None:
+                    seen = count  # triggers from before this process started are not this run's
+                    continue
+                for number in range(seen + 1, count + 1):
+                    message = orjson.loads(store.get(trigger_key(number)))
+                    if message.get("rank") != self.rank:
+                        path = self.on_trigger({**message, "number": number})
+                        store.set(answer_key(number, self.rank), orjson.dumps({"path": path}))
+                seen = count
+            except Exception as exc:  # noqa: BLE001 - the store is down or not up yet: try again later
+                log.debug("polyprof flight recorder: the job's store: %s", exc)
+                store = None
+                if self._stop.wait(2.0):
+                    return
+
+    def publish(self, message: dict[str, Any]) -> int | None:
+        """Publish a trigger of this rank to the others; its number (None when the store cannot be
+        reached)."""
+        try:
+            if self._publisher is None:
+                self._publisher = _client()
+                if self._publisher is None:
+                    return None
+            number = int(self._publisher.add(COUNT_KEY, 1))
+            self._publisher.set(trigger_key(number), orjson.dumps({**message, "rank": self.rank}))
+            return number
+        except Exception as exc:  # noqa: BLE001 - a capture on this rank is still written
+            log.debug("polyprof flight recorder: cannot publish to the job's store: %s", exc)
+            self._publisher = None
+            return None
+
+    def answers(self, number: int, wait_s: float) -> dict[str, Any]:
+        """The ranks that answered trigger `number` within `wait_s` (rank -> path) and those that did
+        not (a rank killed, or stuck where no Python thread runs)."""
+        answered: dict[int, Any] = {}
+        deadline = time.monotonic() + wait_s
+        store = self._publisher
+        for rank in range(self.world):
+            if rank == self.rank or store is None:
+                continue
+            left = deadline - time.monotonic()
+            try:
+                store.wait([answer_key(number, rank)], timedelta(seconds=max(0.05, left)))
+                answered[rank] = orjson.loads(store.get(answer_key(number, rank))).get("path")
+            except Exception:  # noqa: BLE001 - not in time
+                continue
+        missing = [r for r in range(self.world) if r != self.rank and r not in answered]
+        return {"answered": answered, "missing": missing}

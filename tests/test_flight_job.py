@@ -1,0 +1,121 @@
+"""The flight recorder on a real job: 4 gloo DDP ranks under torchrun. A slow step (rank 2 sleeps), a
+signal sent to rank 1 alone, and a hang (rank 1 does not enter the all-reduce for seconds, the others
+wait in it) each leave a capture of the same window on every rank."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ddp_teardown import DDP_TEARDOWN
+
+import polyprof
+from polyprof.flight import FLIGHT_KEY
+
+torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
+
+JOB = """
+import os, sys, time, torch, torch.distributed as dist
+import polyprof
+out = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+recorder = polyprof.flight_recorder(seconds=5, out_dir=out, hang_s=2.0, signals=("SIGUSR2",))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(40):
+    time.sleep(0.02)
+    if rank == 2 and step == 8:
+        time.sleep(1.0)                      # a slow step: everyone's step 8 is slow, waiting for rank 2
+    if step == 16:
+        open(os.path.join(out, f"ready{rank}"), "w").write(str(os.getpid()))
+        time.sleep(1.0)                      # the test signals rank 1 alone meanwhile
+    if rank == 1 and step == 28:
+        time.sleep(5.0)                      # a hang: rank 1 does not enter the all-reduce
+    opt.zero_grad()
+    with polyprof.record_function("forward_backward"):
+        model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+recorder.wait(60)
+time.sleep(1.0)                              # the others' answers come within the job thread's poll
+recorder.stop()
+""" + DDP_TEARDOWN
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flight-job")
+    script = folder / "job.py"
+    script.write_text(JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--standalone",
+           "--nproc-per-node", "4", str(script), str(folder)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
+    deadline = time.monotonic() + 240
+    ready = folder / "ready1"
+    while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    os.kill(int(ready.read_text()), signal.SIGUSR2)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    return folder
+
+
+def _by_rank(folder, trigger: str) -> dict[int, list]:
+    found: dict[int, list] = {}
+    for path in glob.glob(str(folder / f"flight-{trigger}-rank*.pftrace")):
+        trace = polyprof.load_trace(path)
+        found.setdefault(trace.metadata[FLIGHT_KEY]["rank"], []).append(trace)
+    return found
+
+
+def _steps(trace) -> set[int]:
+    return {int(a.name.split("#")[1]) for a in trace.activities if a.name.startswith("ProfilerStep#")}
+
+
+def test_a_slow_step_is_captured_once_on_every_rank(job):
+    found = _by_rank(job, "slow_step")
+    assert sorted(found) == [0, 1, 2, 3]
+    for rank, traces in found.items():
+        (trace,) = [t for t in traces if t.metadata[FLIGHT_KEY]["evidence"]["step"] == 8]  # once each
+        assert set(range(3, 9)) <= _steps(trace), rank
+
+
+def test_a_signal_to_one_rank_is_a_capture_of_the_same_window_on_every_rank(job):
+    found = _by_rank(job, "signal")
+    assert sorted(found) == [0, 1, 2, 3] and all(len(v) == 1 for v in found.values())
+    flights = {rank: traces[0].metadata[FLIGHT_KEY] for rank, traces in found.items()}
+    assert flights[1]["evidence"] == {"signal": "SIGUSR2"} and "origin_rank" not in flights[1].get("job", {})
+    for rank in (0, 2, 3):
+        assert flights[rank]["job"]["origin_rank"] == 1 and flights[rank]["evidence"] == {"signal": "SIGUSR2"}
+        assert flights[rank]["job"]["trigger_number"] == flights[1]["job"]["trigger_number"]
+        assert flights[rank]["at_epoch_s"] - flights[1]["at_epoch_s"] < 2.0, "the others answer within a poll"
+    for rank, (trace,) in found.items():
+        assert set(range(10, 16)) <= _steps(trace), rank
+    (answers,) = glob.glob(str(job / "flight-signal-rank1-*.pftrace.job.json"))
+    said = json.loads(open(answers).read())
+    assert sorted(int(r) for r in said["answered"]) == [0, 2, 3] and said["missing"] == []
+
+
+def test_a_rank_that_does_not_enter_the_all_reduce_is_a_hang_on_every_rank(job):
+    found = _by_rank(job, "hang")
+    assert sorted(found) == [0, 1, 2, 3], sorted(found)
+    for rank, (trace,) in found.items():
+        assert set(range(22, 28)) <= _steps(trace), rank
+        flight = trace.metadata[FLIGHT_KEY]
+        assert 2.0 <= flight["evidence"]["silent_s"] < 2.0 + 2.0, "within the threshold and 2 s"
+        if rank != 1:
+            assert "seen" not in flight["evidence"], "the waiting ranks' watchdogs ran while they waited"
+    slow = _by_rank(job, "slow_step")
+    assert all(len(v) == 2 for v in slow.values()), "the hang, once over, is a slow step too"
+    for rank, traces in slow.items():
+        (after_hang,) = [t for t in traces if t.metadata[FLIGHT_KEY]["evidence"]["step"] == 28]
+        # the 5 s ring held the steps just before the hang (older ones aged out while it lasted)
+        assert set(range(25, 29)) <= _steps(after_hang), f"rank {rank}: the steps before the slow one"
