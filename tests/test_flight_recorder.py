@@ -32,18 +32,20 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(60):
     with polyprof.record_function("train_step"):
         model(torch.randn(16, 32)).sum().backward()
-    time.sleep(0.01)
+    time.sleep(0.05 if mode in ("crash", "SIGKILL") else 0.01)  # (crashes: past the first hand-overs)
     if step == 40 and mode == "slow":
         time.sleep(0.4)
     if step == 20 and mode == "hang":
-        time.sleep(4)
+        time.sleep(2.5)
     if step == 20 and mode == "hang_holding_the_gil":
-        ctypes.PyDLL(None).sleep(4)  # C that keeps the GIL: no Python thread runs meanwhile
+        ctypes.PyDLL(None).usleep(2_500_000)  # C that keeps the GIL: no Python thread runs meanwhile
     if step == 30 and mode == "exception":
         raise RuntimeError("the loss is NaN")
-    if step == 30 and mode in ("SIGTERM", "SIGUSR2"):
+    if step == 30 and mode == "crash":
+        ctypes.string_at(0)  # a null pointer read: SIGSEGV
+    if step == 30 and mode in ("SIGTERM", "SIGUSR2", "SIGKILL"):
         open(os.path.join(out, "ready"), "w").close()
-        time.sleep(3)
+        time.sleep(1.5)
     opt.step()
     opt.zero_grad()
 print("finished", flush=True)
@@ -199,3 +201,42 @@ def test_bad_options_are_refused_naming_them(bad):
     seconds = bad.pop("seconds", 5)
     with pytest.raises(ConfigError, match=next(iter(bad), "seconds")):
         FlightRecorder(seconds, **bad)
+
+
+@pytest.mark.parametrize("how", ["crash", "SIGKILL"])
+def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
+    """A segmentation fault, or SIGKILL: nothing runs at the end, but the ring's hand-overs (every second)
+    are on disk; ``polyprof recover`` reads them. The crash also leaves every thread's Python stack."""
+    code, _, stderr, out = _run(tmp_path, how, signal_at_ready=signal.SIGKILL if how == "SIGKILL" else None)
+    assert code == (-signal.SIGSEGV if how == "crash" else -signal.SIGKILL), stderr[-2000:]
+    (spill,) = glob.glob(str(out / "flight-pid*.spill"))
+    recovered = tmp_path / "recovered.json.gz"
+    run = subprocess.run([sys.executable, "-m", "polyprof", "recover", spill, "-o", recovered, "-q"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = set(_steps(polyprof.load_trace(recovered)))
+    assert set(range(5, 15)) <= steps and max(steps) < 30, sorted(steps)
+    if how == "crash":
+        (stacks,) = glob.glob(str(out / "flight-crash-pid*-stacks.txt"))
+        text = open(stacks).read()
+        assert "Segmentation fault" in text and "<string>" in text, text[-2000:]
+
+
+def test_the_rings_spill_keeps_two_generations_of_about_a_ring_each(tmp_path):
+    spill = tmp_path / "ring.spill"
+    with polyprof.profile(["cpu"], ring_s=0.4, spill=spill, flush_interval_s=0.1) as prof:
+        deadline = time.monotonic() + 2.0
+        n = 0
+        while time.monotonic() < deadline:
+            with polyprof.record_function(f"span{n}"):
+                time.sleep(0.005)
+            n += 1
+        assert spill.exists() and (tmp_path / "ring.spill.previous").exists()
+        from polyprof.tools.recover import recover_trace
+
+        names = [a.name for a in recover_trace(str(spill)).activities if a.name.startswith("span")]
+        numbers = sorted(int(x[4:]) for x in names)
+        assert numbers and numbers[0] > n * 0.3, "the first spans were let go with the older generations"
+        assert numbers[-1] > n * 0.8, "the spill holds the last of the ring"
+        assert len(numbers) == len(set(numbers)), "each span once"
+    del prof

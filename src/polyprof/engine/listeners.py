@@ -5,7 +5,7 @@ knows nothing of what they do.
 
 ::
 
-    listeners = listeners_for(spill_path, ring_s, header, warn)   # [SpillListener, RingListener]
+    listeners = listeners_for(spill_path, ring_s, header, warn)   # [(Ring)SpillListener, RingListener]
     for listener in listeners:
         listener.on_window_start(info)         # the training thread, as a window starts recording
         listener.on_parts(parts, sessions)     # a flush (background thread) or a dump handed parts over
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,9 @@ def listeners_for(
 ) -> list[WindowListener]:  # fmt: skip
     """The listeners a profile's options ask for: the spill, the ring, both or none."""
     listeners: list[WindowListener] = []
-    if spill_path is not None:
+    if spill_path is not None and ring_s is not None:
+        listeners.append(RingSpillListener(spill_path, ring_s, spill_header, warn))
+    elif spill_path is not None:
         listeners.append(SpillListener(spill_path, spill_header, warn))
     if ring_s is not None:
         listeners.append(RingListener(ring_s))
@@ -87,7 +90,9 @@ class SpillListener(WindowListener):
         self.path, self.header, self.warn = path, header, warn
         self.spill: Any = None  # the writer while one is open
         self.left: str | None = None  # a spill ended cleanly, removed once a trace is written
-        self.spilled: set[int] = set()  # ids of this window's parts already in the spill
+        #: this window's parts already in the spill, by id while they live (a ring lets parts go, and a
+        #: freed part's id may come back on a new one)
+        self.spilled: dict[int, weakref.ref] = {}
 
     @property
     def wants_parts(self) -> bool:
@@ -108,10 +113,11 @@ class SpillListener(WindowListener):
     def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
         if self.spill is not None:
             self.spill.append_parts(parts)
-            self.spilled.update(id(p) for p in parts)
+            for p in parts:
+                self.spilled[id(p)] = weakref.ref(p, lambda _, key=id(p), spilled=self.spilled: spilled.pop(key, None))
 
     def on_window_end(self) -> Any:
-        spill, spilled, self.spilled = self.spill, self.spilled, set()
+        spill, spilled, self.spilled = self.spill, self.spilled, {}
         if spill is not None:
             spill.window_ended()
         return spill, spilled
@@ -136,6 +142,57 @@ class SpillListener(WindowListener):
             with contextlib.suppress(OSError):
                 os.unlink(self.left)
         self.left = None if remove else (spill.path if spill is not None else self.left)
+
+
+#: a ring's spill keeps its older generation beside it under this suffix (``polyprof recover`` reads both)
+PREVIOUS = ".previous"
+
+
+class RingSpillListener(SpillListener):
+    """The spill of a ring: on disk, what the ring holds. It is written in two generations, ``PATH`` and
+    ``PATH.previous``: once ``PATH`` is older than the ring's seconds it becomes ``PATH.previous`` (the
+    older one removed) and a new ``PATH`` starts with the window's start again, so that the files stay
+    about two rings long and a process killed at any time leaves at least the ring's last seconds, less
+    the rows not yet handed over."""
+
+    def __init__(self, path: str, seconds: float, header: Callable[[], dict[str, Any]], warn: Callable[[str], None]) -> None:
+        super().__init__(path, header, warn)
+        self.seconds = seconds
+        self._started_ns = 0
+        self._window: dict[str, Any] | None = None
+
+    def on_window_start(self, info: dict[str, Any]) -> None:
+        self._window = info
+        if self.spill is None:
+            self._started_ns = host_ns()
+        super().on_window_start(info)
+
+    def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
+        super().on_parts(parts, sessions)
+        if self.spill is not None and host_ns() - self._started_ns > self.seconds * 1e9:
+            self._next_generation()
+
+    def _next_generation(self) -> None:
+        from polyprof.formats.spill import open_spill
+
+        old, self.spill = self.spill, None
+        try:
+            old.close(clean=False)  # (not an end: the recording goes on in the next generation)
+            os.replace(self.path, self.path + PREVIOUS)
+            self.spill = open_spill(self.path, {**process_identity(), **self.header()})
+            if self._window is not None:
+                self.spill.append_window(self._window)
+            self._started_ns = host_ns()
+        except OSError as exc:
+            self.spill = None
+            self.warn(f"polyprof: the spill {self.path} cannot be written ({exc.strerror or exc}); recording "
+                      "goes on without it")  # fmt: skip
+
+    def close(self, remove: bool) -> None:
+        super().close(remove)
+        if remove:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path + PREVIOUS)
 
 
 class RingListener(WindowListener):

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from polyprof.errors import ConfigError
-from polyprof.flight.triggers import ExitHooks, HangWatchdog, SignalTriggers, SlowSteps
+from polyprof.flight.triggers import CrashStacks, ExitHooks, HangWatchdog, SignalTriggers, SlowSteps
 
 OPS = ("top", "all", "none")
 #: the metadata key of a capture's trigger and evidence
@@ -51,7 +51,10 @@ class FlightRecorder:
     and SIGINT then end the process as they would have); `on_exception`: an uncaught exception
     captures before the program ends; `min_gap_s`: a trigger fires at most once in this long;
     `format`: "pftrace" or "json" (gzip); `job`: in a torch.distributed job (torchrun), a trigger on one
-    rank makes every rank capture the same window (:mod:`polyprof.flight.job`)."""
+    rank makes every rank capture the same window (:mod:`polyprof.flight.job`); `crash_spill`: what the
+    ring holds is also on disk (``flight-WHO.spill``, two generations, handed over every second), so
+    that a process that crashes or is killed leaves it for ``polyprof recover``, and every thread's
+    Python stack at a fatal signal (``flight-crash-WHO-stacks.txt``)."""
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class FlightRecorder:
         min_gap_s: float | None = None,
         format: str = "pftrace",
         job: bool = True,
+        crash_spill: bool = True,
         **profile_options: Any,
     ) -> None:
         if ops not in OPS:
@@ -88,9 +92,12 @@ class FlightRecorder:
         self.write_seconds: list[float] = []  # how long each took to write, from the dump's start
         self.failures: list[str] = []  # captures that could not be written, and why
         self._activities = list(activities) if activities is not None else None
-        # rows change hands four times per ring (the ring lets go of them a part at a time); a capture
-        # takes what is newer itself
-        self._profile_options = {"flush_interval_s": max(1.0, self.seconds / 4), **profile_options}
+        # rows change hands four times per ring (the ring lets go of them a part at a time; a capture
+        # takes what is newer itself), and every second where a crash must find them on disk
+        self.spill_path = os.path.join(self.out_dir, f"flight-{_who()}.spill") if crash_spill else None
+        flush = 1.0 if crash_spill else max(1.0, self.seconds / 4)
+        self._profile_options = {"flush_interval_s": flush, **profile_options}
+        self._crash_stacks: Any = None
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now)
@@ -111,7 +118,9 @@ class FlightRecorder:
 
         if self.profile is not None:
             return self
-        self.profile = Profile(self._activities, ring_s=self.seconds, record_steps=True,
+        if self.spill_path is not None:
+            os.makedirs(self.out_dir, exist_ok=True)
+        self.profile = Profile(self._activities, ring_s=self.seconds, record_steps=True, spill=self.spill_path,
                                extra={"torch_ops": self.ops}, **self._profile_options)  # fmt: skip
         self.profile.start()
         self._writer = threading.Thread(target=self._write_loop, name="polyprof-flight-writer", daemon=True)
@@ -122,6 +131,8 @@ class FlightRecorder:
         self._signals.install()
         if self._exit is not None:
             self._exit.install()
+        if self.spill_path is not None:
+            self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{_who()}-stacks.txt"))
         self._link_job()
         return self
 
@@ -152,6 +163,10 @@ class FlightRecorder:
         self._jobs.put(None)
         profile, self.profile = self.profile, None
         profile.stop(wait=wait)  # (the window's last trace is merged, and let go: captures are the output)
+        profile.close_spill(remove=True)  # a clean end: nothing to recover
+        if self._crash_stacks is not None:
+            self._crash_stacks.close()
+            self._crash_stacks = None
         if wait and self._writer is not None:
             self._writer.join(timeout=60)
 

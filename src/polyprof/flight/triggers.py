@@ -213,3 +213,31 @@ class ExitHooks:
     def _on_thread_exception(self, args: Any) -> None:
         self._capture(args.exc_type, args.exc_value, getattr(args.thread, "name", "?"))
         (self._thread_hook or threading.__excepthook__)(args)
+
+
+class CrashStacks:
+    """faulthandler on for the fatal signals (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL), writing every
+    thread's Python stack into a file of its own; left as it was where the program turned faulthandler
+    on itself. :meth:`close` turns it off again and removes the file if nothing was written."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file: Any = None
+        if faulthandler.is_enabled():
+            return  # the program's own (python -X faulthandler, PYTHONFAULTHANDLER): left alone
+        try:
+            self.file = open(path, "w")  # noqa: SIM115 - faulthandler writes to it at a crash
+            faulthandler.enable(file=self.file, all_threads=True)
+        except (OSError, RuntimeError):
+            self.file = None
+
+    def close(self) -> None:
+        if self.file is None:
+            return
+        with contextlib.suppress(Exception):
+            faulthandler.disable()
+        self.file.close()
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.path) == 0:
+                os.unlink(self.path)
+        self.file = None

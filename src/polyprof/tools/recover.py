@@ -3,8 +3,8 @@
     trace = recover_trace(".t.json.gz.spill")
     trace.metadata["polyprof"]["partial"]   # what ended it, what it covers, which backends had flushed
 
-Everything the spill holds up to its first torn chunk is merged as a profile's windows are; the trace is
-marked partial: rows not yet handed over when the process died (the last flush interval) are missing.
+Everything the spill holds up to its first torn chunk is merged as a profile's windows are (a ring's
+spill with its older generation, ``SPILL.previous``, before it); the trace is marked partial: rows not yet handed over when the process died (the last flush interval) are missing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def recover_trace(path: str) -> Trace:
     data = read_bytes(path, max_trace_bytes())
     if looks_like_perfetto(data):
         return _recover_perfetto(path, data)
-    spill = read_spill(path, data)
+    spill = _with_previous(read_spill(path, data), path)
     header = spill.header
     statuses = {}
     for part in spill.parts:  # a backend's latest status holds its counts so far
@@ -67,6 +67,26 @@ def recover_trace(path: str) -> Trace:
         window=(first, last),
         epoch_offset_ns=epoch,
         metadata=metadata,
+    )
+
+
+def _with_previous(spill: Any, path: str) -> Any:
+    """A ring's spill with its older generation (``PATH.previous``, see RingSpillListener) before it."""
+    import os
+
+    from polyprof.engine.listeners import PREVIOUS
+    from polyprof.formats.common.source import max_trace_bytes, read_bytes
+
+    if not os.path.isfile(path + PREVIOUS):
+        return spill
+    older = read_spill(path + PREVIOUS, read_bytes(path + PREVIOUS, max_trace_bytes()))
+    return dataclasses.replace(
+        spill,
+        windows=older.windows + [w for w in spill.windows if w not in older.windows],  # (a window starts in both)
+        parts=older.parts + spill.parts,
+        chunks=older.chunks + spill.chunks,
+        torn_bytes=older.torn_bytes + spill.torn_bytes,
+        dropped=older.dropped + spill.dropped,
     )
 
 
