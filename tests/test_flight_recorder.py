@@ -43,7 +43,7 @@ for step in range(60):
         raise RuntimeError("the loss is NaN")
     if step == 30 and mode == "crash":
         ctypes.string_at(0)  # a null pointer read: SIGSEGV
-    if step == 30 and mode in ("SIGTERM", "SIGUSR2", "SIGKILL"):
+    if step == 30 and mode in ("SIGTERM", "SIGUSR2", "SIGKILL", "on_demand"):
         open(os.path.join(out, "ready"), "w").close()
         time.sleep(1.5)
     opt.step()
@@ -52,7 +52,7 @@ print("finished", flush=True)
 """
 
 
-def _run(tmp_path, mode: str, env: dict | None = None, signal_at_ready: int | None = None):
+def _run(tmp_path, mode: str, env: dict | None = None, signal_at_ready: int | None = None, at_ready=None):
     out = tmp_path / "flight"
     out.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", TRAINING, mode, str(out)], stdout=subprocess.PIPE,
@@ -62,6 +62,11 @@ def _run(tmp_path, mode: str, env: dict | None = None, signal_at_ready: int | No
         while not (out / "ready").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal_at_ready)
+    if at_ready is not None:
+        deadline = time.monotonic() + 120
+        while not (out / "ready").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        at_ready(proc.pid, out)
     stdout, stderr = proc.communicate(timeout=180)
     return proc.returncode, stdout, stderr, out
 
@@ -240,3 +245,36 @@ def test_the_rings_spill_keeps_two_generations_of_about_a_ring_each(tmp_path):
         assert numbers[-1] > n * 0.8, "the spill holds the last of the ring"
         assert len(numbers) == len(set(numbers)), "each span once"
     del prof
+
+
+def test_polyprof_capture_last_asks_the_running_flight_recorder(tmp_path):
+    asked = {}
+
+    def capture_last(pid, out):
+        asked["run"] = subprocess.run([sys.executable, "-m", "polyprof", "capture", str(pid), "--last", "5", "-o",
+                                       out / "last.pftrace", "--no-summary"], capture_output=True, text=True,
+                                      timeout=120)  # fmt: skip
+
+    code, stdout, stderr, out = _run(tmp_path, "on_demand", at_ready=capture_last)
+    assert code == 0 and "finished" in stdout, stderr[-2000:]
+    run = asked["run"]
+    assert run.returncode == 0 and "the last 5 s" in run.stderr, run.stderr[-2000:]
+    trace = polyprof.load_trace(out / "last.pftrace")
+    assert trace.metadata[FLIGHT_KEY]["trigger"] == "on_demand"
+    assert set(range(20, 30)) <= set(_steps(trace))
+
+
+def test_capture_last_of_a_process_with_no_flight_recorder_says_so(tmp_path):
+    script = "import time, polyprof; polyprof.listen(); open(__import__('sys').argv[1], 'w').close(); time.sleep(30)"
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run = subprocess.run([sys.executable, "-m", "polyprof", "capture", str(proc.pid), "--last", "5", "-o",
+                              tmp_path / "x.pftrace"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode != 0 and "no flight recorder runs in this process" in run.stderr, run.stderr
+    finally:
+        proc.kill()
+        proc.wait()

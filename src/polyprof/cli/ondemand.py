@@ -67,6 +67,9 @@ def _short_command(command: str) -> str:
 @click.argument("pid", type=int, required=False)
 @click.option("--duration", type=float, default=None, help="Record this many seconds, from now.")
 @click.option("--steps", type=int, default=None, help="Record this many training steps, from the next step boundary.")
+@click.option("--last", "last_s", type=float, default=None, metavar="SECONDS",
+              help="Write the last SECONDS its flight recorder holds, now (polyprof run --flight-recorder, "
+              "POLYPROF_FLIGHT_RECORDER).")  # fmt: skip
 @click.option("--activities", default=None, help="Comma-separated activity groups (e.g. cpu,cuda); default: all available.")
 @click.option("-o", "--output", default=None, help="Trace to write (default polyprof-capture-PID.json.gz here); "
               "for --job / --all, the merged trace, each process's own beside it.")  # fmt: skip
@@ -76,13 +79,17 @@ def _short_command(command: str) -> str:
               help="How long a steps capture waits for its first step (a job: for its ranks to report).")  # fmt: skip
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the top activities when done.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device in the summary.")
-def capture(pid: int | None, duration: float | None, steps: int | None, activities: str | None, output: str | None,
-            job: bool, everyone: bool, timeout: float, summary: bool, top: int) -> None:  # fmt: skip
+def capture(pid: int | None, duration: float | None, steps: int | None, last_s: float | None, activities: str | None,
+            output: str | None, job: bool, everyone: bool, timeout: float, summary: bool, top: int) -> None:  # fmt: skip
     """Capture a running process PID (see polyprof ps) for --duration seconds or --steps steps: it
     records, writes the trace itself, and this prints the summary. Ctrl-C here leaves the capture to
     finish in the target."""
-    if (duration is None) == (steps is None):
-        fail("give exactly one of --duration SECONDS and --steps N")
+    if sum(v is not None for v in (duration, steps, last_s)) != 1:
+        fail("give exactly one of --duration SECONDS, --steps N and --last SECONDS")
+    if last_s is not None and not (math.isfinite(last_s) and last_s > 0):
+        fail(f"--last must be a positive number of seconds, got {last_s}")
+    if last_s is not None and (job or everyone):
+        fail("--last asks one process's flight recorder; each rank's writes its own (SIGUSR2 to one rank: every rank)")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         fail(f"--duration must be a positive number of seconds, got {duration}")
     if steps is not None and steps < 1:
@@ -95,7 +102,8 @@ def capture(pid: int | None, duration: float | None, steps: int | None, activiti
     if not os.path.isdir(os.path.dirname(output)):
         fail(f"cannot write the trace to {output}: folder {os.path.dirname(output)} does not exist; create it first")
     request: dict[str, Any] = {"op": "capture", "output": output, "timeout_s": timeout}
-    request.update({"duration_s": duration} if duration is not None else {"steps": steps})
+    request.update({"duration_s": duration} if duration is not None else
+                   {"steps": steps} if steps is not None else {"last_s": last_s})  # fmt: skip
     if activities:
         request["activities"] = [a.strip() for a in activities.split(",") if a.strip()]
     if everyone:
@@ -110,7 +118,8 @@ def _capture_one(pid: int, request: dict[str, Any]) -> list[str]:
     from polyprof.ondemand.client import CaptureFailed, ask_capture
 
     def accepted(info: dict[str, Any]) -> None:
-        how = f"{info['steps']} steps" if info.get("steps") else f"{info.get('duration_s')} s"
+        how = (f"{info['steps']} steps" if info.get("steps") else f"the last {info['last_s']:g} s" if info.get("last_s")
+               else f"{info.get('duration_s')} s")  # fmt: skip
         where = info.get("job") or {}
         if where:
             click.echo(f"polyprof: capturing {how} on all {where['world_size']} ranks of pid {pid}'s job, from step "

@@ -54,7 +54,8 @@ class FlightRecorder:
     rank makes every rank capture the same window (:mod:`polyprof.flight.job`); `crash_spill`: what the
     ring holds is also on disk (``flight-WHO.spill``, two generations, handed over every second), so
     that a process that crashes or is killed leaves it for ``polyprof recover``, and every thread's
-    Python stack at a fatal signal (``flight-crash-WHO-stacks.txt``)."""
+    Python stack at a fatal signal (``flight-crash-WHO-stacks.txt``); `capturable`: ``polyprof ps``
+    lists the process and ``polyprof capture PID --last S`` writes its last seconds."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class FlightRecorder:
         format: str = "pftrace",
         job: bool = True,
         crash_spill: bool = True,
+        capturable: bool = True,
         **profile_options: Any,
     ) -> None:
         if ops not in OPS:
@@ -111,6 +113,7 @@ class FlightRecorder:
         self._tracker: Any = None
         self._job: Any = None  # the link to the other ranks, in a torch.distributed job
         self._job_wanted = job
+        self._capturable = capturable
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -134,6 +137,14 @@ class FlightRecorder:
         if self.spill_path is not None:
             self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{_who()}-stacks.txt"))
         self._link_job()
+        _running.append(self)
+        if self._capturable:
+            from polyprof.ondemand.listener import listen
+
+            try:
+                listen()
+            except Exception as exc:  # noqa: BLE001 - recording goes on; only `capture --last` is lost
+                self.failures.append(f"cannot be made capturable: {exc}")
         return self
 
     def _link_job(self) -> None:
@@ -149,6 +160,8 @@ class FlightRecorder:
         and the recording's end to be done (else it ends in the background)."""
         if self.profile is None:
             return
+        if self in _running:
+            _running.remove(self)
         if self._tracker is not None:
             self._tracker.remove_listener(self._on_tracked_step)
         if self._hang is not None:
@@ -247,6 +260,11 @@ class FlightRecorder:
         evidence = dict(message.get("evidence") or {})
         return self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
 
+    def capture_to(self, path: str, last_s: float, evidence: Mapping[str, Any] | None = None) -> str | None:
+        """The last `last_s` seconds (as far as the ring holds them) written to `path` now, on the
+        calling thread (``polyprof capture PID --last``); the path written, None when it could not be."""
+        return self._write("on_demand", dict(evidence or {}), time.time(), last_s=last_s, path=path)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the captures asked for so far to be written (True when they are)."""
         done = threading.Event()
@@ -291,19 +309,19 @@ class FlightRecorder:
         threading.Thread(target=report, name="polyprof-flight-answers", daemon=True).start()
 
     def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
-               last_s: float | None = None) -> str | None:  # fmt: skip
+               last_s: float | None = None, path: str | None = None) -> str | None:  # fmt: skip
         profile = self.profile
         if profile is None:
             return None
         rank = _rank()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(wall)) + f".{int(wall * 1e3) % 1000:03d}"
-        path = os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
+        path = path or os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
                              "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
                              **({"job": job} if job else {})}}  # fmt: skip
         started = time.perf_counter()
         try:
-            os.makedirs(self.out_dir, exist_ok=True)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with self._dumping:
                 written = profile.dump(path, last_s=last_s or self._span_s(evidence), metadata=meta)
         except Exception as exc:  # noqa: BLE001 - a capture never raises into the program
@@ -314,6 +332,14 @@ class FlightRecorder:
         self.write_seconds.append(time.perf_counter() - started)
         self.captures.append(written)
         return written
+
+
+_running: list[FlightRecorder] = []  # the recorders started in this process, the latest last
+
+
+def running() -> FlightRecorder | None:
+    """The flight recorder running in this process (the latest started), or None."""
+    return _running[-1] if _running else None
 
 
 def _who() -> str:

@@ -215,6 +215,8 @@ class Listener:
                 channel.send(conn, message)
                 conn.close()
 
+        if request.last_s is not None:
+            return self._flight_capture(conn, request, reply)
         capture = None
         with lock:
             try:
@@ -249,6 +251,36 @@ class Listener:
                 capture.finish(f"the capture could not start: {type(exc).__name__}: {exc}")
         return True
 
+    def _flight_capture(self, conn: socket.socket, request: CaptureRequest, reply: Any) -> bool:
+        """``last_s``: the flight recorder running here writes its last seconds to the output, on a
+        thread of its own; an error when none runs."""
+        from polyprof.flight.recorder import running
+        from polyprof.formats.common.paths import check_output_path
+
+        recorder = running()
+        try:
+            if recorder is None:
+                raise RuntimeError("no flight recorder runs in this process (POLYPROF_FLIGHT_RECORDER=SECONDS, "
+                                   "polyprof run --flight-recorder, polyprof.flight_recorder() start one)")  # fmt: skip
+            output = check_output_path(request.output)
+            conn.settimeout(10.0)
+            channel.send(conn, {"ok": True, "accepted": {**request.describe(), "output": output}})
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                channel.send(conn, error_reply(str(exc)))
+            return False
+
+        def write() -> None:
+            started = time.time()
+            written = recorder.capture_to(output, request.last_s, {"asked_by": "polyprof capture --last"})
+            if written is None:
+                reply(error_reply(f"the flight recorder could not write {output}: {'; '.join(recorder.failures[-1:])}"))
+                return
+            reply({"ok": True, "done": {"path": written, "seconds": round(time.time() - started, 3), "notes": []}})
+
+        threading.Thread(target=write, name="polyprof-flight-on-demand", daemon=True).start()
+        return True
+
     def status(self) -> dict[str, Any]:
         from polyprof._version import __version__
         from polyprof.formats.common.paths import rank_fields
@@ -270,7 +302,15 @@ class Listener:
             "seconds_per_step": tracker.seconds_per_step,
             "capture": self.slot.status(),
             "refused": self.refused,
+            "flight_recorder_s": _flight_seconds(),
         }
+
+
+def _flight_seconds() -> float | None:
+    """The seconds the flight recorder running here keeps (None: none runs)."""
+    flight = sys.modules.get("polyprof.flight.recorder")
+    recorder = flight.running() if flight is not None else None
+    return recorder.seconds if recorder is not None else None
 
 
 def _job_key() -> str:

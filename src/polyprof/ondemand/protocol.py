@@ -5,6 +5,7 @@
     {"op": "status"}
     {"op": "capture", "output": "/abs/trace.json.gz", "steps": 3}            # or "duration_s": 5.0
     {"op": "capture", ..., "activities": ["cpu"], "job": true, "timeout_s": 120}
+    {"op": "capture", "output": "/abs/last.pftrace", "last_s": 30}          # the flight recorder's last 30 s
 
 Every reply is one JSON line: ``{"ok": true, ...}`` or ``{"ok": false, "error": "what was wrong"}``.
 A capture gets two: ``{"ok": true, "accepted": {...}}`` at once, ``{"ok": true, "done": {...}}`` when
@@ -35,9 +36,11 @@ class CaptureRequest:
     activities: tuple[str, ...] | None = None
     job: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
+    last_s: float | None = None  # the flight recorder's last seconds, written now (nothing recorded anew)
 
     def describe(self) -> dict[str, Any]:
-        how = {"steps": self.steps} if self.steps is not None else {"duration_s": self.duration_s}
+        how = ({"steps": self.steps} if self.steps is not None else
+               {"last_s": self.last_s} if self.last_s is not None else {"duration_s": self.duration_s})  # fmt: skip
         return {**how, "output": self.output, "activities": list(self.activities or []) or "all", "job": self.job}
 
 
@@ -46,7 +49,7 @@ class StatusRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_CAPTURE_KEYS = {"op", "output", "duration_s", "steps", "activities", "job", "timeout_s"}
+_CAPTURE_KEYS = {"op", "output", "duration_s", "steps", "activities", "job", "timeout_s", "last_s"}
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -77,9 +80,9 @@ def parse_request(message: Any) -> CaptureRequest | StatusRequest:
     output = message.get("output")
     if not isinstance(output, str) or not output.startswith("/") or len(output) > MAX_PATH or "\0" in output:
         raise RequestError("output must be an absolute path (a string starting with /, at most 4096 characters)")
-    duration, steps = message.get("duration_s"), message.get("steps")
-    if (duration is None) == (steps is None):
-        raise RequestError("a capture needs exactly one of duration_s and steps")
+    duration, steps, last = message.get("duration_s"), message.get("steps"), message.get("last_s")
+    if sum(v is not None for v in (duration, steps, last)) != 1:
+        raise RequestError("a capture needs exactly one of duration_s, steps and last_s")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS):
         raise RequestError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
     activities = message.get("activities")
@@ -98,6 +101,7 @@ def parse_request(message: Any) -> CaptureRequest | StatusRequest:
         activities=tuple(activities) if activities is not None else None,
         job=job,
         timeout_s=_seconds(message.get("timeout_s", DEFAULT_TIMEOUT_S), "timeout_s"),
+        last_s=None if last is None else _seconds(last, "last_s"),
     )
 
 
