@@ -28,7 +28,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from polyprof.errors import ConfigError
-from polyprof.flight.triggers import CrashStacks, ExitHooks, HangWatchdog, SignalTriggers, SlowSteps
+from polyprof.flight.triggers import (
+    CrashStacks,
+    CudaOutOfMemory,
+    ExitHooks,
+    HangWatchdog,
+    SignalTriggers,
+    SlowSteps,
+)
 
 OPS = ("top", "all", "none")
 #: the metadata key of a capture's trigger and evidence
@@ -104,6 +111,7 @@ class FlightRecorder:
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now)
         self._exit = ExitHooks(self._trigger_now) if on_exception else None
+        self._oom = CudaOutOfMemory(self._trigger)
         self._last_fired: dict[str, float] = {}
         self._jobs: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
@@ -171,6 +179,7 @@ class FlightRecorder:
             self._exit.uninstall()
         if self._job is not None:
             self._job.stop()
+        self._oom.quiet()
         if wait:
             self._jobs.join()
         self._jobs.put(None)
@@ -212,6 +221,8 @@ class FlightRecorder:
         if self._hang is not None:
             self._hang.beat(now)
         self._slow.step_ended(ended, now)
+        if not self._oom.attached and ended < 1000:  # (CUDA comes into use in the first steps, or never)
+            self._oom.attach_if_cuda_is_in_use()
 
     # -- captures ---------------------------------------------------------------------------------
     def capture(self, trigger: str = "manual", evidence: Mapping[str, Any] | None = None) -> None:

@@ -241,3 +241,37 @@ class CrashStacks:
             if os.path.getsize(self.path) == 0:
                 os.unlink(self.path)
         self.file = None
+
+
+class CudaOutOfMemory:
+    """On CUDA, torch's out-of-memory observer (called as the caching allocator fails, before torch
+    raises OutOfMemoryError) fires ``oom`` with the device and the sizes. Attached at the first step
+    after CUDA is in use (asking whether CUDA is available earlier would start it in the process, which
+    a DataLoader's forked workers cannot inherit); torch offers no detach, so it goes quiet once
+    :meth:`quiet` is called."""
+
+    def __init__(self, fire: Fire) -> None:
+        self.fire = fire
+        self.attached = False
+        self._on = True
+
+    def attach_if_cuda_is_in_use(self) -> bool:
+        torch = sys.modules.get("torch")
+        if self.attached or torch is None:
+            return self.attached
+        try:
+            if not torch.cuda.is_initialized():
+                return False
+            torch._C._cuda_attach_out_of_memory_observer(self._observed)
+        except Exception:  # noqa: BLE001 - a torch without the hook: no oom trigger
+            return False
+        self.attached = True
+        return True
+
+    def quiet(self) -> None:
+        self._on = False
+
+    def _observed(self, device: int, asked: int, allocated: int, free: int) -> None:
+        if self._on:
+            self.fire("oom", {"device": device, "bytes_asked": asked, "device_allocated": allocated,
+                              "device_free": free})  # fmt: skip
