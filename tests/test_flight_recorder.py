@@ -278,3 +278,39 @@ def test_capture_last_of_a_process_with_no_flight_recorder_says_so(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+FORKED_WORKER = r"""
+import sys, torch, polyprof
+from polyprof import annotations
+from polyprof.flight.recorder import running
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        x = torch.ones(4)
+        for _ in range(100_000):  # top-level ops: 2.4 MB of rows each item, were they recorded
+            x = x.neg()
+        rss = int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS:')))
+        return torch.tensor([rss, running() is None, not annotations.recorder.active])
+
+recorder = polyprof.flight_recorder(seconds=5, out_dir=sys.argv[1], hang_s=None, signals=())
+rows = [b[0].tolist() for b in torch.utils.data.DataLoader(Items(), batch_size=1, num_workers=1)]
+print(rows[-1][0] - rows[0][0], all(r[1] and r[2] for r in rows))
+"""
+
+
+def test_a_forked_dataloader_worker_does_not_record(tmp_path):
+    """The worker's memory grows as much as with no recorder at all (its warm-up), not by the rows of
+    its ops."""
+    grew = {}
+    for name in ("recorder", "none"):
+        script = FORKED_WORKER if name == "recorder" else FORKED_WORKER.replace("polyprof.flight_recorder(", "dict(")
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                             timeout=180)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        grew_kb, quiet = run.stdout.split()
+        assert quiet == "True", "the worker's recorder let go and its recording is off"
+        grew[name] = int(grew_kb)
+    assert grew["recorder"] - grew["none"] < 1024, grew

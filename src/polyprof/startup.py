@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 
 def _on(name: str) -> bool:
@@ -37,21 +38,29 @@ def _start() -> None:
 
         install_when_torch_is_imported()
     if _on("POLYPROF_ON_DEMAND"):
-        try:
-            from polyprof.ondemand.listener import listen
-
-            listen()
-        except Exception as exc:
-            print(f"polyprof: POLYPROF_ON_DEMAND is set but this process cannot be made capturable: {exc}",
-                  file=sys.stderr)  # fmt: skip
+        _said_if_it_fails("POLYPROF_ON_DEMAND", "this process cannot be made capturable", _listen)
     if _on("POLYPROF_FLIGHT_RECORDER"):
-        try:
-            from polyprof.flight.environment import start_from_environment
+        _said_if_it_fails("POLYPROF_FLIGHT_RECORDER", "the flight recorder cannot start", _flight_recorder)
 
-            start_from_environment()
-        except Exception as exc:
-            print(f"polyprof: POLYPROF_FLIGHT_RECORDER is set but the flight recorder cannot start: {exc}",
-                  file=sys.stderr)  # fmt: skip
+
+def _listen() -> None:
+    from polyprof.ondemand.listener import listen
+
+    listen()
+
+
+def _flight_recorder() -> None:
+    from polyprof.flight.environment import start_from_environment
+
+    start_from_environment()
+
+
+def _said_if_it_fails(variable: str, what: str, start: Callable[[], None]) -> None:
+    """`start()`; a failure is said on stderr (the program runs on without it)."""
+    try:
+        start()
+    except Exception as exc:
+        print(f"polyprof: {variable} is set but {what}: {exc}", file=sys.stderr)
 
 
 _start()

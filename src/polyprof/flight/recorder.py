@@ -22,6 +22,7 @@ import contextlib
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -346,6 +347,28 @@ class FlightRecorder:
 
 
 _running: list[FlightRecorder] = []  # the recorders started in this process, the latest last
+
+
+def _forked_child() -> None:
+    """In a forked child (a DataLoader worker) the parent's recorder is not this process's: its threads
+    did not come along, and what it would record would pile up, never handed over or let go. Recording
+    stops here (flags only: a lock a parent's thread held at the fork would never be let go)."""
+    if not _running:
+        return
+    from polyprof import annotations
+    from polyprof.backends.torch import observer
+
+    annotations.recorder.end()
+    torch = sys.modules.get("torch")
+    loaded = observer.cached(torch) if torch is not None else None
+    if loaded is not None:
+        loaded.quiet_in_child()
+    for recorder in _running:
+        recorder.profile = None  # nothing more is captured, stopped or written from this process
+    _running.clear()
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def running() -> FlightRecorder | None:

@@ -151,6 +151,10 @@ class Observer:
         """Stops recording; returns how many operators were recorded."""
         return int(self.lib.polyprof_observer_stop())
 
+    def quiet_in_child(self) -> None:
+        """In a forked child: recording off, taking no lock (a parent's thread may have held one)."""
+        self.lib.polyprof_observer_quiet_in_child()
+
     def take(self, patience_us: int = 2000) -> int:
         """While recording: hand over what the threads have completed (waiting up to `patience_us` for
         each to be between operators); returns how many operators were taken."""

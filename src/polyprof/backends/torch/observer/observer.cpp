@@ -1549,6 +1549,10 @@ int polyprof_observer_start(int options) {
   }
 }
 
+// In a forked child (a DataLoader worker): recording off, and nothing else. The callbacks stay (each
+// op then costs a flag's load); no lock is taken, as a thread of the parent may have held one at the fork.
+void polyprof_observer_quiet_in_child() { g_recording.store(false, std::memory_order_relaxed); }
+
 // Stops recording; must run on the thread that started. Returns the number of operators recorded.
 int64_t polyprof_observer_stop() {
   g_recording.store(false, std::memory_order_seq_cst);
