@@ -220,7 +220,7 @@ def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     steps = set(_steps(polyprof.load_trace(recovered)))
-    assert set(range(5, 15)) <= steps and max(steps) < 30, sorted(steps)
+    assert set(range(3, 10)) <= steps and max(steps) < 30, sorted(steps)  # (hand-overs every second)
     if how == "crash":
         (stacks,) = glob.glob(str(out / "flight-crash-pid*-stacks.txt"))
         text = open(stacks).read()

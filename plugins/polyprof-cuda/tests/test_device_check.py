@@ -120,6 +120,9 @@ def passing_results(check, tmp_path):
                                  "backends": status},
         "g_lightning_torch": {"traces": 1, "polyprof_traces": 0, "aten_ops": ["aten::mm"], "kernels": {"gemm": 4},
                               "backends": {}},
+        "h_flight": {"oom_raised": True, "failures": [], "write_s": [0.2, 0.1],
+                     "captures": {"slow_step": {"evidence": {"step": 30}, "kernels": 120, "rows": 900, "cuda": {}},
+                                  "oom": {"evidence": {"device": 0}, "kernels": 80, "rows": 700, "cuda": {}}}},
         "x_stop_profile": {"postprocess_ms": {"merge": 5.0}, "profile": ["ncalls  tottime", "1 0.001 merge"]},
         "x_cuda_only_torch": {"seconds": 0.1},
         "c_interleaved": {
@@ -147,6 +150,7 @@ def test_report_of_a_passing_run(check, tmp_path):
     assert "Lightning wrote 1 traces, 1 of them polyprof's" in report
     assert "aten ops identical to torch.profiler's: **True** (1 vs 1)" in report
     assert "kernel names identical (multiset): **True** (4 vs 4 kernels)" in report
+    assert "slow_step captured with kernels: **True**" in report and "oom captured: **True**" in report
     assert "failed" not in report
 
 

@@ -148,10 +148,11 @@ class FlightRecorder:
         self._link_job()
         _running.append(self)
         if self._capturable:
-            from polyprof.ondemand.listener import listen
+            from polyprof.ondemand.listener import listen, listener
 
             try:
                 listen()
+                listener().last_seconds = self
             except Exception as exc:  # noqa: BLE001 - recording goes on; only `capture --last` is lost
                 self.failures.append(f"cannot be made capturable: {exc}")
         return self
@@ -171,6 +172,11 @@ class FlightRecorder:
             return
         if self in _running:
             _running.remove(self)
+        if self._capturable:
+            from polyprof.ondemand.listener import listener
+
+            if listener().last_seconds is self:
+                listener().last_seconds = running()
         if self._tracker is not None:
             self._tracker.remove_listener(self._on_tracked_step)
         if self._hang is not None:

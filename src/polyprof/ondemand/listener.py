@@ -46,6 +46,9 @@ class Listener:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # stop() writes, the thread wakes
+        #: what answers ``last_s`` requests (a running flight recorder sets itself here: its
+        #: ``capture_to(path, last_s, evidence)`` and ``seconds``, ``failures``); None: none runs
+        self.last_seconds: Any = None
 
     @property
     def listening(self) -> bool:
@@ -254,10 +257,9 @@ class Listener:
     def _flight_capture(self, conn: socket.socket, request: CaptureRequest, reply: Any) -> bool:
         """``last_s``: the flight recorder running here writes its last seconds to the output, on a
         thread of its own; an error when none runs."""
-        from polyprof.flight.recorder import running
         from polyprof.formats.common.paths import check_output_path
 
-        recorder = running()
+        recorder = self.last_seconds
         try:
             if recorder is None:
                 raise RuntimeError("no flight recorder runs in this process (POLYPROF_FLIGHT_RECORDER=SECONDS, "
@@ -302,15 +304,8 @@ class Listener:
             "seconds_per_step": tracker.seconds_per_step,
             "capture": self.slot.status(),
             "refused": self.refused,
-            "flight_recorder_s": _flight_seconds(),
+            "flight_recorder_s": getattr(self.last_seconds, "seconds", None),
         }
-
-
-def _flight_seconds() -> float | None:
-    """The seconds the flight recorder running here keeps (None: none runs)."""
-    flight = sys.modules.get("polyprof.flight.recorder")
-    recorder = flight.running() if flight is not None else None
-    return recorder.seconds if recorder is not None else None
 
 
 def _job_key() -> str:

@@ -77,6 +77,7 @@ def _with_previous(spill: Any, path: str) -> Any:
     from polyprof.engine.listeners import PREVIOUS
     from polyprof.formats.common.source import max_trace_bytes, read_bytes
 
+    path = os.fspath(path)
     if not os.path.isfile(path + PREVIOUS):
         return spill
     older = read_spill(path + PREVIOUS, read_bytes(path + PREVIOUS, max_trace_bytes()))
