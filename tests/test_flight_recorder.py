@@ -41,6 +41,8 @@ for step in range(60):
         ctypes.PyDLL(None).usleep(2_500_000)  # C that keeps the GIL: no Python thread runs meanwhile
     if step == 30 and mode == "exception":
         raise RuntimeError("the loss is NaN")
+    if step == 30 and mode == "exit":
+        sys.exit(3)
     if step == 30 and mode == "crash":
         ctypes.string_at(0)  # a null pointer read: SIGSEGV
     if step == 30 and mode in ("SIGTERM", "SIGUSR2", "SIGKILL", "on_demand"):
@@ -126,6 +128,15 @@ def test_an_uncaught_exception_is_captured_before_the_program_ends(tmp_path):
     (path,) = _captures(out, "exception")
     trace = polyprof.load_trace(path)
     assert trace.metadata[FLIGHT_KEY]["evidence"]["type"] == "RuntimeError"
+    assert set(range(20, 30)) <= set(_steps(trace))
+
+
+def test_sys_exit_with_a_failing_status_is_captured(tmp_path):
+    code, _, stderr, out = _run(tmp_path, "exit")
+    assert code == 3, stderr[-3000:]
+    (path,) = _captures(out, "exit")
+    trace = polyprof.load_trace(path)
+    assert trace.metadata[FLIGHT_KEY]["evidence"] == {"status": 3}
     assert set(range(20, 30)) <= set(_steps(trace))
 
 

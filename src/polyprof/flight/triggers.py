@@ -183,22 +183,34 @@ class SignalTriggers:
 
 class ExitHooks:
     """An uncaught exception on the main thread (or on another thread) captures before the program
-    ends (``exception``, with its type and message), then the previous hooks run."""
+    ends (``exception``, with its type and message), then the previous hooks run; so does
+    ``sys.exit`` with a failing status (``exit``, with the status; a status of 0 or None is a program
+    that finished)."""
 
     def __init__(self, capture_now: Fire) -> None:
         self.capture_now = capture_now
         self._sys_hook: Any = None
         self._thread_hook: Any = None
+        self._sys_exit: Any = None
 
     def install(self) -> None:
         self._sys_hook, sys.excepthook = sys.excepthook, self._on_exception
         self._thread_hook, threading.excepthook = threading.excepthook, self._on_thread_exception
+        self._sys_exit, sys.exit = sys.exit, self._on_exit
 
     def uninstall(self) -> None:
         if sys.excepthook == self._on_exception:
             sys.excepthook = self._sys_hook
         if threading.excepthook == self._on_thread_exception:
             threading.excepthook = self._thread_hook
+        if sys.exit == self._on_exit:
+            sys.exit = self._sys_exit
+
+    def _on_exit(self, status: Any = None) -> None:
+        if status not in (None, 0):
+            with contextlib.suppress(Exception):
+                self.capture_now("exit", {"status": status if isinstance(status, int) else str(status)[:2000]})
+        self._sys_exit(status)
 
     def _capture(self, exc_type: Any, value: Any, thread: str) -> None:
         if exc_type is None or issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
