@@ -99,6 +99,11 @@ class SpillListener(WindowListener):
         return self.spill is not None
 
     def on_window_start(self, info: dict[str, Any]) -> None:
+        self._window_into_spill(info)
+
+    def _window_into_spill(self, info: dict[str, Any]) -> None:
+        """The window's start into the spill (opened first where none is open); a spill that cannot be
+        written is let go with a warning."""
         from polyprof.formats.spill import open_spill
 
         try:
@@ -173,20 +178,17 @@ class RingSpillListener(SpillListener):
             self._next_generation()
 
     def _next_generation(self) -> None:
-        from polyprof.formats.spill import open_spill
-
         old, self.spill = self.spill, None
+        old.close(clean=False)  # (not an end: the recording goes on in the next generation)
         try:
-            old.close(clean=False)  # (not an end: the recording goes on in the next generation)
             os.replace(self.path, self.path + PREVIOUS)
-            self.spill = open_spill(self.path, {**process_identity(), **self.header()})
-            if self._window is not None:
-                self.spill.append_window(self._window)
-            self._started_ns = host_ns()
         except OSError as exc:
-            self.spill = None
             self.warn(f"polyprof: the spill {self.path} cannot be written ({exc.strerror or exc}); recording "
                       "goes on without it")  # fmt: skip
+            return
+        self._started_ns = host_ns()
+        if self._window is not None:
+            self._window_into_spill(self._window)
 
     def close(self, remove: bool) -> None:
         super().close(remove)

@@ -22,7 +22,6 @@ import contextlib
 import os
 import queue
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -237,12 +236,19 @@ class FlightRecorder:
         writer thread; :attr:`captures` lists the paths written."""
         self._trigger(trigger, dict(evidence or {}), gap=False)
 
-    def _trigger(self, trigger: str, evidence: dict[str, Any], gap: bool = True) -> bool:
-        now = time.monotonic()
+    def _claim(self, trigger: str, now: float, gap: bool = True) -> bool:
+        """Whether `trigger` may fire now (not within `min_gap_s` of its last time, unless `gap` is
+        off); it is then marked as fired."""
         with self._lock:
             if gap and now - self._last_fired.get(trigger, -1e18) < self.min_gap_s:
                 return False
             self._last_fired[trigger] = now
+        return True
+
+    def _trigger(self, trigger: str, evidence: dict[str, Any], gap: bool = True) -> bool:
+        now = time.monotonic()
+        if not self._claim(trigger, now, gap):
+            return False
         self._jobs.put((trigger, evidence, time.time(), now + self.after_s))
         return True
 
@@ -250,28 +256,28 @@ class FlightRecorder:
         """A capture written on the calling thread before it returns (the process is about to end)."""
         if self.profile is None:
             return None
-        wall = time.time()
-        number = self._publish(trigger, evidence, wall)
+        return self._publish_and_write(trigger, evidence, time.time())
+
+    def _publish_and_write(self, trigger: str, evidence: dict[str, Any], wall: float,
+                           not_before: float = 0.0) -> str | None:  # fmt: skip
+        """This rank's trigger: published to the other ranks (they start on it at once), written here
+        (not before `not_before`, monotonic), and the ranks' answers reported beside it."""
+        number = None
+        if self._job is not None:
+            number = self._job.publish({"trigger": trigger, "evidence": evidence, "at_epoch_s": wall})
+        delay = not_before - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
         written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
         if number is not None and written is not None:
             self._report_answers(number, written)
         return written
 
-    def _publish(self, trigger: str, evidence: dict[str, Any], wall: float) -> int | None:
-        if self._job is None:
-            return None
-        return self._job.publish({"trigger": trigger, "evidence": evidence, "at_epoch_s": wall})
-
     def _on_job_trigger(self, message: dict[str, Any]) -> str | None:
         """Another rank's trigger (on the job thread): the same window captured here, unless this rank
         captured the same trigger within `min_gap_s` (its capture is the answer then)."""
         trigger = str(message.get("trigger", "job"))
-        now = time.monotonic()
-        with self._lock:
-            recent = now - self._last_fired.get(trigger, -1e18) < self.min_gap_s
-            if not recent:
-                self._last_fired[trigger] = now
-        if recent:
+        if not self._claim(trigger, time.monotonic()):
             return self.captures[-1] if self.captures else None
         behind = max(0.0, time.time() - float(message.get("at_epoch_s", time.time())))
         job = {"origin_rank": message.get("rank"), "trigger_number": message.get("number")}
@@ -295,14 +301,7 @@ class FlightRecorder:
             try:
                 if job is None:
                     return
-                trigger, evidence, wall, not_before = job
-                number = self._publish(trigger, evidence, wall)  # the other ranks start on it now
-                delay = not_before - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
-                if number is not None and written is not None:
-                    self._report_answers(number, written)
+                self._publish_and_write(*job)
             finally:
                 self._jobs.task_done()
 
@@ -365,10 +364,7 @@ def _forked_child() -> None:
     from polyprof.backends.torch import observer
 
     annotations.recorder.end()
-    torch = sys.modules.get("torch")
-    loaded = observer.cached(torch) if torch is not None else None
-    if loaded is not None:
-        loaded.quiet_in_child()
+    observer.quiet_loaded_in_child()
     for recorder in _running:
         recorder.profile = None  # nothing more is captured, stopped or written from this process
     _running.clear()

@@ -110,22 +110,23 @@ class HangWatchdog:
             faulthandler.dump_traceback_later(self.after_s + 1.0, repeat=False, file=self._stacks, exit=False)
 
     def beat(self, now: float) -> None:
-        silent = now - self.last
-        if self.steps and silent >= self.after_s and not self.fired:  # the watchdog could not run (the GIL)
-            self.fired = True
-            self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps, "threshold_s": self.after_s,
-                               "seen": "at the next step: no Python thread ran meanwhile"})  # fmt: skip
+        # a silence the watchdog could not see (no Python thread ran: the GIL was held) is seen here
+        self._fire_if_silent(now, seen="at the next step: no Python thread ran meanwhile")
         self.last, self.fired = now, False
         self.steps += 1
         self._arm(now)
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.after_s / 4)):
-            silent = time.monotonic() - self.last
-            if self.steps and silent >= self.after_s and not self.fired:
-                self.fired = True
-                self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps,
-                                   "threshold_s": self.after_s})  # fmt: skip
+            self._fire_if_silent(time.monotonic())
+
+    def _fire_if_silent(self, now: float, **said: str) -> None:
+        """``hang``, once per silence, when no step came for `after_s` (from the first step on)."""
+        silent = now - self.last
+        if self.steps and silent >= self.after_s and not self.fired:
+            self.fired = True
+            self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps,
+                               "threshold_s": self.after_s, **said})  # fmt: skip
 
     @staticmethod
     def write_stacks(trace_path: str) -> str | None:

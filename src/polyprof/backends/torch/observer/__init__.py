@@ -249,6 +249,13 @@ def get(torch: Any) -> Observer:
     return _loaded[key]
 
 
+def quiet_loaded_in_child() -> None:
+    """In a forked child: recording off in every observer this process had loaded (none is loaded
+    anew: only a loaded one can be recording)."""
+    for loaded in _loaded.values():
+        loaded.quiet_in_child()
+
+
 def cached(torch: Any) -> Observer | None:
     """The observer for `torch` if it is loaded or already built, without building it (None otherwise)."""
     key = str(library_path(torch))
