@@ -114,3 +114,18 @@ TRANSITIONS: dict[tuple[ProfilerAction, ProfilerAction | None], tuple[str, ...]]
 def as_action(value: Any) -> ProfilerAction:
     """polyprof's ProfilerAction for polyprof's, torch's (same values) or a bare value."""
     return value if isinstance(value, ProfilerAction) else ProfilerAction(getattr(value, "value", value))
+
+
+def phases_between(prev: Any, cur: Any) -> tuple[ProfilerAction, tuple[str, ...], str]:
+    """The schedule's move from `prev` to `cur` (None: the profile ends): the action now current, the
+    phases to run and the move in words (for torch's "Incorrect schedule" warning). A schedule may not
+    return DEVICE_STOPPED (torch's rule)."""
+    before = as_action(prev)
+    after = None if cur is None else as_action(cur)
+    if after is ProfilerAction.DEVICE_STOPPED:
+        raise ConfigError(
+            "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
+            "a user-provided schedule"
+        )
+    words = f"{before.name} followed by {after.name}" if after is not None else ""
+    return after or ProfilerAction.NONE, TRANSITIONS[(before, after)], words

@@ -34,7 +34,6 @@ from typing import Any
 
 import orjson
 
-from polyprof import annotations
 from polyprof.clock import host_ns
 from polyprof.engine import exclusive
 from polyprof.engine.background import Job, WindowJobs, run_here, writer
@@ -46,11 +45,10 @@ from polyprof.engine.schedule import (
     READY,
     START,
     STOP,
-    TRANSITIONS,
     WARN,
     ProfilerAction,
     always_record,
-    as_action,
+    phases_between,
 )
 from polyprof.engine.selection import (
     activity_group_name,
@@ -59,6 +57,7 @@ from polyprof.engine.selection import (
     select_backends,
 )
 from polyprof.engine.signals import CleanStop
+from polyprof.engine.step_spans import StepSpans
 from polyprof.engine.window import Window, call_observers, status_problems, trace_metadata
 from polyprof.engine.window_view import WindowView
 from polyprof.errors import ConfigError, PolyprofError, warn_user
@@ -81,17 +80,13 @@ class Profile:
         self._listeners = listeners_for(options.spill, options.ring_s, self._spill_header, warn_user)
         self.registry = options.registry or default_registry
         self.schedule = options.schedule or always_record
-        self.record_steps = (
-            options.schedule is not None if options.record_steps is None else options.record_steps
-        )
+        self.record_steps = options.schedule is not None if options.record_steps is None else options.record_steps
+        self._step_spans = StepSpans()
         self.on_trace_ready = options.on_trace_ready
         self._metadata: dict[str, Any] = dict(options.metadata)
         self._selection = select_backends(self.registry, activities)
         self.config = options.config(self._selection.groups)
-        for entry in self._selection.broken:
-            warn_user(
-                f"polyprof: backend {entry.name or entry.reference!r} ({entry.origin}) is left out: {entry.error}"
-            )
+        self._selection.warn_left_out()
         self._kind_filters = kind_filters(self._selection, options.activity_filters)
         self._backend_options = check_backend_options(self._selection, options.backend_options)
         self._pauses = Pauses()
@@ -102,7 +97,6 @@ class Profile:
         self._trace: Trace | None = None
         self._jobs = WindowJobs()  # this profile's windows still in the background
         self._abandoned: dict[str, str] = {}  # backends whose call hung: no session in later windows
-        self._step_span: annotations.record_function | None = None
         self._started = False
         self._merge_here = False
         #: called (on the thread that starts it) with another profile about to record while this one
@@ -150,8 +144,8 @@ class Profile:
         if not self._started:
             raise PolyprofError("step() called before start()")
         self._between_steps()
-        self._raise_handler_error()
-        self._exit_step_span()
+        self._jobs.raise_error()
+        self._step_spans.exit()
         prev = self.current_action
         self.step_num += 1
         self._transition(prev, self.schedule(self.step_num))
@@ -163,7 +157,7 @@ class Profile:
         (``prof.trace`` then waits)."""
         if not self._started:
             return
-        self._exit_step_span()
+        self._step_spans.exit()
         try:
             self._end(self.current_action, wait)
         finally:
@@ -186,34 +180,29 @@ class Profile:
 
     def _between_steps(self) -> None:
         """At a step boundary, before its transition: the background's warnings reach the caller."""
-        self._emit_warnings()
+        self._jobs.emit_warnings(warn_user)
 
     def _end(self, prev: Any, wait: bool = True) -> None:
         """The profile ends from action `prev`: the last window's phases, then (with `wait`) its trace
         and handler, the spill closed, warnings and a handler's error raised."""
         self._merge_here = wait  # the caller waits anyway: merge on its thread, without a hand-over
         try:
-            self._apply(TRANSITIONS[(as_action(prev), None)])
+            self._transition(prev, None)
         finally:
             self._merge_here = False
             self._started = False
             self._selection.call_hooks("profile_stopped")
         if wait:
             self._jobs.wait_done()
-        self.close_spill(
-            remove=False
-        )  # the profile ended: the spill says so, and stays until a trace is written
+        self.close_spill(remove=False)  # the profile ended: the spill says so, and stays until a trace is written
         if self._signals is not None:
             self._signals.__exit__()  # the program's own handlers are back (a noted signal is ended in __exit__)
-        self._emit_warnings()
-        self._raise_handler_error()
+        self._jobs.emit_warnings(warn_user)
+        self._jobs.raise_error()
 
     def _ending_with_signals(self, end: Callable[[], Any]) -> None:
         """Run `end` (the profile's stop); with handle_signals, see :meth:`CleanStop.end_with`."""
-        if self._signals is None:
-            end()
-        else:
-            self._signals.end_with(end)
+        end() if self._signals is None else self._signals.end_with(end)
 
     @property
     def trace(self) -> Trace:
@@ -221,15 +210,13 @@ class Profile:
         nothing has been recorded yet."""
         self._wait_for_trace()
         if self._trace is None:
-            raise PolyprofError(
-                "no trace has been recorded yet: profile something first (start/stop or a with block)"
-            )
+            raise PolyprofError("no trace has been recorded yet: profile something first (start/stop or a with block)")
         return self._trace
 
     def _wait_for_trace(self) -> None:
         self._jobs.wait_merged()
-        self._emit_warnings()
-        self._raise_handler_error(merge_only=True)
+        self._jobs.emit_warnings(warn_user)
+        self._jobs.raise_error(merge_only=True)
 
     def export_chrome_trace(self, path: str) -> str:
         """Write the last trace as Kineto-dialect Chrome JSON (gzip when `path` ends in .gz), or as
@@ -291,16 +278,8 @@ class Profile:
 
     # -- schedule machinery --------------------------------------------------------------------------
     def _transition(self, prev: Any, cur: Any) -> None:
-        prev, cur = as_action(prev), as_action(cur)
-        if cur is ProfilerAction.DEVICE_STOPPED:
-            raise ConfigError(
-                "ProfilerAction.DEVICE_STOPPED is set internally by the profiler and must not be returned by "
-                "a user-provided schedule"
-            )
-        self._apply(TRANSITIONS[(prev, cur)], f"{prev.name} followed by {cur.name}")
-        self.current_action = cur
-
-    def _apply(self, phases: tuple[str, ...], transition: str = "") -> None:
+        """The schedule's move from action `prev` to `cur` (None: the profile ends)."""
+        cur, phases, transition = phases_between(prev, cur)
         for phase in phases:
             if phase == PREPARE:
                 self._prepare()
@@ -310,16 +289,11 @@ class Profile:
                 self._stop_recording(save=READY in phases)
             elif phase == WARN:  # torch's words (this cycle's trace is not saved)
                 warn_user(f"Incorrect schedule: {transition}", UserWarning)
+        self.current_action = cur
 
     def _enter_step_span(self) -> None:
         if self.record_steps and self._recording:
-            self._step_span = annotations.record_function(f"ProfilerStep#{self.step_num}")
-            self._step_span.__enter__()
-
-    def _exit_step_span(self) -> None:
-        if self._step_span is not None:
-            self._step_span.__exit__(None, None, None)
-            self._step_span = None
+            self._step_spans.enter(self.step_num)
 
     # -- lifecycle phases ----------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -384,18 +358,12 @@ class Profile:
             self._jobs.add(writer.submit(run))
             blocked_ms = round((time.perf_counter() - called) * 1e3, 3)
 
-    def _raise_handler_error(self, merge_only: bool = False) -> None:
-        self._jobs.raise_error(merge_only)
-
     def _abandon_sessions(self) -> None:
         if self._window is not None:
             self._window.abandon()
             self._window = None
         self.current_action = ProfilerAction.NONE
 
-    def _emit_warnings(self) -> None:
-        """Raise the background's findings as PolyprofWarnings on the calling (the user's) thread."""
-        self._jobs.emit_warnings(warn_user)
 
 
 Profile.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -69,6 +69,11 @@ class Selection:
         """The selected backends that serve any of `groups`."""
         return [c for c in self.selected if c.groups & groups]
 
+    def warn_left_out(self) -> None:
+        """A warning for each backend named in the environment or explicitly that failed to load."""
+        for entry in self.broken:
+            warn_user(f"polyprof: backend {entry.name or entry.reference!r} ({entry.origin}) is left out: {entry.error}")
+
     def call_hooks(self, hook: str, *args: Any) -> None:
         """Each backend's optional ``profile_started(config)`` / ``profile_stopped()``: the whole profile,
         every step of a schedule (OpenCL makes queues created at any step profiling-enabled). A failure

@@ -107,7 +107,7 @@ def torch_backed(native: type, torch_profile: type) -> type:
                 return
             self._between_steps()
             self._transition(prev, cur)
-            self._raise_handler_error()  # after the transition: torch's step() has moved on already
+            self._jobs.raise_error()  # after the transition: torch's step() has moved on already
 
     for name in TORCH_LIFECYCLE:
         setattr(profile, name, getattr(torch_profile, name))
