@@ -5,7 +5,6 @@ wait in it) each leave a capture of the same window on every rank."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -99,9 +98,11 @@ def test_a_signal_to_one_rank_is_a_capture_of_the_same_window_on_every_rank(job)
         assert flights[rank]["at_epoch_s"] - flights[1]["at_epoch_s"] < 2.0, "the others answer within a poll"
     for rank, (trace,) in found.items():
         assert set(range(10, 16)) <= _steps(trace), rank
-    (answers,) = glob.glob(str(job / "flight-signal-rank1-*.pftrace.job.json"))
-    said = json.loads(open(answers).read())
-    assert sorted(int(r) for r in said["answered"]) == [0, 2, 3] and said["missing"] == []
+    for rank, flight in flights.items():  # every rank says who captured the window with it
+        others = sorted({0, 1, 2, 3} - {rank})
+        assert sorted(int(r) for r in flight["job"]["answered"]) == others and flight["job"]["missing"] == []
+        for other, path in flight["job"]["answered"].items():
+            assert path.startswith(str(job / f"flight-signal-rank{other}-")), path
 
 
 def test_a_rank_that_does_not_enter_the_all_reduce_is_a_hang_on_every_rank(job):
@@ -119,3 +120,43 @@ def test_a_rank_that_does_not_enter_the_all_reduce_is_a_hang_on_every_rank(job):
         (after_hang,) = [t for t in traces if t.metadata[FLIGHT_KEY]["evidence"]["step"] == 28]
         # the 8 s ring still holds the steps before the 5 s hang, however slow the machine's steps
         assert set(range(25, 29)) <= _steps(after_hang), f"rank {rank}: the steps before the slow one"
+
+
+GONE_JOB = """
+import os, sys, time, torch.distributed as dist
+import polyprof
+out = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+recorder = polyprof.flight_recorder(seconds=5, out_dir=out, hang_s=None, signals=())
+recorder.answer_wait_s = 3.0
+dist.barrier()
+if rank == 2:
+    os._exit(0)                              # gone without a word: it cannot answer
+time.sleep(1.0)
+if rank == 1:
+    with polyprof.record_function("before the trigger"):
+        time.sleep(0.01)
+    recorder.capture("manual", {"why": "a rank is gone"})
+time.sleep(1.5)                              # rank 0's job thread answers within a poll
+recorder.wait(30)
+recorder.stop()                              # waits for the answers to be in the captures
+os._exit(0)                                  # (the group lost a rank: no teardown)
+"""
+
+
+def test_a_rank_that_cannot_answer_is_named_in_the_others_captures(tmp_path):
+    script = tmp_path / "gone.py"
+    script.write_text(GONE_JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "3", str(script), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = _by_rank(tmp_path, "manual")
+    assert sorted(found) == [0, 1], sorted(found)
+    for rank, (trace,) in found.items():
+        job = trace.metadata[FLIGHT_KEY]["job"]
+        assert job["missing"] == [2], (rank, job)
+        assert sorted(int(r) for r in job["answered"]) == [1 - rank]
+    assert any(a.name == "before the trigger" for a in found[1][0].activities), "the capture itself is kept"
+    assert not glob.glob(str(tmp_path / ".answers-*")), "no rewrite is left half-done"

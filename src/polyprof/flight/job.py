@@ -8,8 +8,9 @@ captures the seconds before it::
     link.publish({"trigger": ..., "evidence": ..., "at_epoch_s": ...})   # from the writer thread
 
 A trigger is numbered by the store's counter (``polyprof/flight/count``) and kept under
-``polyprof/flight/trigger/N``; each rank answers under ``polyprof/flight/trigger/N/rank/R`` with its
-capture's path, so the trigger's rank can say which ranks answered and which did not.
+``polyprof/flight/trigger/N``; each rank (the trigger's too) answers under
+``polyprof/flight/trigger/N/rank/R`` with its capture's path, so every rank can say in its capture which
+ranks answered and which did not (killed, or stuck where no Python thread runs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
+
+from polyprof.formats.common.paths import launcher_rank
 
 log = logging.getLogger("polyprof.flight")
 
@@ -42,10 +45,10 @@ def answer_key(number: int, rank: int) -> str:
 def job_rank() -> tuple[int, int] | None:
     """(rank, world size) of this process in a job launched with a store's address (torchrun, env://);
     None for a lone process."""
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
+    launched = launcher_rank()
+    if launched is None:
         return None
+    rank, world = launched
     if world < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
         return None
     return rank, world
@@ -86,8 +89,7 @@ class JobLink:
                 for number in range(seen + 1, count + 1):
                     message = orjson.loads(store.get(trigger_key(number)))
                     if message.get("rank") != self.rank:
-                        path = self.on_trigger({**message, "number": number})
-                        store.set(answer_key(number, self.rank), orjson.dumps({"path": path}))
+                        self.on_trigger({**message, "number": number}, store)
                 seen = count
             except Exception as exc:  # noqa: BLE001 - the store is down or not up yet: try again later
                 log.debug("polyprof flight recorder: the job's store: %s", exc)
@@ -111,12 +113,23 @@ class JobLink:
             self._publisher = None
             return None
 
+    def answer(self, number: int, path: str | None, store: Any = None) -> None:
+        """This rank's answer to trigger `number`: the path of its capture (None: none was written)."""
+        try:
+            (store or self._publisher).set(answer_key(number, self.rank), orjson.dumps({"path": path}))
+        except Exception as exc:  # noqa: BLE001 - the others then name this rank as not answering
+            log.debug("polyprof flight recorder: cannot answer through the job's store: %s", exc)
+
     def answers(self, number: int, wait_s: float) -> dict[str, Any]:
-        """The ranks that answered trigger `number` within `wait_s` (rank -> path) and those that did
-        not (a rank killed, or stuck where no Python thread runs)."""
+        """The other ranks that answered trigger `number` within `wait_s` (rank -> path) and those that
+        did not (a rank killed, or stuck where no Python thread runs); a client of its own, so any
+        thread may ask."""
         answered: dict[int, Any] = {}
         deadline = time.monotonic() + wait_s
-        store = self._publisher
+        try:
+            store = _client()
+        except Exception:  # noqa: BLE001 - the store is gone: no rank can be said to have answered
+            store = None
         for rank in range(self.world):
             if rank == self.rank or store is None:
                 continue

@@ -36,6 +36,7 @@ from polyprof.flight.triggers import (
     SignalTriggers,
     SlowSteps,
 )
+from polyprof.formats.common.paths import launcher_rank
 
 OPS = ("top", "all", "none")
 #: the metadata key of a capture's trigger and evidence
@@ -43,10 +44,8 @@ FLIGHT_KEY = "polyprof.flight"
 
 
 def _rank() -> int | None:
-    try:
-        return int(os.environ["RANK"])
-    except (KeyError, ValueError):
-        return None
+    launched = launcher_rank()
+    return launched[0] if launched else None
 
 
 class FlightRecorder:
@@ -122,6 +121,8 @@ class FlightRecorder:
         self._job: Any = None  # the link to the other ranks, in a torch.distributed job
         self._job_wanted = job
         self._capturable = capturable
+        self.answer_wait_s = 10.0  # how long a rank waits for the others' answers to a job's trigger
+        self._reports: list[threading.Thread] = []  # the threads putting the answers into captures
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -197,6 +198,8 @@ class FlightRecorder:
             self._crash_stacks = None
         if wait and self._writer is not None:
             self._writer.join(timeout=60)
+        for thread in self._reports if wait else ():
+            thread.join(timeout=self.answer_wait_s + 30)
 
     def __enter__(self) -> FlightRecorder:
         return self.start()
@@ -269,20 +272,26 @@ class FlightRecorder:
         if delay > 0:
             time.sleep(delay)
         written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
-        if number is not None and written is not None:
-            self._report_answers(number, written)
+        if number is not None:
+            self._job.answer(number, written)
+            if written is not None:
+                self._report_answers(number, written)
         return written
 
-    def _on_job_trigger(self, message: dict[str, Any]) -> str | None:
-        """Another rank's trigger (on the job thread): the same window captured here, unless this rank
-        captured the same trigger within `min_gap_s` (its capture is the answer then)."""
-        trigger = str(message.get("trigger", "job"))
+    def _on_job_trigger(self, message: dict[str, Any], store: Any = None) -> None:
+        """Another rank's trigger (on the job thread): the same window captured here and answered, unless
+        this rank captured the same trigger within `min_gap_s` (its capture is the answer then)."""
+        trigger, number = str(message.get("trigger", "job")), int(message["number"])
         if not self._claim(trigger, time.monotonic()):
-            return self.captures[-1] if self.captures else None
+            self._job.answer(number, self.captures[-1] if self.captures else None, store)
+            return
         behind = max(0.0, time.time() - float(message.get("at_epoch_s", time.time())))
-        job = {"origin_rank": message.get("rank"), "trigger_number": message.get("number")}
+        job = {"origin_rank": message.get("rank"), "trigger_number": number}
         evidence = dict(message.get("evidence") or {})
-        return self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
+        written = self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
+        self._job.answer(number, written, store)
+        if written is not None:
+            self._report_answers(number, written)
 
     def capture_to(self, path: str, last_s: float, evidence: Mapping[str, Any] | None = None) -> str | None:
         """The last `last_s` seconds (as far as the ring holds them) written to `path` now, on the
@@ -311,19 +320,20 @@ class FlightRecorder:
         event_s = evidence.get("step_s") or evidence.get("silent_s") or 0.0
         return self.seconds + self.after_s + float(event_s)
 
-    def _report_answers(self, number: int, written: str, wait_s: float = 10.0) -> None:
-        """Beside this rank's capture, ``<trace>.job.json``: the ranks that captured the same window
-        (their paths) and those that did not answer within `wait_s` (killed, or stuck where no Python
-        thread runs), written from a thread of its own."""
+    def _report_answers(self, number: int, written: str) -> None:
+        """Into this rank's capture's metadata (``job.answered``, ``job.missing``), from a thread of its
+        own: the other ranks that captured the same window (their paths) and those that did not answer
+        within `answer_wait_s` (killed, or stuck where no Python thread runs)."""
         def report() -> None:
-            import orjson
+            answers = self._job.answers(number, self.answer_wait_s)
+            try:
+                add_job_answers(written, {str(r): p for r, p in answers["answered"].items()}, answers["missing"])
+            except Exception as exc:  # noqa: BLE001 - the capture stays as it was written
+                self.failures.append(f"answers to trigger {number}: {exc}")
 
-            answers = self._job.answers(number, wait_s)
-            with contextlib.suppress(OSError), open(f"{written}.job.json", "wb") as f:
-                f.write(orjson.dumps({"trigger_number": number, "rank": _rank(), **answers},
-                                     option=orjson.OPT_NON_STR_KEYS))  # fmt: skip
-
-        threading.Thread(target=report, name="polyprof-flight-answers", daemon=True).start()
+        thread = threading.Thread(target=report, name="polyprof-flight-answers", daemon=True)
+        self._reports = [t for t in self._reports if t.is_alive()] + [thread]
+        thread.start()
 
     def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
                last_s: float | None = None, path: str | None = None) -> str | None:  # fmt: skip
@@ -386,3 +396,20 @@ def _who() -> str:
 def flight_recorder(seconds: float = 30.0, **options: Any) -> FlightRecorder:
     """Start a :class:`FlightRecorder` (see it for the options) and return it."""
     return FlightRecorder(seconds, **options).start()
+
+
+def add_job_answers(path: str, answered: dict[str, Any], missing: list[int]) -> None:
+    """The capture at `path` rewritten (beside it, then renamed over it) with the ranks that answered
+    its trigger and those that did not in its ``polyprof.flight`` ``job`` metadata."""
+    from polyprof.formats import load_trace
+    from polyprof.formats.files import write_trace
+
+    trace = load_trace(path)
+    trace.metadata[FLIGHT_KEY].setdefault("job", {}).update(answered=answered, missing=missing)
+    partial = os.path.join(os.path.dirname(path), f".answers-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        write_trace(trace, partial)
+        os.replace(partial, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(partial)

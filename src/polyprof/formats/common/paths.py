@@ -23,6 +23,14 @@ class _Fields(dict):
         )
 
 
+def launcher_rank() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) as the launcher (torchrun) set them; None where it set none."""
+    try:
+        return int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", 1))
+    except (KeyError, ValueError):
+        return None
+
+
 def rank_fields() -> dict[str, int]:
     """rank, local_rank and world_size: torch.distributed's when it is initialised, else the launcher's
     (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), else a single process's (0, 0, 1)."""
