@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import polyprof
+from polyprof import _native
 from polyprof.engine.background import WRITER_THREAD_NAME, writer
 from polyprof.model import ActivityKind
 
@@ -127,6 +128,24 @@ def test_dump_writes_what_is_recorded_so_far_and_the_profile_goes_on(registry, t
     assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["before the dump", "after it"]
     with pytest.raises(polyprof.PolyprofError, match="needs a recording window"):
         prof.dump(str(tmp_path / "late.json"))
+
+
+@pytest.mark.skipif(_native.extension_missing, reason="needs the C recorder (the Python twin's live buffer "
+                    "does not keep the spans open across a hand-over)")
+def test_a_dump_shows_the_spans_still_open_as_unfinished(registry, tmp_path):
+    import time
+
+    prof = polyprof.profile(["cpu"], registry=registry, flush_interval_s=0.05)
+    prof.start()
+    with polyprof.record_function("stuck", args={"where": "inside"}):
+        time.sleep(0.15)  # hand-overs come meanwhile: the open span stays with its thread
+        dumped = polyprof.load_trace(prof.dump(str(tmp_path / "dump.json")))
+    prof.stop()
+    (stuck,) = dumped.activities_of(ActivityKind.USER_ANNOTATION)
+    assert stuck.name == "stuck" and stuck.args == {"where": "inside", "finished": False}
+    assert stuck.end - stuck.start >= 0.15e9, "open up to the dump"
+    (done,) = prof.trace.activities_of(ActivityKind.USER_ANNOTATION)
+    assert done.args == {"where": "inside"}, "the span, once ended, is whole in the window's trace"
 
 
 def test_ring_mode_keeps_the_last_seconds_only(registry):

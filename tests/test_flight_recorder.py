@@ -99,11 +99,13 @@ def test_a_hang_leaves_a_trace_and_every_threads_stack(tmp_path):
     code, _, stderr, out = _run(tmp_path, "hang")
     assert code == 0, stderr[-3000:]
     (path,) = _captures(out, "hang")
-    flight = polyprof.load_trace(path).metadata[FLIGHT_KEY]
+    trace = polyprof.load_trace(path)
+    flight = trace.metadata[FLIGHT_KEY]
     assert flight["trigger"] == "hang" and 1.0 <= flight["evidence"]["silent_s"] < 1.0 + 2.0
-    # the steps done before it (step 20, still open, is not: spans come once they end; the stacks say
-    # where it is)
-    assert set(range(15, 20)) <= set(_steps(polyprof.load_trace(path)))
+    assert set(range(15, 21)) <= set(_steps(trace)), "the steps done before it, and the one it is stuck in"
+    (stuck,) = [a for a in trace.activities if a.name == "ProfilerStep#20"]
+    assert stuck.args.get("finished") is False and stuck.end - stuck.start >= 1.0e9, "open up to the capture"
+    assert all(a.args.get("finished", True) for a in trace.activities if a.name == "ProfilerStep#19")
     stacks = open(f"{path}.stacks.txt").read()
     assert "MainThread" in stacks or "Current thread" in stacks or "Thread" in stacks
     assert "<string>" in stacks, "the training thread's frame (the script) is in it"

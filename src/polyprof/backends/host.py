@@ -25,6 +25,15 @@ _KIND_OF_TYPE[annotations.INSTANT] = int(ActivityKind.INSTANT)
 _KIND_OF_TYPE[annotations.GC] = int(ActivityKind.PYTHON_FUNCTION)
 
 
+def _open_state(span: Any) -> tuple:
+    """(name, args, start, id, parent) of a span open in a live buffer: C's buffer lists the span objects
+    (their ``open_state``), the Python twin's the tuples themselves."""
+    if isinstance(span, tuple):
+        return span
+    state = span.open_state
+    return (span.name, span.args, *state) if state is not None else (span.name, span.args, 1 << 62, 0, 0)
+
+
 class HostSession:
     # polyprof's own in-process bookkeeping cannot hang, so the engine calls it directly instead of
     # on a guard thread (whose start can wait milliseconds for a CPU under load)
@@ -86,11 +95,19 @@ class HostSession:
         taken, self._taken = self._taken, []
         self._convert(sink, taken, unfinished=True)
 
+    def unfinished_now(self, sink: Sink, end_ns: int) -> None:
+        """While recording: the spans open now on every thread, written up to `end_ns` with
+        ``"finished": false`` (a dump's view of the step or annotation a hang is stuck in)."""
+        if self._running:
+            host = sink.host_device()
+            for buf in annotations.recorder.buffers():
+                self._unfinished(sink, host, buf, [_open_state(span) for span in buf.events.open_spans()], end_ns)
+
     def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], unfinished: bool = False) -> None:
         host = sink.host_device()
         for buf in taken:
             if unfinished:
-                self._unfinished(sink, host, buf, buf.events.open_spans())
+                self._unfinished(sink, host, buf, buf.events.open_spans(), self.ctx.window_end)
             rows, names, args = annotations.snapshot(buf.events)
             buf.events = None  # the columns below are all that is kept
             if len(rows):
@@ -141,10 +158,10 @@ class HostSession:
             ArgColumns(("Record function id",), (handles,)) if handles.any() else None,
         )
 
-    def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer, open_spans: list[tuple]) -> None:
-        """Spans still open when the profile stopped: written up to the end of the window with
+    def _unfinished(self, sink: Sink, host: int, buf: annotations.ThreadBuffer, open_spans: list[tuple],
+                    end: int | None) -> None:  # fmt: skip
+        """Spans still open when the profile stopped (or a dump was taken): written up to `end` with
         ``"finished": false``, as Kineto writes unfinished CPU ops."""
-        end = self.ctx.window_end
         if end is None:
             return
         for name, span_args, start, ident, _parent in open_spans:

@@ -277,6 +277,20 @@ class SessionSet:
     def flushing(self) -> bool:
         return any(h.flushing for h in self.handles)
 
+    def unfinished_now(self, end_ns: int) -> list[CollectedPart]:
+        """For a dump while recording: from each session that can say (``unfinished_now``), what is
+        still open, ending at `end_ns`; parts for this dump only, not kept for the window's merge."""
+        parts = []
+        for h in self.handles:
+            unfinished = getattr(h.session, "unfinished_now", None)
+            if h.recording and callable(unfinished):
+                sink = Sink(h.name)
+                if not self.call(h, "unfinished_now", unfinished, sink, end_ns).timed_out:
+                    part = h.seal(sink)
+                    parts += [part] if len(part.activities) else []
+        release_worker()
+        return parts
+
     def abandon(self) -> None:
         """Stop and close everything (a start failed, or the profile is torn down)."""
         correlation.set_targets(())
