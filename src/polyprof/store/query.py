@@ -26,7 +26,7 @@ from polyprof.errors import ConfigError
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
-ANALYSES = ("clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
+ANALYSES = ("step_spans", "collective_ops", "clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
             "operators", "rank_steps", "rank_totals", "overview")  # fmt: skip
 
 
@@ -35,7 +35,10 @@ def analysis_sql(name: str) -> str:
     """The SQL text of analysis `name` (DuckDB's dialect)."""
     if name not in ANALYSES:
         raise ConfigError(f"no analysis {name!r}; there are: {', '.join(ANALYSES)}")
-    return resources.files("polyprof.store").joinpath("sql", f"{name}.sql").read_text()
+    from polyprof.analysis.ranks import COLLECTIVE
+
+    text = resources.files("polyprof.store").joinpath("sql", f"{name}.sql").read_text()
+    return text.replace("{COLLECTIVE}", "(?i)" + COLLECTIVE.pattern)
 
 
 def read_manifest(path: str) -> dict[str, Any]:

@@ -1,21 +1,12 @@
 -- Per step and rank, the rank view (polyprof.analysis.ranks): the step's duration, its busy time (the
 -- duration less the time in collectives within it: the union of c10d::, record_param_comms, gloo:,
 -- nccl: ops and NCCL kernels, nested ones once), whether the rank is the step's slowest (the most busy
--- time; ties: the lowest rank) and, for that rank, its busy time above the ranks' median. A step is the
--- longest ProfilerStep#N span of its number. (The blame analysis says who made the others wait from
+-- time; ties: the lowest rank) and, for that rank, its busy time above the ranks' median (steps:
+-- step_spans.sql; collectives: collective_ops.sql). (The blame analysis says who made the others wait from
 -- collective entry times on one clock; this view is the busy-time heuristic, for a quick look.)
-with step_rows as (
-    select rank, cast(substr(name, 14) as bigint) as step, start_ns as lo, end_ns as hi,
-           row_number() over (partition by rank, name order by dur_ns desc, start_ns) as longest
-    from activities where regexp_matches(name, '^ProfilerStep#[0-9]+$')
-),
-step_spans as (
-    select rank, step, lo, hi from step_rows where longest = 1
-),
-clipped as (
+with clipped as (
     select s.rank, s.step, greatest(c.start_ns, s.lo) as s, least(c.end_ns, s.hi) as e
-    from step_spans s join activities c on c.rank = s.rank and c.start_ns < s.hi and c.end_ns > s.lo
-    where regexp_matches(c.name, '(?i)^(c10d::|record_param_comms$|gloo:|nccl:)|nccl.*kernel|ncclDevKernel')
+    from step_spans s join collective_ops c on c.rank = s.rank and c.start_ns < s.hi and c.end_ns > s.lo
 ),
 marked as (
     select rank, step, s, e,

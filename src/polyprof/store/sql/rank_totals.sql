@@ -1,20 +1,15 @@
 -- Per rank, the rank view's totals (polyprof.analysis.ranks): its steps and their mean duration, its
 -- time in collectives over the whole trace (their union), and how much of that is above the least any
 -- rank spent (waited_ns: the time it waited for the others, by the busy-time heuristic).
-with step_rows as (
-    select rank, name, dur_ns, row_number() over (partition by rank, name order by dur_ns desc, start_ns) as longest
-    from activities where regexp_matches(name, '^ProfilerStep#[0-9]+$')
-),
-steps_ as (
-    select rank, count(*) as steps, avg(dur_ns) as mean_step_ns from step_rows where longest = 1 group by rank
+with steps_ as (
+    select rank, count(*) as steps, avg(hi - lo) as mean_step_ns from step_spans group by rank
 ),
 marked as (
     select rank, start_ns as s, end_ns as e,
            case when start_ns <= max(end_ns) over (partition by rank order by start_ns, end_ns
                                                    rows between unbounded preceding and 1 preceding)
                 then 0 else 1 end as opens
-    from activities
-    where regexp_matches(name, '(?i)^(c10d::|record_param_comms$|gloo:|nccl:)|nccl.*kernel|ncclDevKernel')
+    from collective_ops
 ),
 numbered as (
     select rank, s, e, sum(opens) over (partition by rank order by s, e rows between unbounded preceding and current row) as island

@@ -1,20 +1,11 @@
 -- Per rank, step and device, the step time breakdown (polyprof.analysis.steps): within the step's span,
 -- computation counts first, then communication not hidden under it, memory work not hidden under
 -- either, other device work, then host-side only time (the step's thread runs ops, annotations or
--- runtime calls and the device has nothing to do), and idle is the rest. A step is the longest
--- ProfilerStep#N span of its number; a rank with no device work has one device row, "host".
+-- runtime calls and the device has nothing to do), and idle is the rest (steps: step_spans.sql); a
+-- rank with no device work has one device row, "host".
 -- Each part is the union of the intervals of its kind and the kinds before it, less the union of
 -- those before it: one union (islands, as in islands.sql) per rank, step, device and layer.
-with step_rows as (
-    select rank, cast(substr(name, 14) as bigint) as step, start_ns as lo, end_ns as hi, resource as thread,
-           device as host_device, name,
-           row_number() over (partition by rank, name order by dur_ns desc, start_ns) as longest
-    from activities where regexp_matches(name, '^ProfilerStep#[0-9]+$')
-),
-step_spans as (
-    select rank, step, lo, hi, thread, host_device, name from step_rows where longest = 1
-),
-devices as (
+with devices as (
     select distinct rank, device, device_name from activities where work is not null
 ),
 rank_devices as (  -- ranks with no device work: one row, the host
