@@ -14,8 +14,10 @@ import time
 import pytest
 
 import polyprof
+from polyprof import _native
 from polyprof.errors import ConfigError
 from polyprof.flight import FLIGHT_KEY, FlightRecorder
+from polyprof.formats.spill.crash import MAGIC, read_crash
 
 pytest.importorskip("torch", reason="needs torch (the flight recorder's steps come from its optimizer)")
 
@@ -32,7 +34,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(60):
     with polyprof.record_function("train_step"):
         model(torch.randn(16, 32)).sum().backward()
-    time.sleep(0.05 if mode in ("crash", "SIGKILL") else 0.01)  # (crashes: past the first hand-overs)
+    time.sleep(0.05 if mode in ("crash", "abort", "SIGKILL") else 0.01)  # (crashes: past the first hand-overs)
     if step == 40 and mode == "slow":
         time.sleep(0.4)
     if step == 20 and mode == "hang":
@@ -45,6 +47,8 @@ for step in range(60):
         sys.exit(3)
     if step == 30 and mode == "crash":
         ctypes.string_at(0)  # a null pointer read: SIGSEGV
+    if step == 30 and mode == "abort":
+        os.abort()  # SIGABRT (as a C++ terminate, or NCCL's watchdog tearing the process down, ends)
     if step == 30 and mode in ("SIGTERM", "SIGUSR2", "SIGKILL", "on_demand"):
         open(os.path.join(out, "ready"), "w").close()
         time.sleep(1.5)
@@ -221,23 +225,41 @@ def test_bad_options_are_refused_naming_them(bad):
         FlightRecorder(seconds, **bad)
 
 
-@pytest.mark.parametrize("how", ["crash", "SIGKILL"])
+@pytest.mark.parametrize("how", ["crash", "abort", "SIGKILL"])
 def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
-    """A segmentation fault, or SIGKILL: nothing runs at the end, but the ring's hand-overs (every second)
-    are on disk; ``polyprof recover`` reads them. The crash also leaves every thread's Python stack."""
+    """A segmentation fault, or SIGKILL: the ring's hand-overs (every second) are on disk; ``polyprof
+    recover`` reads them. A crash also leaves what was recorded since the last hand-over (written by the
+    C recorder from the signal handler) and every thread's Python stack."""
     code, _, stderr, out = _run(tmp_path, how, signal_at_ready=signal.SIGKILL if how == "SIGKILL" else None)
-    assert code == (-signal.SIGSEGV if how == "crash" else -signal.SIGKILL), stderr[-2000:]
+    assert code == {"crash": -signal.SIGSEGV, "abort": -signal.SIGABRT, "SIGKILL": -signal.SIGKILL}[how], stderr[-2000:]
     (spill,) = glob.glob(str(out / "flight-pid*.spill"))
     recovered = tmp_path / "recovered.json.gz"
     run = subprocess.run([sys.executable, "-m", "polyprof", "recover", spill, "-o", recovered, "-q"],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    steps = set(_steps(polyprof.load_trace(recovered)))
-    assert set(range(3, 10)) <= steps and max(steps) < 30, sorted(steps)  # (hand-overs every second)
-    if how == "crash":
-        (stacks,) = glob.glob(str(out / "flight-crash-pid*-stacks.txt"))
-        text = open(stacks).read()
-        assert "Segmentation fault" in text and "<string>" in text, text[-2000:]
+    trace = polyprof.load_trace(recovered)
+    steps = set(_steps(trace))
+    if how == "SIGKILL":  # nothing runs at a kill: the hand-overs (every second) are what is left
+        assert set(range(3, 10)) <= steps and max(steps) < 30, sorted(steps)
+        return
+    (stacks,) = glob.glob(str(out / "flight-crash-pid*-stacks.txt"))
+    text = open(stacks).read()
+    assert ("Segmentation fault" if how == "crash" else "Aborted") in text and "<string>" in text, text[-2000:]
+    if _native.extension_missing:
+        return  # (the rows since the last hand-over are written at a crash by the C recorder only)
+    # the C recorder wrote the rows not yet handed over at the crash: every step is there, to the one
+    # the crash ended, still open then
+    assert set(range(0, 31)) == steps, sorted(steps)
+    (last,) = [a for a in trace.activities if a.name == "ProfilerStep#30"]
+    assert last.args == {"finished": False}
+    assert sum(a.name == "train_step" for a in trace.activities) == 31
+    crash = trace.metadata["polyprof"]["partial"]["crash"]
+    assert crash["whole"] and crash["rows"] >= 1 and crash["threads"] >= 1  # (at least the open step)
+    data = open(f"{spill}.crash", "rb").read()  # a crash file cut anywhere reads what is whole before the cut
+    whole = read_crash(data)
+    for cut in range(len(MAGIC), len(data)):
+        part = read_crash(data[:cut])
+        assert not part.whole and part.rows <= whole.rows
 
 
 def test_the_rings_spill_keeps_two_generations_of_about_a_ring_each(tmp_path):

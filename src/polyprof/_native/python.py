@@ -69,6 +69,7 @@ def row_chunk_functions() -> tuple[int, int, int]:
 
 
 warm_row_chunks = _declined
+crash_rows_arm = crash_rows_disarm = _declined  # (no rows are written at a crash: the spill's last flush is all)
 
 
 def row_chunks_stats() -> dict[str, Any]:

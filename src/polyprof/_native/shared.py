@@ -38,7 +38,7 @@ ACCELERATOR_NAMES = (
 RUNTIME_NAMES = (
     "clock_ns", "clock_source", "tsc_clock_addresses", "row_chunk_functions", "warm_row_chunks",
     "row_chunks_stats", "pytrace_start", "pytrace_stop", "pytrace_thread_hook", "pytrace_mon_py_start",
-    "pytrace_mon_py_end", "pytrace_mon_call", "pytrace_mon_c_end",
+    "pytrace_mon_py_end", "pytrace_mon_call", "pytrace_mon_c_end", "crash_rows_arm", "crash_rows_disarm",
 )  # fmt: skip
 SIDE_NAMES = RECORDER_NAMES + COLUMN_NAMES + ACCELERATOR_NAMES + RUNTIME_NAMES
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from polyprof.errors import ConfigError
 from polyprof.flight.triggers import (
+    CrashRows,
     CrashStacks,
     CudaOutOfMemory,
     ExitHooks,
@@ -106,6 +107,7 @@ class FlightRecorder:
         flush = 1.0 if crash_spill else max(1.0, self.seconds / 4)
         self._profile_options = {"flush_interval_s": flush, **profile_options}
         self._crash_stacks: Any = None
+        self._crash_rows: Any = None
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now)
@@ -144,6 +146,9 @@ class FlightRecorder:
         if self._exit is not None:
             self._exit.install()
         if self.spill_path is not None:
+            from polyprof.formats.spill.crash import CRASH_SUFFIX
+
+            self._crash_rows = CrashRows(self.spill_path + CRASH_SUFFIX)  # (before faulthandler: see CrashRows)
             self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{_who()}-stacks.txt"))
         self._link_job()
         _running.append(self)
@@ -196,6 +201,9 @@ class FlightRecorder:
         if self._crash_stacks is not None:
             self._crash_stacks.close()
             self._crash_stacks = None
+        if self._crash_rows is not None:
+            self._crash_rows.close()
+            self._crash_rows = None
         if wait and self._writer is not None:
             self._writer.join(timeout=60)
         for thread in self._reports if wait else ():
@@ -370,11 +378,12 @@ def _forked_child() -> None:
     stops here (flags only: a lock a parent's thread held at the fork would never be let go)."""
     if not _running:
         return
-    from polyprof import annotations
+    from polyprof import _native, annotations
     from polyprof.backends.torch import observer
 
     annotations.recorder.end()
     observer.quiet_loaded_in_child()
+    _native.crash_rows_disarm()  # (a worker's crash would write into the parent's crash file)
     for recorder in _running:
         recorder.profile = None  # nothing more is captured, stopped or written from this process
     _running.clear()

@@ -256,6 +256,39 @@ class CrashStacks:
         self.file = None
 
 
+class CrashRows:
+    """At a fatal signal the C recorder writes every thread's spans and instants not yet handed over to
+    `path` (beside the spill: ``SPILL.crash``) with write(2) alone, async-signal-safely; ``polyprof
+    recover SPILL`` reads it with the spill. Armed before :class:`CrashStacks` (faulthandler), so that at
+    a crash the stacks are written first, then the rows; :meth:`close` after it. Without the C
+    extension nothing is armed: the spill's last hand-over is what a crash leaves."""
+
+    def __init__(self, path: str) -> None:
+        from polyprof import _native
+
+        self.path = path
+        self.fd: int | None = None
+        if _native.extension_missing:
+            return
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            _native.crash_rows_arm(self.fd)
+        except OSError:
+            self.close()
+
+    def close(self) -> None:
+        from polyprof import _native
+
+        if self.fd is None:
+            return
+        _native.crash_rows_disarm()
+        os.close(self.fd)
+        self.fd = None
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.path) == 0:
+                os.unlink(self.path)
+
+
 class CudaOutOfMemory:
     """On CUDA, torch's out-of-memory observer (called as the caching allocator fails, before torch
     raises OutOfMemoryError) fires ``oom`` with the device and the sizes. Attached at the first step

@@ -4,7 +4,9 @@
     trace.metadata["polyprof"]["partial"]   # what ended it, what it covers, which backends had flushed
 
 Everything the spill holds up to its first torn chunk is merged as a profile's windows are (a ring's
-spill with its older generation, ``SPILL.previous``, before it); the trace is marked partial: rows not yet handed over when the process died (the last flush interval) are missing.
+spill with its older generation, ``SPILL.previous``, before it, and the rows a crash wrote,
+``SPILL.crash``, after it); the trace is marked partial: rows not yet handed over when the process
+died (the last flush interval) are missing, but for the spans and instants a crash wrote.
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ def recover_trace(path: str) -> Trace:
     for part in spill.parts:  # a backend's latest status holds its counts so far
         statuses[part.backend] = part.status
     parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
+    crash = _crash(path)
+    if crash is not None:
+        from polyprof.formats.spill.crash import crash_part
+        from polyprof.model import BackendStatus
+
+        parts.append(crash_part(crash, statuses.setdefault("host", BackendStatus("host"))))
     starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
     ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
     windows = [w["window_start"] for w in spill.windows if "window_start" in w]  # (ints: read_spill checked)
-    ends = ends + [w["window_end"] for w in spill.windows if "window_end" in w]
+    ends = ends + [w["window_end"] for w in spill.windows if "window_end" in w] + ([crash.at_ns] if crash else [])
     first = min(windows + starts) if windows or starts else 0
     last = max(ends + [first])
     epoch = int(header.get("epoch_offset_ns", 0) or 0)
@@ -50,8 +58,12 @@ def recover_trace(path: str) -> Trace:
         "torn_bytes": spill.torn_bytes,
         "dropped": spill.dropped,  # chunks or fields whose checksum matched but that could not be used
         "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
-                   f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)",
+                   f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)"
+                   + (", but for the spans and instants written at the crash (without their args)" if crash else ""),
     }  # fmt: skip
+    if crash is not None:
+        partial["crash"] = {"at_epoch_ns": crash.at_ns + epoch, "rows": crash.rows, "threads": len(crash.threads),
+                            "whole": crash.whole}  # fmt: skip
     metadata = dict(header.get("metadata") or {})
     metadata["polyprof"] = {
         "version": __version__,
@@ -89,6 +101,19 @@ def _with_previous(spill: Any, path: str) -> Any:
         torn_bytes=older.torn_bytes + spill.torn_bytes,
         dropped=older.dropped + spill.dropped,
     )
+
+
+def _crash(path: str) -> Any:
+    """The rows a crash wrote beside the spill (``SPILL.crash``), or None."""
+    import os
+
+    from polyprof.formats.spill.crash import CRASH_SUFFIX, read_crash
+
+    try:
+        with open(os.fspath(path) + CRASH_SUFFIX, "rb") as f:
+            return read_crash(f.read())
+    except OSError:
+        return None
 
 
 def _not_in_it(windows: list[dict[str, Any]]) -> list[str]:
