@@ -18,6 +18,7 @@ from polyprof import _native
 from polyprof.errors import ConfigError
 from polyprof.flight import FLIGHT_KEY, FlightRecorder
 from polyprof.formats.spill.crash import MAGIC, read_crash
+from polyprof.model import ActivityKind
 
 pytest.importorskip("torch", reason="needs torch (the flight recorder's steps come from its optimizer)")
 
@@ -253,6 +254,9 @@ def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
     (last,) = [a for a in trace.activities if a.name == "ProfilerStep#30"]
     assert last.args == {"finished": False}
     assert sum(a.name == "train_step" for a in trace.activities) == 31
+    assert sum(a.name == "aten::linear" for a in trace.activities) == 2 * 31, "and the operators (top-level)"
+    (last_ops,) = [[a.name for a in trace.activities if a.kind == ActivityKind.CPU_OP and last.start <= a.start]]
+    assert "aten::linear" in last_ops, "the ops of the step the crash ended, written at the crash"
     crash = trace.metadata["polyprof"]["partial"]["crash"]
     assert crash["whole"] and crash["rows"] >= 1 and crash["threads"] >= 1  # (at least the open step)
     data = open(f"{spill}.crash", "rb").read()  # a crash file cut anywhere reads what is whole before the cut

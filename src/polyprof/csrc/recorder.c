@@ -1158,6 +1158,7 @@ static PyObject *sp_counter(PyObject *m, PyObject *const *a, Py_ssize_t nargs, P
      "PPCRASH1", the clock at the crash,
      per buffer: 1, tid, rows, names, open spans; rows x (type, start, end, id, parent, name code or -1);
        names x text; open spans x (start, id, parent, text)   -- text: uint32 length, then UTF-8
+     what `more` writes, where it was armed with one (the torch observer's ops: 2, ...),
      0 (the end). */
 #define CRASH_SLOTS 4096
 #define CRASH_TEXT_MAX 4096
@@ -1165,6 +1166,7 @@ static EventBufferObject *volatile g_crash_buffers[CRASH_SLOTS];
 static long long g_crash_tids[CRASH_SLOTS];
 static volatile int g_crash_top = 0;  /* slots in use are below it */
 static int g_crash_fd = -1;
+static void (*g_crash_more)(int fd) = NULL;  /* another library's part (the torch observer's ops) */
 static volatile sig_atomic_t g_crash_taken = 0;
 static const int g_crash_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
 #define N_CRASH_SIGNALS ((int)(sizeof g_crash_signals / sizeof g_crash_signals[0]))
@@ -1286,6 +1288,8 @@ static void crash_handler(int sig, siginfo_t *info, void *context) {
             EventBufferObject *b = g_crash_buffers[i];
             if (b != NULL) crash_buffer(b, g_crash_tids[i], now);
         }
+        crash_flush();
+        if (g_crash_more != NULL) g_crash_more(g_crash_fd);
         crash_i64(0);
         crash_flush();
         errno = saved;
@@ -1295,9 +1299,16 @@ static void crash_handler(int sig, siginfo_t *info, void *context) {
     raise(sig);  /* (blocked until this returns: then the handler before runs, or the default) */
 }
 
-static PyObject *sp_crash_rows_arm(PyObject *m, PyObject *fd) {
-    int f = PyLong_AsLong(fd);
+static PyObject *sp_crash_rows_arm(PyObject *m, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crash_rows_arm(fd, more=0)");
+        return NULL;
+    }
+    int f = PyLong_AsLong(a[0]);
     if (f < 0 && PyErr_Occurred()) return NULL;
+    void *more = nargs > 1 ? PyLong_AsVoidPtr(a[1]) : NULL;
+    if (more == NULL && PyErr_Occurred()) return NULL;
+    g_crash_more = (void (*)(int))more;
     if (g_crash_armed) { g_crash_fd = f; Py_RETURN_TRUE; }
     struct sigaction action;
     memset(&action, 0, sizeof action);
@@ -1320,7 +1331,7 @@ static PyObject *sp_crash_rows_disarm(PyObject *m, PyObject *unused) {
             now.sa_sigaction == crash_handler)
             sigaction(g_crash_signals[i], &g_crash_previous[i], NULL);
     }
-    g_crash_fd = -1, g_crash_armed = 0;
+    g_crash_fd = -1, g_crash_armed = 0, g_crash_more = NULL;
     Py_RETURN_NONE;
 }
 
@@ -1338,8 +1349,9 @@ PyMethodDef pp_recorder_methods[] = {
      "The id of the innermost span open in this thread / task (or the id a caller set), 0 if none."},
     {"external_id_reader", sp_external_id_reader, METH_NOARGS,
      "The address of `long long reader(void)`, current_external_id for C callers holding the GIL."},
-    {"crash_rows_arm", sp_crash_rows_arm, METH_O,
-     "crash_rows_arm(fd): at a fatal signal, write every thread's rows not yet handed over to `fd`."},
+    {"crash_rows_arm", (PyCFunction)(void (*)(void))sp_crash_rows_arm, METH_FASTCALL,
+     "crash_rows_arm(fd, more=0): at a fatal signal, write every thread's rows not yet handed over to `fd`, "
+     "then call `more(fd)` (a C function's address) where given."},
     {"crash_rows_disarm", sp_crash_rows_disarm, METH_NOARGS, "The fatal signals' handlers as they were before arming."},
     {"thread_context_fast", sp_thread_context_fast, METH_NOARGS,
      "Whether spans of a thread's own context skip the context variable (the PyContext layout checked)."},

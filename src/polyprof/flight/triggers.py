@@ -257,9 +257,9 @@ class CrashStacks:
 
 
 class CrashRows:
-    """At a fatal signal the C recorder writes every thread's spans and instants not yet handed over to
-    `path` (beside the spill: ``SPILL.crash``) with write(2) alone, async-signal-safely; ``polyprof
-    recover SPILL`` reads it with the spill. Armed before :class:`CrashStacks` (faulthandler), so that at
+    """At a fatal signal the C recorder writes every thread's spans and instants not yet handed over, and
+    the torch observer its operators, to `path` (beside the spill: ``SPILL.crash``) with write(2) alone,
+    async-signal-safely; ``polyprof recover SPILL`` reads it with the spill. Armed before :class:`CrashStacks` (faulthandler), so that at
     a crash the stacks are written first, then the rows; :meth:`close` after it. Without the C
     extension nothing is armed: the spill's last hand-over is what a crash leaves."""
 
@@ -272,7 +272,7 @@ class CrashRows:
             return
         try:
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            _native.crash_rows_arm(self.fd)
+            _native.crash_rows_arm(self.fd, _observer_crash_rows())
         except OSError:
             self.close()
 
@@ -287,6 +287,16 @@ class CrashRows:
         with contextlib.suppress(OSError):
             if os.path.getsize(self.path) == 0:
                 os.unlink(self.path)
+
+
+def _observer_crash_rows() -> int:
+    """The torch observer's crash writer (its ops since the last hand-over), where one is loaded."""
+    if "torch" not in sys.modules:
+        return 0
+    from polyprof.backends.torch import observer
+
+    loaded = observer.loaded_observers()
+    return loaded[-1].crash_rows_address() if loaded else 0
 
 
 class CudaOutOfMemory:

@@ -35,10 +35,9 @@ def recover_trace(path: str) -> Trace:
     parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
     crash = _crash(path)
     if crash is not None:
-        from polyprof.formats.spill.crash import crash_part
-        from polyprof.model import BackendStatus
+        from polyprof.formats.spill.crash import crash_parts
 
-        parts.append(crash_part(crash, statuses.setdefault("host", BackendStatus("host"))))
+        parts += crash_parts(crash, statuses)
     starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
     ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
     windows = [w["window_start"] for w in spill.windows if "window_start" in w]  # (ints: read_spill checked)
@@ -59,7 +58,8 @@ def recover_trace(path: str) -> Trace:
         "dropped": spill.dropped,  # chunks or fields whose checksum matched but that could not be used
         "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
                    f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)"
-                   + (", but for the spans and instants written at the crash (without their args)" if crash else ""),
+                   + (", but for the spans, instants and operators written at the crash (without their args)"
+                      if crash else ""),
     }  # fmt: skip
     if crash is not None:
         partial["crash"] = {"at_epoch_ns": crash.at_ns + epoch, "rows": crash.rows, "threads": len(crash.threads),

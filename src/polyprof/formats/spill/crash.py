@@ -1,11 +1,11 @@
-"""The rows a crash left: what each thread had recorded (spans, instants) since the last hand-over,
-written by the C recorder at a fatal signal into ``SPILL.crash`` beside a flight recorder's spill
-(``csrc/recorder.c``, "The crash dump", gives the layout). ``polyprof recover SPILL`` reads it with the
-spill::
+"""The rows a crash left: what each thread had recorded (spans, instants; the torch observer's
+operators) since the last hand-over, written at a fatal signal into ``SPILL.crash`` beside a flight
+recorder's spill (``csrc/recorder.c``, "The crash dump", gives the layout). ``polyprof recover SPILL``
+reads it with the spill::
 
     crash = read_crash(open("flight/flight-rank0.spill.crash", "rb").read())
-    crash.at_ns, [len(t.rows) for t in crash.threads]
-    part = crash_part(crash, status)          # the host backend's rows, for the merge
+    crash.at_ns, [len(t.rows) for t in crash.threads], [len(t.ops) for t in crash.op_threads]
+    parts = crash_parts(crash, statuses)      # the host's and torch's rows, for the merge
 
 A file cut short (the process died while writing it) gives the threads read whole before the cut.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyprof.model import BackendStatus, CollectedPart
+from polyprof.model import ActivityKind, BackendStatus, CollectedPart
 from polyprof.sink import Sink
 
 MAGIC = b"PPCRASH1"
@@ -37,14 +37,22 @@ class CrashedThread:
 
 
 @dataclass
+class CrashedOps:
+    tid: int
+    ops: np.ndarray  # (n, 3) int64: start, end (0: still open), name id (-1: not written)
+    names: list[str]
+
+
+@dataclass
 class Crash:
     at_ns: int = 0
     threads: list[CrashedThread] = field(default_factory=list)
+    op_threads: list[CrashedOps] = field(default_factory=list)
     whole: bool = False  # the end marker was reached
 
     @property
     def rows(self) -> int:
-        return sum(len(t.rows) + len(t.open_spans) for t in self.threads)
+        return sum(len(t.rows) + len(t.open_spans) for t in self.threads) + sum(len(t.ops) for t in self.op_threads)
 
 
 class _Cut(Exception):
@@ -79,25 +87,55 @@ def read_crash(data: bytes) -> Crash | None:
     crash = Crash()
     try:
         crash.at_ns = reader.i64()
-        while reader.i64() == 1:
-            tid, n_rows, n_names, n_open = (reader.i64() for _ in range(4))
-            rows = np.frombuffer(reader.take(n_rows * ROW_FIELDS * 8), dtype="<i8").reshape(n_rows, ROW_FIELDS)
-            names = [reader.text() for _ in range(n_names)]
-            open_spans = []
-            for _ in range(n_open):
-                start, ident, parent = reader.i64(), reader.i64(), reader.i64()
-                open_spans.append((reader.text(), None, start, ident, parent))
-            crash.threads.append(CrashedThread(tid, rows.astype(np.int64), names, open_spans))
-        crash.whole = True
+        while (marker := reader.i64()) in (1, 2):
+            if marker == 1:
+                crash.threads.append(_thread(reader))
+            else:
+                tid, n_ops, n_names = reader.i64(), reader.i64(), reader.i64()
+                ops = np.frombuffer(reader.take(n_ops * 3 * 8), dtype="<i8").reshape(n_ops, 3).astype(np.int64)
+                crash.op_threads.append(CrashedOps(tid, ops, [reader.text() for _ in range(n_names)]))
+        crash.whole = marker == 0
     except _Cut:
         pass
     return crash
 
 
-def crash_part(crash: Crash, status: BackendStatus) -> CollectedPart:
-    """The crash's rows as the host backend's part: spans and instants as the host backend writes them,
-    without their args (not written at a crash); the spans still open then end at the crash, with
-    ``"finished": false``."""
+def _thread(reader: _Reader) -> CrashedThread:
+    tid, n_rows, n_names, n_open = (reader.i64() for _ in range(4))
+    rows = np.frombuffer(reader.take(n_rows * ROW_FIELDS * 8), dtype="<i8").reshape(n_rows, ROW_FIELDS)
+    names = [reader.text() for _ in range(n_names)]
+    open_spans = []
+    for _ in range(n_open):
+        start, ident, parent = reader.i64(), reader.i64(), reader.i64()
+        open_spans.append((reader.text(), None, start, ident, parent))
+    return CrashedThread(tid, rows.astype(np.int64), names, open_spans)
+
+
+def crash_parts(crash: Crash, statuses: dict[str, BackendStatus]) -> list[CollectedPart]:
+    """The crash's rows as the parts of the backends that recorded them (`statuses`: theirs, by name,
+    added where missing): the host's spans and instants and torch's operators, without their args (not
+    written at a crash); what was still open then ends at the crash, with ``"finished": false``."""
+    parts = []
+    if crash.threads:
+        parts.append(_host_part(crash, statuses.setdefault("host", BackendStatus("host"))))
+    if crash.op_threads:
+        parts.append(_torch_part(crash, statuses.setdefault("torch", BackendStatus("torch"))))
+    return parts
+
+
+def _torch_part(crash: Crash, status: BackendStatus) -> CollectedPart:
+    sink = Sink("torch")
+    host = sink.host_device()
+    for thread in crash.op_threads:
+        row = sink.host_thread(thread.tid)
+        for start, end, name in thread.ops.tolist():
+            sink.activity(ActivityKind.CPU_OP, thread.names[name] if 0 <= name < len(thread.names) else UNNAMED,
+                          device=host, resource=row, start=start, end=end or max(start, crash.at_ns),
+                          args={} if end else {"finished": False})  # fmt: skip
+    return sink.seal(status)
+
+
+def _host_part(crash: Crash, status: BackendStatus) -> CollectedPart:
     from polyprof.backends.host import thread_rows, unfinished_spans
 
     sink = Sink("host")

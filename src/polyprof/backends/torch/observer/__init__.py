@@ -230,6 +230,16 @@ class Observer:
         )
 
 
+    def crash_rows_address(self) -> int:
+        """The C address of polyprof_observer_crash_rows (the ops not yet taken, written at a crash)."""
+        return int(ctypes.cast(self.lib.polyprof_observer_crash_rows, ctypes.c_void_p).value or 0)
+
+
+def loaded_observers() -> list[Observer]:
+    """The observers this process has loaded."""
+    return list(_loaded.values())
+
+
 def disabled() -> bool:
     return os.environ.get("POLYPROF_TORCH_OBSERVER", "1").strip().lower() in ("0", "off", "false", "no")
 

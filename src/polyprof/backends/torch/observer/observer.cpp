@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -1850,6 +1851,59 @@ void polyprof_rf_exit(void* rf) {
     delete static_cast<at::RecordFunction*>(rf);  // ends it
   } catch (...) {
   }
+}
+
+// The crash dump's part (polyprof's C recorder calls it from its fatal-signal handler with the crash
+// file's descriptor, after its own rows; csrc/recorder.c gives the file's layout): every thread's ops
+// not yet taken, with write(2) alone, reading the buffers as they are (no lock: the crashing thread
+// may hold g_mutex; no allocation). Per buffer: 2, tid, ops, names, then ops x (start, end or 0 while
+// open, name id or -1) and names x (uint32 length, bytes), all little-endian int64 but the lengths.
+void polyprof_observer_crash_rows(int fd) {
+  static char out[1 << 16];
+  static size_t n = 0;
+  auto flush = [&]() {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w = ::write(fd, out + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      done += size_t(w);
+    }
+    n = 0;
+  };
+  auto bytes = [&](const void* p, size_t len) {
+    const char* c = static_cast<const char*>(p);
+    while (len) {
+      if (n == sizeof out) flush();
+      size_t k = std::min(len, sizeof out - n);
+      std::memcpy(out + n, c, k);
+      n += k, c += k, len -= k;
+    }
+  };
+  auto i64 = [&](int64_t v) { bytes(&v, sizeof v); };
+  size_t count = g_buffers.size();
+  for (size_t i = 0; i < count && i < g_buffers.size(); i++) {
+    const ThreadBuffer* b = g_buffers[i].get();
+    if (b == nullptr || b->claimed.load(std::memory_order_relaxed)) continue;  // (a take is moving it)
+    size_t ops = b->ops.size(), names = b->names.size();
+    i64(2), i64(b->tid), i64(int64_t(ops)), i64(int64_t(names));
+    for (size_t k = 0; k < ops; k++) {
+      const Op& op = b->ops[k];
+      uint32_t name = op.name_scope >> 8;
+      int64_t id = name == kNameRare ? (op.rare && op.rare <= b->rare.size() ? b->rare[op.rare - 1].name : -1)
+                                     : int64_t(name);
+      int64_t end = op.dur == kStillOpen ? 0
+                    : op.dur == kFarEnd   ? (op.rare && op.rare <= b->rare.size() ? b->rare[op.rare - 1].end : op.start)
+                                          : op.start + int64_t(op.dur);
+      i64(op.start), i64(end), i64(id >= 0 && size_t(id) < names ? id : -1);
+    }
+    for (size_t k = 0; k < names; k++) {
+      uint32_t len = uint32_t(std::min<size_t>(b->names[k].size(), 4096));
+      bytes(&len, sizeof len);
+      bytes(b->names[k].data(), len);
+    }
+  }
+  flush();
 }
 
 }  // extern "C"
