@@ -160,3 +160,50 @@ def test_a_rank_that_cannot_answer_is_named_in_the_others_captures(tmp_path):
         assert sorted(int(r) for r in job["answered"]) == [1 - rank]
     assert any(a.name == "before the trigger" for a in found[1][0].activities), "the capture itself is kept"
     assert not glob.glob(str(tmp_path / ".answers-*")), "no rewrite is left half-done"
+
+
+TIMEOUT_JOB = """
+import datetime, os, sys, time, torch, torch.distributed as dist
+import polyprof
+out = sys.argv[1]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+rank = dist.get_rank()
+recorder = polyprof.flight_recorder(seconds=10, out_dir=out, hang_s=None, signals=())
+t = torch.ones(4)
+for step in range(12):
+    with polyprof.record_function("step_work"):
+        time.sleep(0.01)
+    if rank == 1 and step == 10:
+        time.sleep(4.0)                      # rank 1 is late: the others' all-reduce times out
+    dist.all_reduce(t)
+    recorder.step()
+"""
+
+
+def test_a_collective_that_times_out_is_captured_on_every_rank(tmp_path):
+    script = tmp_path / "timeout.py"
+    script.write_text(TIMEOUT_JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "3", str(script), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert proc.returncode != 0, "the ranks whose all-reduce timed out fail"
+    found = _by_rank(tmp_path, "collective_timeout")
+    assert sorted(found) == [0, 1, 2], (sorted(found), proc.stderr[-3000:])
+    origins: list[dict] = []
+    for rank, traces in found.items():
+        flights = [t.metadata[FLIGHT_KEY] for t in traces]
+        timed_out = [f for f in flights if "origin_rank" not in f.get("job", {})]
+        if rank != 1:  # its own all-reduce raised gloo's timeout
+            (own,) = timed_out
+            assert own["evidence"]["backend"] == "gloo" and "Timed out" in own["evidence"]["message"]
+            origins.append(own)
+        for trace in traces:
+            assert set(range(5, 10)) <= _steps(trace), (rank, sorted(_steps(trace)))
+    # a rank that timed out waits for the others' answers before it ends (its end makes torchrun stop
+    # the rest, so the first to end is the one sure to have them all in its capture)
+    assert any(sorted(int(r) for r in o["job"].get("answered", {})) == sorted({0, 1, 2} - {o["rank"]})
+               for o in origins), [o["job"] for o in origins]  # fmt: skip
+    # rank 1, sleeping when the others timed out, captured the same window on their word, within 2 s
+    (answer,) = [t.metadata[FLIGHT_KEY] for t in found[1] if t.metadata[FLIGHT_KEY]["job"].get("origin_rank") in (0, 2)]
+    origin = found[answer["job"]["origin_rank"]][0].metadata[FLIGHT_KEY]
+    assert answer["evidence"]["backend"] == "gloo" and answer["at_epoch_s"] - origin["at_epoch_s"] < 2.0

@@ -353,3 +353,18 @@ def test_a_forked_dataloader_worker_does_not_record(tmp_path):
         assert quiet == "True", "the worker's recorder let go and its recording is off"
         grew[name] = int(grew_kb)
     assert grew["recorder"] - grew["none"] < 1024, grew
+
+
+@pytest.mark.parametrize("exc, backend", [
+    (RuntimeError("[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 2000ms for recv "
+                  "operation to complete"), "gloo"),
+    (RuntimeError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
+                  "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600003 milliseconds before timing out."), "nccl"),
+    (type("DistBackendError", (RuntimeError,), {})("operation timed out"), "c10d"),
+    (TimeoutError("the data server read timed out"), None),
+    (RuntimeError("NCCL error: unhandled system error"), None),
+])  # fmt: skip
+def test_a_collective_timeout_is_told_from_other_exceptions(exc, backend):
+    from polyprof.flight.triggers import collective_timeout
+
+    assert collective_timeout(type(exc), exc) == backend

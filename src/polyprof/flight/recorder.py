@@ -40,6 +40,9 @@ from polyprof.flight.triggers import (
 from polyprof.formats.common.paths import launcher_rank
 
 OPS = ("top", "all", "none")
+#: triggers after which the process ends (its capture waits up to ENDING_ANSWER_S for the others' answers)
+ENDING_TRIGGERS = ("exception", "collective_timeout", "exit")
+ENDING_ANSWER_S = 3.0
 #: the metadata key of a capture's trigger and evidence
 FLIGHT_KEY = "polyprof.flight"
 
@@ -264,15 +267,20 @@ class FlightRecorder:
         return True
 
     def _trigger_now(self, trigger: str, evidence: dict[str, Any]) -> str | None:
-        """A capture written on the calling thread before it returns (the process is about to end)."""
+        """A capture written on the calling thread before it returns (a signal; or the process is about
+        to end, and in a job waits a little for the other ranks to answer: its end may make the launcher
+        stop them)."""
         if self.profile is None:
             return None
-        return self._publish_and_write(trigger, evidence, time.time())
+        ending = trigger in ENDING_TRIGGERS
+        self._claim(trigger, time.monotonic(), gap=False)  # (another rank's same trigger then has its answer)
+        return self._publish_and_write(trigger, evidence, time.time(), answers_here_s=ENDING_ANSWER_S if ending else None)
 
-    def _publish_and_write(self, trigger: str, evidence: dict[str, Any], wall: float,
-                           not_before: float = 0.0) -> str | None:  # fmt: skip
+    def _publish_and_write(self, trigger: str, evidence: dict[str, Any], wall: float, not_before: float = 0.0,
+                           answers_here_s: float | None = None) -> str | None:  # fmt: skip
         """This rank's trigger: published to the other ranks (they start on it at once), written here
-        (not before `not_before`, monotonic), and the ranks' answers reported beside it."""
+        (not before `not_before`, monotonic), and the ranks' answers put into it (on a thread of its
+        own, or here, waiting at most `answers_here_s`)."""
         number = None
         if self._job is not None:
             number = self._job.publish({"trigger": trigger, "evidence": evidence, "at_epoch_s": wall})
@@ -282,7 +290,9 @@ class FlightRecorder:
         written = self._write(trigger, evidence, wall, job={"trigger_number": number} if number else None)
         if number is not None:
             self._job.answer(number, written)
-            if written is not None:
+            if written is not None and answers_here_s is not None:
+                self._put_answers(number, written, answers_here_s)
+            elif written is not None:
                 self._report_answers(number, written)
         return written
 
@@ -332,16 +342,17 @@ class FlightRecorder:
         """Into this rank's capture's metadata (``job.answered``, ``job.missing``), from a thread of its
         own: the other ranks that captured the same window (their paths) and those that did not answer
         within `answer_wait_s` (killed, or stuck where no Python thread runs)."""
-        def report() -> None:
-            answers = self._job.answers(number, self.answer_wait_s)
-            try:
-                add_job_answers(written, {str(r): p for r, p in answers["answered"].items()}, answers["missing"])
-            except Exception as exc:  # noqa: BLE001 - the capture stays as it was written
-                self.failures.append(f"answers to trigger {number}: {exc}")
-
-        thread = threading.Thread(target=report, name="polyprof-flight-answers", daemon=True)
+        thread = threading.Thread(target=self._put_answers, args=(number, written, self.answer_wait_s),
+                                  name="polyprof-flight-answers", daemon=True)  # fmt: skip
         self._reports = [t for t in self._reports if t.is_alive()] + [thread]
         thread.start()
+
+    def _put_answers(self, number: int, written: str, wait_s: float) -> None:
+        answers = self._job.answers(number, wait_s)
+        try:
+            add_job_answers(written, {str(r): p for r, p in answers["answered"].items()}, answers["missing"])
+        except Exception as exc:  # noqa: BLE001 - the capture stays as it was written
+            self.failures.append(f"answers to trigger {number}: {exc}")
 
     def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
                last_s: float | None = None, path: str | None = None) -> str | None:  # fmt: skip

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import faulthandler
 import os
+import re
 import signal
 import statistics
 import sys
@@ -182,9 +183,25 @@ class SignalTriggers:
         os.kill(os.getpid(), number)  # ends the process as the signal would have
 
 
+#: what gloo's and NCCL's collective timeouts say ("Timed out waiting 2000ms for recv operation",
+#: "Watchdog caught collective operation timeout: WorkNCCL(...)")
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_COLLECTIVE = re.compile(r"gloo|nccl|c10d|ProcessGroup|collective", re.IGNORECASE)
+
+
+def collective_timeout(exc_type: Any, value: Any) -> str | None:
+    """The backend ("gloo", "nccl", or "c10d") where an exception is a collective that timed out."""
+    text = f"{exc_type.__name__}: {value}"
+    if not _TIMEOUT.search(text) or not (_COLLECTIVE.search(text) or exc_type.__name__.startswith("Dist")):
+        return None
+    lower = text.lower()
+    return "nccl" if "nccl" in lower else "gloo" if "gloo" in lower else "c10d"
+
+
 class ExitHooks:
     """An uncaught exception on the main thread (or on another thread) captures before the program
-    ends (``exception``, with its type and message), then the previous hooks run; so does
+    ends (``exception``, with its type and message; ``collective_timeout`` where it is a collective
+    that timed out, gloo's or NCCL's, with the backend too), then the previous hooks run; so does
     ``sys.exit`` with a failing status (``exit``, with the status; a status of 0 or None is a program
     that finished)."""
 
@@ -217,7 +234,12 @@ class ExitHooks:
         if exc_type is None or issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             return  # an exit asked for, or Ctrl-C (SIGINT's trigger writes that one)
         with contextlib.suppress(Exception):
-            self.capture_now("exception", {"type": exc_type.__name__, "message": str(value)[:2000], "thread": thread})
+            evidence = {"type": exc_type.__name__, "message": str(value)[:2000], "thread": thread}
+            backend = collective_timeout(exc_type, value)
+            if backend is None:
+                self.capture_now("exception", evidence)
+            else:
+                self.capture_now("collective_timeout", {**evidence, "backend": backend})
 
     def _on_exception(self, exc_type: Any, value: Any, tb: Any) -> None:
         self._capture(exc_type, value, threading.current_thread().name)
