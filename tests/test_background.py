@@ -196,3 +196,17 @@ def test_a_dropped_profile_and_its_trace_are_freed_without_the_garbage_collector
         assert all(t() is None for t in traces), "a trace outlived its profile"
     finally:
         gc.enable()
+
+
+def test_stop_with_discard_lets_the_window_go_unmerged(registry):
+    prof = polyprof.profile(["cpu"], registry=registry)
+    prof.start()
+    with polyprof.record_function("let go"):
+        pass
+    prof.stop(discard=True)
+    with pytest.raises(polyprof.PolyprofError, match="no trace has been recorded"):
+        _ = prof.trace
+    with polyprof.profile(["cpu"], registry=registry) as again:  # the recorders are free for the next
+        with polyprof.record_function("kept"):
+            pass
+    assert [a.name for a in again.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["kept"]

@@ -98,7 +98,7 @@ class Profile:
         self._jobs = WindowJobs()  # this profile's windows still in the background
         self._abandoned: dict[str, str] = {}  # backends whose call hung: no session in later windows
         self._started = False
-        self._merge_here = False
+        self._merge_here = self._discard = False
         #: called (on the thread that starts it) with another profile about to record while this one
         #: records; it must stop this one. None: the other profile's start is refused with an error.
         self.yield_to: Callable[[Profile], None] | None = None
@@ -118,9 +118,8 @@ class Profile:
         return self._selection.names
 
     def toggle_collection_dynamic(self, enable: bool, activities: Iterable[Any]) -> None:
-        """Stop (``enable=False``) or resume collecting the given activity groups inside a recording
-        window, as torch.profiler's method does: what those groups' backends record in between is left
-        out of the trace (counted under ``dropped``)."""
+        """Stop (``enable=False``) or resume collecting `activities`' groups in a recording window, as
+        torch.profiler does: their backends' rows in between are left out (counted under ``dropped``)."""
         groups = {activity_group_name(a) for a in activities}
         self._pauses.toggle([chosen.name for chosen in self._selection.serving(groups)], enable, host_ns())
 
@@ -151,12 +150,13 @@ class Profile:
         self._transition(prev, self.schedule(self.step_num))
         self._enter_step_span()
 
-    def stop(self, wait: bool = True) -> None:
+    def stop(self, wait: bool = True, discard: bool = False) -> None:
         """End: finish the current cycle. With `wait` (the default) returns once every window's trace is
         merged and its on_trace_ready handler has run; with ``wait=False`` once the recorders are stopped
-        (``prof.trace`` then waits)."""
+        (``prof.trace`` then waits); with `discard`, the last window's rows are let go, unmerged."""
         if not self._started:
             return
+        self._discard = discard
         self._step_spans.exit()
         try:
             self._end(self.current_action, wait)
@@ -200,8 +200,7 @@ class Profile:
         self._jobs.emit_warnings(warn_user)
         self._jobs.raise_error()
 
-    def _ending_with_signals(self, end: Callable[[], Any]) -> None:
-        """Run `end` (the profile's stop); with handle_signals, see :meth:`CleanStop.end_with`."""
+    def _ending_with_signals(self, end: Callable[[], Any]) -> None:  # (handle_signals: CleanStop.end_with)
         end() if self._signals is None else self._signals.end_with(end)
 
     @property
@@ -332,6 +331,8 @@ class Profile:
         window_end = ending.stop(self.options.ring_s)
         self._abandoned.update(ending.sessions.abandoned())  # a stop that hung: no session next window
         exclusive.release(self)
+        if self._discard:
+            return ending.abandon()
         meta = trace_metadata(self._window_metadata(), self.config.activities, ending.epoch)
         paused = self._pauses.take(window_end)
         step_num = self.step_num

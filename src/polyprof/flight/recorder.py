@@ -199,7 +199,7 @@ class FlightRecorder:
             self._jobs.join()
         self._jobs.put(None)
         profile, self.profile = self.profile, None
-        profile.stop(wait=wait)  # (the window's last trace is merged, and let go: captures are the output)
+        profile.stop(wait=wait, discard=True)  # (captures are the output: the ring is let go, unmerged)
         profile.close_spill(remove=True)  # a clean end: nothing to recover
         if self._crash_stacks is not None:
             self._crash_stacks.close()
