@@ -114,6 +114,9 @@ def test_a_rank_that_does_not_enter_the_all_reduce_is_a_hang_on_every_rank(job):
         assert 2.0 <= flight["evidence"]["silent_s"] < 2.0 + 2.0, "within the threshold and 2 s"
         if rank != 1:
             assert "seen" not in flight["evidence"], "the waiting ranks' watchdogs ran while they waited"
+        # where each rank is: the others wait inside forward_backward (DDP's all-reduce), rank 1 is not in it
+        still_open = {a.name for a in trace.activities if a.args.get("finished") is False}
+        assert still_open == ({"ProfilerStep#28"} if rank == 1 else {"ProfilerStep#28", "forward_backward"}), rank
     slow = _by_rank(job, "slow_step")
     assert all(len(v) == 2 for v in slow.values()), "the hang, once over, is a slow step too"
     for rank, traces in slow.items():

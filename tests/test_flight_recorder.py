@@ -28,6 +28,14 @@ import torch
 import polyprof
 
 mode, out = sys.argv[1], sys.argv[2]
+
+
+@torch.library.custom_op("polyprof_test::sleep", mutates_args=())
+def sleep_op(x: torch.Tensor, seconds: float) -> torch.Tensor:  # an operator that takes its time
+    time.sleep(seconds)
+    return x.clone()
+
+
 if os.environ.get("POLYPROF_FLIGHT_RECORDER") is None:  # else the start-up hook started it
     polyprof.flight_recorder(seconds=5, out_dir=out, hang_s=1.0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -39,7 +47,7 @@ for step in range(60):
     if step == 40 and mode == "slow":
         time.sleep(0.4)
     if step == 20 and mode == "hang":
-        time.sleep(2.5)
+        torch.ops.polyprof_test.sleep(torch.ones(1), 2.5)  # stuck inside an operator
     if step == 20 and mode == "hang_holding_the_gil":
         ctypes.PyDLL(None).usleep(2_500_000)  # C that keeps the GIL: no Python thread runs meanwhile
     if step == 30 and mode == "exception":
@@ -110,6 +118,8 @@ def test_a_hang_leaves_a_trace_and_every_threads_stack(tmp_path):
     assert set(range(15, 21)) <= set(_steps(trace)), "the steps done before it, and the one it is stuck in"
     (stuck,) = [a for a in trace.activities if a.name == "ProfilerStep#20"]
     assert stuck.args.get("finished") is False and stuck.end - stuck.start >= 1.0e9, "open up to the capture"
+    (op,) = [a for a in trace.activities if a.name == "polyprof_test::sleep"]
+    assert op.args.get("finished") is False and op.end == stuck.end, "and the operator it is stuck in"
     assert all(a.args.get("finished", True) for a in trace.activities if a.name == "ProfilerStep#19")
     stacks = open(f"{path}.stacks.txt").read()
     assert "MainThread" in stacks or "Current thread" in stacks or "Thread" in stacks

@@ -16,6 +16,7 @@ from polyprof.backends.torch.import_hook import PostImportHook
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
+from polyprof.model import ActivityKind
 from polyprof.sink import Sink
 from polyprof.traits import SessionTraits
 
@@ -198,6 +199,19 @@ class TorchSession:
                     collect_observed(obs, n, sink, self.config, self.ctx, 0, self.carry, self.distributed.info)
             finally:
                 obs.release()
+
+    def unfinished_now(self, sink: Sink, end_ns: int) -> None:
+        """While recording: the operators open now on every thread, up to `end_ns` with ``"finished":
+        false`` (a dump's view of the op a hang is stuck in: a collective, a wait)."""
+        with self.reading:
+            obs = self.observer
+            if obs is None or not self.enabled:
+                return
+            host = sink.host_device()
+            for tid, start, name in obs.open_ops():
+                if start <= end_ns:
+                    sink.activity(ActivityKind.CPU_OP, name, device=host, resource=sink.host_thread(tid), start=start,
+                                  end=end_ns, args={"finished": False})  # fmt: skip
 
     def collect(self, sink: Sink) -> None:
         self.distributed.note()

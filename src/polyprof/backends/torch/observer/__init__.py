@@ -103,6 +103,8 @@ class Observer:
         lib.polyprof_observer_hierarchies.restype = ctypes.c_void_p
         lib.polyprof_observer_memory_count.restype = ctypes.c_int64
         lib.polyprof_observer_memory_fill.argtypes = [ctypes.c_void_p]
+        lib.polyprof_observer_open_ops.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
+        lib.polyprof_observer_open_ops.restype = ctypes.c_int64
         lib.polyprof_torch_consumers.restype = ctypes.c_int
         lib.polyprof_note_collector_state.argtypes = [ctypes.c_int]
         lib.polyprof_rf_enter.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
@@ -229,6 +231,18 @@ class Observer:
             int(addr(self.lib.polyprof_rf_exit, ctypes.c_void_p).value or 0),
         )
 
+
+    def open_ops(self, patience_us: int = 2000) -> list[tuple[int, int, str]]:
+        """(tid, start, name) of each operator open now on a thread (while recording)."""
+        room = 4096
+        while True:
+            out = ctypes.create_string_buffer(room)
+            size = self.lib.polyprof_observer_open_ops(out, room, patience_us)
+            if size <= room:
+                break
+            room = size * 2
+        lines = out.raw[:size].decode("utf-8", "replace").splitlines()
+        return [(int(tid), int(start), name) for tid, start, name in (line.split("\x1f", 2) for line in lines)]
 
     def crash_rows_address(self) -> int:
         """The C address of polyprof_observer_crash_rows (the ops not yet taken, written at a crash)."""

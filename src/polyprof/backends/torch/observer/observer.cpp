@@ -1619,6 +1619,42 @@ int64_t polyprof_observer_take(int64_t patience_us) {
   return n;
 }
 
+// While recording: the operators open now on every thread (a dump's view of what a hang is stuck in),
+// as lines "tid\x1fstart\x1fname\n" written into `out` (at most `cap` bytes); returns the bytes the whole
+// list takes (call again with more room when it is more than `cap`). A thread is read only between
+// its callbacks (claimed as take claims it, for up to `patience_us`); one that stays inside is left out.
+int64_t polyprof_observer_open_ops(char* out, int64_t cap, int64_t patience_us) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_recording.load(std::memory_order_seq_cst)) return 0;
+  std::string text;
+  std::vector<ThreadBuffer*> pending;
+  for (auto& b : g_buffers) pending.push_back(b.get());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(patience_us);
+  while (!pending.empty()) {
+    std::vector<ThreadBuffer*> again;
+    for (ThreadBuffer* b : pending) b->claimed.store(true, std::memory_order_relaxed);
+    heavy_barrier();  // the claims before the marks are read (see Busy)
+    for (ThreadBuffer* b : pending) {
+      if (b->inside.load(std::memory_order_acquire) == 0) {
+        for (const OpenOp& open : b->open) {
+          const Op& op = *open.row;
+          OpFields f = unpack(*b, op);
+          if (f.name < 0 || size_t(f.name) >= b->names.size()) continue;
+          text += std::to_string(b->tid) + '\x1f' + std::to_string(op.start) + '\x1f' + b->names[size_t(f.name)] + '\n';
+        }
+      } else {
+        again.push_back(b);
+      }
+      b->claimed.store(false, std::memory_order_release);
+    }
+    pending.swap(again);
+    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  if (int64_t(text.size()) <= cap) std::memcpy(out, text.data(), text.size());
+  return int64_t(text.size());
+}
+
 // Frees what the last take handed over.
 void polyprof_observer_release() {
   std::lock_guard<std::mutex> lock(g_mutex);
