@@ -48,14 +48,18 @@ recorder.stop()
 """ + DDP_TEARDOWN
 
 
+def _torchrun(folder, script_text: str, ranks: int) -> list[str]:
+    """The command that runs `script_text` (given `folder` as its argument) on `ranks` ranks."""
+    script = folder / "job.py"
+    script.write_text(script_text)
+    return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--standalone",
+            "--nproc-per-node", str(ranks), str(script), str(folder)]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flight-job")
-    script = folder / "job.py"
-    script.write_text(JOB)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--standalone",
-           "--nproc-per-node", "4", str(script), str(folder)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
+    proc = subprocess.Popen(_torchrun(folder, JOB, 4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
     deadline = time.monotonic() + 240
     ready = folder / "ready1"
     while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -149,11 +153,7 @@ os._exit(0)                                  # (the group lost a rank: no teardo
 
 
 def test_a_rank_that_cannot_answer_is_named_in_the_others_captures(tmp_path):
-    script = tmp_path / "gone.py"
-    script.write_text(GONE_JOB)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "3", str(script), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    proc = subprocess.run(_torchrun(tmp_path, GONE_JOB, 3), capture_output=True, text=True, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = _by_rank(tmp_path, "manual")
     assert sorted(found) == [0, 1], sorted(found)
@@ -184,11 +184,8 @@ for step in range(12):
 
 
 def test_a_collective_that_times_out_is_captured_on_every_rank(tmp_path):
-    script = tmp_path / "timeout.py"
-    script.write_text(TIMEOUT_JOB)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "3", str(script), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    proc = subprocess.run(_torchrun(tmp_path, TIMEOUT_JOB, 3), capture_output=True, text=True, cwd=tmp_path,
+                          timeout=240)  # fmt: skip
     assert proc.returncode != 0, "the ranks whose all-reduce timed out fail"
     found = _by_rank(tmp_path, "collective_timeout")
     assert sorted(found) == [0, 1, 2], (sorted(found), proc.stderr[-3000:])
