@@ -15,6 +15,7 @@ ranks answered and which did not (killed, or stuck where no Python thread runs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -29,6 +30,8 @@ from polyprof.formats.common.paths import launcher_rank
 
 log = logging.getLogger("polyprof.flight")
 
+#: the metadata key of a capture's trigger and evidence (and, here, its ranks' answers)
+FLIGHT_KEY = "polyprof.flight"
 COUNT_KEY = "polyprof/flight/count"
 POLL_S = 0.5
 STORE_TIMEOUT_S = 10.0
@@ -66,6 +69,7 @@ class JobLink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._publisher: Any = None  # the writer thread's own client (a client per thread)
+        self._reports: list[threading.Thread] = []  # the threads putting answers into captures
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="polyprof-flight-job", daemon=True)
@@ -120,6 +124,26 @@ class JobLink:
         except Exception as exc:  # noqa: BLE001 - the others then name this rank as not answering
             log.debug("polyprof flight recorder: cannot answer through the job's store: %s", exc)
 
+    def put_answers(self, number: int, written: str, wait_s: float, failures: list[str]) -> None:
+        """The ranks that answered trigger `number` within `wait_s`, and those that did not, put into
+        this rank's capture `written` (:func:`add_job_answers`); a failure is noted in `failures`."""
+        answers = self.answers(number, wait_s)
+        try:
+            add_job_answers(written, {str(r): p for r, p in answers["answered"].items()}, answers["missing"])
+        except Exception as exc:  # noqa: BLE001 - the capture stays as it was written
+            failures.append(f"answers to trigger {number}: {exc}")
+
+    def put_answers_later(self, number: int, written: str, wait_s: float, failures: list[str]) -> None:
+        """:meth:`put_answers` on a thread of its own (:meth:`join_reports` waits for them)."""
+        thread = threading.Thread(target=self.put_answers, args=(number, written, wait_s, failures),
+                                  name="polyprof-flight-answers", daemon=True)  # fmt: skip
+        self._reports = [t for t in self._reports if t.is_alive()] + [thread]
+        thread.start()
+
+    def join_reports(self, timeout: float) -> None:
+        for thread in self._reports:
+            thread.join(timeout=timeout)
+
     def answers(self, number: int, wait_s: float) -> dict[str, Any]:
         """The other ranks that answered trigger `number` within `wait_s` (rank -> path) and those that
         did not (a rank killed, or stuck where no Python thread runs); a client of its own, so any
@@ -141,3 +165,20 @@ class JobLink:
                 continue
         missing = [r for r in range(self.world) if r != self.rank and r not in answered]
         return {"answered": answered, "missing": missing}
+
+
+def add_job_answers(path: str, answered: dict[str, Any], missing: list[int]) -> None:
+    """The capture at `path` rewritten (beside it, then renamed over it) with the ranks that answered
+    its trigger and those that did not in its ``polyprof.flight`` ``job`` metadata."""
+    from polyprof.formats import load_trace
+    from polyprof.formats.files import write_trace
+
+    trace = load_trace(path)
+    trace.metadata[FLIGHT_KEY].setdefault("job", {}).update(answered=answered, missing=missing)
+    partial = os.path.join(os.path.dirname(path), f".answers-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        write_trace(trace, partial)
+        os.replace(partial, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(partial)

@@ -18,7 +18,6 @@ the training thread never waits for one; each trace names its trigger and eviden
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import socket
@@ -28,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from polyprof.errors import ConfigError
+from polyprof.flight.job import FLIGHT_KEY, JobLink, job_rank
 from polyprof.flight.triggers import (
     CrashRows,
     CrashStacks,
@@ -43,8 +43,6 @@ OPS = ("top", "all", "none")
 #: triggers after which the process ends (its capture waits up to ENDING_ANSWER_S for the others' answers)
 ENDING_TRIGGERS = ("exception", "collective_timeout", "exit")
 ENDING_ANSWER_S = 3.0
-#: the metadata key of a capture's trigger and evidence
-FLIGHT_KEY = "polyprof.flight"
 
 
 def _rank() -> int | None:
@@ -87,13 +85,7 @@ class FlightRecorder:
         capturable: bool = True,
         **profile_options: Any,
     ) -> None:
-        if ops not in OPS:
-            raise ConfigError(f"flight_recorder(ops={ops!r}): choose one of {', '.join(OPS)}")
-        if format not in ("pftrace", "json"):
-            raise ConfigError(f"flight_recorder(format={format!r}): choose pftrace or json")
-        for name, value in (("seconds", seconds), ("after_s", after_s)):
-            if not isinstance(value, (int, float)) or value < 0 or (name == "seconds" and value == 0):
-                raise ConfigError(f"flight_recorder({name}={value!r}): a number of seconds, above 0")
+        _check_options(ops, format, seconds, after_s)
         self.seconds = float(seconds)
         self.out_dir = os.path.abspath(os.fspath(out_dir))
         self.ops = ops
@@ -127,7 +119,6 @@ class FlightRecorder:
         self._job_wanted = job
         self._capturable = capturable
         self.answer_wait_s = 10.0  # how long a rank waits for the others' answers to a job's trigger
-        self._reports: list[threading.Thread] = []  # the threads putting the answers into captures
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -166,8 +157,6 @@ class FlightRecorder:
         return self
 
     def _link_job(self) -> None:
-        from polyprof.flight.job import JobLink, job_rank
-
         where = job_rank() if self._job_wanted else None
         if where is not None:
             self._job = JobLink(*where, on_trigger=self._on_job_trigger)
@@ -209,8 +198,8 @@ class FlightRecorder:
             self._crash_rows = None
         if wait and self._writer is not None:
             self._writer.join(timeout=60)
-        for thread in self._reports if wait else ():
-            thread.join(timeout=self.answer_wait_s + 30)
+        if wait and self._job is not None:
+            self._job.join_reports(self.answer_wait_s + 30)
 
     def __enter__(self) -> FlightRecorder:
         return self.start()
@@ -291,9 +280,9 @@ class FlightRecorder:
         if number is not None:
             self._job.answer(number, written)
             if written is not None and answers_here_s is not None:
-                self._put_answers(number, written, answers_here_s)
+                self._job.put_answers(number, written, answers_here_s, self.failures)
             elif written is not None:
-                self._report_answers(number, written)
+                self._job.put_answers_later(number, written, self.answer_wait_s, self.failures)
         return written
 
     def _on_job_trigger(self, message: dict[str, Any], store: Any = None) -> None:
@@ -309,7 +298,7 @@ class FlightRecorder:
         written = self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
         self._job.answer(number, written, store)
         if written is not None:
-            self._report_answers(number, written)
+            self._job.put_answers_later(number, written, self.answer_wait_s, self.failures)
 
     def capture_to(self, path: str, last_s: float, evidence: Mapping[str, Any] | None = None) -> str | None:
         """The last `last_s` seconds (as far as the ring holds them) written to `path` now, on the
@@ -332,27 +321,8 @@ class FlightRecorder:
             finally:
                 self._jobs.task_done()
 
-    def _span_s(self, evidence: dict[str, Any]) -> float:
-        """What a capture holds: `seconds` before its trigger (and `after_s` after it), and before a
-        slow step or a hang, the `seconds` before it began."""
-        event_s = evidence.get("step_s") or evidence.get("silent_s") or 0.0
-        return self.seconds + self.after_s + float(event_s)
-
-    def _report_answers(self, number: int, written: str) -> None:
-        """Into this rank's capture's metadata (``job.answered``, ``job.missing``), from a thread of its
-        own: the other ranks that captured the same window (their paths) and those that did not answer
-        within `answer_wait_s` (killed, or stuck where no Python thread runs)."""
-        thread = threading.Thread(target=self._put_answers, args=(number, written, self.answer_wait_s),
-                                  name="polyprof-flight-answers", daemon=True)  # fmt: skip
-        self._reports = [t for t in self._reports if t.is_alive()] + [thread]
-        thread.start()
-
-    def _put_answers(self, number: int, written: str, wait_s: float) -> None:
-        answers = self._job.answers(number, wait_s)
-        try:
-            add_job_answers(written, {str(r): p for r, p in answers["answered"].items()}, answers["missing"])
-        except Exception as exc:  # noqa: BLE001 - the capture stays as it was written
-            self.failures.append(f"answers to trigger {number}: {exc}")
+    def _span_s(self, evidence: dict[str, Any]) -> float:  # `seconds` before the trigger, or slow step or hang
+        return self.seconds + self.after_s + float(evidence.get("step_s") or evidence.get("silent_s") or 0.0)
 
     def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
                last_s: float | None = None, path: str | None = None) -> str | None:  # fmt: skip
@@ -408,6 +378,16 @@ def running() -> FlightRecorder | None:
     return _running[-1] if _running else None
 
 
+def _check_options(ops: str, format: str, seconds: Any, after_s: Any) -> None:
+    if ops not in OPS:
+        raise ConfigError(f"flight_recorder(ops={ops!r}): choose one of {', '.join(OPS)}")
+    if format not in ("pftrace", "json"):
+        raise ConfigError(f"flight_recorder(format={format!r}): choose pftrace or json")
+    for name, value in (("seconds", seconds), ("after_s", after_s)):
+        if not isinstance(value, (int, float)) or value < 0 or (name == "seconds" and value == 0):
+            raise ConfigError(f"flight_recorder({name}={value!r}): a number of seconds, above 0")
+
+
 def _who() -> str:
     rank = _rank()
     return f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
@@ -416,20 +396,3 @@ def _who() -> str:
 def flight_recorder(seconds: float = 30.0, **options: Any) -> FlightRecorder:
     """Start a :class:`FlightRecorder` (see it for the options) and return it."""
     return FlightRecorder(seconds, **options).start()
-
-
-def add_job_answers(path: str, answered: dict[str, Any], missing: list[int]) -> None:
-    """The capture at `path` rewritten (beside it, then renamed over it) with the ranks that answered
-    its trigger and those that did not in its ``polyprof.flight`` ``job`` metadata."""
-    from polyprof.formats import load_trace
-    from polyprof.formats.files import write_trace
-
-    trace = load_trace(path)
-    trace.metadata[FLIGHT_KEY].setdefault("job", {}).update(answered=answered, missing=missing)
-    partial = os.path.join(os.path.dirname(path), f".answers-{os.getpid()}-{os.path.basename(path)}")
-    try:
-        write_trace(trace, partial)
-        os.replace(partial, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
