@@ -2,7 +2,7 @@
 model of ``with_stack_training.py``) trained with no recorder, with the flight recorder (defaults:
 top-level ops; and with ``ops="none"``) and under torch.profiler (CPU activities, its defaults), in
 interleaved rounds in one process; then a 30 s ring filled by training, captured: its write time (off
-the training thread) and the memory the ring holds.
+the training thread), the memory the ring holds and how long the recorder's stop takes.
 
     .venv/bin/python benchmarks/flight_recorder.py [--rounds 21] [--steps 8] [--ring-s 30]
 
@@ -92,7 +92,9 @@ def main() -> None:
     recorder.wait(120)
     trigger_to_file = time.perf_counter() - t0
     trace = polyprof.load_trace(recorder.captures[0])
-    recorder.stop()
+    t0 = time.perf_counter()
+    recorder.stop()  # the ring is let go, unmerged: the captures are the output
+    stop_s = time.perf_counter() - t0
     report(
         "the flight recorder on a training loop (4-layer GPT, AdamW, CPU)",
         {
@@ -104,7 +106,7 @@ def main() -> None:
             "ring": {"seconds": args.ring_s, "steps_run": n, "rss_growth_mb": round(rss_full - rss0, 1),
                      "capture_write_s": round(recorder.write_seconds[0], 3), "trigger_to_file_s": round(trigger_to_file, 3),
                      "capture_mb": round(os.path.getsize(recorder.captures[0]) / 1e6, 2),
-                     "capture_rows": len(trace.activities)},  # fmt: skip
+                     "capture_rows": len(trace.activities), "stop_s": round(stop_s, 3)},  # fmt: skip
         },
     )
 
