@@ -12,6 +12,7 @@ import pytest
 import polyprof
 from polyprof import _native
 from polyprof.engine.background import WRITER_THREAD_NAME, writer
+from polyprof.errors import ConfigError
 from polyprof.model import ActivityKind
 
 
@@ -210,3 +211,23 @@ def test_stop_with_discard_lets_the_window_go_unmerged(registry):
         with polyprof.record_function("kept"):
             pass
     assert [a.name for a in again.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["kept"]
+
+
+def test_ring_mode_keeps_its_rows_under_ring_mb(registry):
+    import time
+
+    from polyprof.engine.merge import RING_MB
+
+    n = 0
+    with polyprof.profile(["cpu"], registry=registry, ring_s=60, ring_mb=0.5, flush_interval_s=0.05) as prof:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            with polyprof.record_function(f"span{n}"):
+                pass
+            n += 1
+    kept = [int(a.name[4:]) for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)]
+    dropped = prof.trace.backends["host"].dropped.get(RING_MB, 0)
+    assert dropped > 0 and len(kept) + dropped == n, (len(kept), dropped, n)
+    assert kept[-1] == n - 1 and min(kept) > 0, "the newest rows are kept, the oldest let go"
+    with pytest.raises(ConfigError, match="ring_mb must be a positive number of megabytes"):
+        polyprof.profile(["cpu"], registry=registry, ring_s=1, ring_mb=0)

@@ -378,3 +378,22 @@ def test_a_collective_timeout_is_told_from_other_exceptions(exc, backend):
     from polyprof.flight.triggers import collective_timeout
 
     assert collective_timeout(type(exc), exc) == backend
+
+
+def test_the_ring_keeps_under_its_megabytes(tmp_path):
+    from polyprof.engine.merge import RING_MB
+
+    with FlightRecorder(60, out_dir=tmp_path, hang_s=None, signals=(), max_mb=0.3, crash_spill=False,
+                        flush_interval_s=0.1) as recorder:  # fmt: skip
+        deadline, n = time.monotonic() + 1.5, 0
+        while time.monotonic() < deadline:
+            with polyprof.record_function(f"span{n}"):
+                n += 1
+            if n % 200 == 0:
+                time.sleep(0.001)  # (the hand-overs' thread gets its turn)
+        recorder.capture()
+        assert recorder.wait(30)
+    trace = polyprof.load_trace(recorder.captures[0])
+    kept = sorted(int(a.name[4:]) for a in trace.activities if a.name.startswith("span"))
+    assert kept and kept[-1] > n * 0.8 and kept[0] > 0, "the newest kept, the oldest let go"
+    assert len(kept) < n * 0.6 and trace.backends["host"].dropped.get(RING_MB, 0) > 0

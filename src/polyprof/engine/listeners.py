@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from polyprof.clock import host_ns
-from polyprof.engine.merge import RING
+from polyprof.engine.merge import RING, RING_MB
 from polyprof.model import CollectedPart
 
 
@@ -40,7 +40,7 @@ def process_identity() -> dict[str, Any]:
 
 def listeners_for(
     spill_path: str | None, ring_s: float | None, spill_header: Callable[[], dict[str, Any]],
-    warn: Callable[[str], None],
+    warn: Callable[[str], None], ring_mb: float | None = None,
 ) -> list[WindowListener]:  # fmt: skip
     """The listeners a profile's options ask for: the spill, the ring, both or none."""
     listeners: list[WindowListener] = []
@@ -49,7 +49,7 @@ def listeners_for(
     elif spill_path is not None:
         listeners.append(SpillListener(spill_path, spill_header, warn))
     if ring_s is not None:
-        listeners.append(RingListener(ring_s))
+        listeners.append(RingListener(ring_s, ring_mb))
     return listeners
 
 
@@ -199,10 +199,13 @@ class RingSpillListener(SpillListener):
 
 class RingListener(WindowListener):
     """Ring mode: after each flush, the parts whose rows all ended more than `seconds` ago are let go,
-    counted on their backend's status (``dropped``, under :data:`RING`)."""
+    counted on their backend's status (``dropped``, under :data:`RING`); with `megabytes`, the oldest
+    parts too while those held take more (about: :func:`part_bytes`; each backend's newest part is
+    kept), under :data:`RING_MB`."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, megabytes: float | None = None) -> None:
         self.seconds = seconds
+        self.max_bytes = None if megabytes is None else int(megabytes * 1e6)
 
     @property
     def wants_parts(self) -> bool:
@@ -221,3 +224,31 @@ class RingListener(WindowListener):
                 else:
                     keep.append(p)
             h.parts = keep
+        if self.max_bytes is not None:
+            self._cap(sessions.handles)
+
+    def _cap(self, handles: list[Any]) -> None:
+        """The oldest parts let go while the parts held take more than `max_bytes`; each backend's newest
+        is kept (what the ring holds is then at most the cap and a hand-over's rows)."""
+        held = [(int(p.activities["start"].min()) if len(p.activities) else 0, part_bytes(p), h, p)
+                for h in handles for p in h.parts]  # fmt: skip
+        total = sum(size for _, size, _, _ in held)
+        newest = {id(h.parts[-1]) for h in handles if h.parts}
+        for _, size, h, p in sorted(held, key=lambda x: x[0]):
+            if id(p) in newest:
+                continue
+            if total <= self.max_bytes:
+                break
+            h.parts = [q for q in h.parts if q is not p]
+            h.status.add_dropped(RING_MB, len(p.activities))
+            total -= size
+
+
+def part_bytes(part: CollectedPart) -> int:
+    """About what a part's rows hold in memory: its columns, its strings and its args."""
+    acts = part.activities
+    size = sum(column.nbytes for column in acts.columns.values())
+    size += sum(len(s) + 49 for s in acts.strings.strings)  # (a str object's header and its text)
+    size += 232 * len(acts.args.dicts)  # (a small dict)
+    size += sum(getattr(c, "nbytes", 0) for block in acts.args.blocks for c in block.columns)
+    return size

@@ -30,7 +30,7 @@ from polyprof.errors import ConfigError
 SPILL_FLUSH_INTERVAL_S = 1.0
 
 
-def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
+def _seconds(name: str, value: Any, allow_none: bool = False, unit: str = "seconds") -> float | None:
     if value is None and allow_none:
         return None
     if (
@@ -39,7 +39,7 @@ def _seconds(name: str, value: Any, allow_none: bool = False) -> float | None:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise ConfigError(f"{name} must be a positive number of {unit}, got {value!r}")
     return float(value)
 
 
@@ -68,6 +68,8 @@ class ProfileOptions:
         ring_s: keep only the last `ring_s` seconds of each window (host and the devices whose backends
             hand rows over while recording): older rows are let go as they age, and the trace, written on
             stop, on ``dump()`` or as a window ends, covers the last `ring_s` seconds.
+        ring_mb: with `ring_s`, the rows the ring holds are also kept under about this many megabytes
+            and the last hand-over's rows (the oldest let go first, counted under ``dropped``); None: no cap.
         limits: size controls (:class:`polyprof.Limits` or a dict of its fields): drop host spans
             shorter than a threshold, names by pattern, kinds, and cap the rows per backend; every
             dropped row is counted in its backend's status.
@@ -93,6 +95,7 @@ class ProfileOptions:
     flush_interval_s: float | None = DEFAULT_FLUSH_INTERVAL_S
     spill: str | os.PathLike | None = None
     ring_s: float | None = None
+    ring_mb: float | None = None
     limits: Any = None
     handle_signals: bool = False
     record_shapes: bool = False
@@ -113,6 +116,7 @@ class ProfileOptions:
         put = object.__setattr__  # checked values in their one form (each conversion is idempotent)
         put(self, "call_timeout_s", _seconds("call_timeout_s", self.call_timeout_s))
         put(self, "ring_s", _seconds("ring_s", self.ring_s, allow_none=True))
+        put(self, "ring_mb", _seconds("ring_mb", self.ring_mb, allow_none=True, unit="megabytes"))
         put(self, "flush_interval_s", _seconds("flush_interval_s", self.flush_interval_s, allow_none=True))
         if self.spill is not None:
             put(self, "spill", os.path.abspath(os.fspath(self.spill)))

@@ -77,7 +77,7 @@ class Profile:
         self.options = options = ProfileOptions.of(options, keywords)
         self._signals = CleanStop() if options.handle_signals else None
         #: the spill and the ring: what a window tells besides its recording (engine/listeners.py)
-        self._listeners = listeners_for(options.spill, options.ring_s, self._spill_header, warn_user)
+        self._listeners = listeners_for(options.spill, options.ring_s, self._spill_header, warn_user, options.ring_mb)
         self.registry = options.registry or default_registry
         self.schedule = options.schedule or always_record
         self.record_steps = options.schedule is not None if options.record_steps is None else options.record_steps

@@ -51,8 +51,9 @@ def _rank() -> int | None:
 
 
 class FlightRecorder:
-    """See the module docstring. `seconds`: how much each capture holds (the ring); `slow_step`: a
-    step longer than this many times the median of the last steps is a capture (None: off);
+    """See the module docstring. `seconds`: how much each capture holds (the ring; `max_mb`: under about
+    this many megabytes, the oldest let go first); `slow_step`: a step longer than this many times the
+    median of the last steps is a capture (None: off);
     `slow_step_s`: or longer than this many seconds; `hang_s`: no step boundary for this long is a
     capture, with every thread's Python stack beside it (None: off); `after_s`: a capture waits this long
     after its trigger, so that it holds what followed too; `signals`: the signals that capture (SIGTERM
@@ -82,8 +83,7 @@ class FlightRecorder:
         format: str = "pftrace",
         job: bool = True,
         crash_spill: bool = True,
-        capturable: bool = True,
-        **profile_options: Any,
+        capturable: bool = True, max_mb: float | None = 256.0, **profile_options: Any,
     ) -> None:
         _check_options(ops, format, seconds, after_s)
         self.seconds = float(seconds)
@@ -100,7 +100,7 @@ class FlightRecorder:
         # takes what is newer itself), and every second where a crash must find them on disk
         self.spill_path = os.path.join(self.out_dir, f"flight-{_who()}.spill") if crash_spill else None
         flush = 1.0 if crash_spill else max(1.0, self.seconds / 4)
-        self._profile_options = {"flush_interval_s": flush, **profile_options}
+        self._profile_options = {"flush_interval_s": flush, "ring_mb": max_mb, **profile_options}
         self._crash_stacks: Any = None
         self._crash_rows: Any = None
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)

@@ -58,7 +58,8 @@ FILTERED = "activity filter"
 TOGGLED_OFF = "collection toggled off"
 #: dropped-row reasons that are the user's choice, not a backend's problem
 RING = "older than the ring (ring_s)"
-CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING, *DROP_REASONS)
+RING_MB = "over the ring's megabytes (ring_mb)"
+CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING, RING_MB, *DROP_REASONS)
 
 
 def chosen_drop(what: str) -> bool:
