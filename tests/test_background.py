@@ -231,3 +231,14 @@ def test_ring_mode_keeps_its_rows_under_ring_mb(registry):
     assert kept[-1] == n - 1 and min(kept) > 0, "the newest rows are kept, the oldest let go"
     with pytest.raises(ConfigError, match="ring_mb must be a positive number of megabytes"):
         polyprof.profile(["cpu"], registry=registry, ring_s=1, ring_mb=0)
+
+
+def test_a_profile_started_again_after_a_discarding_stop_keeps_its_windows(registry):
+    prof = polyprof.profile(["cpu"], registry=registry)
+    prof.start()
+    prof.stop(discard=True)
+    prof.start()
+    with polyprof.record_function("kept"):
+        pass
+    prof.stop()
+    assert [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)] == ["kept"]

@@ -93,13 +93,11 @@ def unfinished_spans(sink: Sink, host: int, thread_row: int, open_spans: list[tu
         )
 
 
-def _open_state(span: Any) -> tuple:
-    """(name, args, start, id, parent) of a span open in a live buffer: C's buffer lists the span objects
-    (their ``open_state``), the Python twin's the tuples themselves."""
-    if isinstance(span, tuple):
-        return span
-    state = span.open_state
-    return (span.name, span.args, *state) if state is not None else (span.name, span.args, 1 << 62, 0, 0)
+def _open_states(spans: list[Any]) -> list[tuple]:
+    """(name, args, start, id, parent) of each span open in a live buffer: C's buffer lists the span
+    objects (their ``open_state``: None once no longer open), the Python twin's the tuples themselves."""
+    return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state) for span in spans
+            if isinstance(span, tuple) or span.open_state is not None]  # fmt: skip
 
 
 class HostSession:
@@ -169,7 +167,7 @@ class HostSession:
         if self._running:
             host = sink.host_device()
             for buf in annotations.recorder.buffers():
-                states = [_open_state(span) for span in buf.events.open_spans()]
+                states = _open_states(buf.events.open_spans())
                 unfinished_spans(sink, host, sink.host_thread(buf.tid, buf.name), states, end_ns)
 
     def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], unfinished: bool = False) -> None:

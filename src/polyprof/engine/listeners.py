@@ -206,6 +206,7 @@ class RingListener(WindowListener):
     def __init__(self, seconds: float, megabytes: float | None = None) -> None:
         self.seconds = seconds
         self.max_bytes = None if megabytes is None else int(megabytes * 1e6)
+        self._sizes: dict[int, tuple[Any, int]] = {}  # id -> (a weak reference, part_bytes) of the parts held
 
     @property
     def wants_parts(self) -> bool:
@@ -230,7 +231,12 @@ class RingListener(WindowListener):
     def _cap(self, handles: list[Any]) -> None:
         """The oldest parts let go while the parts held take more than `max_bytes`; each backend's newest
         is kept (what the ring holds is then at most the cap and a hand-over's rows)."""
-        held = [(int(p.activities["start"].min()) if len(p.activities) else 0, part_bytes(p), h, p)
+        def size(p: CollectedPart) -> tuple[Any, int]:  # (parts never change; an id of one let go is reused)
+            known = self._sizes.get(id(p))
+            return known if known is not None and known[0]() is p else (weakref.ref(p), part_bytes(p))
+
+        self._sizes = {id(p): size(p) for h in handles for p in h.parts}  # (the parts let go are forgotten)
+        held = [(int(p.activities["start"].min()) if len(p.activities) else 0, self._sizes[id(p)][1], h, p)
                 for h in handles for p in h.parts]  # fmt: skip
         total = sum(size for _, size, _, _ in held)
         newest = {id(h.parts[-1]) for h in handles if h.parts}

@@ -161,7 +161,7 @@ class Profile:
         try:
             self._end(self.current_action, wait)
         finally:
-            self.current_action = ProfilerAction.NONE
+            self.current_action, self._discard = ProfilerAction.NONE, False
 
     # -- the lifecycle's parts, shared with front ends that drive the transitions themselves -----------
     def _begin(self, prev: Any, cur: Any) -> None:

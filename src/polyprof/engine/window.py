@@ -140,8 +140,8 @@ class Window:
         for listener in self.listeners:
             listener.on_parts(new, None)
         parts = [p for h in self.sessions.handles for p in list(h.parts)]
-        parts += self.sessions.unfinished_now(now)  # the steps and spans still open (a hang's)
         flushed = sorted({p.backend for p in parts})
+        parts += self.sessions.unfinished_now(now)  # the steps and spans still open (a hang's)
         offset = self.epoch.offset_ns
         meta = trace_metadata(metadata, activities, self.epoch, partial={
             "ended": "a dump while recording",
