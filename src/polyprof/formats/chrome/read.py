@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import ijson
@@ -115,6 +116,49 @@ def read_streamed(path: str) -> Trace:
             raise TraceFormatError(f"{path}: {problem} ({said})") from None
 
 
+def read_chunks(path: str, events_per_chunk: int) -> Iterator[Trace]:
+    """The trace at `path` (JSON, gzip or not) as partial traces of about `events_per_chunk` events each,
+    read one event at a time: memory holds one chunk, whatever the file's size. The chunks share their
+    devices and rows (a row's index means the same thread in every chunk; the names the file gives them
+    are final after the last chunk) and each has the file's top-level keys. A chunk ends after the flow
+    events that follow its last activity (where Kineto writes them); a flow event far from its activity
+    is joined only within its chunk."""
+    from polyprof.formats.chrome.keys import top_level_keys
+    from polyprof.formats.common.source import open_stream
+
+    keys = top_level_keys(path)
+    places = Places()
+    with open_stream(path) as stream:
+        head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
+        events = json_events(stream, head.lstrip().startswith(b"["))
+        try:
+            for chunk in _event_chunks(events, events_per_chunk):
+                where = Where()
+                try:
+                    yield _build({**keys, "traceEvents": chunk}, path, where, places)
+                except TraceFormatError:
+                    raise
+                except Exception as exc:
+                    raise TraceFormatError(
+                        f"{path}: {where.what} of a chunk is malformed ({type(exc).__name__}: {str(exc)[:120]})"
+                    ) from None
+        except ijson.JSONError as exc:
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            problem = "is truncated" if "premature" in said or "incomplete" in said else "is not valid JSON"
+            raise TraceFormatError(f"{path}: {problem} ({said})") from None
+
+
+def _event_chunks(events: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    """`events` in lists of `size`, each list extended by the flow events right after its last."""
+    chunk: list[Any] = []
+    for ev in events:
+        if len(chunk) >= size and not (isinstance(ev, dict) and ev.get("ph") in ("s", "f", "t")):
+            yield chunk
+            chunk = []
+        chunk.append(ev)
+    yield chunk
+
+
 def trace_of_doc(doc: Any, path: str) -> Trace:
     """The trace of a parsed JSON document (the object form, or the bare array of events); its events
     may be an iterator, read once."""
@@ -132,8 +176,8 @@ def trace_of_doc(doc: Any, path: str) -> Trace:
         raise TraceFormatError(f"{path}: {where.what} is malformed ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
-def _build(doc: dict[str, Any], path: str, where: Where) -> Trace:
-    places = Places()
+def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None = None) -> Trace:
+    places = places or Places()
     devices, resources, device, resource = places.devices, places.resources, places.device, places.resource
 
     builder = ActivityBuilder()

@@ -16,6 +16,8 @@ says what is wrong with it.
 from __future__ import annotations
 
 import gzip
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -80,49 +82,148 @@ def scan_file(path: str, max_bytes: int) -> Any:
     Reading more than `max_bytes` (after inflation) declines too, and so does an event, or the keys
     around the events, longer than one token may be (formats/common/source.py): the reader then says which."""
     state = _new_state()
-    opener = gzip.open if is_gzip_file(path) else open
-    held = max_value_bytes() + CHUNK  # the most left unscanned at once
-    head = b""
-    tail = b""
-    total = 0
-    with opener(path, "rb") as f:
-        buf = bytearray()
-        pos = -1
-        while True:
-            block = f.read(CHUNK)
-            total += len(block)
-            if total > max_bytes or len(buf) > held:
-                return None
-            final = not block
-            buf += block
-            if pos < 0:
-                pos = _native.events_array_start(buf) if buf.lstrip()[:1] == b"{" else -2
-                if pos == -1 and not final:
-                    continue
-                if pos < 0:
-                    return None
-                head = bytes(buf[: buf.rfind(b'"traceEvents"', 0, pos)])
-            end = _native.scan_events(buf, pos, final, state)
-            if end == DECLINED:
-                return None
-            if state[8]:
-                tail = bytes(buf[end:]) + f.read(max(0, held + 1 - (len(buf) - end)))
-                if total + len(tail) > max_bytes or len(tail) > held:
-                    return None
-                break
-            del buf[:end]
-            pos = 0
-            if final:
-                return None
-    top = _top_level(head + b'"traceEvents":[]' + tail)
+    scan = _FileScan(path, max_bytes)
+    try:
+        for _ in scan.buffers(state):
+            pass
+    except Declined:
+        return None
+    top = scan.top(final=True)
     return None if top is None else _assembled(state, top, path)
 
 
-def _assembled(state: list[Any], top: dict[str, Any], path: str) -> Any:
+def scan_chunks(path: str, rows: int) -> Iterator[Any]:
+    """The JSON trace `path` (gzip or not) as partial traces of about `rows` rows each (a 4 MB read at
+    a time, as :func:`scan_file`), sharing their devices and rows (polyprof.formats.chrome.read's
+    ``read_chunks`` says what chunks are); the last chunk has the file's keys after its events too.
+    Raises Declined where the scanner declines, chunks yielded or not: read the file again with the
+    reference reader's chunks."""
+    state = _new_state()
+    scan = _FileScan(path, 1 << 62)
+    places = _ScanPlaces()
+    pending = None
+    for _ in scan.buffers(state):
+        if len(state[0]) >= rows * ACT_DTYPE.itemsize:
+            chunk = _chunk(state, scan.top(final=False), path, places, pending)
+            if pending is not None:
+                yield pending
+            pending = chunk
+    last = _chunk(state, scan.top(final=True), path, places, pending)
+    if pending is not None:
+        yield pending
+    yield last
+
+
+class _FileScan:
+    """A JSON trace file scanned 4 MB at a time into a scanner state; its head (the bytes before the
+    events) and tail (after them) kept for the top-level keys."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        self.path, self.max_bytes = path, max_bytes
+        self.head = self.tail = b""
+
+    def buffers(self, state: list[Any]) -> Iterator[None]:
+        """Scans the file into `state`, yielding after each read; Declined where the scanner declines."""
+        opener = gzip.open if is_gzip_file(self.path) else open
+        held = max_value_bytes() + CHUNK  # the most left unscanned at once
+        total = 0
+        with opener(self.path, "rb") as f:
+            buf = bytearray()
+            pos = -1
+            while True:
+                block = f.read(CHUNK)
+                total += len(block)
+                if total > self.max_bytes or len(buf) > held:
+                    raise Declined
+                final = not block
+                buf += block
+                if pos < 0:
+                    pos = _native.events_array_start(buf) if buf.lstrip()[:1] == b"{" else -2
+                    if pos == -1 and not final:
+                        continue
+                    if pos < 0:
+                        raise Declined
+                    self.head = bytes(buf[: buf.rfind(b'"traceEvents"', 0, pos)])
+                end = _native.scan_events(buf, pos, final, state)
+                if end == DECLINED:
+                    raise Declined
+                if state[8]:
+                    self.tail = bytes(buf[end:]) + f.read(max(0, held + 1 - (len(buf) - end)))
+                    if total + len(self.tail) > self.max_bytes or len(self.tail) > held:
+                        raise Declined
+                    return
+                yield
+                del buf[:end]
+                pos = 0
+                if final:
+                    raise Declined
+
+    def top(self, final: bool) -> dict[str, Any] | None:
+        """The top-level keys: those before the events, and after them once the scan is `final`."""
+        return _top_level(self.head + b'"traceEvents":[]' + (self.tail if final else b"}"))
+
+
+class _ScanPlaces:
+    """The devices, rows and decoded strings of a file read in chunks, kept from chunk to chunk (the
+    scanner's codes index them)."""
+
+    def __init__(self) -> None:
+        self.devices: list[Any] = []
+        self.resources: list[Any] = []
+        self.texts: list[str] = []
+
+    def update(self, state: list[Any]) -> None:
+        strings, pids, threads = state[2], state[3], state[4]
+        for n, token in enumerate(itertools.islice(pids, len(self.devices), None), len(self.devices)):
+            self.devices.append(pid_device(_decode(token), n))
+        for n, key in enumerate(itertools.islice(threads, len(self.resources), None), len(self.resources)):
+            self.resources.append(tid_resource(int.from_bytes(key[:4], "little", signed=True), _decode(key[4:]), n))
+        for token in itertools.islice(strings, len(self.texts), None):
+            value = _decode(token)
+            self.texts.append(value if isinstance(value, str) else str(value))
+
+
+def _chunk(state: list[Any], top: dict[str, Any] | None, path: str, places: _ScanPlaces, before: Any) -> Any:
+    """The rows scanned since the last chunk as a trace, the state then emptied of them; a flow event
+    at the chunk's head goes onto `before`'s last row where it belongs there (see _place_flows)."""
+    if top is None:
+        raise Declined
+    places.update(state)
+    if before is not None:
+        _flows_onto_last_row(state, before, places.texts)
+    trace = _assembled(state, top, path, places)
+    if trace is None:
+        raise Declined
+    state[0], state[1], state[5], state[6] = bytearray(), bytearray(), {}, []
+    return trace
+
+
+def _flows_onto_last_row(state: list[Any], before: Any, texts: list[str]) -> None:
+    flows = np.frombuffer(state[1], dtype=FLOW_DTYPE)
+    acts = before.activities
+    last = len(acts) - 1
+    lead = np.flatnonzero((flows["prev"] < 0) & (flows["id"] > 0))
+    if last < 0 or not len(lead):
+        return
+    taken = np.zeros(len(flows), dtype=bool)
+    for i in lead.tolist():
+        if acts["start"][last] == flows["ts"][i] and acts["device"][last] == flows["pid"][i]:
+            cat = int(flows["cat"][i])
+            acts["flow_id"][last] = flows["id"][i]
+            acts["flow_type"][last] = FLOW_TYPES.get(texts[cat], FLOW_AC2G) if cat >= 0 else FLOW_AC2G
+            acts["flow_start"][last] = flows["start"][i] != 0
+            taken[i] = True
+    state[1] = bytearray(flows[~taken].tobytes())
+
+
+def _assembled(state: list[Any], top: dict[str, Any], path: str, places: _ScanPlaces | None = None) -> Any:
     """The trace, or None where a token the scanner passed on does not decode (not UTF-8, not JSON) or
     anything else surprises: the reader then reads the file and names the problem."""
     try:
-        return _assemble(state, top, path)
+        if places is None:
+            places = _ScanPlaces()
+            places.update(state)
+        return _assemble(state, top, path, places)
     except Exception:  # noqa: BLE001 - the reference reader gives the error, with its event
         return None
 
@@ -139,15 +240,11 @@ def _decode(token: bytes) -> Any:
     return orjson.loads(token)
 
 
-def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
+def _assemble(state: list[Any], top: dict[str, Any], path: str, places: _ScanPlaces) -> Any:
     acts_raw, flows_raw, strings, pids, threads, blocks, others, flow_threads, _ = state
     recs = np.frombuffer(acts_raw, dtype=ACT_DTYPE)
     flows = np.frombuffer(flows_raw, dtype=FLOW_DTYPE)
-    devices = [pid_device(_decode(token), n) for n, token in enumerate(pids)]  # in code order, as read
-    resources = [
-        tid_resource(int.from_bytes(key[:4], "little", signed=True), _decode(key[4:]), n)
-        for n, key in enumerate(threads)
-    ]
+    devices, resources, texts = places.devices, places.resources, places.texts  # in code order, as read
     counters = Counters()
     for what, dev, res, raw in others:
         ev = orjson.loads(raw)
@@ -163,7 +260,6 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str) -> Any:
                 name = str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}"
                 counters.add(name, dev, ts, float(value))
     table = StringTable()
-    texts = [str(v) if not isinstance(v, str) else v for v in map(_decode, strings)]
     codes = np.array([table.intern(t) for t in texts] or [0], dtype=np.int32)
     n = len(recs)
     kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] or [0], dtype=np.uint8)
