@@ -80,8 +80,6 @@ def _peak():
                 print("POLYPROF_BENCH_PEAK_KB", line.split()[1], file=sys.stderr, flush=True)
 atexit.register(_peak)
 sys.argv = ["polyprof", *sys.argv[1:]]
-from polyprof.cli.main import main
-main()
 """
 
 
@@ -89,11 +87,19 @@ def run_polyprof_measured(args: list[str]) -> tuple[float, int, str]:
     """Run `polyprof ARGS` in a child process; (wall seconds, its peak RSS in bytes, its stderr). The
     peak is the child's own high-water mark (/proc/self/status VmHWM), not getrusage's, which counts
     the RSS the child inherited from this process at fork."""
+    return run_python_measured(_MEASURED + "from polyprof.cli.main import main\nmain()\n", args)
+
+
+def run_python_measured(code: str, args: list[str]) -> tuple[float, int, str]:
+    """Run Python `code` with `args` as sys.argv[1:] in a child process, measured as
+    :func:`run_polyprof_measured` measures (its code sees ``sys.argv[0] == "polyprof"``)."""
     import subprocess
     import sys
 
+    if "POLYPROF_BENCH_PEAK_KB" not in code:
+        code = _MEASURED + code
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if run.returncode != 0:
         raise SystemExit(run.stderr)

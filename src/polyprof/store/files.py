@@ -6,8 +6,10 @@ adding itself to a store, which is what writing a trace to a ``.polyprof`` path 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +33,27 @@ def write_rank(tables: Any, out: str) -> dict[str, int]:
 
     written = {}
     for name, table in tables.tables.items():
-        folder = os.path.join(out, name, f"rank={tables.rank}")
-        os.makedirs(folder, exist_ok=True)
-        final = os.path.join(folder, "part-0.parquet")
-        partial = f"{final}.{os.getpid()}.partial"
-        pq.write_table(table.cast(TABLES[name]), partial, row_group_size=ROW_GROUP_ROWS, compression="zstd")
-        os.replace(partial, final)
+        with rank_file(out, name, tables.rank) as partial:
+            pq.write_table(table.cast(TABLES[name]), partial, row_group_size=ROW_GROUP_ROWS, compression="zstd")
         written[name] = table.num_rows
     return written
+
+
+@contextlib.contextmanager
+def rank_file(out: str, table: str, rank: int) -> Iterator[str]:
+    """The path to write a rank's file of `table` at: beside its final path, renamed there when the
+    block ends without an error (removed when it raises)."""
+    folder = os.path.join(out, table, f"rank={rank}")
+    os.makedirs(folder, exist_ok=True)
+    final = os.path.join(folder, "part-0.parquet")
+    partial = f"{final}.{os.getpid()}.partial"
+    try:
+        yield partial
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+    os.replace(partial, final)
 
 
 def add_rank(trace: Any, out: str | os.PathLike, source: str = "") -> str:

@@ -37,7 +37,8 @@ DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "in
 SYNCHRONIZING = {"allreduce", "all_reduce", "allgather", "all_gather", "allgather_into_tensor", "_allgather_base",
                  "allgather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
                  "alltoall", "all_to_all", "alltoall_base", "barrier", "allreduce_coalesced"}  # fmt: skip
-_KIND_NAMES = [k.name.lower() for k in sorted(ActivityKind)]
+#: the ``kind`` column's names, by ActivityKind's value
+KIND_NAMES = [k.name.lower() for k in sorted(ActivityKind)]
 
 
 @dataclass
@@ -60,28 +61,35 @@ def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankT
     collective = args.collective
     tables = {
         "activities": _activities(trace, steps, shift, collective, args),
-        "collectives": _collectives(trace, steps, shift, collective),
-        "counters": _counters(trace, steps, shift),
-        "backends": pa.Table.from_pylist([_backend_row(s) for s in trace.backends.values()], schema=BACKENDS),
-        "ranks": _rank_row(trace, source, shift, offset, uncertainty),
+        "collectives": collectives_table(collective_rows(trace, collective), steps, shift),
+        "counters": counters_table(trace, steps, shift),
+        "backends": backends_table(trace),
+        "ranks": rank_row(trace, source, shift, offset, uncertainty),
     }
     return RankTables(rank_of(trace, fallback_rank), tables)
 
 
-def _counters(trace: Trace, steps: Any, shift: int) -> pa.Table:
+def backends_table(trace: Trace) -> pa.Table:
+    return pa.Table.from_pylist([_backend_row(s) for s in trace.backends.values()], schema=BACKENDS)
+
+
+def counters_table(trace: Trace, steps: Any, shift: int) -> pa.Table:
     counters = trace.counters.columns
     names = pa.array(trace.counters.strings.strings or [""], pa.string())
+    devices = trace.devices
     return pa.table({
         "name": pa.DictionaryArray.from_arrays(counters["name"], names),
-        "device": pa.array([trace.devices[d].key for d in counters["device"].tolist()], pa.string()),
+        "device": pa.array([devices[d].key for d in counters["device"].tolist()], pa.string()),
         "resource": counters["resource"].astype(np.int64),
         "ts_ns": counters["ts"] + shift,
         "value": counters["value"],
-        "step": _step_at(steps, counters["ts"]),
+        "step": step_at(steps, counters["ts"]),
     }, schema=COUNTERS)  # fmt: skip
 
 
-def _rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncertainty: int | None) -> pa.Table:
+def rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncertainty: int | None,
+             events: int | None = None) -> pa.Table:  # fmt: skip
+    """The rank's one row; `events` where the trace is the file's head, its rows streamed."""
     info = trace.metadata.get("distributedInfo")
     return pa.Table.from_pylist([{
         "world_size": info.get("world_size") if isinstance(info, dict) else None,
@@ -92,7 +100,7 @@ def _rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncerta
         "offset_uncertainty_ns": uncertainty,
         "window_start_ns": trace.window[0] + shift,
         "window_end_ns": trace.window[1] + shift,
-        "events": len(trace.activities),
+        "events": len(trace.activities) if events is None else events,
         "metadata": encode(trace.metadata),
     }], schema=RANKS)  # fmt: skip
 
@@ -101,15 +109,20 @@ def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     """(numbers, starts, ends, rows) of the trace's steps, by start."""
     acts = trace.activities
     rows = step_rows(trace)
-    numbers = np.array(list(rows), dtype=np.int64)
     idx = np.array(list(rows.values()), dtype=np.int64)
     starts = acts["start"][idx] if len(idx) else np.zeros(0, np.int64)
     ends = acts["end"][idx] if len(idx) else np.zeros(0, np.int64)
+    return steps_by_start(np.array(list(rows), dtype=np.int64), starts, ends, idx)
+
+
+def steps_by_start(numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> tuple:
+    """The steps (numbers, starts, ends, rows: each step's span) ordered by start, as :func:`step_at`
+    reads them."""
     order = np.argsort(starts, kind="stable")
-    return numbers[order], starts[order], ends[order], idx[order]
+    return numbers[order], starts[order], ends[order], rows[order]
 
 
-def _step_at(steps: tuple[np.ndarray, ...], times: np.ndarray) -> np.ndarray:
+def step_at(steps: tuple[np.ndarray, ...], times: np.ndarray) -> np.ndarray:
     """The step whose span holds each time (-1 where none)."""
     numbers, starts, ends, _ = steps
     if not len(numbers):
@@ -121,8 +134,14 @@ def _step_at(steps: tuple[np.ndarray, ...], times: np.ndarray) -> np.ndarray:
 
 def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray) -> np.ndarray:
     """Each row's nesting level on its resource (rows in `skip`, the step spans, are not counted)."""
+    return sorted_levels(resource, start, end, skip, np.lexsort((-end, start, resource)))
+
+
+def sorted_levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray,
+                  order: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Each row's nesting level on its resource, `order` being the rows by (resource, start, longest
+    first): a stack of ends, popped while its top has ended."""
     level = np.zeros(len(start), dtype=np.int32)
-    order = np.lexsort((-end, start, resource))
     as_int64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     _native.nesting_levels(order.astype(np.int64), as_int64(resource), as_int64(start), as_int64(end),
                            np.ascontiguousarray(skip, dtype=np.uint8), level)  # fmt: skip
@@ -133,11 +152,14 @@ def _training_thread(trace: Trace, step_rows: np.ndarray) -> int:
     acts = trace.activities
     if len(step_rows):
         return int(acts["resource"][step_rows[0]])
-    ops = acts["resource"][acts["kind"] == int(ActivityKind.CPU_OP)]
-    if not len(ops):
-        return -1
-    values, counts = np.unique(ops, return_counts=True)
-    return int(values[np.argmax(counts)])
+    values, counts = np.unique(acts["resource"][acts["kind"] == int(ActivityKind.CPU_OP)], return_counts=True)
+    return busiest(values, counts)
+
+
+def busiest(resources: np.ndarray, op_counts: np.ndarray) -> int:
+    """The training thread where a rank has no steps: the resource with most operators (the first of
+    equals), -1 for none."""
+    return int(resources[np.argmax(op_counts)]) if len(resources) else -1
 
 
 def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict], args: ArgColumns) -> pa.Table:
@@ -145,7 +167,7 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     n = len(acts)
     strings = pa.array(acts.strings.strings or [""], pa.string())
     kind, start, end, resource = acts["kind"], acts["start"], acts["end"], acts["resource"]
-    step = _step_at(steps, start)
+    step = step_at(steps, start)
     on_device = np.isin(kind, [int(k) for k in DEVICE_KINDS])
     corr = acts["correlation"]
     if on_device.any():  # device rows take their launch's step
@@ -160,20 +182,15 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
     instant = kind == int(ActivityKind.INSTANT)
     level = _levels(resource, start, end, is_step | instant)
     training = _training_thread(trace, steps[3])
-    devices = trace.devices
-    dev_key = pa.array([d.key for d in devices] or [""], pa.string())
-    dev_type = pa.array([d.type for d in devices] or [""], pa.string())
-    dev_name = pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string())
-    work = _work_column(trace)
-    res_id = np.array([r.id for r in trace.resources] or [0], dtype=np.int64)
-    res_name = pa.array([r.name for r in trace.resources] or [""], pa.string())
-    dims, types, other = args.input_dims, args.input_types, args.other
+    dev_key, dev_type, dev_name = device_columns(trace)
+    work = work_column(trace)
+    res_id, res_name = resource_columns(trace)
     is_collective = np.zeros(n, dtype=bool)
     if collective:
         is_collective[list(collective)] = True
     table = pa.table({
         "step": step,
-        "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(_KIND_NAMES)).cast(pa.string()),
+        "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(KIND_NAMES)).cast(pa.string()),
         "category": pa.DictionaryArray.from_arrays(acts["cat"], strings),
         "name": pa.DictionaryArray.from_arrays(acts["name"], strings),
         "device": pa.DictionaryArray.from_arrays(acts["device"], dev_key),
@@ -193,14 +210,28 @@ def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict
         "flow_start": acts["flow_start"] != 0,
         "collective": is_collective,
         "work": work,
-        "input_dims": pa.array(dims, pa.string()),
-        "input_types": pa.array(types, pa.string()),
-        "args": pa.array(other, pa.string()),
+        "input_dims": pa.array(args.input_dims, pa.string()),
+        "input_types": pa.array(args.input_types, pa.string()),
+        "args": pa.array(args.other, pa.string()),
     }, schema=ACTIVITIES)  # fmt: skip
     return table.take(np.lexsort((start, step)))
 
 
-def _work_column(trace: Trace) -> pa.Array:
+def device_columns(trace: Trace) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Each device's key, type and heading (the dictionaries of the ``device`` columns)."""
+    devices = trace.devices
+    return (pa.array([d.key for d in devices] or [""], pa.string()),
+            pa.array([d.type for d in devices] or [""], pa.string()),
+            pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string()))  # fmt: skip
+
+
+def resource_columns(trace: Trace) -> tuple[np.ndarray, pa.Array]:
+    """Each resource's id and name, by its index."""
+    return (np.array([r.id for r in trace.resources] or [0], dtype=np.int64),
+            pa.array([r.name for r in trace.resources] or [""], pa.string()))  # fmt: skip
+
+
+def work_column(trace: Trace) -> pa.Array:
     """Each device row's kind of work, as the in-memory analyses classify it (one owner:
     :class:`polyprof.analysis.device.DeviceWork`); null for the other rows."""
     work = DeviceWork(trace)
@@ -214,23 +245,38 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _collectives(trace: Trace, steps: Any, shift: int, collective: dict[int, dict]) -> pa.Table:
+@dataclass
+class CollectiveRow:
+    """A row that names a collective: its args, and what the collectives table needs of the row."""
+
+    args: dict[str, Any]
+    name: str
+    on_device: bool
+    start: int
+    end: int
+
+
+def collective_rows(trace: Trace, collective: dict[int, dict]) -> list[CollectiveRow]:
+    """The rows of `trace` that name a collective (`collective`: their args, by row), in row order."""
+    acts = trace.activities
+    names = acts.strings.strings
+    device_kinds = [int(k) for k in DEVICE_KINDS]
+    return [CollectiveRow(collective[row], names[int(acts["name"][row])], int(acts["kind"][row]) in device_kinds,
+                          int(acts["start"][row]), int(acts["end"][row])) for row in sorted(collective)]  # fmt: skip
+
+
+def collectives_table(candidates: list[CollectiveRow], steps: Any, shift: int) -> pa.Table:
     """One row per collective instance of this rank: device rows where the rank has them (NCCL's
     kernels), else host rows; numbered per process group in the order they started, the order every
     rank of a group issues them in (or by the ``Seq`` arg where the trace has it)."""
-    acts = trace.activities
-    rows = np.array(sorted(collective), dtype=np.int64)
-    if len(rows):
-        on_device = np.isin(acts["kind"][rows], [int(k) for k in DEVICE_KINDS])
-        if on_device.any():
-            rows = rows[on_device]
-        rows = rows[np.argsort(acts["start"][rows], kind="stable")]
-    names = acts.strings.strings
+    if any(c.on_device for c in candidates):
+        candidates = [c for c in candidates if c.on_device]
+    chosen = sorted(candidates, key=lambda c: c.start)  # stable: rows of one start in row order
     seen: dict[str, int] = {}
     out = []
-    step = _step_at(steps, acts["start"][rows]) if len(rows) else []
-    for i, row in enumerate(rows.tolist()):
-        args = collective[row]
+    step = step_at(steps, np.array([c.start for c in chosen], dtype=np.int64))
+    for i, row in enumerate(chosen):
+        args = row.args
         group = str(args.get("Process Group Name", "0"))
         seq = _int(args.get("Seq", args.get("seq")))
         if seq is None:
@@ -244,8 +290,8 @@ def _collectives(trace: Trace, steps: Any, shift: int, collective: dict[int, dic
             "group_description": str(args.get("Process Group Description", "")),
             "seq": seq,
             "op": (op := str(args.get("Collective name", ""))),
-            "name": names[int(acts["name"][row])],
-            "on_device": bool(int(acts["kind"][row]) in [int(k) for k in DEVICE_KINDS]),
+            "name": row.name,
+            "on_device": row.on_device,
             "synchronizing": op.lower() in SYNCHRONIZING,
             "group_size": _int(args.get("Group size")),
             "in_nelems": nelems,
@@ -253,8 +299,8 @@ def _collectives(trace: Trace, steps: Any, shift: int, collective: dict[int, dic
             "dtype": dtype,
             "bytes": nelems * size if nelems is not None and size is not None else None,
             "step": int(step[i]),
-            "entry_ns": int(acts["start"][row]) + shift,
-            "exit_ns": int(acts["end"][row]) + shift,
+            "entry_ns": row.start + shift,
+            "exit_ns": row.end + shift,
         })  # fmt: skip
     return pa.Table.from_pylist(out, schema=COLLECTIVES)
 

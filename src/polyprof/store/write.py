@@ -24,11 +24,28 @@ from polyprof.store.files import StoreStats, write_manifest, write_rank
 
 
 def _convert(source: str, position: int, out: str) -> tuple[int, dict[str, int], str]:
-    """One rank's trace into `out` (the store being made): its rank, rows per table and source."""
+    """One rank's trace into `out` (the store being made): its rank, rows per table and source. JSON
+    streams through in bounded memory; a ``.pftrace`` or a spill is loaded first."""
+    if _is_json(source):
+        from polyprof.store.rank_stream import stream_rank
+
+        rank, rows = stream_rank(source, out, fallback_rank=position)
+        return rank, rows, source
     from polyprof.store.rank_tables import rank_tables
 
     tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
+
+
+def _is_json(source: str) -> bool:
+    from polyprof.formats.common.source import open_stream
+
+    try:
+        with open_stream(source) as f:
+            head = f.read(256)
+    except Exception:  # noqa: BLE001 - loading it says what is wrong with the path
+        return False
+    return head.lstrip()[:1] in (b"{", b"[")
 
 
 def _load(source: str) -> Any:

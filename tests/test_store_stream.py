@@ -1,0 +1,161 @@
+"""A rank's JSON trace streamed into the store (polyprof.store.rank_stream) gives, row for row, the tables
+of the trace loaded whole (rank_tables), however the file is cut into chunks and however the engine
+hands the sorted rows back: steps, nesting levels, device rows' launch steps, flows, collectives,
+counters and the rank's row."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+pa = pytest.importorskip("pyarrow", reason="needs pyarrow (the polyprof[store] extra)")
+pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+import polyprof  # noqa: E402
+from polyprof import store  # noqa: E402
+from polyprof.errors import TraceFormatError  # noqa: E402
+from polyprof.formats.chrome import scan  # noqa: E402
+from polyprof.model import FLOW_AC2G, ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
+from polyprof.store import rank_stream  # noqa: E402
+from polyprof.store.files import write_rank  # noqa: E402
+from polyprof.store.rank_tables import rank_tables  # noqa: E402
+from polyprof.store.schema import TABLES  # noqa: E402
+
+K = ActivityKind
+JSON_COLUMNS = ("input_dims", "input_types", "args", "metadata", "status")
+
+
+def _job_rank(seed=7, steps=12):
+    """A rank with what the tables are made of: steps on the training thread, nested and badly nested
+    ops on two threads (equal starts, zero-length rows), launches whose kernels run after their step
+    ended, flows, all-reduces with their args, instants and counters; distributedInfo says rank 2."""
+    rng = np.random.default_rng(seed)
+    b = ActivityBuilder()
+    t, corr = 1_000_000, 1
+    for step in range(steps):
+        step_start = t
+        for op in range(int(rng.integers(5, 15))):
+            thread = int(rng.integers(0, 2))
+            start = t + int(rng.integers(0, 3)) * 1_000
+            b.append(K.CPU_OP, "cpu_op", f"aten::op{op % 4}", 0, thread, start, start + 40_000,
+                             args={"Input Dims": [[4, 4]], "Input type": ["float"], "Sequence number": op})  # fmt: skip
+            b.append(K.CPU_OP, "cpu_op", "aten::inner", 0, thread, start, start + int(rng.integers(0, 40_000)))
+            b.append(K.CPU_OP, "cpu_op", "aten::zero", 0, thread, start + 5_000, start + 5_000)
+            if rng.random() < 0.2:  # starts inside the op and ends after it: not nested
+                b.append(K.USER_ANNOTATION, "user_annotation", "overlap", 0, thread, start + 30_000, start + 60_000)
+            b.append(K.RUNTIME, "cuda_runtime", "cudaLaunchKernel", 0, thread, start + 10_000, start + 12_000,
+                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G, flow_start=True)  # fmt: skip
+            late = int(rng.integers(0, 400_000))  # often after the step's end
+            b.append(K.KERNEL, "kernel", "gemm", 1, 2, start + 20_000 + late, start + 30_000 + late,
+                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G)  # fmt: skip
+            if op % 5 == 4:
+                b.append(K.INSTANT, "instant", "mark", 0, thread, start + 1_000, start + 1_000, args={"op": op})
+            corr += 1
+            t += 50_000
+        b.append(K.CPU_OP, "gloo", "gloo:all_reduce", 0, 0, t, t + 20_000,
+                 args={"Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 256,
+                       "Out msg nelems": 256, "dtype": "Float", "Group size": 4})  # fmt: skip
+        t += 30_000
+        b.append(K.USER_ANNOTATION, "user_annotation", f"ProfilerStep#{step}", 0, 0, step_start, t)
+        t += 5_000
+    trace = Trace(activities=b.freeze(),
+                  devices=[Device("host", "cpu", 0, "host"), Device("cuda:0", "gpu", 0, "GPU 0")],
+                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader"), Resource(1, 7, "stream 7")])  # fmt: skip
+    for i in range(50):
+        trace.counters.add("memory", 0, 1_000_000 + i * 30_000, float(i * 1024))
+    trace.metadata["distributedInfo"] = {"rank": 2, "world_size": 4}
+    return trace
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """The rank above as polyprof writes it (plain and gzip), and a torch.profiler trace of a few
+    training steps (shapes, fwd-bwd flows), where torch is installed."""
+    folder = tmp_path_factory.mktemp("stream")
+    out = {"polyprof": str(folder / "rank2.json")}
+    polyprof.write_trace(_job_rank(), out["polyprof"])
+    with open(out["polyprof"], "rb") as f, gzip.open(folder / "rank2.json.gz", "wb") as g:
+        g.write(f.read())
+    out["gzip"] = str(folder / "rank2.json.gz")
+    try:
+        import torch
+    except ImportError:
+        return out
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    path = str(folder / "torch.json")
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, schedule=sched,
+                                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:  # fmt: skip
+        for _ in range(4):
+            with torch.profiler.record_function("forward"):
+                loss = model(torch.randn(8, 32)).sum()
+            loss.backward()
+            prof.step()
+    out["torch"] = path
+    return out
+
+
+def _tables(folder, rank):
+    return {name: pq.read_table(os.path.join(folder, name, f"rank={rank}", "part-0.parquet")) for name in TABLES}
+
+
+def _rows(table, parse_json):
+    rows = table.to_pylist()
+    if parse_json:  # the reference reader writes args as compact JSON, the scanner keeps the file's text
+        for row in rows:
+            for key in JSON_COLUMNS:
+                if row.get(key) is not None:
+                    row[key] = json.loads(row[key])
+    return rows
+
+
+def _assert_same_tables(source, tmp_path, parse_json=False, **options):
+    loaded, streamed = tmp_path / "loaded", tmp_path / "streamed"
+    tables = rank_tables(polyprof.load_trace(source), source=os.path.abspath(source))
+    rows = write_rank(tables, str(loaded))
+    streamed.mkdir()
+    rank, streamed_rows = rank_stream.stream_rank(source, str(streamed), **options)
+    assert (rank, streamed_rows) == (tables.rank, rows)
+    want, got = _tables(loaded, rank), _tables(streamed, rank)
+    for name in TABLES:
+        assert got[name].schema == want[name].schema, name
+        assert _rows(got[name], parse_json) == _rows(want[name], parse_json), name
+    return want
+
+
+@pytest.mark.parametrize("which", ["polyprof", "gzip", "torch"])
+def test_a_rank_streamed_in_many_chunks_has_the_tables_of_the_loaded_trace(traces, which, tmp_path, monkeypatch):
+    if which not in traces:
+        pytest.skip("needs torch (CPU build) for a torch.profiler trace")
+    monkeypatch.setattr(scan, "CHUNK", 2048)  # the scanner reads 2 KB at a time: a chunk every few events
+    monkeypatch.setattr(rank_stream, "ENGINE_BATCH_ROWS", 7)  # the levels' stack carried across batches
+    want = _assert_same_tables(traces[which], tmp_path, chunk_events=1)
+    acts = want["activities"].to_pylist()
+    assert {r["level"] for r in acts} >= {0, 1} and any(r["flow_id"] for r in acts)
+    if which != "torch":
+        late = [r for r in acts if r["kind"] == "kernel" and r["step"] >= 0]
+        assert want["collectives"].num_rows == 12 and want["counters"].num_rows == 50 and len(late) > 12
+        assert any(r["start_ns"] >= max(s["end_ns"] for s in acts if s["name"] == f"ProfilerStep#{r['step']}")
+                   for r in late), "some kernels run after their launch's step ended and still count in it"  # fmt: skip
+
+
+def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path, monkeypatch):
+    def declined(path, rows):
+        raise scan.Declined
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(rank_stream, "scan_chunks", declined)
+    _assert_same_tables(traces["polyprof"], tmp_path, parse_json=True, chunk_events=5)
+
+
+def test_a_truncated_trace_is_one_line_and_leaves_no_store(traces, tmp_path):
+    data = open(traces["polyprof"], "rb").read()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match="cut.json: is truncated"):
+        store.write_store([cut], tmp_path / "job.polyprof")
+    assert not (tmp_path / "job.polyprof").exists() and os.listdir(tmp_path) == ["cut.json"]
