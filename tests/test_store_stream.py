@@ -21,6 +21,7 @@ from polyprof.errors import TraceFormatError  # noqa: E402
 from polyprof.formats.chrome import scan  # noqa: E402
 from polyprof.model import FLOW_AC2G, ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
 from polyprof.store import rank_stream  # noqa: E402
+from polyprof.store import write as store_write  # noqa: E402
 from polyprof.store.files import write_rank  # noqa: E402
 from polyprof.store.rank_tables import rank_tables  # noqa: E402
 from polyprof.store.schema import TABLES  # noqa: E402
@@ -152,10 +153,34 @@ def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path
     _assert_same_tables(traces["polyprof"], tmp_path, parse_json=True, chunk_events=5)
 
 
-def test_a_truncated_trace_is_one_line_and_leaves_no_store(traces, tmp_path):
+@pytest.mark.parametrize("reader", ["scanner", "reference"])
+def test_a_truncated_trace_streamed_is_one_line_and_leaves_no_store(traces, tmp_path, monkeypatch, reader):
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
+    if reader == "reference":
+        monkeypatch.setattr(scan, "scan_chunks", lambda path, rows: (_ for _ in ()).throw(scan.Declined()))
+        monkeypatch.setattr(rank_stream, "scan_chunks", scan.scan_chunks)
     data = open(traces["polyprof"], "rb").read()
     cut = tmp_path / "cut.json"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceFormatError, match="cut.json: is truncated"):
-        store.write_store([cut], tmp_path / "job.polyprof")
+        store.write_store([cut], tmp_path / "job.polyprof", jobs=1)
     assert not (tmp_path / "job.polyprof").exists() and os.listdir(tmp_path) == ["cut.json"]
+
+
+def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, tmp_path, monkeypatch):
+    streamed = []
+
+    def counted(source, out, **options):
+        streamed.append(os.path.basename(source))
+        return stream_rank(source, out, **options)
+
+    stream_rank = rank_stream.stream_rank
+    monkeypatch.setattr(rank_stream, "stream_rank", counted)
+    store.write_store([traces["polyprof"]], tmp_path / "loaded.polyprof", jobs=1)
+    assert streamed == []
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", os.path.getsize(traces["polyprof"]) - 1)
+    store.write_store([traces["polyprof"]], tmp_path / "streamed.polyprof", jobs=1)
+    assert streamed == ["rank2.json"]
+    for name in TABLES:
+        assert (_tables(tmp_path / "streamed.polyprof", 2)[name].to_pylist()
+                == _tables(tmp_path / "loaded.polyprof", 2)[name].to_pylist()), name  # fmt: skip

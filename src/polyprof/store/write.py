@@ -22,11 +22,16 @@ from polyprof import progress
 from polyprof.errors import ConfigError
 from polyprof.store.files import StoreStats, write_manifest, write_rank
 
+#: a JSON rank larger than this (a gzip file: ten times its size) streams into the store in bounded
+#: memory; a smaller one is loaded whole, which takes less than the streaming's bound and half its time
+STREAM_ABOVE_BYTES = 64 << 20
+
 
 def _convert(source: str, position: int, out: str) -> tuple[int, dict[str, int], str]:
-    """One rank's trace into `out` (the store being made): its rank, rows per table and source. JSON
-    streams through in bounded memory; a ``.pftrace`` or a spill is loaded first."""
-    if _is_json(source):
+    """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
+    large JSON rank streams through (:mod:`polyprof.store.rank_stream`); a ``.pftrace`` or a spill is
+    loaded first."""
+    if _is_json(source) and _inflated_size(source) > STREAM_ABOVE_BYTES:
         from polyprof.store.rank_stream import stream_rank
 
         rank, rows = stream_rank(source, out, fallback_rank=position)
@@ -35,6 +40,12 @@ def _convert(source: str, position: int, out: str) -> tuple[int, dict[str, int],
 
     tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
+
+
+def _inflated_size(source: str) -> int:
+    from polyprof.formats.common.source import is_gzip_file
+
+    return os.path.getsize(source) * (10 if is_gzip_file(source) else 1)
 
 
 def _is_json(source: str) -> bool:
