@@ -1,0 +1,58 @@
+"""Converting one rank's JSON trace into the store, against `load_trace` of the same file: wall time
+and peak RSS, each in a child process of its own.
+
+    .venv/bin/python benchmarks/store_convert.py [--gb 0.25,1.0]
+
+The trace is convert_large.py's: what torch.profiler writes for a CUDA training step (aten ops with
+shapes, launches with ac2g flows to kernels on two streams). Three children per size: `load_trace` of
+the file; `polyprof store FILE -o OUT` (a JSON rank streams into the store in bounded memory); and
+the loaded conversion the store used before it streamed (`rank_tables` of the loaded trace), for its
+memory. Targets (issue #53): the store's time at most `load_trace`'s, its memory bounded whatever the
+trace's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+from _common import report, run_polyprof_measured, run_python_measured, scratch_folder
+from convert_large import write_kineto_json
+
+LOAD = "import polyprof\npolyprof.load_trace(sys.argv[1])\n"
+LOADED_CONVERSION = (
+    "import polyprof\nfrom polyprof.store.files import write_rank\nfrom polyprof.store.rank_tables import rank_tables\n"
+    "write_rank(rank_tables(polyprof.load_trace(sys.argv[1])), sys.argv[2])\n"
+)
+
+
+def measure(gb: float, folder: str) -> dict:
+    src = os.path.join(folder, f"rank0-{gb}.json")
+    events = write_kineto_json(src, int(gb * 1e9))
+    size = os.path.getsize(src)
+    load_s, load_peak, _ = run_python_measured(LOAD, [src])
+    store_s, store_peak, _ = run_polyprof_measured(["store", src, "-o", os.path.join(folder, "job.polyprof"), "-q"])
+    loaded_s, loaded_peak, _ = run_python_measured(LOADED_CONVERSION, [src, os.path.join(folder, "loaded")])
+    for done in (src, os.path.join(folder, "job.polyprof"), os.path.join(folder, "loaded")):
+        shutil.rmtree(done, ignore_errors=True) if os.path.isdir(done) else os.remove(done)
+    mb = lambda b: round(b / 2**20)  # noqa: E731
+    return {"input_bytes": size, "events": events,
+            "load_trace": {"seconds": round(load_s, 2), "peak_mb": mb(load_peak)},
+            "store_streamed": {"seconds": round(store_s, 2), "peak_mb": mb(store_peak)},
+            "store_loaded": {"seconds": round(loaded_s, 2), "peak_mb": mb(loaded_peak)},
+            "time_over_load_trace": round(store_s / load_s, 2),
+            "peak_over_load_trace": round(store_peak / load_peak, 2)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gb", default="0.25,1.0", help="Trace sizes in GB, comma-separated.")
+    args = ap.parse_args()
+    folder = scratch_folder()
+    report("store_convert", {"sizes": [measure(float(gb), folder) for gb in args.gb.split(",")],
+                             "target_time_over_load_trace_max": 1.0})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
