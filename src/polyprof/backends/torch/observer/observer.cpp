@@ -1483,6 +1483,29 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore:
   }
 }
 
+// While recording (g_mutex held): calls `visit(buffer)` on every thread's buffer while it is claimed
+// (its thread's callbacks then stay out of it, see Busy), again every 20 us for up to `patience_us` on
+// those where `visit` returns false (their thread was inside a callback or an operator).
+template <typename Visit>
+void visit_claimed(int64_t patience_us, Visit visit) {
+  std::vector<ThreadBuffer*> pending;
+  for (auto& b : g_buffers) pending.push_back(b.get());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(patience_us);
+  while (!pending.empty()) {
+    std::vector<ThreadBuffer*> again;
+    for (ThreadBuffer* b : pending) b->claimed.store(true, std::memory_order_relaxed);
+    heavy_barrier();  // the claims before the marks are read (see Busy)
+    for (ThreadBuffer* b : pending) {
+      bool visited = visit(*b);
+      b->claimed.store(false, std::memory_order_release);
+      if (!visited) again.push_back(b);
+    }
+    pending.swap(again);
+    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -1588,34 +1611,22 @@ int64_t polyprof_observer_take(int64_t patience_us) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_taken.clear();
   if (!g_recording.load(std::memory_order_seq_cst)) return 0;
-  std::vector<ThreadBuffer*> pending;
-  for (auto& b : g_buffers) pending.push_back(b.get());
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(patience_us);
   int64_t n = 0;
-  while (!pending.empty()) {
-    std::vector<ThreadBuffer*> again;
-    for (ThreadBuffer* b : pending) b->claimed.store(true, std::memory_order_relaxed);
-    heavy_barrier();  // the claims before the marks are read (see Busy)
-    for (ThreadBuffer* b : pending) {
-      bool between_ops = b->inside.load(std::memory_order_acquire) == 0 && b->open.empty() &&
-                         b->async_open.load(std::memory_order_acquire) == 0;
-      if (between_ops && (!b->ops.empty() || !b->mem.empty())) {
-        try {
-          g_taken.reserve(g_taken.size() + 1);  // nothing throws once the contents are moved
-          auto out = std::make_shared<ThreadBuffer>();
-          move_contents(*b, *out);
-          n += int64_t(out->ops.size());
-          g_taken.push_back(std::move(out));
-        } catch (...) {  // no memory for the hand-over: the buffer keeps its ops for a later take or stop
-        }
+  visit_claimed(patience_us, [&n](ThreadBuffer& b) {
+    bool between_ops = b.inside.load(std::memory_order_acquire) == 0 && b.open.empty() &&
+                       b.async_open.load(std::memory_order_acquire) == 0;
+    if (between_ops && (!b.ops.empty() || !b.mem.empty())) {
+      try {
+        g_taken.reserve(g_taken.size() + 1);  // nothing throws once the contents are moved
+        auto out = std::make_shared<ThreadBuffer>();
+        move_contents(b, *out);
+        n += int64_t(out->ops.size());
+        g_taken.push_back(std::move(out));
+      } catch (...) {  // no memory for the hand-over: the buffer keeps its ops for a later take or stop
       }
-      b->claimed.store(false, std::memory_order_release);
-      if (!between_ops) again.push_back(b);
     }
-    pending.swap(again);
-    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+    return between_ops;
+  });
   return n;
 }
 
@@ -1627,30 +1638,16 @@ int64_t polyprof_observer_open_ops(char* out, int64_t cap, int64_t patience_us) 
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_recording.load(std::memory_order_seq_cst)) return 0;
   std::string text;
-  std::vector<ThreadBuffer*> pending;
-  for (auto& b : g_buffers) pending.push_back(b.get());
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(patience_us);
-  while (!pending.empty()) {
-    std::vector<ThreadBuffer*> again;
-    for (ThreadBuffer* b : pending) b->claimed.store(true, std::memory_order_relaxed);
-    heavy_barrier();  // the claims before the marks are read (see Busy)
-    for (ThreadBuffer* b : pending) {
-      if (b->inside.load(std::memory_order_acquire) == 0) {
-        for (const OpenOp& open : b->open) {
-          const Op& op = *open.row;
-          OpFields f = unpack(*b, op);
-          if (f.name < 0 || size_t(f.name) >= b->names.size()) continue;
-          text += std::to_string(b->tid) + '\x1f' + std::to_string(op.start) + '\x1f' + b->names[size_t(f.name)] + '\n';
-        }
-      } else {
-        again.push_back(b);
-      }
-      b->claimed.store(false, std::memory_order_release);
+  visit_claimed(patience_us, [&text](ThreadBuffer& b) {
+    if (b.inside.load(std::memory_order_acquire) != 0) return false;
+    for (const OpenOp& open : b.open) {
+      const Op& op = *open.row;
+      OpFields f = unpack(b, op);
+      if (f.name < 0 || size_t(f.name) >= b.names.size()) continue;
+      text += std::to_string(b.tid) + '\x1f' + std::to_string(op.start) + '\x1f' + b.names[size_t(f.name)] + '\n';
     }
-    pending.swap(again);
-    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+    return true;
+  });
   if (int64_t(text.size()) <= cap) std::memcpy(out, text.data(), text.size());
   return int64_t(text.size());
 }
