@@ -3,6 +3,7 @@
 Targets are started with POLYPROF_ON_DEMAND=1 and do not import polyprof (polyprof's .pth file makes
 them capturable); each test gets its own socket folder through XDG_RUNTIME_DIR."""
 
+import contextlib
 import json
 import os
 import random
@@ -297,7 +298,9 @@ def test_a_slow_peer_holds_only_its_own_connection(tmp_path, runtime, targets):
             reply = slow.recv(4096)
         except TimeoutError:
             pass
-        except OSError:
+        except OSError:  # closed while `ps` ran (a loaded machine): its reply was sent before it closed
+            with contextlib.suppress(OSError):
+                reply = reply or slow.recv(4096)
             break
         if reply:
             break
