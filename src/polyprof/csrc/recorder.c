@@ -1166,7 +1166,9 @@ static EventBufferObject *volatile g_crash_buffers[CRASH_SLOTS];
 static long long g_crash_tids[CRASH_SLOTS];
 static volatile int g_crash_top = 0;  /* slots in use are below it */
 static int g_crash_fd = -1;
-static void (*g_crash_more)(int fd) = NULL;  /* another library's part (the torch observer's ops) */
+/* another library's part (the torch observer's ops), written through `put` (the recorder's buffer) */
+typedef void (*crash_put_fn)(const void *bytes, size_t n);
+static void (*g_crash_more)(crash_put_fn put) = NULL;
 static volatile sig_atomic_t g_crash_taken = 0;
 static const int g_crash_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
 #define N_CRASH_SIGNALS ((int)(sizeof g_crash_signals / sizeof g_crash_signals[0]))
@@ -1288,8 +1290,7 @@ static void crash_handler(int sig, siginfo_t *info, void *context) {
             EventBufferObject *b = g_crash_buffers[i];
             if (b != NULL) crash_buffer(b, g_crash_tids[i], now);
         }
-        crash_flush();
-        if (g_crash_more != NULL) g_crash_more(g_crash_fd);
+        if (g_crash_more != NULL) g_crash_more(crash_bytes);
         crash_i64(0);
         crash_flush();
         errno = saved;
@@ -1308,7 +1309,7 @@ static PyObject *sp_crash_rows_arm(PyObject *m, PyObject *const *a, Py_ssize_t n
     if (f < 0 && PyErr_Occurred()) return NULL;
     void *more = nargs > 1 ? PyLong_AsVoidPtr(a[1]) : NULL;
     if (more == NULL && PyErr_Occurred()) return NULL;
-    g_crash_more = (void (*)(int))more;
+    g_crash_more = (void (*)(crash_put_fn))more;
     if (g_crash_armed) { g_crash_fd = f; Py_RETURN_TRUE; }
     struct sigaction action;
     memset(&action, 0, sizeof action);

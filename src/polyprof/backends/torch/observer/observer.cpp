@@ -62,7 +62,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 9;
+constexpr int kAbiVersion = 10;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -1886,34 +1886,14 @@ void polyprof_rf_exit(void* rf) {
   }
 }
 
-// The crash dump's part (polyprof's C recorder calls it from its fatal-signal handler with the crash
-// file's descriptor, after its own rows; csrc/recorder.c gives the file's layout): every thread's ops
-// not yet taken, with write(2) alone, reading the buffers as they are (no lock: the crashing thread
-// may hold g_mutex; no allocation). Per buffer: 2, tid, ops, names, then ops x (start, end or 0 while
-// open, name id or -1) and names x (uint32 length, bytes), all little-endian int64 but the lengths.
-void polyprof_observer_crash_rows(int fd) {
-  static char out[1 << 16];
-  static size_t n = 0;
-  auto flush = [&]() {
-    size_t done = 0;
-    while (done < n) {
-      ssize_t w = ::write(fd, out + done, n - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) break;
-      done += size_t(w);
-    }
-    n = 0;
-  };
-  auto bytes = [&](const void* p, size_t len) {
-    const char* c = static_cast<const char*>(p);
-    while (len) {
-      if (n == sizeof out) flush();
-      size_t k = std::min(len, sizeof out - n);
-      std::memcpy(out + n, c, k);
-      n += k, c += k, len -= k;
-    }
-  };
-  auto i64 = [&](int64_t v) { bytes(&v, sizeof v); };
+// The crash dump's part (polyprof's C recorder calls it from its fatal-signal handler after its own
+// rows, with `put`, which writes into the crash file through the recorder's buffer; csrc/recorder.c
+// gives the file's layout): every thread's ops not yet taken, reading the buffers as they are (no lock:
+// the crashing thread may hold g_mutex; no allocation). Per buffer: 2, tid, ops, names, then ops x
+// (start, end or 0 while open, name id or -1) and names x (uint32 length, bytes), all little-endian
+// int64 but the lengths.
+void polyprof_observer_crash_rows(void (*put)(const void* bytes, size_t n)) {
+  auto i64 = [put](int64_t v) { put(&v, sizeof v); };
   size_t count = g_buffers.size();
   for (size_t i = 0; i < count && i < g_buffers.size(); i++) {
     const ThreadBuffer* b = g_buffers[i].get();
@@ -1932,11 +1912,10 @@ void polyprof_observer_crash_rows(int fd) {
     }
     for (size_t k = 0; k < names; k++) {
       uint32_t len = uint32_t(std::min<size_t>(b->names[k].size(), 4096));
-      bytes(&len, sizeof len);
-      bytes(b->names[k].data(), len);
+      put(&len, sizeof len);
+      put(b->names[k].data(), len);
     }
   }
-  flush();
 }
 
 }  // extern "C"
