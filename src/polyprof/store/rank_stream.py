@@ -118,8 +118,8 @@ def _read_chunks(chunks: Iterator[Trace], scratch: str) -> tuple[_Facts, Trace]:
             counters.write_table(_chunk_counters(chunk, facts))
     assert last is not None, "a file is read as one chunk at least"
     # the last chunk knows what the whole file says of itself: its keys, devices and threads
-    return facts, replace(last, activities=ActivityBuilder().freeze(), counters=Counters(),
-                                      window=facts.window or (0, 0))
+    head = replace(last, activities=ActivityBuilder().freeze(), counters=Counters(), window=facts.window or (0, 0))
+    return facts, head
 
 
 def _chunk_rows(trace: Trace, facts: _Facts) -> pa.Table:
@@ -201,7 +201,7 @@ def _engine(scratch: str, memory_mb: int) -> Any:
     import duckdb
 
     con = duckdb.connect()
-    spill = os.path.join(scratch, "engine")
+    spill = os.path.join(scratch, "engine").replace("'", "''")
     con.execute(f"set memory_limit = '{int(memory_mb)}MB'; set temp_directory = '{spill}'; set threads = 1")
     return con
 
