@@ -43,7 +43,7 @@ def test_convert_merge_store_and_summary_show_a_bar_on_a_terminal_only(tmp_path)
     cases = [
         (lambda out: ("convert", a, out / "a.pftrace"), "converted bytes"),
         (lambda out: ("merge", a, b, "-o", out / "m.json"), "ranks merged"),
-        (lambda out: ("store", a, b, "-o", out / "job.polyprof"), "ranks into the store"),
+        (lambda out: ("store", a, b, "-o", out / "job.polyprof"), "stored trace bytes"),
         (lambda out: ("summary", a, b), "traces read"),
     ]
     for command, words in cases:

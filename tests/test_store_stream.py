@@ -145,7 +145,7 @@ def test_a_rank_streamed_in_many_chunks_has_the_tables_of_the_loaded_trace(trace
 
 
 def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path, monkeypatch):
-    def declined(path, rows):
+    def declined(path, rows, on_read=None):
         raise scan.Declined
         yield  # pragma: no cover
 
@@ -157,7 +157,7 @@ def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path
 def test_a_truncated_trace_streamed_is_one_line_and_leaves_no_store(traces, tmp_path, monkeypatch, reader):
     monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
     if reader == "reference":
-        monkeypatch.setattr(scan, "scan_chunks", lambda path, rows: (_ for _ in ()).throw(scan.Declined()))
+        monkeypatch.setattr(scan, "scan_chunks", lambda *args: (_ for _ in ()).throw(scan.Declined()))
         monkeypatch.setattr(rank_stream, "scan_chunks", scan.scan_chunks)
     data = open(traces["polyprof"], "rb").read()
     cut = tmp_path / "cut.json"
@@ -184,3 +184,25 @@ def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, tmp_path, m
     for name in TABLES:
         assert (_tables(tmp_path / "streamed.polyprof", 2)[name].to_pylist()
                 == _tables(tmp_path / "loaded.polyprof", 2)[name].to_pylist()), name  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["polyprof", "gzip"])
+def test_a_streamed_rank_reports_its_files_bytes_as_it_reads_them(traces, which, tmp_path, monkeypatch):
+    from polyprof import progress
+
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
+    monkeypatch.setattr(scan, "CHUNK", 2048)
+    monkeypatch.setattr(rank_stream, "CHUNK_EVENTS", 20)
+    tasks = []
+
+    def make_task(description, total):
+        tasks.append((description, total, []))
+        return tasks[-1][2].append
+
+    with progress.listening(make_task):
+        store.write_store([traces[which]], tmp_path / "job.polyprof", jobs=1)
+    [(description, total, amounts)] = tasks
+    assert description == "stored trace bytes" and total == os.path.getsize(traces[which])
+    assert sum(amounts) == total and min(amounts) > 0
+    if which == "polyprof":  # (gzip reads its file ahead in 128 KB blocks: a small one at once)
+        assert len(amounts) > 3, "bytes reported as chunks are read"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,13 +68,15 @@ class _Facts:
     counters: int = 0
 
 
-def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int = CHUNK_EVENTS,
-                memory_mb: int = ENGINE_MEMORY_MB) -> tuple[int, dict[str, int]]:  # fmt: skip
+def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int | None = None,
+                memory_mb: int = ENGINE_MEMORY_MB, on_read: Callable[[int], None] | None = None
+                ) -> tuple[int, dict[str, int]]:  # fmt: skip
     """`source` (one rank's Chrome JSON trace, gzip or not) into the store folder `out`: the rank and the
-    rows written per table."""
+    rows written per table. `on_read` is told the file's bytes read so far (on disk) as it is read
+    (from 0 again where the C scanner declines and the reference reader reads it)."""
     scratch = tempfile.mkdtemp(prefix=".polyprof-rank-", dir=out)
     try:
-        facts, head = _read(source, scratch, chunk_events)
+        facts, head = _read(source, scratch, chunk_events or CHUNK_EVENTS, on_read)
         pa.default_memory_pool().release_unused()  # the chunks' buffers, before the engine takes its share
         offset, uncertainty = recorded_offset(head)
         shift = head.epoch_offset_ns + (offset or 0)
@@ -94,17 +96,18 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _read(source: str, scratch: str, chunk_events: int) -> tuple[_Facts, Trace]:
+def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int], None] | None
+          ) -> tuple[_Facts, Trace]:  # fmt: skip
     """Every chunk's rows into the scratch files (read by the C scanner, else by the reference reader:
     the file read again from its start); the facts, and the file's head (its metadata, devices and
     threads, with no rows)."""
     try:
-        return _read_chunks(scan_chunks(source, chunk_events), scratch)
+        return _read_chunks(scan_chunks(source, chunk_events, on_read), scratch)
     except Declined:
         pass
     if is_gzip_file(source):  # one token of gigabytes (a gzip bomb) is refused before reading, as load_trace does
         check_tokens(trace_chunks(source, max_trace_bytes()), source)
-    return _read_chunks(read_chunks(source, chunk_events), scratch)
+    return _read_chunks(read_chunks(source, chunk_events, on_read), scratch)
 
 
 def _read_chunks(chunks: Iterator[Trace], scratch: str) -> tuple[_Facts, Trace]:

@@ -27,19 +27,39 @@ from polyprof.store.files import StoreStats, write_manifest, write_rank
 STREAM_ABOVE_BYTES = 64 << 20
 
 
-def _convert(source: str, position: int, out: str) -> tuple[int, dict[str, int], str]:
+def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
+             ) -> tuple[int, dict[str, int], str]:  # fmt: skip
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
-    large JSON rank streams through (:mod:`polyprof.store.rank_stream`); a ``.pftrace`` or a spill is
-    loaded first."""
+    large JSON rank streams through (:mod:`polyprof.store.rank_stream`), reporting the file's bytes
+    read to `advance` as it goes; a ``.pftrace`` or a spill is loaded first."""
     if _is_json(source) and _inflated_size(source) > STREAM_ABOVE_BYTES:
         from polyprof.store.rank_stream import stream_rank
 
-        rank, rows = stream_rank(source, out, fallback_rank=position)
+        rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
         return rank, rows, source
     from polyprof.store.rank_tables import rank_tables
 
     tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
+
+
+class _Read:
+    """The bytes of each rank's file reported once: as a streamed rank reads them, the rest when done."""
+
+    def __init__(self, advance: progress.Advance) -> None:
+        self.advance, self.reported = advance, {}
+
+    def of(self, source: str) -> progress.Advance:
+        def report(read_so_far: float) -> None:
+            more = read_so_far - self.reported.get(source, 0)
+            if more > 0:
+                self.reported[source] = read_so_far
+                self.advance(more)
+
+        return report
+
+    def done(self, source: str, size: int) -> None:
+        self.of(source)(size)
 
 
 def _inflated_size(source: str) -> int:
@@ -102,16 +122,19 @@ def write_store(
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".polyprof-store-", dir=parent)
     stats = StoreStats(out)
-    advance = progress.task("ranks into the store", total=len(files))
+    sizes = [os.path.getsize(f) if os.path.isfile(f) else 0 for f in files]
+    advance = progress.task("stored trace bytes", total=sum(sizes))
     try:
         workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
         results = []
         with contextlib.ExitStack() as stack:  # one process per rank at a time; none for one worker
             pool = stack.enter_context(ProcessPoolExecutor(workers)) if workers > 1 else None
-            converted = (pool.map if pool else map)(_convert, files, range(len(files)), itertools.repeat(staging))
-            for result in converted:
+            read = _Read(advance)  # in this process, a streamed rank reports its bytes as it reads them
+            converted = (pool.map(_convert, files, range(len(files)), itertools.repeat(staging)) if pool else
+                         map(_convert, files, range(len(files)), itertools.repeat(staging), map(read.of, files)))  # fmt: skip
+            for result, size in zip(converted, sizes, strict=True):
                 results.append(result)
-                advance(1)
+                read.done(result[2], size)
         for rank, rows, source in results:
             if rank in stats.sources:
                 raise ConfigError(f"two traces say they are rank {rank}: {stats.sources[rank]} and {source}")

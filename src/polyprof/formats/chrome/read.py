@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ijson
@@ -116,15 +116,16 @@ def read_streamed(path: str) -> Trace:
             raise TraceFormatError(f"{path}: {problem} ({said})") from None
 
 
-def read_chunks(path: str, events_per_chunk: int) -> Iterator[Trace]:
+def read_chunks(path: str, events_per_chunk: int, on_read: Callable[[int], None] | None = None) -> Iterator[Trace]:
     """The trace at `path` (JSON, gzip or not) as partial traces of about `events_per_chunk` events each,
     read one event at a time: memory holds one chunk, whatever the file's size. The chunks share their
     devices and rows (a row's index means the same thread in every chunk; the names the file gives them
     are final after the last chunk) and each has the file's top-level keys. A chunk ends after the flow
     events that follow its last activity (where Kineto writes them); a flow event far from its activity
-    is joined only within its chunk."""
+    is joined only within its chunk. `on_read` is told the file's bytes read (on disk) before each
+    chunk is yielded."""
     from polyprof.formats.chrome.keys import top_level_keys
-    from polyprof.formats.common.source import open_stream
+    from polyprof.formats.common.source import disk_position, open_stream
 
     keys = top_level_keys(path)
     places = Places()
@@ -134,6 +135,8 @@ def read_chunks(path: str, events_per_chunk: int) -> Iterator[Trace]:
         try:
             for chunk in _event_chunks(events, events_per_chunk):
                 where = Where()
+                if on_read is not None:
+                    on_read(disk_position(stream))
                 try:
                     yield _build({**keys, "traceEvents": chunk}, path, where, places)
                 except TraceFormatError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from polyprof import _native
 from polyprof._native import DECLINED
 from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata, pid_device, tid_resource
 from polyprof.formats.common.finish import finish_trace
-from polyprof.formats.common.source import is_gzip_file, max_value_bytes
+from polyprof.formats.common.source import disk_position, is_gzip_file, max_value_bytes
 from polyprof.formats.common.values import us_to_ns
 from polyprof.model import (
     FLOW_AC2G,
@@ -92,22 +92,26 @@ def scan_file(path: str, max_bytes: int) -> Any:
     return None if top is None else _assembled(state, top, path)
 
 
-def scan_chunks(path: str, rows: int) -> Iterator[Any]:
+def scan_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Any]:
     """The JSON trace `path` (gzip or not) as partial traces of about `rows` rows each (a 4 MB read at
     a time, as :func:`scan_file`), sharing their devices and rows (polyprof.formats.chrome.read's
     ``read_chunks`` says what chunks are); the last chunk has the file's keys after its events too.
     Raises Declined where the scanner declines, chunks yielded or not: read the file again with the
-    reference reader's chunks."""
+    reference reader's chunks. `on_read` is told the file's bytes read (on disk) as chunks are made."""
     state = _new_state()
     scan = _FileScan(path, 1 << 62)
     places = _ScanPlaces()
     pending = None
     for _ in scan.buffers(state):
         if len(state[0]) >= rows * ACT_DTYPE.itemsize:
+            if on_read is not None:
+                on_read(scan.position)
             chunk = _chunk(state, scan.top(final=False), path, places, pending)
             if pending is not None:
                 yield pending
             pending = chunk
+    if on_read is not None:
+        on_read(scan.position)
     last = _chunk(state, scan.top(final=True), path, places, pending)
     if pending is not None:
         yield pending
@@ -121,6 +125,7 @@ class _FileScan:
     def __init__(self, path: str, max_bytes: int) -> None:
         self.path, self.max_bytes = path, max_bytes
         self.head = self.tail = b""
+        self.position = 0  # the file's bytes read, on disk
 
     def buffers(self, state: list[Any]) -> Iterator[None]:
         """Scans the file into `state`, yielding after each read; Declined where the scanner declines."""
@@ -133,6 +138,7 @@ class _FileScan:
             while True:
                 block = f.read(CHUNK)
                 total += len(block)
+                self.position = disk_position(f)
                 if total > self.max_bytes or len(buf) > held:
                     raise Declined
                 final = not block

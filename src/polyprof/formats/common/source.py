@@ -161,6 +161,12 @@ def open_stream(path: str) -> IO[bytes]:
     return raw
 
 
+def disk_position(stream: IO[bytes]) -> int:
+    """How far into its file on disk a stream from :func:`open_stream` (or ``gzip.open``) has read:
+    for progress, where a gzip stream's inflated position says nothing of the file's size."""
+    return int(getattr(stream, "fileobj", stream).tell())
+
+
 class TokenBound:
     """A byte stream over `chunks` for ijson (``read``) that refuses, as a TraceFormatError, to hold
     more than `max_value` bytes since the last token ijson gave: wrap its events in :meth:`tokens`.
