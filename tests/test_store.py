@@ -173,7 +173,7 @@ def _polyprof(*args, cwd=None):
 def test_store_sql_and_summary_commands(stepped_trace, tmp_path):
     out = tmp_path / "job.polyprof"
     r = _polyprof("store", stepped_trace, "-o", out)
-    assert r.returncode == 0 and "1 ranks into" in r.stderr and "\x1b[" not in r.stderr, r.stderr  # no bar when piped
+    assert r.returncode == 0 and "1 rank into" in r.stderr and "\x1b[" not in r.stderr, r.stderr  # no bar when piped
     r = _polyprof("sql", out, "select name, count(*) as n from activities where name = 'decode' group by name",
                   "--format", "json")  # fmt: skip
     assert r.returncode == 0 and json.loads(r.stdout) == {"name": "decode", "n": 4 - 1}, r.stderr

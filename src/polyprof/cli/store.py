@@ -51,9 +51,9 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
             stats = write_store(trace_files(list(traces)), output, jobs=jobs, overwrite=overwrite)
     except (TraceFormatError, PolyprofError) as exc:
         fail(str(exc))
-    rows = ", ".join(f"{n:,} {table}" for table, n in stats.rows.items() if n)
-    click.echo(f"polyprof: {len(stats.ranks)} ranks into {stats.path} in {time.perf_counter() - started:.1f} s ({rows})",
-               err=True)  # fmt: skip
+    rows = ", ".join(f"{n:,} {table}" for table, n in stats.rows.items() if n and table != "ranks")
+    ranks = f"{len(stats.ranks)} rank{'' if len(stats.ranks) == 1 else 's'}"
+    click.echo(f"polyprof: {ranks} into {stats.path} in {time.perf_counter() - started:.1f} s (rows: {rows})", err=True)
 
 
 @click.command("sql")
