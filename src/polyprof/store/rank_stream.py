@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from polyprof.analysis.steps import STEP
+from polyprof.analysis.steps import step_rows
 from polyprof.formats.chrome.read import check_tokens, read_chunks
 from polyprof.formats.chrome.scan import Declined, scan_chunks
 from polyprof.formats.common.job import rank_of, recorded_offset
@@ -133,11 +133,8 @@ def _chunk_rows(trace: Trace, facts: _Facts) -> pa.Table:
         lo, hi = int(acts["start"].min()), int(acts["end"].max())
         facts.window = (min(lo, facts.window[0]), max(hi, facts.window[1])) if facts.window else (lo, hi)
     kind = acts["kind"]
-    names = acts.strings.strings
-    step_of = {c: int(m.group(1)) for c, s in enumerate(names) if isinstance(s, str) and (m := STEP.match(s))}
-    is_step = np.isin(acts["name"], list(step_of)) if step_of else np.zeros(n, dtype=bool)
-    for row in np.flatnonzero(is_step).tolist():  # the longest span of each number, the first of equals
-        number, start, end = step_of[int(acts["name"][row])], int(acts["start"][row]), int(acts["end"][row])
+    for number, row in step_rows(trace).items():  # the longest span of each number, the first of equals
+        start, end = int(acts["start"][row]), int(acts["end"][row])
         if number not in facts.steps or end - start > facts.steps[number][0]:
             facts.steps[number] = (end - start, start, end, first + row)
             facts.step_resource[first + row] = int(acts["resource"][row])
@@ -146,30 +143,16 @@ def _chunk_rows(trace: Trace, facts: _Facts) -> pa.Table:
         facts.ops[thread] = facts.ops.get(thread, 0) + count
     args = args_columns(acts.args, n)
     facts.collectives += rt.collective_rows(trace, args.collective)
-    strings = pa.array(names or [""], pa.string())
-    collective = np.zeros(n, dtype=bool)
-    collective[list(args.collective)] = True
     return pa.table({
         "row": np.arange(first, first + n, dtype=np.int64),
         "kind": kind.astype(np.int8),
-        "category": pa.DictionaryArray.from_arrays(acts["cat"], strings).cast(pa.string()),
-        "name": pa.DictionaryArray.from_arrays(acts["name"], strings).cast(pa.string()),
         "device": acts["device"].astype(np.int32),
         "resource": acts["resource"].astype(np.int32),
         "start": acts["start"],
         "end": acts["end"],
-        "correlation": acts["correlation"],
-        "external_id": acts["external_id"],
-        "flow_id": acts["flow_id"],
-        "flow_type": acts["flow_type"].astype(np.int8),
-        "flow_start": acts["flow_start"] != 0,
-        "collective": collective,
-        "work": rt.work_column(trace).cast(pa.string()),
-        "input_dims": pa.array(args.input_dims, pa.string()),
-        "input_types": pa.array(args.input_types, pa.string()),
-        "args": pa.array(args.other, pa.string()),
-        "skip": is_step | (kind == int(ActivityKind.INSTANT)),
-        "on_device": np.isin(kind, [int(k) for k in rt.DEVICE_KINDS]),
+        **rt.row_columns(trace, args),
+        "skip": rt.not_nested(trace),
+        "on_device": rt.on_device(kind),
     }, schema=SCRATCH)  # fmt: skip
 
 
@@ -268,34 +251,14 @@ def _batch_levels(batch: pa.RecordBatch, stack: tuple[int, np.ndarray] | None) -
 
 def _write_sorted(batches: Any, out: str, rank: int, head: Trace, facts: _Facts, steps: tuple, shift: int) -> int:
     """The rows, sorted by step, into the rank's activities file as its row groups."""
-    dev_key, dev_type, dev_name = rt.device_columns(head)
-    res_id, res_name = rt.resource_columns(head)
-    kinds = pa.array(rt.KIND_NAMES)
-    training = _training_thread(facts, steps)
+    places = rt.RankPlaces.of(head, _training_thread(facts, steps), shift)
     written = 0
     with rank_file(out, "activities", rank) as path, pq.ParquetWriter(path, ACTIVITIES, compression="zstd") as w:
         for b in batches:
-            device = b.column("device").to_numpy()
-            resource = b.column("resource").to_numpy()
-            start, end = b.column("start").to_numpy(), b.column("end").to_numpy()
-            w.write_table(pa.table({
-                "step": b.column("step"),
-                "kind": pa.DictionaryArray.from_arrays(b.column("kind").to_numpy().astype(np.int32), kinds),
-                "category": b.column("category"),
-                "name": b.column("name"),
-                "device": pa.DictionaryArray.from_arrays(device, dev_key),
-                "device_type": pa.DictionaryArray.from_arrays(device, dev_type),
-                "device_name": pa.DictionaryArray.from_arrays(device, dev_name),
-                "resource": res_id[resource] if len(head.resources) else np.zeros(len(resource), np.int64),
-                "resource_name": pa.DictionaryArray.from_arrays(resource, res_name),
-                "training_thread": resource == training,
-                "level": b.column("level"),
-                "start_ns": start + shift,
-                "end_ns": end + shift,
-                "dur_ns": end - start,
-                **{c: b.column(c) for c in ("correlation", "external_id", "flow_id", "flow_type", "flow_start",
-                                            "collective", "work", "input_dims", "input_types", "args")},
-            }).cast(ACTIVITIES), row_group_size=ROW_GROUP_ROWS)  # fmt: skip
+            placed = places.columns(*(b.column(c).to_numpy() for c in ("kind", "device", "resource", "start", "end")))
+            w.write_table(pa.table({"step": b.column("step"), **placed, "level": b.column("level"),
+                                    **{c: b.column(c) for c in rt.ROW_COLUMNS}}, schema=ACTIVITIES),
+                          row_group_size=ROW_GROUP_ROWS)  # fmt: skip
             written += b.num_rows
     return written
 

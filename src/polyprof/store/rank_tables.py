@@ -9,7 +9,6 @@ each with its step, its nesting level and, for a collective, its instance.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ import pyarrow as pa
 
 from polyprof import _native
 from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
-from polyprof.analysis.steps import step_rows
+from polyprof.analysis.steps import STEP, step_rows
 from polyprof.analysis.summary import device_heading
 from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.model import ActivityKind, Trace
@@ -26,7 +25,6 @@ from polyprof.store.rank_args import ArgColumns, args_columns, encode
 from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
 
 WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
-STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
                 ActivityKind.COLLECTIVE_COMM)  # fmt: skip
 #: bytes per element by the dtype names torch writes ("Float", "c10::Half", "BFloat16", ...)
@@ -39,6 +37,9 @@ SYNCHRONIZING = {"allreduce", "all_reduce", "allgather", "all_gather", "allgathe
                  "alltoall", "all_to_all", "alltoall_base", "barrier", "allreduce_coalesced"}  # fmt: skip
 #: the ``kind`` column's names, by ActivityKind's value
 KIND_NAMES = [k.name.lower() for k in sorted(ActivityKind)]
+#: the activities columns a row's own fields give (:func:`row_columns`)
+ROW_COLUMNS = ("category", "name", "correlation", "external_id", "flow_id", "flow_type", "flow_start", "collective",
+               "work", "input_dims", "input_types", "args")  # fmt: skip
 
 
 @dataclass
@@ -58,10 +59,9 @@ def rank_tables(trace: Trace, source: str = "", fallback_rank: int = 0) -> RankT
     shift = trace.epoch_offset_ns + (offset or 0)  # host clock -> the job's (rank 0's) epoch ns
     steps = _steps(trace)
     args = args_columns(trace.activities.args, len(trace.activities))
-    collective = args.collective
     tables = {
-        "activities": _activities(trace, steps, shift, collective, args),
-        "collectives": collectives_table(collective_rows(trace, collective), steps, shift),
+        "activities": _activities(trace, steps, shift, args),
+        "collectives": collectives_table(collective_rows(trace, args.collective), steps, shift),
         "counters": counters_table(trace, steps, shift),
         "backends": backends_table(trace),
         "ranks": rank_row(trace, source, shift, offset, uncertainty),
@@ -162,73 +162,98 @@ def busiest(resources: np.ndarray, op_counts: np.ndarray) -> int:
     return int(resources[np.argmax(op_counts)]) if len(resources) else -1
 
 
-def _activities(trace: Trace, steps: Any, shift: int, collective: dict[int, dict], args: ArgColumns) -> pa.Table:
+def _activities(trace: Trace, steps: Any, shift: int, args: ArgColumns) -> pa.Table:
     acts = trace.activities
-    n = len(acts)
-    strings = pa.array(acts.strings.strings or [""], pa.string())
     kind, start, end, resource = acts["kind"], acts["start"], acts["end"], acts["resource"]
     step = step_at(steps, start)
-    on_device = np.isin(kind, [int(k) for k in DEVICE_KINDS])
+    device_rows = on_device(kind)
     corr = acts["correlation"]
-    if on_device.any():  # device rows take their launch's step
-        launches = ~on_device & (corr != 0)
+    if device_rows.any():  # device rows take their launch's step
+        launches = ~device_rows & (corr != 0)
         by_corr = dict(zip(corr[launches].tolist(), step[launches].tolist(), strict=True))
-        rows = np.flatnonzero(on_device & (corr != 0))
+        rows = np.flatnonzero(device_rows & (corr != 0))
         step[rows] = [by_corr.get(c, s) for c, s in zip(corr[rows].tolist(), step[rows].tolist(), strict=True)]
-    is_step = np.zeros(n, dtype=bool)
-    step_codes = [c for c, s in enumerate(acts.strings.strings) if isinstance(s, str) and STEP_NAME.match(s)]
-    if step_codes:
-        is_step = np.isin(acts["name"], step_codes)
-    instant = kind == int(ActivityKind.INSTANT)
-    level = _levels(resource, start, end, is_step | instant)
-    training = _training_thread(trace, steps[3])
-    dev_key, dev_type, dev_name = device_columns(trace)
-    work = work_column(trace)
-    res_id, res_name = resource_columns(trace)
-    is_collective = np.zeros(n, dtype=bool)
-    if collective:
-        is_collective[list(collective)] = True
+    places = RankPlaces.of(trace, _training_thread(trace, steps[3]), shift)
     table = pa.table({
         "step": step,
-        "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(KIND_NAMES)).cast(pa.string()),
-        "category": pa.DictionaryArray.from_arrays(acts["cat"], strings),
-        "name": pa.DictionaryArray.from_arrays(acts["name"], strings),
-        "device": pa.DictionaryArray.from_arrays(acts["device"], dev_key),
-        "device_type": pa.DictionaryArray.from_arrays(acts["device"], dev_type),
-        "device_name": pa.DictionaryArray.from_arrays(acts["device"], dev_name),
-        "resource": res_id[resource] if len(trace.resources) else np.zeros(n, np.int64),
-        "resource_name": pa.DictionaryArray.from_arrays(resource, res_name),
-        "training_thread": resource == training,
-        "level": level,
-        "start_ns": start + shift,
-        "end_ns": end + shift,
-        "dur_ns": end - start,
-        "correlation": corr,
-        "external_id": acts["external_id"],
-        "flow_id": acts["flow_id"],
-        "flow_type": acts["flow_type"],
-        "flow_start": acts["flow_start"] != 0,
-        "collective": is_collective,
-        "work": work,
-        "input_dims": pa.array(args.input_dims, pa.string()),
-        "input_types": pa.array(args.input_types, pa.string()),
-        "args": pa.array(args.other, pa.string()),
+        **places.columns(kind, acts["device"], resource, start, end),
+        "level": _levels(resource, start, end, not_nested(trace)),
+        **row_columns(trace, args),
     }, schema=ACTIVITIES)  # fmt: skip
     return table.take(np.lexsort((start, step)))
 
 
-def device_columns(trace: Trace) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Each device's key, type and heading (the dictionaries of the ``device`` columns)."""
-    devices = trace.devices
-    return (pa.array([d.key for d in devices] or [""], pa.string()),
-            pa.array([d.type for d in devices] or [""], pa.string()),
-            pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string()))  # fmt: skip
+def on_device(kind: np.ndarray) -> np.ndarray:
+    """Which rows (by their kind) are a device's work."""
+    return np.isin(kind, [int(k) for k in DEVICE_KINDS])
 
 
-def resource_columns(trace: Trace) -> tuple[np.ndarray, pa.Array]:
-    """Each resource's id and name, by its index."""
-    return (np.array([r.id for r in trace.resources] or [0], dtype=np.int64),
-            pa.array([r.name for r in trace.resources] or [""], pa.string()))  # fmt: skip
+def not_nested(trace: Trace) -> np.ndarray:
+    """The rows the nesting levels leave out: the step spans and the instants."""
+    acts = trace.activities
+    codes = [c for c, s in enumerate(acts.strings.strings) if isinstance(s, str) and STEP.match(s)]
+    is_step = np.isin(acts["name"], codes) if codes else np.zeros(len(acts), dtype=bool)
+    return is_step | (acts["kind"] == int(ActivityKind.INSTANT))
+
+
+def row_columns(trace: Trace, args: ArgColumns) -> dict[str, Any]:
+    """The activities columns each row's own fields give (:data:`ROW_COLUMNS`): its names, ids, flow,
+    whether it is a collective, its kind of work and its args."""
+    acts = trace.activities
+    strings = pa.array(acts.strings.strings or [""], pa.string())
+    collective = np.zeros(len(acts), dtype=bool)
+    collective[list(args.collective)] = True
+    return {
+        "category": pa.DictionaryArray.from_arrays(acts["cat"], strings),
+        "name": pa.DictionaryArray.from_arrays(acts["name"], strings),
+        "correlation": acts["correlation"],
+        "external_id": acts["external_id"],
+        "flow_id": acts["flow_id"],
+        "flow_type": acts["flow_type"],
+        "flow_start": acts["flow_start"] != 0,
+        "collective": collective,
+        "work": work_column(trace),
+        "input_dims": pa.array(args.input_dims, pa.string()),
+        "input_types": pa.array(args.input_types, pa.string()),
+        "args": pa.array(args.other, pa.string()),
+    }
+
+
+@dataclass
+class RankPlaces:
+    """What a rank's devices, threads and clock make of its rows' indices and times: the activities
+    columns only the whole trace decides. ``RankPlaces.of(trace, training, shift).columns(...)``."""
+
+    devices: tuple[pa.Array, pa.Array, pa.Array]  # each device's key, type and heading, by index
+    resource_ids: np.ndarray  # each resource's id (tid, stream), by index
+    resource_names: pa.Array
+    training: int  # the training thread's resource index
+    shift: int  # host clock -> the job's epoch ns
+
+    @classmethod
+    def of(cls, trace: Trace, training: int, shift: int) -> RankPlaces:
+        devices = trace.devices
+        return cls((pa.array([d.key for d in devices] or [""], pa.string()),
+                    pa.array([d.type for d in devices] or [""], pa.string()),
+                    pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string())),
+                   np.array([r.id for r in trace.resources] or [0], dtype=np.int64),
+                   pa.array([r.name for r in trace.resources] or [""], pa.string()), training, shift)  # fmt: skip
+
+    def columns(self, kind: np.ndarray, device: np.ndarray, resource: np.ndarray, start: np.ndarray,
+                end: np.ndarray) -> dict[str, Any]:  # fmt: skip
+        key, type_, heading = self.devices
+        return {
+            "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(KIND_NAMES)).cast(pa.string()),
+            "device": pa.DictionaryArray.from_arrays(device, key),
+            "device_type": pa.DictionaryArray.from_arrays(device, type_),
+            "device_name": pa.DictionaryArray.from_arrays(device, heading),
+            "resource": self.resource_ids[resource],
+            "resource_name": pa.DictionaryArray.from_arrays(resource, self.resource_names),
+            "training_thread": resource == self.training,
+            "start_ns": start + self.shift,
+            "end_ns": end + self.shift,
+            "dur_ns": end - start,
+        }
 
 
 def work_column(trace: Trace) -> pa.Array:
