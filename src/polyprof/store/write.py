@@ -32,7 +32,7 @@ def _convert(source: str, position: int, out: str, advance: progress.Advance | N
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
     large JSON rank streams through (:mod:`polyprof.store.rank_stream`), reporting the file's bytes
     read to `advance` as it goes; a ``.pftrace`` or a spill is loaded first."""
-    if _is_json(source) and _inflated_size(source) > STREAM_ABOVE_BYTES:
+    if _inflated_size(source) > STREAM_ABOVE_BYTES and _is_json(source):
         from polyprof.store.rank_stream import stream_rank
 
         rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
@@ -65,6 +65,8 @@ class _Read:
 def _inflated_size(source: str) -> int:
     from polyprof.formats.common.source import is_gzip_file
 
+    if not os.path.isfile(source):
+        return 0  # loading it says what is wrong with the path
     return os.path.getsize(source) * (10 if is_gzip_file(source) else 1)
 
 

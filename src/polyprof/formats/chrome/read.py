@@ -13,6 +13,7 @@ with a one-line message naming the file and the problem.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import zlib
@@ -107,16 +108,22 @@ def read_streamed(path: str) -> Trace:
     C backend), the other top-level keys from the file's head and tail: memory holds the trace being
     built, not the file's bytes nor every event's dict at once (about 2x the time of reading it whole).
     For large files the C scanner declines or cannot read (no extension)."""
+    with _streamed_events(path) as (keys, events, _):
+        return trace_of_doc({**keys, "traceEvents": events}, path)
+
+
+@contextlib.contextmanager
+def _streamed_events(path: str) -> Iterator[tuple[dict[str, Any], Iterator[Any], Any]]:
+    """The file's top-level keys (from its head and tail), its events as ijson streams them, and the
+    stream; ijson's error while the block reads them is the TraceFormatError that names it."""
     from polyprof.formats.chrome.keys import top_level_keys
     from polyprof.formats.common.source import open_stream
 
     keys = top_level_keys(path)
     with open_stream(path) as stream:
         head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
-        bare = head.lstrip().startswith(b"[")
-        events = json_events(stream, bare)
         try:
-            return trace_of_doc({**keys, "traceEvents": events}, path)
+            yield keys, json_events(stream, head.lstrip().startswith(b"[")), stream
         except ijson.JSONError as exc:
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             problem = "is truncated" if "premature" in said or "incomplete" in said else "is not valid JSON"
@@ -131,31 +138,16 @@ def read_chunks(path: str, events_per_chunk: int, on_read: Callable[[int], None]
     events that follow its last activity (where Kineto writes them); a flow event far from its activity
     is joined only within its chunk. `on_read` is told the file's bytes read (on disk) before each
     chunk is yielded."""
-    from polyprof.formats.chrome.keys import top_level_keys
-    from polyprof.formats.common.source import disk_position, open_stream
+    from polyprof.formats.common.source import disk_position
 
-    keys = top_level_keys(path)
     places = Places()
-    with open_stream(path) as stream:
-        head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
-        events = json_events(stream, head.lstrip().startswith(b"["))
-        try:
-            for chunk in _event_chunks(events, events_per_chunk):
-                where = Where()
-                if on_read is not None:
-                    on_read(disk_position(stream))
-                try:
-                    yield _build({**keys, "traceEvents": chunk}, path, where, places)
-                except TraceFormatError:
-                    raise
-                except Exception as exc:
-                    raise TraceFormatError(
-                        f"{path}: {where.what} of a chunk is malformed ({type(exc).__name__}: {str(exc)[:120]})"
-                    ) from None
-        except ijson.JSONError as exc:
-            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            problem = "is truncated" if "premature" in said or "incomplete" in said else "is not valid JSON"
-            raise TraceFormatError(f"{path}: {problem} ({said})") from None
+    with _streamed_events(path) as (keys, events, stream):
+        first = 0
+        for chunk in _event_chunks(events, events_per_chunk):
+            if on_read is not None:
+                on_read(disk_position(stream))
+            yield trace_of_doc({**keys, "traceEvents": chunk}, path, places, first)
+            first += len(chunk)
 
 
 def _event_chunks(events: Iterator[Any], size: int) -> Iterator[list[Any]]:
@@ -169,9 +161,10 @@ def _event_chunks(events: Iterator[Any], size: int) -> Iterator[list[Any]]:
     yield chunk
 
 
-def trace_of_doc(doc: Any, path: str) -> Trace:
+def trace_of_doc(doc: Any, path: str, places: Places | None = None, first: int = 0) -> Trace:
     """The trace of a parsed JSON document (the object form, or the bare array of events); its events
-    may be an iterator, read once."""
+    may be an iterator, read once. A chunk of a file's events gives the file's `places` so far and the
+    index of its `first` event (for the errors)."""
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
@@ -179,14 +172,14 @@ def trace_of_doc(doc: Any, path: str) -> Trace:
         raise TraceFormatError(f"{path}: JSON but not a Chrome trace (no traceEvents list)")
     where = Where()
     try:
-        return _build(doc, path, where)
+        return _build(doc, path, where, places, first)
     except TraceFormatError:
         raise
     except Exception as exc:  # any other structural surprise: one line, never a traceback
         raise TraceFormatError(f"{path}: {where.what} is malformed ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
-def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None = None) -> Trace:
+def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None = None, first: int = 0) -> Trace:
     places = places or Places()
     devices, resources, device, resource = places.devices, places.resources, places.device, places.resource
 
@@ -196,7 +189,7 @@ def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None =
     pending_flows: list[tuple[dict, int, int]] = []  # (event, ts, row of the X event just before it)
     last_row = -1
     events = doc["traceEvents"]
-    for n, ev in enumerate(events):
+    for n, ev in enumerate(events, first):
         where.what = f"traceEvents[{n}]"
         if not isinstance(ev, dict):
             raise TraceFormatError(f"{path}: traceEvents[{n}] is not an object")
