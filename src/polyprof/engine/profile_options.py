@@ -30,7 +30,7 @@ from polyprof.errors import ConfigError
 SPILL_FLUSH_INTERVAL_S = 1.0
 
 
-def _seconds(name: str, value: Any, allow_none: bool = False, unit: str = "seconds") -> float | None:
+def _positive(name: str, value: Any, allow_none: bool = False, unit: str = "seconds") -> float | None:
     if value is None and allow_none:
         return None
     if (
@@ -114,10 +114,10 @@ class ProfileOptions:
         _callable("schedule", self.schedule, "a callable step -> ProfilerAction (see polyprof.schedule)")
         _callable("on_trace_ready", self.on_trace_ready, "callable")
         put = object.__setattr__  # checked values in their one form (each conversion is idempotent)
-        put(self, "call_timeout_s", _seconds("call_timeout_s", self.call_timeout_s))
-        put(self, "ring_s", _seconds("ring_s", self.ring_s, allow_none=True))
-        put(self, "ring_mb", _seconds("ring_mb", self.ring_mb, allow_none=True, unit="megabytes"))
-        put(self, "flush_interval_s", _seconds("flush_interval_s", self.flush_interval_s, allow_none=True))
+        put(self, "call_timeout_s", _positive("call_timeout_s", self.call_timeout_s))
+        put(self, "ring_s", _positive("ring_s", self.ring_s, allow_none=True))
+        put(self, "ring_mb", _positive("ring_mb", self.ring_mb, allow_none=True, unit="megabytes"))
+        put(self, "flush_interval_s", _positive("flush_interval_s", self.flush_interval_s, allow_none=True))
         if self.spill is not None:
             put(self, "spill", os.path.abspath(os.fspath(self.spill)))
         put(self, "limits", Limits.of(self.limits))
