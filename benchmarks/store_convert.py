@@ -1,11 +1,13 @@
-"""Converting one rank's JSON trace into the store, against `load_trace` of the same file: wall time
-and peak RSS, each in a child process of its own.
+"""Converting one rank's trace into the store, against `load_trace` of the same file: wall time and
+peak RSS, each in a child process of its own.
 
-    .venv/bin/python benchmarks/store_convert.py [--gb 0.25,1.0]
+    .venv/bin/python benchmarks/store_convert.py [--gb 0.25,1.0] [--format json|pftrace]
 
 The trace is convert_large.py's: what torch.profiler writes for a CUDA training step (aten ops with
-shapes, launches with ac2g flows to kernels on two streams). Three children per size: `load_trace` of
-the file; `polyprof store FILE -o OUT` (a JSON rank streams into the store in bounded memory); and
+shapes, launches with ac2g flows to kernels on two streams); with `--format pftrace`, that JSON of
+`--gb` converted to polyprof's Perfetto protobuf (`polyprof convert`, not timed). Three children per
+size: `load_trace` of the file; `polyprof store FILE -o OUT` (a large rank streams into the store in
+bounded memory); and
 the loaded conversion the store used before it streamed (`rank_tables` of the loaded trace), for its
 memory. Targets (issue #53): the store's time at most `load_trace`'s, its memory bounded whatever the
 trace's size.
@@ -27,9 +29,13 @@ LOADED_CONVERSION = (
 )
 
 
-def measure(gb: float, folder: str) -> dict:
+def measure(gb: float, folder: str, fmt: str) -> dict:
     src = os.path.join(folder, f"rank0-{gb}.json")
     events = write_kineto_json(src, int(gb * 1e9))
+    if fmt == "pftrace":
+        run_polyprof_measured(["convert", src, src[: -len(".json")] + ".pftrace", "-q"])
+        os.remove(src)
+        src = src[: -len(".json")] + ".pftrace"
     size = os.path.getsize(src)
     load_s, load_peak, _ = run_python_measured(LOAD, [src])
     store_s, store_peak, _ = run_polyprof_measured(["store", src, "-o", os.path.join(folder, "job.polyprof"), "-q"])
@@ -47,10 +53,12 @@ def measure(gb: float, folder: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--gb", default="0.25,1.0", help="Trace sizes in GB, comma-separated.")
+    ap.add_argument("--gb", default="0.25,1.0", help="Trace sizes in GB (of the JSON), comma-separated.")
+    ap.add_argument("--format", choices=["json", "pftrace"], default="json", help="The rank's file format.")
     args = ap.parse_args()
     folder = scratch_folder()
-    report("store_convert", {"sizes": [measure(float(gb), folder) for gb in args.gb.split(",")],
+    report("store_convert", {"format": args.format,
+                             "sizes": [measure(float(gb), folder, args.format) for gb in args.gb.split(",")],
                              "target_time_over_load_trace_max": 1.0})  # fmt: skip
 
 

@@ -1,7 +1,7 @@
-"""A rank's JSON trace streamed into the store (polyprof.store.rank_stream) gives, row for row, the tables
-of the trace loaded whole (rank_tables), however the file is cut into chunks and however the engine
-hands the sorted rows back: steps, nesting levels, device rows' launch steps, flows, collectives,
-counters and the rank's row."""
+"""A rank's trace (JSON, or polyprof's .pftrace) streamed into the store (polyprof.store.rank_stream) gives,
+row for row, the tables of the trace loaded whole (rank_tables), however the file is cut into chunks
+and however the engine hands the sorted rows back: steps, nesting levels, device rows' launch steps,
+flows, collectives, counters and the rank's row."""
 
 import gzip
 import json
@@ -19,6 +19,9 @@ import polyprof  # noqa: E402
 from polyprof import store  # noqa: E402
 from polyprof.errors import TraceFormatError  # noqa: E402
 from polyprof.formats.chrome import scan  # noqa: E402
+from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
+from polyprof.formats.perfetto import fields as F  # noqa: E402
+from polyprof.formats.perfetto.wire import fields, read_varint  # noqa: E402
 from polyprof.model import FLOW_AC2G, ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
 from polyprof.store import rank_stream  # noqa: E402
 from polyprof.store import write as store_write  # noqa: E402
@@ -27,6 +30,8 @@ from polyprof.store.rank_tables import rank_tables  # noqa: E402
 from polyprof.store.schema import TABLES  # noqa: E402
 
 K = ActivityKind
+#: a .pftrace streams through the C packet scanner (without it, the store loads the file whole)
+needs_scanner = pytest.mark.skipif(polyprof._native.extension is None, reason="needs polyprof's C extension")
 JSON_COLUMNS = ("input_dims", "input_types", "args", "metadata", "status")
 
 
@@ -82,6 +87,11 @@ def traces(tmp_path_factory):
     with open(out["polyprof"], "rb") as f, gzip.open(folder / "rank2.json.gz", "wb") as g:
         g.write(f.read())
     out["gzip"] = str(folder / "rank2.json.gz")
+    out["pftrace"] = str(folder / "rank2.pftrace")
+    polyprof.write_trace(_job_rank(), out["pftrace"])
+    with open(out["pftrace"], "rb") as f, gzip.open(folder / "rank2.pftrace.gz", "wb") as g:
+        g.write(f.read())
+    out["pftrace gzip"] = str(folder / "rank2.pftrace.gz")
     try:
         import torch
     except ImportError:
@@ -128,11 +138,14 @@ def _assert_same_tables(source, tmp_path, parse_json=False, **options):
     return want
 
 
-@pytest.mark.parametrize("which", ["polyprof", "gzip", "torch"])
+@pytest.mark.parametrize("which", ["polyprof", "gzip", "torch", "pftrace", "pftrace gzip"])
 def test_a_rank_streamed_in_many_chunks_has_the_tables_of_the_loaded_trace(traces, which, tmp_path, monkeypatch):
     if which not in traces:
         pytest.skip("needs torch (CPU build) for a torch.profiler trace")
+    if which.startswith("pftrace") and polyprof._native.extension is None:
+        pytest.skip("needs polyprof's C extension (a .pftrace streams through its packet scanner)")
     monkeypatch.setattr(scan, "CHUNK", 2048)  # the scanner reads 2 KB at a time: a chunk every few events
+    monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 512)  # likewise, the packet scanner 512 bytes
     monkeypatch.setattr(rank_stream, "ENGINE_BATCH_ROWS", 7)  # the levels' stack carried across batches
     want = _assert_same_tables(traces[which], tmp_path, chunk_events=1)
     acts = want["activities"].to_pylist()
@@ -167,7 +180,8 @@ def test_a_truncated_trace_streamed_is_one_line_and_leaves_no_store(traces, tmp_
     assert not (tmp_path / "job.polyprof").exists() and os.listdir(tmp_path) == ["cut.json"]
 
 
-def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, tmp_path, monkeypatch):
+@pytest.mark.parametrize("which", ["polyprof", "pftrace"])
+def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, which, tmp_path, monkeypatch):
     streamed = []
 
     def counted(source, out, **options):
@@ -176,17 +190,17 @@ def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, tmp_path, m
 
     stream_rank = rank_stream.stream_rank
     monkeypatch.setattr(rank_stream, "stream_rank", counted)
-    store.write_store([traces["polyprof"]], tmp_path / "loaded.polyprof", jobs=1)
+    store.write_store([traces[which]], tmp_path / "loaded.polyprof", jobs=1)
     assert streamed == []
-    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", os.path.getsize(traces["polyprof"]) - 1)
-    store.write_store([traces["polyprof"]], tmp_path / "streamed.polyprof", jobs=1)
-    assert streamed == ["rank2.json"]
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", os.path.getsize(traces[which]) - 1)
+    store.write_store([traces[which]], tmp_path / "streamed.polyprof", jobs=1)
+    assert streamed == [os.path.basename(traces[which])]
     for name in TABLES:
         assert (_tables(tmp_path / "streamed.polyprof", 2)[name].to_pylist()
                 == _tables(tmp_path / "loaded.polyprof", 2)[name].to_pylist()), name  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["polyprof", "gzip"])
+@pytest.mark.parametrize("which", ["polyprof", "gzip", "pftrace"])
 def test_a_streamed_rank_reports_its_files_bytes_as_it_reads_them(traces, which, tmp_path, monkeypatch):
     from polyprof import progress
 
@@ -206,3 +220,96 @@ def test_a_streamed_rank_reports_its_files_bytes_as_it_reads_them(traces, which,
     assert sum(amounts) == total and min(amounts) > 0
     if which == "polyprof":  # (gzip reads its file ahead in 128 KB blocks: a small one at once)
         assert len(amounts) > 3, "bytes reported as chunks are read"
+
+
+def _packets(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        _, at = read_varint(data, pos)
+        size, at = read_varint(data, at)
+        out.append(data[pos : at + size])
+        pos = at + size
+    return out
+
+
+def _event(packet: bytes) -> dict[int, int]:
+    """A TrackEvent packet's timestamp and its event's varint fields ({} for another packet)."""
+    _, at = read_varint(packet, 0)
+    _, at = read_varint(packet, at)
+    top = {n: v for n, _, v in fields(packet[at:])}
+    if F.PACKET_TRACK_EVENT not in top:
+        return {}
+    return {"ts": top.get(F.PACKET_TIMESTAMP, 0), **{n: v for n, _, v in fields(top[F.PACKET_TRACK_EVENT])
+                                                     if isinstance(v, int)}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ties_pftrace(tmp_path_factory):
+    """A .pftrace whose rows tie where only the reader's order tells them apart: slices of one start and
+    end on two threads, a zero-length slice and an instant at one time, and a slice whose end was never
+    written (the reader ends it at the trace's last time, with finished: false)."""
+    b = ActivityBuilder()
+    for i in range(30):
+        t = 1_000 + i * 100
+        for thread in (0, 1):
+            b.append(K.CPU_OP, "cpu_op", f"op{i % 3}", 0, thread, t, t + 50)
+        b.append(K.INSTANT, "instant", "mark", 0, i % 2, t, t)
+        b.append(K.CPU_OP, "cpu_op", "zero", 0, (i + 1) % 2, t, t)
+    b.append(K.USER_ANNOTATION, "user_annotation", "never ended", 0, 0, 500, 9_999)
+    trace = Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "host")],
+                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader")])  # fmt: skip
+    folder = tmp_path_factory.mktemp("ties")
+    whole = str(folder / "whole.pftrace")
+    polyprof.write_trace(trace, whole)
+    packets = _packets(open(whole, "rb").read())
+    [never] = [i for i, p in enumerate(packets) if _event(p).get(F.EVENT_TYPE) == F.TYPE_SLICE_END
+               and _event(p)["ts"] == 9_999]  # fmt: skip
+    path = str(folder / "ties.pftrace")
+    with open(path, "wb") as f:
+        f.write(b"".join(p for i, p in enumerate(packets) if i != never))
+    return path
+
+
+@needs_scanner
+def test_perfetto_chunks_order_their_rows_as_the_whole_file_is_read(ties_pftrace, monkeypatch):
+    monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 64)
+    got = list(perfetto_chunks.perfetto_chunks(ties_pftrace, 1))
+    assert len(got) > 20
+    rows = [(int(s), int(e), c.trace.activities.strings.strings[int(n)], int(r), int(k))
+            for c in got for s, e, n, r, k in zip(c.trace.activities["start"], c.trace.activities["end"],
+                                                   c.trace.activities["name"], c.trace.activities["resource"],
+                                                   c.rows, strict=True)]  # fmt: skip
+    rows.sort(key=lambda row: (row[0], -row[1], row[4]))
+    loaded = polyprof.load_trace(ties_pftrace).activities
+    want = [(int(s), int(e), loaded.strings.strings[int(n)], int(r))
+            for s, e, n, r in zip(loaded["start"], loaded["end"], loaded["name"], loaded["resource"], strict=True)]  # fmt: skip
+    assert [row[:4] for row in rows] == want
+    last = got[-1].trace.activities
+    [never] = np.flatnonzero(last["start"] == 500).tolist()  # the slice never ended comes last
+    assert last.args[never] == {"finished": False} and int(last["end"][never]) == max(row[1] for row in rows)
+    assert len({row[4] for row in rows}) == len(rows)
+
+
+@needs_scanner
+def test_a_pftrace_with_ties_and_a_slice_never_ended_streams_as_it_loads(ties_pftrace, tmp_path, monkeypatch):
+    monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 64)
+    monkeypatch.setattr(rank_stream, "ENGINE_BATCH_ROWS", 5)
+    want = _assert_same_tables(ties_pftrace, tmp_path, chunk_events=1)
+    assert any(r["args"] == '{"finished":false}' for r in want["activities"].to_pylist())
+
+
+@needs_scanner
+def test_another_writers_pftrace_is_loaded_whole_by_the_store(tmp_path, monkeypatch):
+    from test_perfetto_scan import _other_writers_trace
+
+    path = tmp_path / "other.pftrace"
+    path.write_bytes(_other_writers_trace())
+    with pytest.raises(perfetto_chunks.Declined):  # no polyprof layout: its rows are placed as met
+        next(perfetto_chunks.perfetto_chunks(str(path), 10))
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
+    store.write_store([path], tmp_path / "streamed.polyprof", jobs=1)
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 1 << 40)
+    store.write_store([path], tmp_path / "loaded.polyprof", jobs=1)
+    for name in TABLES:
+        assert (_tables(tmp_path / "streamed.polyprof", 0)[name].to_pylist()
+                == _tables(tmp_path / "loaded.polyprof", 0)[name].to_pylist()), name  # fmt: skip

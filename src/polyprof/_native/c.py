@@ -107,6 +107,7 @@ scan_packets = _c.scan_packets
 packet_scanner = _c.packet_scanner
 scan_packets_feed = _c.scan_packets_feed
 scan_packets_result = _c.scan_packets_result
+scan_packets_take = _c.scan_packets_take
 rewrite_rank_events = _c.rewrite_rank_events
 packet_rewriter = _c.packet_rewriter
 rewrite_packets = _c.rewrite_packets

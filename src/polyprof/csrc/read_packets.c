@@ -24,8 +24,20 @@
  * at a piece's end until the next piece completes it):
  *
  *   scanner = packet_scanner(metadata_only=False)
- *   scan_packets_feed(scanner, piece) -> 0, or -1 declined
+ *   scan_packets_feed(scanner, piece) -> the records held so far, or -1 declined
  *   scan_packets_result(scanner) -> what scan_packets gives (the scanner is spent)
+ *
+ * And read in chunks, so that not even the records are held whole (a trace streamed into the store):
+ *
+ *   scan_packets_take(scanner, final=False) -> None (declined) or
+ *       (records, globals, strings, blocks, legacy_json)
+ *
+ * the records scanned since the last take that are done (slices that have ended, instants, counter
+ * values; with `final`, the slices still open too, and None where the last packet is cut off), in
+ * file order, each one's index in the whole scan (globals: int64 each), the strings so far (the
+ * scanner's own list, which grows), their annotation blocks (indices into `records`) and the legacy
+ * JSON values met since the last take. A slice still open stays in the scanner, with its annotations,
+ * until its end comes; descriptors and snapshots stay too (scan_packets_result has them).
  *
  * With metadata_only, every event but polyprof's metadata event is skipped unread (a rank's place and
  * clock, for `polyprof merge`'s first pass over its inputs).
@@ -60,6 +72,9 @@ typedef struct {
     pf_rec *recs;        /* in recs_bytes, handed to the caller as they are (a copy would double them) */
     PyObject *recs_bytes;
     Py_ssize_t n, cap;
+    int64_t *kept_global;  /* after a take: the whole scan's index of the slices kept open (recs[0, n_kept)) */
+    Py_ssize_t n_kept;
+    int64_t appended_base; /* ...and of recs[n_kept], the first record scanned since that take */
     sequence seqs[MAX_SEQUENCES];
     int n_seqs;
     open_stack *stacks;  /* open addressing on track uuid */
@@ -491,6 +506,7 @@ static void scan_release(scan *s) {
         for (int k = 0; k < 3; k++) PyMem_RawFree(s->seqs[i].kinds[k].code);
     for (Py_ssize_t i = 0; i < s->stacks_cap; i++) PyMem_RawFree(s->stacks[i].rows);
     PyMem_RawFree(s->stacks);
+    PyMem_RawFree(s->kept_global);
     Py_XDECREF(s->recs_bytes);
     PyMem_RawFree(s->cut);
     PyMem_RawFree(s->json.p);
@@ -612,7 +628,7 @@ static PyObject *sp_scan_packets_feed(PyObject *m, PyObject *args) {
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     int rc = feed_piece(s, view.buf, view.len);
     PyBuffer_Release(&view);
-    return rc == -2 ? NULL : PyLong_FromLong(rc);
+    return rc == -2 ? NULL : rc < 0 ? PyLong_FromLong(rc) : PyLong_FromSsize_t(s->n);
 }
 
 static PyObject *sp_scan_packets_result(PyObject *m, PyObject *capsule) {
@@ -641,6 +657,111 @@ static PyObject *sp_scan_packets(PyObject *m, PyObject *args) {
     return result;
 }
 
+/* ---- a scan read in chunks -------------------------------------------------------------------- */
+static int is_open(const pf_rec *r) { return r->type == 1 && r->end_order < 0; }
+
+/* One annotation block split between the records handed over (`out_blocks`, by their new position)
+   and those kept open (`kept_blocks`): `where[i]` is record i's new position, >= 0 handed over,
+   -1 - k kept at k. 0, or -1 on a Python error. */
+static int split_block(PyObject *signature, PyObject *block, const int64_t *where, PyObject *out_blocks,
+                       PyObject *kept_blocks) {
+    PyObject *rows = PyList_GET_ITEM(block, 0), *columns = PyList_GET_ITEM(block, 1);
+    Py_ssize_t n = PyByteArray_GET_SIZE(rows) / 8, n_keys = PyList_GET_SIZE(columns);
+    const int64_t *row = (const int64_t *)PyByteArray_AS_STRING(rows);
+    PyObject *halves[2] = {NULL, NULL};  /* handed over, kept */
+    int rc = -1;
+    for (int h = 0; h < 2; h++) {
+        PyObject *r = PyByteArray_FromStringAndSize(NULL, 0), *c = PyList_New(n_keys);
+        halves[h] = r && c ? PyList_New(2) : NULL;
+        if (halves[h] == NULL) { Py_XDECREF(r); Py_XDECREF(c); goto done; }
+        PyList_SET_ITEM(halves[h], 0, r), PyList_SET_ITEM(halves[h], 1, c);
+        for (Py_ssize_t k = 0; k < n_keys; k++) {
+            PyObject *column = PyList_New(0);
+            if (column == NULL) goto done;
+            PyList_SET_ITEM(c, k, column);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t w = where[row[i]];
+        int h = w < 0;
+        int64_t at = h ? -1 - w : w;
+        PyObject *r = PyList_GET_ITEM(halves[h], 0), *c = PyList_GET_ITEM(halves[h], 1);
+        Py_ssize_t size = PyByteArray_GET_SIZE(r);
+        if (PyByteArray_Resize(r, size + 8) < 0) goto done;
+        memcpy(PyByteArray_AS_STRING(r) + size, &at, 8);
+        for (Py_ssize_t k = 0; k < n_keys; k++)
+            if (PyList_Append(PyList_GET_ITEM(c, k), PyList_GET_ITEM(PyList_GET_ITEM(columns, k), i)) < 0) goto done;
+    }
+    rc = 0;
+    for (int h = 0; h < 2 && rc == 0; h++)
+        if (PyByteArray_GET_SIZE(PyList_GET_ITEM(halves[h], 0)) > 0)
+            rc = PyDict_SetItem(h ? kept_blocks : out_blocks, signature, halves[h]);
+done:
+    Py_XDECREF(halves[0]), Py_XDECREF(halves[1]);
+    return rc;
+}
+
+static PyObject *take(scan *s, int final) {
+    if (s->declined || (final && (s->packets == 0 || s->cut_n > 0))) Py_RETURN_NONE;
+    Py_ssize_t n = s->n, n_out = 0, n_keep = 0;
+    for (Py_ssize_t i = 0; i < n; i++) n_keep += !final && is_open(&s->recs[i]);
+    n_out = n - n_keep;
+    int64_t *where = PyMem_RawMalloc((n ? n : 1) * sizeof(int64_t));
+    int64_t *kept_global = PyMem_RawMalloc((n_keep ? n_keep : 1) * sizeof(int64_t));
+    PyObject *records = PyByteArray_FromStringAndSize(NULL, n_out * (Py_ssize_t)sizeof(pf_rec));
+    PyObject *globals = PyByteArray_FromStringAndSize(NULL, n_out * 8);
+    PyObject *out_blocks = PyDict_New(), *kept_blocks = PyDict_New(), *legacy = PyList_New(0), *result = NULL;
+    if (!where || !kept_global || !records || !globals || !out_blocks || !kept_blocks || !legacy) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    pf_rec *out = (pf_rec *)PyByteArray_AS_STRING(records);
+    int64_t *global_out = (int64_t *)PyByteArray_AS_STRING(globals);
+    Py_ssize_t o = 0, k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* kept records move forward in place: k <= i */
+        int64_t g = i < s->n_kept ? s->kept_global[i] : s->appended_base + (i - s->n_kept);
+        if (!final && is_open(&s->recs[i])) {
+            kept_global[k] = g, where[i] = -1 - k;
+            s->recs[k++] = s->recs[i];
+        } else {
+            global_out[o] = g, where[i] = o;
+            out[o++] = s->recs[i];
+        }
+    }
+    for (Py_ssize_t j = 0; j < s->stacks_cap; j++) {  /* every slice on a stack is open: kept */
+        open_stack *st = &s->stacks[j];
+        for (Py_ssize_t d = 0; d < st->n; d++) st->rows[d] = final ? 0 : -1 - where[st->rows[d]];
+        if (final) st->n = 0;
+    }
+    PyObject *signature, *block;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(s->blocks, &pos, &signature, &block))
+        if (split_block(signature, block, where, out_blocks, kept_blocks) < 0) goto done;
+    s->appended_base += n - s->n_kept;
+    PyMem_RawFree(s->kept_global);
+    s->kept_global = kept_global, kept_global = NULL;
+    s->n = s->n_kept = n_keep;
+    Py_SETREF(s->blocks, kept_blocks);
+    kept_blocks = NULL;
+    result = Py_BuildValue("(OOOOO)", records, globals, s->strings, out_blocks, s->legacy);
+    if (result != NULL) {
+        Py_SETREF(s->legacy, legacy);
+        legacy = NULL;
+    }
+done:
+    PyMem_RawFree(where), PyMem_RawFree(kept_global);
+    Py_XDECREF(records), Py_XDECREF(globals), Py_XDECREF(out_blocks), Py_XDECREF(kept_blocks), Py_XDECREF(legacy);
+    return result;
+}
+
+static PyObject *sp_scan_packets_take(PyObject *m, PyObject *args) {
+    PyObject *capsule;
+    int final = 0;
+    if (!PyArg_ParseTuple(args, "O|p:scan_packets_take", &capsule, &final)) return NULL;
+    scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+    return s == NULL ? NULL : take(s, final);
+}
+
 PyMethodDef pp_read_packets_methods[] = {
     {"scan_packets", sp_scan_packets, METH_VARARGS, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
     {"packet_scanner", sp_packet_scanner, METH_VARARGS, "packet_scanner(metadata_only=False): a scan fed in pieces."},
@@ -648,5 +769,7 @@ PyMethodDef pp_read_packets_methods[] = {
      "scan_packets_feed(scanner, piece): the trace's next bytes scanned; 0, or -1 declined."},
     {"scan_packets_result", sp_scan_packets_result, METH_O,
      "scan_packets_result(scanner): what scan_packets gives, for the packets fed so far (None: declined)."},
+    {"scan_packets_take", sp_scan_packets_take, METH_VARARGS,
+     "scan_packets_take(scanner, final=False): the records done since the last take (see read_packets.c)."},
     {NULL, NULL, 0, NULL},
 };

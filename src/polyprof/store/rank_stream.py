@@ -1,7 +1,9 @@
-"""One rank's JSON trace into the store in bounded memory, whatever the trace's size: the same tables as
-:func:`~polyprof.store.rank_tables.rank_tables` of the loaded trace, row for row.
+"""One rank's trace (JSON, or polyprof's ``.pftrace``) into the store in bounded memory, whatever the
+trace's size: the same tables as :func:`~polyprof.store.rank_tables.rank_tables` of the loaded trace,
+row for row.
 
-The file is read once, in chunks of events (:func:`polyprof.formats.chrome.read.read_chunks`); each
+The file is read in chunks of rows (JSON: :func:`polyprof.formats.chrome.read.read_chunks`; Perfetto:
+:func:`polyprof.formats.perfetto.chunks.perfetto_chunks`, whose rows come as their slices end); each
 chunk's rows go to a scratch Parquet file with what they say alone (names, args, kind of work), and what
 only the whole file says is kept small beside: the steps' spans, operators per thread, the collectives'
 args. DuckDB, under a memory limit and spilling to the scratch folder, then sorts the rows by thread
@@ -32,6 +34,8 @@ from polyprof.formats.chrome.read import check_tokens, read_chunks
 from polyprof.formats.chrome.scan import Declined, scan_chunks
 from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
+from polyprof.formats.perfetto.chunks import perfetto_chunks
+from polyprof.formats.perfetto.read import is_perfetto_file
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
 from polyprof.store import rank_tables as rt
 from polyprof.store.files import rank_file, write_rank
@@ -59,7 +63,7 @@ SCRATCH = pa.schema([
 class _Facts:
     """What only the whole file says, gathered chunk by chunk (small: per step, thread, collective)."""
 
-    steps: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # n -> (dur, start, end, row)
+    steps: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # n -> (dur, start, end, row key)
     step_resource: dict[int, int] = field(default_factory=dict)  # a step span's row -> its thread
     ops: dict[int, int] = field(default_factory=dict)  # thread -> operators
     collectives: list[rt.CollectiveRow] = field(default_factory=list)
@@ -71,9 +75,11 @@ class _Facts:
 def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int | None = None,
                 memory_mb: int = ENGINE_MEMORY_MB, on_read: Callable[[int], None] | None = None
                 ) -> tuple[int, dict[str, int]]:  # fmt: skip
-    """`source` (one rank's Chrome JSON trace, gzip or not) into the store folder `out`: the rank and the
-    rows written per table. `on_read` is told the file's bytes read so far (on disk) as it is read
-    (from 0 again where the C scanner declines and the reference reader reads it)."""
+    """`source` (one rank's Chrome JSON trace or polyprof ``.pftrace``, gzip or not) into the store folder
+    `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
+    disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
+    reads it). A Perfetto file the scanner declines, or another writer's, raises
+    :class:`polyprof.formats.perfetto.scan.Declined`: load it whole."""
     scratch = tempfile.mkdtemp(prefix=".polyprof-rank-", dir=out)
     try:
         facts, head = _read(source, scratch, chunk_events or CHUNK_EVENTS, on_read)
@@ -98,37 +104,46 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
 
 def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int], None] | None
           ) -> tuple[_Facts, Trace]:  # fmt: skip
-    """Every chunk's rows into the scratch files (read by the C scanner, else by the reference reader:
-    the file read again from its start); the facts, and the file's head (its metadata, devices and
-    threads, with no rows)."""
+    """Every chunk's rows into the scratch files; the facts, and the file's head (its metadata, devices
+    and threads, with no rows). A JSON file is read by the C scanner, else by the reference reader (the
+    file read again from its start)."""
+    if is_perfetto_file(source):  # its window is the one its writer recorded
+        chunks = ((c.trace, c.rows) for c in perfetto_chunks(source, chunk_events, on_read))
+        return _read_chunks(chunks, scratch, own_window=True)
     try:
-        return _read_chunks(scan_chunks(source, chunk_events, on_read), scratch)
+        return _read_chunks(((c, None) for c in scan_chunks(source, chunk_events, on_read)), scratch)
     except Declined:
         pass
     if is_gzip_file(source):  # one token of gigabytes (a gzip bomb) is refused before reading, as load_trace does
         check_tokens(trace_chunks(source, max_trace_bytes()), source)
-    return _read_chunks(read_chunks(source, chunk_events, on_read), scratch)
+    return _read_chunks(((c, None) for c in read_chunks(source, chunk_events, on_read)), scratch)
 
 
-def _read_chunks(chunks: Iterator[Trace], scratch: str) -> tuple[_Facts, Trace]:
+def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None]], scratch: str, own_window: bool = False
+                 ) -> tuple[_Facts, Trace]:  # fmt: skip
+    """`chunks`: each partial trace, with its rows' keys in the file's row order where they are not the
+    order the chunks come in. `own_window`: the file says its window (else it is the rows')."""
     facts = _Facts()
     last: Trace | None = None
     with pq.ParquetWriter(os.path.join(scratch, "rows.parquet"), SCRATCH) as rows, \
             pq.ParquetWriter(os.path.join(scratch, "counters.parquet"), _COUNTER_SCRATCH) as counters:  # fmt: skip
-        for chunk in chunks:
+        for chunk, keys in chunks:
             last = chunk
-            rows.write_table(_chunk_rows(chunk, facts))
+            rows.write_table(_chunk_rows(chunk, facts, keys))
             counters.write_table(_chunk_counters(chunk, facts))
     assert last is not None, "a file is read as one chunk at least"
     # the last chunk knows what the whole file says of itself: its keys, devices and threads
-    head = replace(last, activities=ActivityBuilder().freeze(), counters=Counters(), window=facts.window or (0, 0))
+    window = last.window if own_window else facts.window or (0, 0)
+    head = replace(last, activities=ActivityBuilder().freeze(), counters=Counters(), window=window)
     return facts, head
 
 
-def _chunk_rows(trace: Trace, facts: _Facts) -> pa.Table:
+def _chunk_rows(trace: Trace, facts: _Facts, keys: np.ndarray | None) -> pa.Table:
     acts = trace.activities
     n, first = len(acts), facts.rows
     facts.rows += n
+    if keys is None:
+        keys = np.arange(first, first + n, dtype=np.int64)
     if n:
         lo, hi = int(acts["start"].min()), int(acts["end"].max())
         facts.window = (min(lo, facts.window[0]), max(hi, facts.window[1])) if facts.window else (lo, hi)
@@ -136,15 +151,15 @@ def _chunk_rows(trace: Trace, facts: _Facts) -> pa.Table:
     for number, row in step_rows(trace).items():  # the longest span of each number, the first of equals
         start, end = int(acts["start"][row]), int(acts["end"][row])
         if number not in facts.steps or end - start > facts.steps[number][0]:
-            facts.steps[number] = (end - start, start, end, first + row)
-            facts.step_resource[first + row] = int(acts["resource"][row])
+            facts.steps[number] = (end - start, start, end, int(keys[row]))
+            facts.step_resource[int(keys[row])] = int(acts["resource"][row])
     threads, counts = np.unique(acts["resource"][kind == int(ActivityKind.CPU_OP)], return_counts=True)
     for thread, count in zip(threads.tolist(), counts.tolist(), strict=True):
         facts.ops[thread] = facts.ops.get(thread, 0) + count
     args = args_columns(acts.args, n)
     facts.collectives += rt.collective_rows(trace, args.collective)
     return pa.table({
-        "row": np.arange(first, first + n, dtype=np.int64),
+        "row": keys,
         "kind": kind.astype(np.int8),
         "device": acts["device"].astype(np.int32),
         "resource": acts["resource"].astype(np.int32),
@@ -218,7 +233,7 @@ def _write_activities(scratch: str, out: str, rank: int, head: Trace, facts: _Fa
             select own.*, case when on_device and own.correlation <> 0 then coalesce(launch_step, own_step)
                                else own_step end as step
             from own left join launch on own.correlation = launch.correlation
-            order by step, start, row""")
+            order by step, start, "end" desc, row""")
         return _write_sorted(ordered.to_arrow_reader(ROW_GROUP_ROWS), out, rank, head, facts, steps, shift)
     finally:
         con.close()

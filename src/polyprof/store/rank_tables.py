@@ -180,7 +180,7 @@ def _activities(trace: Trace, steps: Any, shift: int, args: ArgColumns) -> pa.Ta
         "level": _levels(resource, start, end, not_nested(trace)),
         **row_columns(trace, args),
     }, schema=ACTIVITIES)  # fmt: skip
-    return table.take(np.lexsort((start, step)))
+    return table.take(np.lexsort((-end, start, step)))  # of one start, the outer row first
 
 
 def on_device(kind: np.ndarray) -> np.ndarray:
@@ -296,7 +296,7 @@ def collectives_table(candidates: list[CollectiveRow], steps: Any, shift: int) -
     rank of a group issues them in (or by the ``Seq`` arg where the trace has it)."""
     if any(c.on_device for c in candidates):
         candidates = [c for c in candidates if c.on_device]
-    chosen = sorted(candidates, key=lambda c: c.start)  # stable: rows of one start in row order
+    chosen = sorted(candidates, key=lambda c: (c.start, -c.end))  # stable: rows of one start and end in row order
     seen: dict[str, int] = {}
     out = []
     step = step_at(steps, np.array([c.start for c in chosen], dtype=np.int64))

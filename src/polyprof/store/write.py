@@ -30,13 +30,18 @@ STREAM_ABOVE_BYTES = 64 << 20
 def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
              ) -> tuple[int, dict[str, int], str]:  # fmt: skip
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
-    large JSON rank streams through (:mod:`polyprof.store.rank_stream`), reporting the file's bytes
-    read to `advance` as it goes; a ``.pftrace`` or a spill is loaded first."""
-    if _inflated_size(source) > STREAM_ABOVE_BYTES and _is_json(source):
+    large JSON or polyprof ``.pftrace`` rank streams through (:mod:`polyprof.store.rank_stream`),
+    reporting the file's bytes read to `advance` as it goes; a spill, and a Perfetto file the stream
+    declines (another writer's, or malformed: the reader names what is wrong), are loaded first."""
+    if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
+        from polyprof.formats.perfetto.scan import Declined
         from polyprof.store.rank_stream import stream_rank
 
-        rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
-        return rank, rows, source
+        try:
+            rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
+            return rank, rows, source
+        except Declined:
+            pass
     from polyprof.store.rank_tables import rank_tables
 
     tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
@@ -70,15 +75,17 @@ def _inflated_size(source: str) -> int:
     return os.path.getsize(source) * (10 if is_gzip_file(source) else 1)
 
 
-def _is_json(source: str) -> bool:
+def _streams(source: str) -> bool:
+    """Whether `source` is a JSON or Perfetto trace (not a spill), from its first bytes."""
     from polyprof.formats.common.source import open_stream
+    from polyprof.formats.perfetto.read import looks_like_perfetto
 
     try:
         with open_stream(source) as f:
             head = f.read(256)
     except Exception:  # noqa: BLE001 - loading it says what is wrong with the path
         return False
-    return head.lstrip()[:1] in (b"{", b"[")
+    return head.lstrip()[:1] in (b"{", b"[") or looks_like_perfetto(head)
 
 
 def _load(source: str) -> Any:

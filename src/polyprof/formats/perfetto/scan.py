@@ -14,6 +14,7 @@ anything it would read differently, so that the reader reads the file and says w
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,42 +75,71 @@ def _trace_of(found: Any, path: str, metadata_only: bool) -> Any:
 
 
 def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
-    from polyprof.formats.perfetto.read import PacketReader
-
     raw, strings, descriptors, snapshots, blocks, legacy = found
-    for text in set(legacy):  # values passed on as text: JSON, or the reader names the event
-        orjson.loads(text)
+    check_legacy(legacy)
     texts = [b.decode() for b in strings]
     recs = np.frombuffer(raw, dtype=PF_DTYPE)
-    reader = PacketReader(path)
-    for snapshot in snapshots:
-        reader.clock_snapshot(memoryview(snapshot))
-    args_of = _ArgsOf(blocks, texts)
-    meta_rows = _metadata_rows(recs, texts, descriptors, path)
-    if len(meta_rows):
-        reader.metadata = args_of.dict_at(int(meta_rows[-1]))  # the last one, as the reader keeps
-    for _, descriptor in descriptors:
-        reader.descriptor(memoryview(descriptor))
+    args_of = ArgsOf(blocks, texts)
+    meta_rows = metadata_rows(recs, texts, descriptors, path)
+    reader = packet_reader(path, descriptors, snapshots, args_of.dict_at(int(meta_rows[-1])) if len(meta_rows) else None)
+    meta, layout = reader.meta_and_layout()
     if metadata_only:
-        meta, layout = reader.meta_and_layout()
         if not isinstance(layout.get("window"), list):
             return None
         devices, resources, _, device_of_track = reader.places(layout)
         none = ActivityTable(StringTable(), {name: np.zeros(0, dtype=dtype) for name, dtype in COLUMNS}, Args())
         return reader.finish(none, devices, resources, device_of_track, meta, layout)
+    rows, ends = row_order(recs, meta_rows)
+    return rows_trace(reader, Places(*reader.places(layout), meta, layout), recs, rows, ends, texts, args_of)
+
+
+def check_legacy(legacy: list[bytes]) -> None:
+    """The legacy JSON values the scanner passed on as text are JSON (else the reader names the event)."""
+    for text in set(legacy):
+        orjson.loads(text)
+
+
+def packet_reader(path: str, descriptors: list, snapshots: list, metadata: dict[str, Any] | None) -> Any:
+    """The reference reader holding what the scanner found of the tracks, the clock and the metadata
+    event (the last one, as the reader keeps), for its places and its finish."""
+    from polyprof.formats.perfetto.read import PacketReader
+
+    reader = PacketReader(path)
+    for snapshot in snapshots:
+        reader.clock_snapshot(memoryview(snapshot))
+    reader.metadata = metadata
+    for _, descriptor in descriptors:
+        reader.descriptor(memoryview(descriptor))
+    return reader
+
+
+@dataclass
+class Places:
+    """The devices and rows of a trace (``PacketReader.places``), with its metadata and layout: what a
+    trace read in chunks keeps from chunk to chunk (a track without a row gets one the first time)."""
+
+    devices: list
+    resources: list
+    row_of_track: dict[int, int]
+    device_of_track: dict[int, int]
+    meta: dict[str, Any]
+    layout: dict
+
+
+def rows_trace(reader: Any, places: Places, recs: np.ndarray, rows: np.ndarray, ends: np.ndarray, texts: list[str],
+               args_of: ArgsOf) -> Any:  # fmt: skip
+    """The trace of the records `rows` of `recs` (ending at `ends`), with the counter values among `recs`."""
     kind = recs["type"]
     reader.counter_samples = [
         (int(t), int(ts), float(v)) for t, ts, v in recs[["track", "ts", "value"]][kind == F.TYPE_COUNTER].tolist()
     ]
-    rows, ends = _row_order(recs, meta_rows)
-    meta, layout = reader.meta_and_layout()
-    devices, resources, row_of_track, device_of_track = reader.places(layout)
+    devices, resources, row_of_track = places.devices, places.resources, places.row_of_track
     tracks = recs["track"][rows]
     unique, first, inverse = np.unique(tracks, return_index=True, return_inverse=True)
     for i in np.argsort(first, kind="stable").tolist():  # rows for unnamed tracks, as the reader meets them
         t = int(unique[i])
         if t not in row_of_track:
-            row_of_track[t] = reader.lone_row(t, devices, resources, device_of_track)
+            row_of_track[t] = reader.lone_row(t, devices, resources, places.device_of_track)
     res_of_track = np.array([row_of_track[int(t)] for t in unique.tolist()] or [0], dtype=np.int32)
     resource = res_of_track[inverse.reshape(-1)] if len(rows) else np.zeros(0, dtype=np.int32)
     device_of_res = np.array([r.device for r in resources] or [0], dtype=np.int32)
@@ -136,10 +166,11 @@ def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
     args = args_of.placed(rows)
     for row in np.flatnonzero((r["type"] == F.TYPE_SLICE_BEGIN) & (r["end_order"] < 0)).tolist():
         args.dicts[row] = {"finished": False}  # a begin without its end: open until the trace's last time
-    return reader.finish(ActivityTable(table, columns, args), devices, resources, device_of_track, meta, layout)
+    acts = ActivityTable(table, columns, args)
+    return reader.finish(acts, devices, resources, places.device_of_track, places.meta, places.layout)
 
 
-def _metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: str) -> np.ndarray:
+def metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: str) -> np.ndarray:
     """The records of polyprof's metadata event: an instant of that name on a track the descriptors
     read before it name as the metadata track."""
     from polyprof.formats.perfetto.read import PacketReader
@@ -164,9 +195,10 @@ def _metadata_rows(recs: np.ndarray, texts: list[str], descriptors: list, path: 
     return np.array(kept, dtype=np.int64)
 
 
-def _row_order(recs: np.ndarray, meta_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def row_order(recs: np.ndarray, meta_rows: np.ndarray, floor: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The records that are rows, in the reader's order (by start, then longest first; ties: slices in
-    the order they ended, instants, then slices still open by track), and each row's end."""
+    the order they ended, instants, then slices still open by track), and each row's end (a slice
+    still open: the last end among the records, or `floor` where that is later)."""
     kind = recs["type"]
     index = np.arange(len(recs), dtype=np.int64)
     instant = kind == F.TYPE_INSTANT
@@ -176,7 +208,7 @@ def _row_order(recs: np.ndarray, meta_rows: np.ndarray) -> tuple[np.ndarray, np.
     unclosed = begin & ~closed
     ts, end = recs["ts"], recs["end"]
     done = closed | instant
-    last = max(int(end[done].max()) if done.any() else 0, 0)
+    last = max(int(end[done].max()) if done.any() else 0, floor, 0)
     group = np.where(closed, 0, np.where(instant, 1, 2))
     first_key = np.where(closed, recs["end_order"], np.where(instant, index, recs["open_slot"]))
     sort_end = np.where(unclosed, ts, end)
@@ -198,7 +230,7 @@ class _Gathered:
         return self.recs[field][self.rows]
 
 
-class _ArgsOf:
+class ArgsOf:
     """The scanner's annotation blocks (by record), placed on rows or read for one record."""
 
     def __init__(self, blocks: dict, texts: list[str]) -> None:

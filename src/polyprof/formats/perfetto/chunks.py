@@ -1,0 +1,156 @@
+"""A polyprof ``.pftrace`` read in chunks of rows, neither its bytes nor its records ever held whole:
+how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stream`).
+
+::
+
+    for chunk in perfetto_chunks("rank3.pftrace", rows=50_000):
+        chunk.trace, chunk.rows      # a partial trace, and each row's key in the whole file's row order
+
+The file is read twice. The first pass keeps only polyprof's metadata event (its layout names every
+device and row, the window and the clock); the second hands the events over as the C scanner finishes
+them (``_native.scan_packets_take``): instants and counter values as they come, a slice when its end
+comes (one still open stays in the scanner, with its annotations). Every chunk is a Trace on the same
+devices and rows, its rows in the reader's order; their keys order the rows of all chunks as
+:func:`polyprof.formats.load_trace` orders the rows of one start and end (slices by the order they
+ended, then instants, then slices never closed). The last chunk holds the slices never closed, ended
+at the trace's last time as the reader ends them.
+
+Raises :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines (the reference
+reader then reads the file whole and names what is wrong with it) or the trace has no polyprof layout
+(another writer's trace: its rows are placed by descriptors met on the way; load it whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polyprof import _native
+from polyprof.formats.common.source import disk_position, open_stream
+from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.scan import (
+    PF_DTYPE,
+    ArgsOf,
+    Declined,
+    Places,
+    check_legacy,
+    metadata_rows,
+    packet_reader,
+    row_order,
+    rows_trace,
+)
+from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
+from polyprof.model import Trace
+
+#: bytes read from the file at a time
+READ_BYTES = 4 << 20
+#: bytes handed to the scanner at a time (a chunk is taken once it holds `rows` records)
+FEED_BYTES = 256 << 10
+_GROUP = 61  # a key's group (slices ended, instants, slices open) above its order within the group
+
+
+@dataclass
+class Chunk:
+    """Rows of the trace (a partial Trace) and each row's key in the whole file's order."""
+
+    trace: Trace
+    rows: np.ndarray
+
+
+def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
+    """The Perfetto trace `path` (gzip or not) as chunks of about `rows` rows (see the module). `on_read`
+    is told the file's bytes read on disk as the second pass reads it."""
+    feed_bytes = FEED_BYTES
+    head = _Head.of(path)
+    scanner = _native.packet_scanner(False)
+    if scanner is None:
+        raise Declined
+    texts: list[str] = []
+    last = 0
+    with open_stream(path) as f:
+        while piece := f.read(READ_BYTES):
+            for at in range(0, len(piece), feed_bytes):
+                held = _native.scan_packets_feed(scanner, piece[at : at + feed_bytes])
+                if held < 0:
+                    raise Declined
+                if held >= rows:
+                    chunk = head.chunk(_native.scan_packets_take(scanner), texts, last)
+                    last = max(last, int(chunk.trace.activities["end"].max(initial=0)))
+                    yield chunk
+            if on_read is not None:
+                on_read(disk_position(f))
+    yield head.chunk(_native.scan_packets_take(scanner, True), texts, last)
+
+
+@dataclass
+class _Head:
+    """What the first pass reads: the reader holding the tracks, clock and metadata; the places."""
+
+    path: str
+    reader: Any
+    places: Places
+    metadata_tracks: np.ndarray
+
+    @classmethod
+    def of(cls, path: str) -> _Head:
+        scanner = _native.packet_scanner(True)
+        if scanner is None:
+            raise Declined
+        with open_stream(path) as f:
+            while piece := f.read(READ_BYTES):
+                if _native.scan_packets_feed(scanner, piece) < 0:
+                    raise Declined
+        found = _native.scan_packets_result(scanner)
+        if found is None:
+            raise Declined
+        raw, strings, descriptors, snapshots, blocks, legacy = found
+        check_legacy(legacy)
+        texts = [b.decode() for b in strings]
+        recs = np.frombuffer(raw, dtype=PF_DTYPE)
+        meta_rows = metadata_rows(recs, texts, descriptors, path)
+        if not len(meta_rows):
+            raise Declined
+        reader = packet_reader(path, descriptors, snapshots, ArgsOf(blocks, texts).dict_at(int(meta_rows[-1])))
+        meta, layout = reader.meta_and_layout()
+        if not isinstance(layout.get("window"), list):
+            raise Declined
+        tracks = [uuid for uuid, track in reader.tracks.items() if track.name == METADATA_TRACK]
+        return cls(path, reader, Places(*reader.places(layout), meta, layout), np.array(tracks, dtype=np.uint64))
+
+    def chunk(self, taken: Any, texts: list[str], last: int) -> Chunk:
+        """The Chunk of what the scanner handed over (`texts` grows with its strings; `last`: the latest
+        end of the chunks before, where slices never closed end)."""
+        if taken is None:
+            raise Declined
+        raw, global_index, strings, blocks, legacy = taken
+        check_legacy(legacy)
+        texts.extend(b.decode() for b in strings[len(texts) :])
+        recs = np.frombuffer(raw, dtype=PF_DTYPE)
+        meta_rows = self.metadata_rows(recs, texts)
+        rows, ends = row_order(recs, meta_rows, last)
+        trace = rows_trace(self.reader, self.places, recs, rows, ends, texts, ArgsOf(blocks, texts))
+        return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]))
+
+    def metadata_rows(self, recs: np.ndarray, texts: list[str]) -> np.ndarray:
+        try:
+            name = texts.index(METADATA_EVENT)
+        except ValueError:
+            return np.zeros(0, dtype=np.int64)
+        found = (recs["type"] == F.TYPE_INSTANT) & (recs["name"] == name) & np.isin(recs["track"], self.metadata_tracks)
+        if (recs["has_ext_key"][found] != 0).any():
+            raise Declined  # the reader keeps that key in the metadata; rows lose it
+        return np.flatnonzero(found)
+
+
+def _keys(recs: np.ndarray, global_index: np.ndarray) -> np.ndarray:
+    """Each row's key: (group, order in it) in one int64, as the reader orders rows of one start and end."""
+    closed = (recs["type"] == F.TYPE_SLICE_BEGIN) & (recs["end_order"] >= 0)
+    unclosed = (recs["type"] == F.TYPE_SLICE_BEGIN) & ~closed
+    slot = recs["open_slot"].astype(np.int64)
+    if len(global_index) and (int(global_index.max()) >= 1 << 32 or int(slot.max()) >= 1 << (_GROUP - 32)):
+        raise Declined  # past what one key holds (4G events): the file loads whole
+    later = np.where(unclosed, (2 << _GROUP) | (slot << 32) | global_index, (1 << _GROUP) | global_index)
+    return np.where(closed, recs["end_order"].astype(np.int64), later)
