@@ -203,7 +203,8 @@ def _engine(scratch: str, memory_mb: int) -> Any:
 
     con = duckdb.connect()
     spill = os.path.join(scratch, "engine").replace("'", "''")
-    con.execute(f"set memory_limit = '{int(memory_mb)}MB'; set temp_directory = '{spill}'; set threads = 1")
+    con.execute(f"set memory_limit = '{int(memory_mb)}MB'; set temp_directory = '{spill}'; set threads = 1; "
+                "set enable_progress_bar = false")  # the store's bar is polyprof's
     return con
 
 

@@ -259,7 +259,7 @@ def _format_block_args(
             np.ascontiguousarray(ext[local]),
             np.ascontiguousarray(head_corr, dtype=np.int64),
             [json_bytes(k) for k in b.keys],
-            [_c_column(c[positions]) for c in b.columns],
+            [c_arg_column(c[positions]) for c in b.columns],
         )
         if objects is None:
             return arg_rows
@@ -268,7 +268,7 @@ def _format_block_args(
     return arg_rows[sources[arg_rows - lo] != 1]
 
 
-def _c_column(values: np.ndarray) -> Any:
+def c_arg_column(values: np.ndarray) -> Any:
     """An arg column as format_arg_objects takes it: int64 or float64 array, else JSON bytes per value."""
     if is_json_column(values):
         return values.tolist()
