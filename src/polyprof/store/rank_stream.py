@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,11 +127,17 @@ def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None]], scratch: str
     facts = _Facts()
     last: Trace | None = None
     with pq.ParquetWriter(os.path.join(scratch, "rows.parquet"), SCRATCH) as rows, \
-            pq.ParquetWriter(os.path.join(scratch, "counters.parquet"), _COUNTER_SCRATCH) as counters:  # fmt: skip
+            pq.ParquetWriter(os.path.join(scratch, "counters.parquet"), _COUNTER_SCRATCH) as counters, \
+            ThreadPoolExecutor(1) as writer:  # fmt: skip
+        written: Future | None = None  # a chunk's write (GIL released) while the next one is read
         for chunk, keys in chunks:
             last = chunk
-            rows.write_table(_chunk_rows(chunk, facts, keys))
-            counters.write_table(_chunk_counters(chunk, facts))
+            tables = _chunk_rows(chunk, facts, keys), _chunk_counters(chunk, facts)
+            if written is not None:
+                written.result()
+            written = writer.submit(lambda t=tables: (rows.write_table(t[0]), counters.write_table(t[1])))
+        if written is not None:
+            written.result()
     assert last is not None, "a file is read as one chunk at least"
     # the last chunk knows what the whole file says of itself: its keys, devices and threads
     window = last.window if own_window else facts.window or (0, 0)
