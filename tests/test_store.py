@@ -278,3 +278,11 @@ def test_nesting_levels_in_c_are_the_python_twins():
     nesting_levels(order, resource, start, end, skip, theirs)
     polyprof._native.extension.nesting_levels(order, resource, start, end, skip, ours)
     assert (ours == theirs).all() and theirs.max() > 3
+
+
+def test_store_queries_leave_duckdb_s_own_progress_bar_off():
+    """DuckDB draws its bar on stdout for a query past 2 s, piped or not, beside polyprof's progress."""
+    from polyprof.store.query import DuckDBEngine
+
+    engine = DuckDBEngine()
+    assert engine.arrow("select current_setting('enable_progress_bar') as on")["on"].to_pylist() == [False]

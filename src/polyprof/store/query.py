@@ -136,7 +136,7 @@ class DuckDBEngine:
             raise ConfigError("the store's queries need duckdb: pip install 'polyprof[store]'") from None
         config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads)) if v is not None}
         self.con = duckdb.connect(config=config)
-        self.con.execute("set enable_progress_bar = false")  # DuckDB's own bar writes to stderr even when piped
+        self.con.execute("set enable_progress_bar = false")  # DuckDB draws its own bar on stdout, even piped
 
     def register_parquet(self, name: str, folder: str) -> None:
         files = os.path.join(folder, "*", "*.parquet").replace("'", "''")
