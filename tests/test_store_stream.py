@@ -218,7 +218,8 @@ def test_a_streamed_rank_reports_its_files_bytes_as_it_reads_them(traces, which,
     [(description, total, amounts)] = tasks
     assert description == "stored trace bytes" and total == os.path.getsize(traces[which])
     assert sum(amounts) == total and min(amounts) > 0
-    if which == "polyprof":  # (gzip reads its file ahead in 128 KB blocks: a small one at once)
+    # (gzip reads its file ahead in 128 KB blocks, the reference reader 64 KB: a small file at once)
+    if which == "polyprof" and polyprof._native.extension is not None:
         assert len(amounts) > 3, "bytes reported as chunks are read"
 
 
