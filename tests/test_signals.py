@@ -2,6 +2,7 @@
 the process ends with the signal's own status; a window that ended (--duration) is on disk at once."""
 
 import gzip
+import importlib.util
 import json
 import os
 import signal
@@ -294,6 +295,12 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
     trace = recover_trace(str(spill))
     assert {f"span {i}" for i in range(40)} <= {a.name for a in trace.activities}
     assert trace.metadata["polyprof"]["partial"]["torn_bytes"] > 0
+    if importlib.util.find_spec("duckdb") is not None:  # the store reads it as recover does (the store extra)
+        from polyprof import store
+
+        store.write_store([spill], tmp_path / "job.polyprof", jobs=1)
+        stored = store.open(tmp_path / "job.polyprof").table("select name from activities")["name"].to_pylist()
+        assert {f"span {i}" for i in range(40)} <= set(stored)
     r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(spill), "-o", str(tmp_path / "r.pftrace")],
                        capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert r.returncode == 0, r.stderr

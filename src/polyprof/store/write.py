@@ -79,6 +79,10 @@ def _streams(source: str) -> bool:
     """Whether `source` is a JSON or Perfetto trace (not a spill), from its first bytes."""
     from polyprof.formats.common.source import open_stream
     from polyprof.formats.perfetto.read import looks_like_perfetto
+    from polyprof.formats.spill.file import is_perfetto_spill
+
+    if is_perfetto_spill(source):
+        return False
 
     try:
         with open_stream(source) as f:
@@ -91,11 +95,11 @@ def _streams(source: str) -> bool:
 def _load(source: str) -> Any:
     """A trace file, or a spill a killed process left (read as ``polyprof recover`` reads it)."""
     from polyprof.formats import load_trace
-    from polyprof.formats.spill.file import FILE_MAGIC
+    from polyprof.formats.spill.file import FILE_MAGIC, is_perfetto_spill
 
     try:
         with open(source, "rb") as f:
-            spill = f.read(len(FILE_MAGIC)) == FILE_MAGIC
+            spill = f.read(len(FILE_MAGIC)) == FILE_MAGIC or is_perfetto_spill(source)
     except OSError:
         spill = False  # load_trace says what is wrong with the path
     if spill:

@@ -158,6 +158,10 @@ class SpillWriter(SpillFile):
         return _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
 
 
+#: how a Perfetto spill's name ends: its bytes are a Perfetto trace's, without an end marker
+PERFETTO_SPILL_SUFFIX = ".spill.pftrace"
+
+
 def spill_path(output: str) -> str:
     """Where the spill of a trace written to `output` lives: a hidden file beside it; for a Perfetto
     output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.formats.spill.perfetto`)."""
@@ -166,8 +170,14 @@ def spill_path(output: str) -> str:
     folder, name = os.path.split(os.path.abspath(output))
     if format_of(output) == "perfetto":
         stem = name[:-3] if name.endswith(".gz") else name
-        return os.path.join(folder, f".{os.path.splitext(stem)[0]}.spill.pftrace")
+        return os.path.join(folder, f".{os.path.splitext(stem)[0]}{PERFETTO_SPILL_SUFFIX}")
     return os.path.join(folder, f".{name}.spill")
+
+
+def is_perfetto_spill(path: str) -> bool:
+    """Whether `path` is named as a Perfetto spill (read it with ``polyprof recover``: its last packet may
+    be cut short by the kill that left it)."""
+    return os.path.basename(path).endswith(PERFETTO_SPILL_SUFFIX)
 
 
 # -- parts <-> bytes ---------------------------------------------------------------------------------
