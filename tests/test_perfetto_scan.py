@@ -308,3 +308,46 @@ def test_a_large_pftrace_is_read_without_holding_its_bytes(tmp_path):
     rows, peak_mib = map(int, run.stdout.split())
     assert rows == len(overlapping_trace().activities)
     assert peak_mib < 24, f"reading a 96 MiB file took {peak_mib} MiB more"
+
+
+def _rows_of(trace, keys=None) -> list[tuple]:
+    """Each row as far as anyone reads it (with its key in the file's order, where given)."""
+    acts = trace.activities
+    names = acts.strings.strings
+    return [(int(acts["start"][i]), int(acts["end"][i]), names[int(acts["name"][i])], names[int(acts["cat"][i])],
+             int(acts["kind"][i]), trace.resources[int(acts["resource"][i])].name,
+             trace.devices[int(acts["device"][i])].key, int(acts["correlation"][i]), int(acts["external_id"][i]),
+             int(acts["flow_id"][i]), int(acts["flow_type"][i]), int(acts["flow_start"][i]), acts.args.get(i, {}),
+             *(() if keys is None else (int(keys[i]),))) for i in range(len(acts))]  # fmt: skip
+
+
+def test_mutated_traces_read_in_chunks_give_the_rows_the_reader_reads_or_are_declined(tmp_path, monkeypatch):
+    """Seeded mutants of polyprof's trace, read in chunks taken after every few records (the scanner
+    keeping slices still open across takes): declined, or the rows, counters and places the whole
+    file's reader gives, in its order once sorted by start, longer first (a slice never closed as if it
+    ended where it began), then key."""
+    from polyprof.formats.perfetto import chunks
+
+    base = dumps_perfetto_trace(overlapping_trace())
+    rng = random.Random(20261207)
+    read = 0
+    for i in range(400):
+        data = base if i == 0 else bytes(mutated(base, rng, cut=0.2, most_changed=4, most_inserted=4))
+        path = tmp_path / f"mutant{i}.pftrace"
+        path.write_bytes(data)
+        monkeypatch.setattr(chunks, "FEED_BYTES", rng.choice([1, 7, 64, 1 << 20]))
+        try:
+            got = list(chunks.perfetto_chunks(str(path), rng.choice([1, 3, 50])))
+        except chunks.Declined:
+            continue
+        expected = _reference(data, str(path))
+        never_closed = lambda r: r[-1] >> 61 == 2  # noqa: E731 - the reader sorts them as ending where they begin
+        rows = sorted((r for c in got for r in _rows_of(c.trace, c.rows)),
+                      key=lambda r: (r[0], -(r[0] if never_closed(r) else r[1]), r[-1]))  # fmt: skip
+        assert [r[:-1] for r in rows] == _rows_of(expected), f"mutant {i}: its rows differ"
+        sample = lambda s: (s.ts, s.name, s.device, s.value, s.resource)  # noqa: E731
+        assert (sorted(sample(s) for c in got for s in c.trace.counters.samples)
+                == sorted(sample(s) for s in expected.counters.samples)), f"mutant {i}: its counters differ"  # fmt: skip
+        assert (got[-1].trace.devices, got[-1].trace.resources) == (expected.devices, expected.resources)
+        read += 1
+    assert read > 20, read

@@ -12,7 +12,7 @@ them (``_native.scan_packets_take``): instants and counter values as they come, 
 comes (one still open stays in the scanner, with its annotations). Every chunk is a Trace on the same
 devices and rows, its rows in the reader's order; their keys order the rows of all chunks as
 :func:`polyprof.formats.load_trace` orders the rows of one start and end (slices by the order they
-ended, then instants, then slices never closed). The last chunk holds the slices never closed, ended
+ended, then instants, then slices never closed, which the reader sorts as ending where they begin). The last chunk holds the slices never closed, ended
 at the trace's last time as the reader ends them.
 
 Raises :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines (the reference
@@ -106,6 +106,15 @@ class _Head:
         found = _native.scan_packets_result(scanner)
         if found is None:
             raise Declined
+        try:
+            return cls._of(path, found)
+        except Declined:
+            raise
+        except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
+            raise Declined from None
+
+    @classmethod
+    def _of(cls, path: str, found: tuple) -> _Head:
         raw, strings, descriptors, snapshots, blocks, legacy = found
         check_legacy(legacy)
         texts = [b.decode() for b in strings]
@@ -125,6 +134,12 @@ class _Head:
         end of the chunks before, where slices never closed end)."""
         if taken is None:
             raise Declined
+        try:
+            return self._chunk(taken, texts, last)
+        except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
+            raise Declined from None
+
+    def _chunk(self, taken: Any, texts: list[str], last: int) -> Chunk:
         raw, global_index, strings, blocks, legacy = taken
         check_legacy(legacy)
         texts.extend(b.decode() for b in strings[len(texts) :])
