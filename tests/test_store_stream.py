@@ -180,6 +180,16 @@ def test_a_truncated_trace_streamed_is_one_line_and_leaves_no_store(traces, tmp_
     assert not (tmp_path / "job.polyprof").exists() and os.listdir(tmp_path) == ["cut.json"]
 
 
+def test_a_truncated_pftrace_is_declined_by_the_stream_and_named_by_the_reader(traces, tmp_path, monkeypatch):
+    monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
+    data = open(traces["pftrace"], "rb").read()
+    cut = tmp_path / "cut.pftrace"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match="cut.pftrace: packet .* past the end of the file"):
+        store.write_store([cut], tmp_path / "job.polyprof", jobs=1)
+    assert os.listdir(tmp_path) == ["cut.pftrace"]
+
+
 @pytest.mark.parametrize("which", ["polyprof", "pftrace"])
 def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, which, tmp_path, monkeypatch):
     streamed = []
