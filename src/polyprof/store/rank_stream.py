@@ -79,8 +79,8 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
     """`source` (one rank's Chrome JSON trace or polyprof ``.pftrace``, gzip or not) into the store folder
     `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
     disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
-    reads it). A Perfetto file the scanner declines, or another writer's, raises
-    :class:`polyprof.formats.perfetto.scan.Declined`: load it whole."""
+    reads it). A Perfetto file the scanner declines raises
+    :class:`polyprof.formats.perfetto.scan.Declined`: load it whole (the reader names what is wrong)."""
     scratch = tempfile.mkdtemp(prefix=".polyprof-rank-", dir=out)
     try:
         facts, head = _read(source, scratch, chunk_events or CHUNK_EVENTS, on_read)
@@ -108,29 +108,30 @@ def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int],
     """Every chunk's rows into the scratch files; the facts, and the file's head (its metadata, devices
     and threads, with no rows). A JSON file is read by the C scanner, else by the reference reader (the
     file read again from its start)."""
-    if is_perfetto_file(source):  # its window is the one its writer recorded
-        chunks = ((c.trace, c.rows) for c in perfetto_chunks(source, chunk_events, on_read))
-        return _read_chunks(chunks, scratch, own_window=True)
+    if is_perfetto_file(source):
+        return _read_chunks(((c.trace, c.rows, c.window) for c in perfetto_chunks(source, chunk_events, on_read)),
+                            scratch)  # fmt: skip
     try:
-        return _read_chunks(((c, None) for c in scan_chunks(source, chunk_events, on_read)), scratch)
+        return _read_chunks(((c, None, None) for c in scan_chunks(source, chunk_events, on_read)), scratch)
     except Declined:
         pass
     if is_gzip_file(source):  # one token of gigabytes (a gzip bomb) is refused before reading, as load_trace does
         check_tokens(trace_chunks(source, max_trace_bytes()), source)
-    return _read_chunks(((c, None) for c in read_chunks(source, chunk_events, on_read)), scratch)
+    return _read_chunks(((c, None, None) for c in read_chunks(source, chunk_events, on_read)), scratch)
 
 
-def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None]], scratch: str, own_window: bool = False
+def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None, tuple[int, int] | None]], scratch: str
                  ) -> tuple[_Facts, Trace]:  # fmt: skip
     """`chunks`: each partial trace, with its rows' keys in the file's row order where they are not the
-    order the chunks come in. `own_window`: the file says its window (else it is the rows')."""
+    order the chunks come in, and the window the file records (None: the rows' extent)."""
     facts = _Facts()
     last: Trace | None = None
     with pq.ParquetWriter(os.path.join(scratch, "rows.parquet"), SCRATCH) as rows, \
             pq.ParquetWriter(os.path.join(scratch, "counters.parquet"), _COUNTER_SCRATCH) as counters, \
             ThreadPoolExecutor(1) as writer:  # fmt: skip
         written: Future | None = None  # a chunk's write (GIL released) while the next one is read
-        for chunk, keys in chunks:
+        recorded: tuple[int, int] | None = None  # the window the file records (the last chunk's say)
+        for chunk, keys, recorded in chunks:  # noqa: B007 - read after the loop
             last = chunk
             tables = _chunk_rows(chunk, facts, keys), _chunk_counters(chunk, facts)
             if written is not None:
@@ -140,8 +141,8 @@ def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None]], scratch: str
             written.result()
     assert last is not None, "a file is read as one chunk at least"
     # the last chunk knows what the whole file says of itself: its keys, devices and threads
-    window = last.window if own_window else facts.window or (0, 0)
-    head = replace(last, activities=ActivityBuilder().freeze(), counters=Counters(), window=window)
+    head = replace(last, activities=ActivityBuilder().freeze(), counters=Counters(),
+                   window=recorded or facts.window or (0, 0))
     return facts, head
 
 

@@ -6,8 +6,8 @@ how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stre
     for chunk in perfetto_chunks("rank3.pftrace", rows=50_000):
         chunk.trace, chunk.rows      # a partial trace, and each row's key in the whole file's row order
 
-The file is read twice. The first pass keeps only polyprof's metadata event (its layout names every
-device and row, the window and the clock); the second hands the events over as the C scanner finishes
+The file is read twice. The first pass keeps only the track descriptors, the clock and polyprof's
+metadata event (its layout names every device and row, and the window); the second hands the events over as the C scanner finishes
 them (``_native.scan_packets_take``): instants and counter values as they come, a slice when its end
 comes (one still open stays in the scanner, with its annotations). Every chunk is a Trace on the same
 devices and rows, its rows in the reader's order; their keys order the rows of all chunks as
@@ -15,9 +15,10 @@ devices and rows, its rows in the reader's order; their keys order the rows of a
 ended, then instants, then slices never closed, which the reader sorts as ending where they begin). The last chunk holds the slices never closed, ended
 at the trace's last time as the reader ends them.
 
-Raises :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines (the reference
-reader then reads the file whole and names what is wrong with it) or the trace has no polyprof layout
-(another writer's trace: its rows are placed by descriptors met on the way; load it whole).
+Another writer's trace (no layout) is placed by its descriptors, as the reader places it: its window
+is then its rows' extent (``Chunk.window`` is None). Raises
+:class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines: the reference reader then
+reads the file whole and names what is wrong with it.
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ _GROUP = 61  # a key's group (slices ended, instants, slices open) above its ord
 
 @dataclass
 class Chunk:
-    """Rows of the trace (a partial Trace) and each row's key in the whole file's order."""
+    """Rows of the trace (a partial Trace), each row's key in the whole file's order, and the window the
+    file records (None: the rows' extent, which only the whole file gives)."""
 
     trace: Trace
     rows: np.ndarray
+    window: tuple[int, int] | None
 
 
 def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
@@ -120,12 +123,9 @@ class _Head:
         texts = [b.decode() for b in strings]
         recs = np.frombuffer(raw, dtype=PF_DTYPE)
         meta_rows = metadata_rows(recs, texts, descriptors, path)
-        if not len(meta_rows):
-            raise Declined
-        reader = packet_reader(path, descriptors, snapshots, ArgsOf(blocks, texts).dict_at(int(meta_rows[-1])))
+        metadata = ArgsOf(blocks, texts).dict_at(int(meta_rows[-1])) if len(meta_rows) else None
+        reader = packet_reader(path, descriptors, snapshots, metadata)
         meta, layout = reader.meta_and_layout()
-        if not isinstance(layout.get("window"), list):
-            raise Declined
         tracks = [uuid for uuid, track in reader.tracks.items() if track.name == METADATA_TRACK]
         return cls(path, reader, Places(*reader.places(layout), meta, layout), np.array(tracks, dtype=np.uint64))
 
@@ -147,7 +147,10 @@ class _Head:
         meta_rows = self.metadata_rows(recs, texts)
         rows, ends = row_order(recs, meta_rows, last)
         trace = rows_trace(self.reader, self.places, recs, rows, ends, texts, ArgsOf(blocks, texts))
-        return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]))
+        window = self.places.layout.get("window")
+        own = isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)
+        return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]),
+                     trace.window if own else None)  # fmt: skip
 
     def metadata_rows(self, recs: np.ndarray, texts: list[str]) -> np.ndarray:
         try:
