@@ -1,4 +1,4 @@
-"""One rank's trace (JSON, or polyprof's ``.pftrace``) into the store in bounded memory, whatever the
+"""One rank's trace (Chrome JSON or Perfetto) into the store in bounded memory, whatever the
 trace's size: the same tables as :func:`~polyprof.store.rank_tables.rank_tables` of the loaded trace,
 row for row.
 
@@ -76,7 +76,7 @@ class _Facts:
 def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int | None = None,
                 memory_mb: int = ENGINE_MEMORY_MB, on_read: Callable[[int], None] | None = None
                 ) -> tuple[int, dict[str, int]]:  # fmt: skip
-    """`source` (one rank's Chrome JSON trace or polyprof ``.pftrace``, gzip or not) into the store folder
+    """`source` (one rank's Chrome JSON or Perfetto trace, gzip or not) into the store folder
     `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
     disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
     reads it). A Perfetto file the scanner declines raises

@@ -30,9 +30,9 @@ STREAM_ABOVE_BYTES = 64 << 20
 def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
              ) -> tuple[int, dict[str, int], str]:  # fmt: skip
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
-    large JSON or polyprof ``.pftrace`` rank streams through (:mod:`polyprof.store.rank_stream`),
-    reporting the file's bytes read to `advance` as it goes; a spill, and a Perfetto file the stream
-    declines (another writer's, or malformed: the reader names what is wrong), are loaded first."""
+    large JSON or Perfetto rank streams through (:mod:`polyprof.store.rank_stream`), reporting the
+    file's bytes read to `advance` as it goes; a spill, and a Perfetto file the stream declines
+    (malformed: the reader names what is wrong), are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
         from polyprof.formats.perfetto.scan import Declined
         from polyprof.store.rank_stream import stream_rank

@@ -1,5 +1,5 @@
-"""A polyprof ``.pftrace`` read in chunks of rows, neither its bytes nor its records ever held whole:
-how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stream`).
+"""A Perfetto trace (``.pftrace``) read in chunks of rows, neither its bytes nor its records ever held
+whole: how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stream`).
 
 ::
 
@@ -7,18 +7,19 @@ how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stre
         chunk.trace, chunk.rows      # a partial trace, and each row's key in the whole file's row order
 
 The file is read twice. The first pass keeps only the track descriptors, the clock and polyprof's
-metadata event (its layout names every device and row, and the window); the second hands the events over as the C scanner finishes
-them (``_native.scan_packets_take``): instants and counter values as they come, a slice when its end
-comes (one still open stays in the scanner, with its annotations). Every chunk is a Trace on the same
-devices and rows, its rows in the reader's order; their keys order the rows of all chunks as
-:func:`polyprof.formats.load_trace` orders the rows of one start and end (slices by the order they
-ended, then instants, then slices never closed, which the reader sorts as ending where they begin). The last chunk holds the slices never closed, ended
-at the trace's last time as the reader ends them.
+metadata event (its layout names every device and row, and the window); the second hands the events
+over as the C scanner finishes them (``_native.scan_packets_take``): instants and counter values as
+they come, a slice when its end comes (one still open stays in the scanner, with its annotations).
+Every chunk is a Trace on the same devices and rows, its rows in the reader's order; their keys order
+the rows of all chunks as :func:`polyprof.formats.load_trace` orders the rows of one start and end
+(slices by the order they ended, then instants, then slices never closed, which the reader sorts as
+ending where they begin). The last chunk holds the slices never closed, ended at the trace's last
+time as the reader ends them.
 
-Another writer's trace (no layout) is placed by its descriptors, as the reader places it: its window
-is then its rows' extent (``Chunk.window`` is None). Raises
-:class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines: the reference reader then
-reads the file whole and names what is wrong with it.
+Another writer's trace (no layout) is placed by its descriptors, as the reader places it (a track
+without a row gets one when it is met); its window is then its rows' extent (``Chunk.window`` is
+None). Raises :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines: the
+reference reader then reads the file whole and names what is wrong with it.
 """
 
 from __future__ import annotations
@@ -92,7 +93,6 @@ def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None 
 class _Head:
     """What the first pass reads: the reader holding the tracks, clock and metadata; the places."""
 
-    path: str
     reader: Any
     places: Places
     metadata_tracks: np.ndarray
@@ -111,8 +111,6 @@ class _Head:
             raise Declined
         try:
             return cls._of(path, found)
-        except Declined:
-            raise
         except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
             raise Declined from None
 
@@ -127,7 +125,7 @@ class _Head:
         reader = packet_reader(path, descriptors, snapshots, metadata)
         meta, layout = reader.meta_and_layout()
         tracks = [uuid for uuid, track in reader.tracks.items() if track.name == METADATA_TRACK]
-        return cls(path, reader, Places(*reader.places(layout), meta, layout), np.array(tracks, dtype=np.uint64))
+        return cls(reader, Places(*reader.places(layout), meta, layout), np.array(tracks, dtype=np.uint64))
 
     def chunk(self, taken: Any, texts: list[str], last: int) -> Chunk:
         """The Chunk of what the scanner handed over (`texts` grows with its strings; `last`: the latest
@@ -144,7 +142,7 @@ class _Head:
         check_legacy(legacy)
         texts.extend(b.decode() for b in strings[len(texts) :])
         recs = np.frombuffer(raw, dtype=PF_DTYPE)
-        meta_rows = self.metadata_rows(recs, texts)
+        meta_rows = self._metadata_instants(recs, texts)
         rows, ends = row_order(recs, meta_rows, last)
         trace = rows_trace(self.reader, self.places, recs, rows, ends, texts, ArgsOf(blocks, texts))
         window = self.places.layout.get("window")
@@ -152,7 +150,8 @@ class _Head:
         return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]),
                      trace.window if own else None)  # fmt: skip
 
-    def metadata_rows(self, recs: np.ndarray, texts: list[str]) -> np.ndarray:
+    def _metadata_instants(self, recs: np.ndarray, texts: list[str]) -> np.ndarray:
+        """The records of polyprof's metadata event (an instant of that name on the metadata track)."""
         try:
             name = texts.index(METADATA_EVENT)
         except ValueError:
