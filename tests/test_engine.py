@@ -923,3 +923,37 @@ def test_what_used_to_be_dropped_or_ignored_without_a_word(registry, monkeypatch
         pass
     status = prof.trace.backends["no_such_module_polyprof:backend"]
     assert status.state == "failed" and "no_such_module_polyprof" in status.reason
+
+
+class _SlowFlushSession(_FlushingSession):
+    """Its hand-over holds its rows until `release` is set (a hand-over that takes its time)."""
+
+    def __init__(self, config, ctx):
+        super().__init__(config, ctx)
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def flush(self, sink):
+        if self.launch_times:
+            self.inside.set()
+            self.release.wait(10)
+        super().flush(sink)
+
+
+def test_a_dump_during_a_hand_over_waits_for_its_rows(registry, tmp_path):
+    """The flusher's hand-over holds the session; a dump at that moment used to skip it and miss every
+    row the hand-over was taking (the flight recorder's capture of a slow step without its operators)."""
+    class SlowFlushingBackend(_FlushingBackend):
+        def create_session(self, config, ctx):
+            self.session = _SlowFlushSession(config, ctx)
+            return self.session
+
+    backend = SlowFlushingBackend()
+    registry.register(backend)
+    prof = polyprof.profile(["cpu", "flushy"], registry=registry, flush_interval_s=0.02)
+    prof.start()
+    backend.session.launch_times += [(polyprof.plugin.host_ns(), threading.get_native_id()) for _ in range(3)]
+    assert backend.session.inside.wait(10), "the hand-over began"
+    threading.Timer(0.3, backend.session.release.set).start()  # it ends while the dump waits
+    written = prof.dump(str(tmp_path / "dump.json"))
+    prof.stop()
+    assert len(polyprof.load_trace(written).activities_of(ActivityKind.RUNTIME)) == 3

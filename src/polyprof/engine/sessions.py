@@ -349,6 +349,17 @@ class Flusher:
         """Ask the thread to end (it ends after the flush in progress, if any)."""
         self._stop.set()
 
+    @contextlib.contextmanager
+    def between_handovers(self, timeout_s: float) -> Iterator[None]:
+        """No hand-over in progress while inside (one going on is waited for, `timeout_s` at most): for a
+        dump, whose own flush skips a session that a hand-over holds and would miss the rows it takes."""
+        held = self._thread.is_alive() and self._busy.acquire(timeout=timeout_s)
+        try:
+            yield
+        finally:
+            if held:
+                self._busy.release()
+
     def join(self, timeout_s: float) -> None:
         """After :meth:`stop`: wait until no hand-over is in progress (none starts after it). The thread
         itself ends on its own: waiting for an idle one to wake costs the stop milliseconds on a busy

@@ -14,6 +14,7 @@ of its schedule and drives it; what a window tells besides its recording goes to
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,9 @@ from polyprof.engine.listeners import WindowListener
 from polyprof.engine.merge import chosen_drop, merge
 from polyprof.engine.sessions import Flusher, SessionSet
 from polyprof.model import BackendStatus, CollectedPart, Trace
+
+#: how long a dump waits for a hand-over in progress to end (past it, the dump goes on without its rows)
+HANDOVER_WAIT_S = 1.0
 
 
 def trace_metadata(
@@ -136,10 +140,12 @@ class Window:
             raise RuntimeError("dump() of a window that is not recording")
         now = host_ns()
         start = self.start_ns if last_s is None else max(self.start_ns, now - int(last_s * 1e9))
-        new = self.sessions.flush()
-        for listener in self.listeners:
-            listener.on_parts(new, None)
-        parts = [p for h in self.sessions.handles for p in list(h.parts)]
+        quiet = self.flusher.between_handovers(HANDOVER_WAIT_S) if self.flusher else contextlib.nullcontext()
+        with quiet:  # a hand-over going on holds its sessions: their rows are in its part, once it is done
+            new = self.sessions.flush()
+            for listener in self.listeners:
+                listener.on_parts(new, None)
+            parts = [p for h in self.sessions.handles for p in list(h.parts)]
         flushed = sorted({p.backend for p in parts})
         parts += self.sessions.unfinished_now(now)  # the steps and spans still open (a hang's)
         offset = self.epoch.offset_ns
