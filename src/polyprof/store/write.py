@@ -83,7 +83,6 @@ def _streams(source: str) -> bool:
 
     if is_perfetto_spill(source):
         return False
-
     try:
         with open_stream(source) as f:
             head = f.read(256)

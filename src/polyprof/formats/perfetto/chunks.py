@@ -33,16 +33,17 @@ import numpy as np
 from polyprof import _native
 from polyprof.formats.common.source import disk_position, open_stream
 from polyprof.formats.perfetto import fields as F
+from polyprof.formats.perfetto.read import layout_window
 from polyprof.formats.perfetto.scan import (
     PF_DTYPE,
     ArgsOf,
     Declined,
     Places,
     check_legacy,
-    metadata_rows,
-    packet_reader,
     row_order,
     rows_trace,
+    scan_pieces,
+    scanned_head,
 )
 from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
 from polyprof.model import Trace
@@ -67,7 +68,6 @@ class Chunk:
 def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
     """The Perfetto trace `path` (gzip or not) as chunks of about `rows` rows (see the module). `on_read`
     is told the file's bytes read on disk as the second pass reads it."""
-    feed_bytes = FEED_BYTES
     head = _Head.of(path)
     scanner = _native.packet_scanner(False)
     if scanner is None:
@@ -76,8 +76,8 @@ def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None 
     last = 0
     with open_stream(path) as f:
         while piece := f.read(READ_BYTES):
-            for at in range(0, len(piece), feed_bytes):
-                held = _native.scan_packets_feed(scanner, piece[at : at + feed_bytes])
+            for at in range(0, len(piece), FEED_BYTES):
+                held = _native.scan_packets_feed(scanner, piece[at : at + FEED_BYTES])
                 if held < 0:
                     raise Declined
                 if held >= rows:
@@ -91,41 +91,28 @@ def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None 
 
 @dataclass
 class _Head:
-    """What the first pass reads: the reader holding the tracks, clock and metadata; the places."""
+    """What the first pass reads: the reader holding the tracks, clock and metadata; the places; the
+    window the file records (None: the rows' extent)."""
 
     reader: Any
     places: Places
     metadata_tracks: np.ndarray
+    window: tuple[int, int] | None
 
     @classmethod
     def of(cls, path: str) -> _Head:
-        scanner = _native.packet_scanner(True)
-        if scanner is None:
-            raise Declined
         with open_stream(path) as f:
-            while piece := f.read(READ_BYTES):
-                if _native.scan_packets_feed(scanner, piece) < 0:
-                    raise Declined
-        found = _native.scan_packets_result(scanner)
+            found = scan_pieces(iter(lambda: f.read(READ_BYTES), b""), metadata_only=True)
         if found is None:
             raise Declined
         try:
-            return cls._of(path, found)
+            reader = scanned_head(found, path)[0]
+            meta, layout = reader.meta_and_layout()
+            places = Places(*reader.places(layout), meta, layout)
         except Exception:  # noqa: BLE001 - the reference reader gives the error, with its packet
             raise Declined from None
-
-    @classmethod
-    def _of(cls, path: str, found: tuple) -> _Head:
-        raw, strings, descriptors, snapshots, blocks, legacy = found
-        check_legacy(legacy)
-        texts = [b.decode() for b in strings]
-        recs = np.frombuffer(raw, dtype=PF_DTYPE)
-        meta_rows = metadata_rows(recs, texts, descriptors, path)
-        metadata = ArgsOf(blocks, texts).dict_at(int(meta_rows[-1])) if len(meta_rows) else None
-        reader = packet_reader(path, descriptors, snapshots, metadata)
-        meta, layout = reader.meta_and_layout()
         tracks = [uuid for uuid, track in reader.tracks.items() if track.name == METADATA_TRACK]
-        return cls(reader, Places(*reader.places(layout), meta, layout), np.array(tracks, dtype=np.uint64))
+        return cls(reader, places, np.array(tracks, dtype=np.uint64), layout_window(layout))
 
     def chunk(self, taken: Any, texts: list[str], last: int) -> Chunk:
         """The Chunk of what the scanner handed over (`texts` grows with its strings; `last`: the latest
@@ -145,10 +132,7 @@ class _Head:
         meta_rows = self._metadata_instants(recs, texts)
         rows, ends = row_order(recs, meta_rows, last)
         trace = rows_trace(self.reader, self.places, recs, rows, ends, texts, ArgsOf(blocks, texts))
-        window = self.places.layout.get("window")
-        own = isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)
-        return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]),
-                     trace.window if own else None)  # fmt: skip
+        return Chunk(trace, _keys(recs[rows], np.frombuffer(global_index, dtype=np.int64)[rows]), self.window)
 
     def _metadata_instants(self, recs: np.ndarray, texts: list[str]) -> np.ndarray:
         """The records of polyprof's metadata event (an instant of that name on the metadata track)."""

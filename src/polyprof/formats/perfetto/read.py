@@ -331,11 +331,9 @@ class PacketReader:
         epoch = layout.get("epoch_offset_ns")
         if not isinstance(epoch, int):
             epoch = self.snapshot.get(F.CLOCK_REALTIME, 0) - self.snapshot.get(F.CLOCK_MONOTONIC, 0) if self.snapshot else 0
-        window = layout.get("window")
-        ok = isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)
         return finish_trace(meta, acts, devices, resources, counters, reserved=_RESERVED,
                             base_time_ns=meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0)),
-                            epoch_offset_ns=int(epoch), window=(int(window[0]), int(window[1])) if ok else None)  # fmt: skip
+                            epoch_offset_ns=int(epoch), window=layout_window(layout))  # fmt: skip
 
     def meta_and_layout(self) -> tuple[dict[str, Any], dict]:
         """The metadata event's values, and polyprof's layout among them ({} when there is none)."""
@@ -387,6 +385,13 @@ class PacketReader:
             device_of_track[t.parent or -track] = dev
         resources.append(Resource(dev, t.tid if t.tid is not None else track, t.name or f"track {track}", t.sort_index))
         return len(resources) - 1
+
+
+def layout_window(layout: dict) -> tuple[int, int] | None:
+    """The window polyprof's layout records, or None (another writer's trace: the rows' extent)."""
+    window = layout.get("window")
+    ok = isinstance(window, list) and len(window) == 2 and all(isinstance(w, int) for w in window)
+    return (int(window[0]), int(window[1])) if ok else None
 
 
 def _annotation(buf: memoryview, keys: dict[int, str]) -> tuple[str, Any]:

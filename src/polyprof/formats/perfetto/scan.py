@@ -56,13 +56,19 @@ def scan_perfetto_pieces(pieces: Iterable[bytes], path: str = "<trace>", *, meta
 
         trace = scan_perfetto_pieces(trace_chunks(path, limit), path)   # None: declined
     """
+    return _trace_of(scan_pieces(pieces, metadata_only), path, metadata_only)
+
+
+def scan_pieces(pieces: Iterable[bytes], metadata_only: bool = False) -> Any:
+    """What the scanner finds in the trace's bytes fed in pieces (``_native.scan_packets``' tuple), or
+    None where it declines."""
     scanner = _native.packet_scanner(metadata_only)
     if scanner is None:
         return None
     for piece in pieces:
         if _native.scan_packets_feed(scanner, piece) < 0:
             return None
-    return _trace_of(_native.scan_packets_result(scanner), path, metadata_only)
+    return _native.scan_packets_result(scanner)
 
 
 def _trace_of(found: Any, path: str, metadata_only: bool) -> Any:
@@ -75,13 +81,7 @@ def _trace_of(found: Any, path: str, metadata_only: bool) -> Any:
 
 
 def _assemble(found: tuple, path: str, metadata_only: bool = False) -> Any:
-    raw, strings, descriptors, snapshots, blocks, legacy = found
-    check_legacy(legacy)
-    texts = [b.decode() for b in strings]
-    recs = np.frombuffer(raw, dtype=PF_DTYPE)
-    args_of = ArgsOf(blocks, texts)
-    meta_rows = metadata_rows(recs, texts, descriptors, path)
-    reader = packet_reader(path, descriptors, snapshots, args_of.dict_at(int(meta_rows[-1])) if len(meta_rows) else None)
+    reader, recs, texts, args_of, meta_rows = scanned_head(found, path)
     meta, layout = reader.meta_and_layout()
     if metadata_only:
         if not isinstance(layout.get("window"), list):
@@ -99,18 +99,25 @@ def check_legacy(legacy: list[bytes]) -> None:
         orjson.loads(text)
 
 
-def packet_reader(path: str, descriptors: list, snapshots: list, metadata: dict[str, Any] | None) -> Any:
-    """The reference reader holding what the scanner found of the tracks, the clock and the metadata
-    event (the last one, as the reader keeps), for its places and its finish."""
+def scanned_head(found: tuple, path: str) -> tuple[Any, np.ndarray, list[str], ArgsOf, np.ndarray]:
+    """What the scanner found (``scan_packets``' tuple), read: the reference reader holding the tracks,
+    the clock and the metadata event (the last one, as the reader keeps), for its places and its finish;
+    the records, the strings, their annotations and which records are the metadata event."""
     from polyprof.formats.perfetto.read import PacketReader
 
+    raw, strings, descriptors, snapshots, blocks, legacy = found
+    check_legacy(legacy)
+    texts = [b.decode() for b in strings]
+    recs = np.frombuffer(raw, dtype=PF_DTYPE)
+    args_of = ArgsOf(blocks, texts)
+    meta_rows = metadata_rows(recs, texts, descriptors, path)
     reader = PacketReader(path)
     for snapshot in snapshots:
         reader.clock_snapshot(memoryview(snapshot))
-    reader.metadata = metadata
+    reader.metadata = args_of.dict_at(int(meta_rows[-1])) if len(meta_rows) else None
     for _, descriptor in descriptors:
         reader.descriptor(memoryview(descriptor))
-    return reader
+    return reader, recs, texts, args_of, meta_rows
 
 
 @dataclass
