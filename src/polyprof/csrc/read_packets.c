@@ -751,6 +751,7 @@ static PyObject *take(scan *s, int final) {
 done:
     PyMem_RawFree(where), PyMem_RawFree(kept_global);
     Py_XDECREF(records), Py_XDECREF(globals), Py_XDECREF(out_blocks), Py_XDECREF(kept_blocks), Py_XDECREF(legacy);
+    if (result == NULL) s->declined = 1;  /* records may be half moved: nothing more comes from this scan */
     return result;
 }
 
