@@ -38,6 +38,8 @@ def test_take_keeps_args_with_their_rows():
     t = b.freeze().take(np.array([4, 1, 2]))
     assert [r.name for r in t] == ["op4", "op1", "op2"]
     assert [r.args for r in t] == [{"i": 4}, {}, {"i": 2}]
+    none = b.freeze().take(np.array([], dtype=np.int64))
+    assert len(none) == 0 and not none.args, "taking no rows takes no args"
 
 
 def test_concat_remaps_strings_devices_resources_and_flows():

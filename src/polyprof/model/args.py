@@ -188,7 +188,7 @@ class Args(Mapping):
     def take(self, indices: np.ndarray) -> Args:
         """Args of the table ``table.take(indices)``: new row p has old row ``indices[p]``'s args."""
         indices = np.asarray(indices, dtype=np.int64)
-        if not self:
+        if not self or not len(indices):
             return Args()
         order = np.argsort(indices, kind="stable")
         wanted = indices[order]  # sorted: where each old row went is found by binary search
