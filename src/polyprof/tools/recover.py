@@ -17,7 +17,7 @@ from typing import Any
 from polyprof._version import __version__
 from polyprof.engine.merge import merge
 from polyprof.formats.spill.file import read_spill
-from polyprof.model import Trace
+from polyprof.model import BackendStatus, CollectedPart, Trace
 
 
 def recover_trace(path: str) -> Trace:
@@ -28,58 +28,74 @@ def recover_trace(path: str) -> Trace:
     if looks_like_perfetto(data):
         return _recover_perfetto(path, data)
     spill = _with_previous(read_spill(path, data), path)
-    header = spill.header
-    statuses = {}
-    for part in spill.parts:  # a backend's latest status holds its counts so far
-        statuses[part.backend] = part.status
+    statuses = latest_statuses(spill.parts)
     parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
-    crash = _crash(path)
+    crash = read_crash_beside(path)
     if crash is not None:
         from polyprof.formats.spill.crash import crash_parts
 
         parts += crash_parts(crash, statuses)
     starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
     ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]
-    windows = [w["window_start"] for w in spill.windows if "window_start" in w]  # (ints: read_spill checked)
-    ends = ends + [w["window_end"] for w in spill.windows if "window_end" in w] + ([crash.at_ns] if crash else [])
-    first = min(windows + starts) if windows or starts else 0
-    last = max(ends + [first])
-    epoch = int(header.get("epoch_offset_ns", 0) or 0)
-    partial = {
-        "ended": "cleanly (the profile stopped; its trace was not written)" if spill.ended else
-                 "without a clean end: the process was killed or exited without stopping the profile",
-        "spill": path,
-        "covered_epoch_ns": [first + epoch, last + epoch],
-        "windows": len(windows),
-        "backends_flushed": sorted(statuses),
-        "not_in_it": _not_in_it(spill.windows),
-        "chunks": spill.chunks,
-        "torn_bytes": spill.torn_bytes,
-        "dropped": spill.dropped,  # chunks or fields whose checksum matched but that could not be used
-        "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
-                   f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)"
-                   + (", but for the spans, instants and operators written at the crash (without their args)"
-                      if crash else ""),
-    }  # fmt: skip
-    if crash is not None:
-        partial["crash"] = {"at_epoch_ns": crash.at_ns + epoch, "rows": crash.rows, "threads": len(crash.threads),
-                            "whole": crash.whole}  # fmt: skip
-    metadata = dict(header.get("metadata") or {})
-    metadata["polyprof"] = {
-        "version": __version__,
-        "recorded_by": header.get("version"),
-        "activities": header.get("activities", []),
-        "pid": header.get("pid"),
-        "argv": header.get("argv"),
-        "clock": {"host": "perf_counter_ns", "epoch_offset_ns": epoch},
-        "partial": partial,
-    }
-    return merge(
-        parts,
-        window=(first, last),
-        epoch_offset_ns=epoch,
-        metadata=metadata,
-    )
+    recovery = Recovery.of(path, spill, statuses, crash, starts, ends)
+    return merge(parts, window=recovery.window, epoch_offset_ns=recovery.epoch_offset_ns, metadata=recovery.metadata)
+
+
+def latest_statuses(parts: list[CollectedPart]) -> dict[str, BackendStatus]:
+    """Each backend's latest status (it holds its counts so far), which all its parts share."""
+    return {part.backend: part.status for part in parts}
+
+
+@dataclasses.dataclass
+class Recovery:
+    """What a spill's trace says of itself: its window (from the first recording window's start or row
+    to the last row, window end or crash), the clock's epoch and the metadata that marks it partial."""
+
+    window: tuple[int, int]
+    epoch_offset_ns: int
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, path: str, spill: Any, statuses: dict[str, BackendStatus], crash: Any, starts: list[int],
+           ends: list[int]) -> Recovery:  # fmt: skip
+        """From the spill's header and windows, its backends' statuses, the crash's rows (or None) and
+        the parts' first starts and last ends."""
+        header = spill.header
+        windows = [w["window_start"] for w in spill.windows if "window_start" in w]  # (ints: read_spill checked)
+        ends = ends + [w["window_end"] for w in spill.windows if "window_end" in w] + ([crash.at_ns] if crash else [])
+        first = min(windows + starts) if windows or starts else 0
+        last = max(ends + [first])
+        epoch = int(header.get("epoch_offset_ns", 0) or 0)
+        partial = {
+            "ended": "cleanly (the profile stopped; its trace was not written)" if spill.ended else
+                     "without a clean end: the process was killed or exited without stopping the profile",
+            "spill": path,
+            "covered_epoch_ns": [first + epoch, last + epoch],
+            "windows": len(windows),
+            "backends_flushed": sorted(statuses),
+            "not_in_it": _not_in_it(spill.windows),
+            "chunks": spill.chunks,
+            "torn_bytes": spill.torn_bytes,
+            "dropped": spill.dropped,  # chunks or fields whose checksum matched but that could not be used
+            "missing": "nothing: every window handed everything over" if _all_windows_ended(spill.windows) else
+                       f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)"
+                       + (", but for the spans, instants and operators written at the crash (without their args)"
+                          if crash else ""),
+        }  # fmt: skip
+        if crash is not None:
+            partial["crash"] = {"at_epoch_ns": crash.at_ns + epoch, "rows": crash.rows, "threads": len(crash.threads),
+                                "whole": crash.whole}  # fmt: skip
+        metadata = dict(header.get("metadata") or {})
+        metadata["polyprof"] = {
+            "version": __version__,
+            "recorded_by": header.get("version"),
+            "activities": header.get("activities", []),
+            "pid": header.get("pid"),
+            "argv": header.get("argv"),
+            "clock": {"host": "perf_counter_ns", "epoch_offset_ns": epoch},
+            "partial": partial,
+        }
+        return cls((first, last), epoch, metadata)
 
 
 def _with_previous(spill: Any, path: str) -> Any:
@@ -103,7 +119,7 @@ def _with_previous(spill: Any, path: str) -> Any:
     )
 
 
-def _crash(path: str) -> Any:
+def read_crash_beside(path: str) -> Any:
     """The rows a crash wrote beside the spill (``SPILL.crash``), or None."""
     import os
 

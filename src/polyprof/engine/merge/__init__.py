@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +35,7 @@ from polyprof.clock import base_time_ns as clock_base_time_ns
 from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
 from polyprof.engine.merge.attribution import attribute_launches
 from polyprof.engine.merge.devices import DeviceTable, host_process_name
-from polyprof.engine.merge.flows import clear_unpaired_flows, flow_offset
+from polyprof.engine.merge.flows import backend_flow_offsets, clear_unpaired_flows
 from polyprof.engine.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
 from polyprof.engine.merge.gpu_annotations import gpu_user_annotations
 from polyprof.engine.merge.order import insertion_points, interleave, start_order
@@ -131,9 +131,7 @@ def _flow_offsets(parts: Sequence[CollectedPart], keeps: Sequence[np.ndarray | N
     for part, keep in zip(parts, keeps, strict=True):
         fid = part.activities["flow_id"] if len(part.activities) else np.zeros(0, np.int64)
         by_backend.setdefault(part.backend, []).append(fid if keep is None else fid[keep])
-    offsets, highest = {}, 0
-    for backend, ids in by_backend.items():
-        offsets[backend], highest = flow_offset(np.concatenate(ids), highest)
+    offsets = backend_flow_offsets({backend: np.concatenate(ids) for backend, ids in by_backend.items()})
     return [offsets[p.backend] for p in parts]
 
 
@@ -142,9 +140,11 @@ def _concatenate(
     keeps: Sequence[np.ndarray | None],
     maps: Sequence[tuple[np.ndarray, np.ndarray]],
     report: MergeReport,
+    flow_offsets: Mapping[str, int] | None = None,
 ) -> tuple[ActivityTable, np.ndarray]:
-    """One table of every part's kept rows (handles mapped, flow ids de-collided), and a per-row mask
-    of the rows whose backends' spans follow the context."""
+    """One table of every part's kept rows (handles mapped, flow ids de-collided: by `flow_offsets`
+    where given, else from these parts), and a per-row mask of the rows whose backends' spans follow
+    the context."""
     sizes = [len(p.activities) if k is None else len(k) for p, k in zip(parts, keeps, strict=True)]
     total = sum(sizes)
     strings = StringTable()
@@ -152,7 +152,7 @@ def _concatenate(
     context_scoped = np.zeros(total, dtype=bool)
     args: list[Args] = []
     base = 0
-    offsets = _flow_offsets(parts, keeps)
+    offsets = _flow_offsets(parts, keeps) if flow_offsets is None else [flow_offsets[p.backend] for p in parts]
     for part, keep, (dev_map, res_map), n, offset in zip(parts, keeps, maps, sizes, offsets, strict=True):
         report.kept[part.backend] = report.kept.get(part.backend, 0) + n
         if not n:
@@ -273,12 +273,19 @@ def merge(
     kind_filters: dict[str, set[int]] | None = None,
     paused: dict[str, list[tuple[int, int]]] | None = None,
     limits: Limits | None = None,
+    report: MergeReport | None = None,
+    flow_offsets: Mapping[str, int] | None = None,
 ) -> Trace:
     """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
     Several parts of one backend (its flushes and its collect) share one status. Without
     `base_time_ns`, the trace's base is the job's where a backend recorded one, else the window's day
-    (:func:`polyprof.clock.base_time_ns`)."""
+    (:func:`polyprof.clock.base_time_ns`).
+
+    A trace merged piece by piece (:mod:`polyprof.tools.recover_stream`: each piece the parts' rows of
+    one span of time) passes one `report` to every piece, so that the last piece's statuses count every
+    piece's rows, and every backend's `flow_offsets` (:func:`.flows.backend_flow_offsets` of all its
+    rows), so that each piece's flow ids are the whole trace's."""
     took: dict[str, float] = {}
     clock = _PassClock(took)
     devices = DeviceTable()
@@ -286,7 +293,7 @@ def merge(
     for part in parts:
         dev_map = devices.device_map(part.devices)
         maps.append((dev_map, devices.resource_map(part.resources, dev_map)))
-    report = MergeReport()
+    report = MergeReport() if report is None else report
     keeps = [
         _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), report,
                 limits)  # fmt: skip
@@ -295,7 +302,7 @@ def merge(
     if limits is not None and limits.max_events_per_backend is not None:
         cap_per_backend(parts, keeps, limits.max_events_per_backend, report)
     clock("select")
-    table, context_scoped = _concatenate(parts, keeps, maps, report)
+    table, context_scoped = _concatenate(parts, keeps, maps, report, flow_offsets)
     clock("concatenate")
     cols = table.columns
     added = None

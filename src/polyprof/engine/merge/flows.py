@@ -3,6 +3,8 @@ partner outside the window, or rejected) cleared."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from polyprof.model import FLOW_NONE
@@ -18,6 +20,15 @@ def flow_offset(flow_id: np.ndarray, highest_so_far: int) -> tuple[int, int]:
         return 0, highest_so_far
     offset = 0 if int(ids.min()) > highest_so_far else highest_so_far
     return offset, int(ids.max()) + offset
+
+
+def backend_flow_offsets(ids: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Each backend's flow-id shift, from its flow ids (only their least and greatest count), taken in
+    the order the backends come."""
+    offsets, highest = {}, 0
+    for backend, backend_ids in ids.items():
+        offsets[backend], highest = flow_offset(backend_ids, highest)
+    return offsets
 
 
 def _member(values: np.ndarray, of_sorted: np.ndarray) -> np.ndarray:

@@ -18,13 +18,14 @@ writing it), and everything before it is kept::
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -376,16 +377,19 @@ WINDOW_FIELDS: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 
 
-def _chunks(data: bytes, path: str) -> Iterator[tuple[bytes, bytes, int]]:
-    if not data.startswith(FILE_MAGIC):
+def _chunks(f: BinaryIO, size: int, path: str) -> Iterator[tuple[bytes, bytes, int]]:
+    """(kind, payload, the offset after it) of each good chunk of the spill open as `f` (`size` bytes)."""
+    if f.read(len(FILE_MAGIC)) != FILE_MAGIC:
         raise TraceFormatError(f"{path}: not a polyprof spill (it does not start with {FILE_MAGIC!r})")
     at = len(FILE_MAGIC)
-    while at + _CHUNK_HEAD.size <= len(data):
-        magic, kind, size, crc = _CHUNK_HEAD.unpack_from(data, at)
-        payload = data[at + _CHUNK_HEAD.size : at + _CHUNK_HEAD.size + size]
-        if magic != CHUNK_MAGIC or len(payload) != size or zlib.crc32(payload) != crc:
+    while at + _CHUNK_HEAD.size <= size:
+        magic, kind, length, crc = _CHUNK_HEAD.unpack(f.read(_CHUNK_HEAD.size))
+        if magic != CHUNK_MAGIC or length > size - at - _CHUNK_HEAD.size:
             return
-        at += _CHUNK_HEAD.size + size
+        payload = f.read(length)
+        if len(payload) != length or zlib.crc32(payload) != crc:
+            return
+        at += _CHUNK_HEAD.size + length
         yield kind, payload, at
 
 
@@ -407,30 +411,59 @@ def _checked(doc: Any, fields: dict[str, tuple[type, ...]], what: str, dropped: 
     return out
 
 
-def read_spill(path: str, data: bytes | None = None) -> Spill:
-    """Every good chunk of the spill at `path` (a TraceFormatError when it is not one). A chunk that
-    passed its checksum but cannot be used (a tampered file) is left out and named in ``dropped``."""
-    if data is None:
+def is_spill_file(path: str) -> bool:
+    """Whether `path` starts as a spill does (a file that cannot be read is not one)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(FILE_MAGIC)) == FILE_MAGIC
+    except OSError:
+        return False
+
+
+def read_spill(path: str, data: bytes | None = None,
+               on_part: Callable[[CollectedPart, int, int], None] | None = None) -> Spill:  # fmt: skip
+    """Every good chunk of the spill at `path` (or in `data`; a TraceFormatError when it is not one). A
+    chunk that passed its checksum but cannot be used (a tampered file) is left out and named in
+    ``dropped``. With `on_part`, the parts are not kept: each is handed to ``on_part(part, offset,
+    length)`` (where its payload lies in the file, for :func:`read_part`) as it is read, and the file is
+    read a chunk at a time."""
+    if data is None and on_part is None:
         from polyprof.formats.common.source import max_trace_bytes, read_bytes
 
         data = read_bytes(path, max_trace_bytes())
+    if data is not None:
+        return _read_spill(io.BytesIO(data), len(data), path, on_part)
+    with open(path, "rb") as f:
+        return _read_spill(f, os.fstat(f.fileno()).st_size, path, on_part)
+
+
+def read_part(f: BinaryIO, offset: int, length: int) -> CollectedPart:
+    """The part whose payload `read_spill` handed over at `offset` (`length` bytes) of the spill open as
+    `f`."""
+    f.seek(offset)
+    return decode_part(f.read(length))
+
+
+def _read_spill(f: BinaryIO, size: int, path: str, on_part: Callable[[CollectedPart, int, int], None] | None
+                ) -> Spill:  # fmt: skip
     spill = Spill()
     end = len(FILE_MAGIC)
     names = {HEADER: "the header", WINDOW: "a window", PART: "a part", END: "the end"}
     from polyprof import progress
 
-    advance, done = progress.task("spill bytes read", total=len(data)), end
-    for kind, payload, end in _chunks(data, path):  # noqa: B007 - `end` is read after the loop
+    advance, done = progress.task("spill bytes read", total=size), end
+    for kind, payload, end in _chunks(f, size, path):  # noqa: B007 - `end` is read after the loop
         advance(end - done)
         done = end
         spill.chunks += 1
+        part = None
         try:
             if kind == HEADER:
                 spill.header = _checked(orjson.loads(payload), HEADER_FIELDS, "the header", spill.dropped)
             elif kind == WINDOW:
                 spill.windows.append(_checked(orjson.loads(payload), WINDOW_FIELDS, "a window", spill.dropped))
             elif kind == PART:
-                spill.parts.append(decode_part(payload))
+                part = decode_part(payload)
             elif kind == END:
                 spill.ended = True
             else:
@@ -438,7 +471,11 @@ def read_spill(path: str, data: bytes | None = None) -> Spill:
         except Exception as exc:  # its checksum matched, yet it cannot be used: left out, and said
             spill.dropped.append(f"chunk {spill.chunks} ({names.get(kind, repr(kind))}): {type(exc).__name__}: "
                                  f"{str(exc)[:120]}")  # fmt: skip
-    spill.torn_bytes = len(data) - end
+        if part is not None and on_part is not None:
+            on_part(part, end - len(payload), len(payload))
+        elif part is not None:
+            spill.parts.append(part)
+    spill.torn_bytes = size - end
     if not spill.header:
         raise TraceFormatError(f"{path}: the spill has no readable header"
                                + (f" ({spill.dropped[0]})" if spill.dropped else ""))  # fmt: skip
