@@ -269,6 +269,11 @@ def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
     assert "aten::linear" in last_ops, "the ops of the step the crash ended, written at the crash"
     crash = trace.metadata["polyprof"]["partial"]["crash"]
     assert crash["whole"] and crash["rows"] >= 1 and crash["threads"] >= 1  # (at least the open step)
+    if how == "crash":  # the store streams the spill and the crash's rows as recover merges them
+        from test_store_spill_stream import _assert_streams_as_recovered
+
+        (tmp_path / "store").mkdir()
+        _assert_streams_as_recovered(spill, tmp_path / "store", rows=50)
     data = open(f"{spill}.crash", "rb").read()  # a crash file cut anywhere reads what is whole before the cut
     whole = read_crash(data)
     for cut in range(len(MAGIC), len(data)):

@@ -1,9 +1,10 @@
-"""One rank's trace (Chrome JSON or Perfetto) into the store in bounded memory, whatever the
-trace's size: the same tables as :func:`~polyprof.store.rank_tables.rank_tables` of the loaded trace,
-row for row.
+"""One rank's trace (Chrome JSON, Perfetto, or a spill a killed run left) into the store in bounded
+memory, whatever the trace's size: the same tables as :func:`~polyprof.store.rank_tables.rank_tables`
+of the loaded trace, row for row.
 
 The file is read in chunks of rows (JSON: :func:`polyprof.formats.chrome.read.read_chunks`; Perfetto:
-:func:`polyprof.formats.perfetto.chunks.perfetto_chunks`, whose rows come as their slices end); each
+:func:`polyprof.formats.perfetto.chunks.perfetto_chunks`, whose rows come as their slices end; a
+spill: :func:`polyprof.tools.recover_stream.recover_pieces`, merged a span of time at a time); each
 chunk's rows go to a scratch Parquet file with what they say alone (names, args, kind of work), and what
 only the whole file says is kept small beside: the steps' spans, operators per thread, the collectives'
 args. DuckDB, under a memory limit and spilling to the scratch folder, then sorts the rows by thread
@@ -37,11 +38,13 @@ from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
 from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.perfetto.read import is_perfetto_file
+from polyprof.formats.spill.file import is_spill_file
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
 from polyprof.store import rank_tables as rt
 from polyprof.store.files import rank_file, write_rank
 from polyprof.store.rank_args import args_columns
 from polyprof.store.schema import ACTIVITIES, COUNTERS, ROW_GROUP_ROWS, TABLES
+from polyprof.tools.recover_stream import recover_pieces
 
 #: rows read per chunk (two chunks' columns and args are what the reader holds at once)
 CHUNK_EVENTS = 50_000
@@ -108,6 +111,8 @@ def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int],
     """Every chunk's rows into the scratch files; the facts, and the file's head (its metadata, devices
     and threads, with no rows). A JSON file is read by the C scanner, else by the reference reader (the
     file read again from its start)."""
+    if is_spill_file(source):
+        return _read_chunks(((p.trace, None, p.window) for p in recover_pieces(source, chunk_events, on_read)), scratch)
     if is_perfetto_file(source):
         return _read_chunks(((c.trace, c.rows, c.window) for c in perfetto_chunks(source, chunk_events, on_read)),
                             scratch)  # fmt: skip

@@ -31,16 +31,18 @@ def _convert(source: str, position: int, out: str, advance: progress.Advance | N
              ) -> tuple[int, dict[str, int], str]:  # fmt: skip
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
     large JSON or Perfetto rank streams through (:mod:`polyprof.store.rank_stream`), reporting the
-    file's bytes read to `advance` as it goes; a spill, and a Perfetto file the stream declines
-    (malformed: the reader names what is wrong), are loaded first."""
+    file's bytes read to `advance` as it goes, and so does a large spill; a Perfetto spill, a ring's
+    spill with its older generation, and a Perfetto file the stream declines (malformed: the reader
+    names what is wrong) are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
         from polyprof.formats.perfetto.scan import Declined
         from polyprof.store.rank_stream import stream_rank
+        from polyprof.tools.recover_stream import Declined as SpillDeclined
 
         try:
             rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
             return rank, rows, source
-        except Declined:
+        except (Declined, SpillDeclined):
             pass
     from polyprof.store.rank_tables import rank_tables
 
@@ -76,13 +78,16 @@ def _inflated_size(source: str) -> int:
 
 
 def _streams(source: str) -> bool:
-    """Whether `source` is a JSON or Perfetto trace (not a spill), from its first bytes."""
+    """Whether `source` is a JSON or Perfetto trace or a JSON spill (not a Perfetto spill), from its
+    first bytes."""
     from polyprof.formats.common.source import open_stream
     from polyprof.formats.perfetto.read import looks_like_perfetto
-    from polyprof.formats.spill.file import is_perfetto_spill
+    from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
 
     if is_perfetto_spill(source):
         return False
+    if is_spill_file(source):
+        return True
     try:
         with open_stream(source) as f:
             head = f.read(256)
@@ -94,14 +99,9 @@ def _streams(source: str) -> bool:
 def _load(source: str) -> Any:
     """A trace file, or a spill a killed process left (read as ``polyprof recover`` reads it)."""
     from polyprof.formats import load_trace
-    from polyprof.formats.spill.file import FILE_MAGIC, is_perfetto_spill
+    from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
 
-    try:
-        with open(source, "rb") as f:
-            spill = f.read(len(FILE_MAGIC)) == FILE_MAGIC or is_perfetto_spill(source)
-    except OSError:
-        spill = False  # load_trace says what is wrong with the path
-    if spill:
+    if is_spill_file(source) or is_perfetto_spill(source):  # (a path that cannot be read: load_trace says why)
         from polyprof.tools.recover import recover_trace
 
         return recover_trace(source)
