@@ -199,3 +199,23 @@ def test_a_real_runs_spill_streams_as_it_is_recovered(tmp_path):
     acts = want["activities"].to_pylist()
     assert any(r["flow_type"] == FLOW_FWDBWD for r in acts) and any(r["input_dims"] for r in acts)
     assert sum(r["name"].startswith("step ") for r in acts) == 30
+
+
+def test_a_parts_args_come_back_from_the_spill_and_the_first_pass_skips_them():
+    from polyprof.formats.spill.file import decode_part, encode_part
+    from polyprof.model.args import Args, ArgsBlock, JSONArray
+
+    trace = _job_rank(seed=8, steps=2)
+    acts = trace.activities
+    rows = np.arange(0, len(acts), 3, dtype=np.int64)
+    block = ArgsBlock(rows, ("Sequence number", "Input Dims", "dtype"), [
+        rows * 7, JSONArray.of([b'[[4,4],[]]' if r % 2 else b"" for r in rows], len(rows)),
+        np.array(["float" if r % 2 else None for r in rows] + [None], dtype=object)[:-1]])  # fmt: skip
+    args = Args({1: {"a": [1, "b"]}}, [block])
+    part = CollectedPart("torch", BackendStatus("torch"), ActivityTable(acts.strings, acts.columns, args),
+                         devices=tuple(trace.devices), resources=tuple(trace.resources))  # fmt: skip
+    back = decode_part(encode_part(part)).activities
+    assert [back.args.get(r, {}) for r in range(len(acts))] == [args.get(r, {}) for r in range(len(acts))]
+    assert any(a.get("Input Dims") == [[4, 4], []] for a in back.args.values())
+    light = decode_part(encode_part(part), args=False).activities
+    assert not light.args and all(np.array_equal(light[c], acts[c]) for c in acts.columns)

@@ -12,7 +12,7 @@ someone asks for one::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,7 +59,7 @@ class JSONArray(np.ndarray):
     """An object array of JSON-encoded values: keeps its type through indexing and slicing."""
 
     @classmethod
-    def of(cls, values: Sequence[bytes], n: int) -> JSONArray:
+    def of(cls, values: Iterable[bytes], n: int) -> JSONArray:
         return np.fromiter(values, dtype=object, count=n).view(cls)
 
 
