@@ -320,3 +320,27 @@ def test_another_writers_pftrace_streams_as_it_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 16)
     want = _assert_same_tables(str(path), tmp_path, chunk_events=1)
     assert want["activities"].num_rows > 3 and want["counters"].num_rows > 0
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pftrace"])
+def test_a_chunks_string_table_holds_the_strings_its_rows_name(tmp_path, suffix, monkeypatch):
+    """Each chunk pays for its own strings, not for every string read before it (a trace of Python
+    calls names hundreds of thousands)."""
+    if polyprof._native.extension is None:
+        pytest.skip("needs polyprof's C extension (its scanners read in chunks)")
+    monkeypatch.setattr(scan, "CHUNK", 2048)
+    monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 512)
+    b = ActivityBuilder()
+    for i in range(3_000):
+        b.append(K.CPU_OP, "cpu_op", f"fn{i}", 0, 0, 1_000 * i, 1_000 * i + 500)
+    path = str(tmp_path / f"calls{suffix}")
+    polyprof.write_trace(Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "host")],
+                               resources=[Resource(0, 1, "main")]), path)  # fmt: skip
+    if suffix == ".json":
+        chunks = list(scan.scan_chunks(path, 100))
+    else:
+        chunks = [c.trace for c in perfetto_chunks.perfetto_chunks(path, 100)]
+    assert sum(len(c.activities) for c in chunks) == 3_000 and len(chunks) >= 20
+    for chunk in chunks:
+        named = set(chunk.activities.names().tolist()) | {"cpu_op", ""}
+        assert set(chunk.activities.strings.strings) <= named

@@ -28,6 +28,7 @@ from polyprof._native import DECLINED
 from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata, pid_device, tid_resource
 from polyprof.formats.common.finish import finish_trace
 from polyprof.formats.common.source import disk_position, is_gzip_file, max_value_bytes
+from polyprof.formats.common.texts import named_texts
 from polyprof.formats.common.values import us_to_ns
 from polyprof.model import (
     FLOW_AC2G,
@@ -35,8 +36,6 @@ from polyprof.model import (
     ActivityTable,
     Args,
     Counters,
-    StringTable,
-    kind_from_category,
 )
 from polyprof.model.activities import COLUMNS
 from polyprof.model.args import ArgsBlock, JSONArray
@@ -265,10 +264,8 @@ def _assemble(state: list[Any], top: dict[str, Any], path: str, places: _ScanPla
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 name = str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}"
                 counters.add(name, dev, ts, float(value))
-    table = StringTable()
-    codes = np.array([table.intern(t) for t in texts] or [0], dtype=np.int32)
+    table, codes, kind_of_cat = named_texts(texts, recs["cat"], recs["name"])
     n = len(recs)
-    kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] or [0], dtype=np.uint8)
     columns = {name: np.zeros(n, dtype=dtype) for name, dtype in COLUMNS}
     columns["kind"][:] = np.where(recs["instant"] != 0, int(ActivityKind.INSTANT), kind_of_cat[recs["cat"]])
     columns["cat"][:] = codes[recs["cat"]]

@@ -21,9 +21,10 @@ import numpy as np
 import orjson
 
 from polyprof import _native
+from polyprof.formats.common.texts import named_texts
 from polyprof.formats.perfetto import fields as F
 from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
-from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringTable, kind_from_category
+from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringTable
 from polyprof.model.activities import COLUMNS
 from polyprof.model.args import ArgsBlock, JSONArray
 
@@ -150,14 +151,13 @@ def rows_trace(reader: Any, places: Places, recs: np.ndarray, rows: np.ndarray, 
     res_of_track = np.array([row_of_track[int(t)] for t in unique.tolist()] or [0], dtype=np.int32)
     resource = res_of_track[inverse.reshape(-1)] if len(rows) else np.zeros(0, dtype=np.int32)
     device_of_res = np.array([r.device for r in resources] or [0], dtype=np.int32)
-    table = StringTable()
-    codes = np.array([table.intern(t) for t in texts] + [table.intern("")], dtype=np.int32)  # -1: ""
-    kind_of_cat = np.array([int(kind_from_category(t)) for t in texts] + [int(kind_from_category(""))], dtype=np.uint8)
     r = _Gathered(recs, rows)
+    cats, names = r["cat"], r["name"]
+    table, codes, kind_of_cat = named_texts(texts, cats, names)
     columns = {name: np.zeros(len(rows), dtype=dtype) for name, dtype in COLUMNS}
-    columns["kind"][:] = np.where(r["type"] == F.TYPE_INSTANT, int(ActivityKind.INSTANT), kind_of_cat[r["cat"]])
-    columns["cat"][:] = codes[r["cat"]]
-    columns["name"][:] = codes[r["name"]]
+    columns["kind"][:] = np.where(r["type"] == F.TYPE_INSTANT, int(ActivityKind.INSTANT), kind_of_cat[cats])
+    columns["cat"][:] = codes[cats]
+    columns["name"][:] = codes[names]
     columns["resource"][:] = resource
     columns["device"][:] = device_of_res[resource]
     columns["start"][:] = r["ts"]
