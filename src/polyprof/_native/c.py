@@ -108,6 +108,7 @@ packet_scanner = _c.packet_scanner
 scan_packets_feed = _c.scan_packets_feed
 scan_packets_result = _c.scan_packets_result
 scan_packets_take = _c.scan_packets_take
+scan_packets_counts = _c.scan_packets_counts
 rewrite_rank_events = _c.rewrite_rank_events
 packet_rewriter = _c.packet_rewriter
 rewrite_packets = _c.rewrite_packets

@@ -51,6 +51,7 @@ def _needs_extension(*_: Any) -> Any:
 ordered_rows = interleave_ordered = take_two = innermost_open = _declined
 format_activities = format_arg_objects = slice_events = encode_events = encode_json_args = _declined
 scan_packets = packet_rewriter = packet_scanner = scan_packets_feed = scan_packets_result = scan_packets_take = _declined
+scan_packets_counts = _declined
 events_array_start = scan_events = _scanner_declined
 rewrite_rank_events = rewrite_packets = _needs_extension  # (only after a scanner or rewriter took the file)
 

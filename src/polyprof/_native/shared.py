@@ -32,7 +32,7 @@ COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_
 ACCELERATOR_NAMES = (
     "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "format_activities",
     "format_arg_objects", "slice_events", "encode_events", "encode_json_args", "events_array_start",
-    "scan_events", "scan_packets", "packet_scanner", "scan_packets_feed", "scan_packets_result", "scan_packets_take", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
+    "scan_events", "scan_packets", "packet_scanner", "scan_packets_feed", "scan_packets_result", "scan_packets_take", "scan_packets_counts", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
 )  # fmt: skip
 #: ...and the runtime (the clock, row chunks, the Python call tracer)
 RUNTIME_NAMES = (

@@ -23,9 +23,13 @@
  * The same scan fed in pieces, so that a file is never held whole (the scanner keeps a packet cut off
  * at a piece's end until the next piece completes it):
  *
- *   scanner = packet_scanner(metadata_only=False)
+ *   scanner = packet_scanner(metadata_only=False, tolerate_torn=False)
  *   scan_packets_feed(scanner, piece) -> the records held so far, or -1 declined
+ *   scan_packets_counts(scanner) -> (packets, packet sequences, bytes of a packet cut off at the end)
  *   scan_packets_result(scanner) -> what scan_packets gives (the scanner is spent)
+ *
+ * With tolerate_torn (a spill whose writer was killed), a last packet cut off is left out, as the
+ * reader's PacketReader(tolerate_torn=True) leaves it, instead of declining.
  *
  * And read in chunks, so that not even the records are held whole (a trace streamed into the store):
  *
@@ -60,7 +64,7 @@ typedef struct {
     int8_t type, has_flow, flow_start, has_ext_key, has_value, pad[3];
 } pf_rec; /* 80 bytes */
 
-enum { MAX_SEQUENCES = 256, MAX_IID = 1 << 24, MAX_KEYS = 64 };
+enum { MAX_IID = 1 << 24, MAX_KEYS = 64 };
 
 /* ---- what one scan holds ---------------------------------------------------------------------- */
 typedef struct { int32_t *code; Py_ssize_t cap; } iid_table; /* iid -> string code, -1: none */
@@ -75,13 +79,14 @@ typedef struct {
     int64_t *kept_global;  /* after a take: the whole scan's index of the slices kept open (recs[0, n_kept)) */
     Py_ssize_t n_kept;
     int64_t appended_base; /* ...and of recs[n_kept], the first record scanned since that take */
-    sequence seqs[MAX_SEQUENCES];
-    int n_seqs;
+    sequence *seqs;      /* every packet sequence met (a Perfetto spill has one per hand-over) */
+    Py_ssize_t n_seqs, seqs_cap, last_seq;
     open_stack *stacks;  /* open addressing on track uuid */
     Py_ssize_t stacks_cap, stacks_used;
     int32_t next_slot, next_end, ext_code, corr_code, metadata_code;
     int metadata_only;   /* keep only instants named "trace metadata" (polyprof's metadata event) */
     int declined;        /* something the reader reads differently was met: nothing more is scanned */
+    int tolerate_torn;   /* a last packet cut off is left out (a spill's writer was killed), not declined */
     long long packets;   /* packets met so far */
     uint8_t *cut;        /* fed in pieces: the start of a packet cut off at the last piece's end */
     Py_ssize_t cut_n, cut_cap;
@@ -107,8 +112,15 @@ static int32_t string_code(scan *s, const uint8_t *p, Py_ssize_t len) {
 }
 
 static sequence *sequence_of(scan *s, uint64_t id) {
-    for (int i = 0; i < s->n_seqs; i++) if (s->seqs[i].id == id) return &s->seqs[i];
-    if (s->n_seqs == MAX_SEQUENCES) return NULL;
+    if (s->last_seq < s->n_seqs && s->seqs[s->last_seq].id == id) return &s->seqs[s->last_seq];
+    for (Py_ssize_t i = 0; i < s->n_seqs; i++) if (s->seqs[i].id == id) return &s->seqs[s->last_seq = i];
+    if (s->n_seqs == s->seqs_cap) {
+        Py_ssize_t cap = s->seqs_cap ? s->seqs_cap * 2 : 8;
+        sequence *more = PyMem_RawRealloc(s->seqs, cap * sizeof(sequence));
+        if (more == NULL) return NULL;
+        s->seqs = more, s->seqs_cap = cap;
+    }
+    s->last_seq = s->n_seqs;
     sequence *q = &s->seqs[s->n_seqs++];
     memset(q, 0, sizeof *q);
     q->id = id;
@@ -502,8 +514,9 @@ static int packet(scan *s, const uint8_t *p, Py_ssize_t len) {
 }
 
 static void scan_release(scan *s) {
-    for (int i = 0; i < s->n_seqs; i++)
+    for (Py_ssize_t i = 0; i < s->n_seqs; i++)
         for (int k = 0; k < 3; k++) PyMem_RawFree(s->seqs[i].kinds[k].code);
+    PyMem_RawFree(s->seqs);
     for (Py_ssize_t i = 0; i < s->stacks_cap; i++) PyMem_RawFree(s->stacks[i].rows);
     PyMem_RawFree(s->stacks);
     PyMem_RawFree(s->kept_global);
@@ -605,17 +618,30 @@ static int feed_piece(scan *s, const uint8_t *p, Py_ssize_t len) {
     return 0;
 }
 
+/* Whether what was fed is a whole trace: packets, none cut off at the end (or left out, tolerated). */
+static int whole(scan *s) {
+    return !s->declined && s->packets > 0 && (s->cut_n == 0 || s->tolerate_torn);
+}
+
 static PyObject *result_of(scan *s) {
-    if (s->declined || s->packets == 0 || s->cut_n > 0) Py_RETURN_NONE;  /* cut_n: the last packet is cut off */
+    if (!whole(s)) Py_RETURN_NONE;
     PyObject *recs = s->recs_bytes != NULL ? Py_NewRef(s->recs_bytes) : PyByteArray_FromStringAndSize(NULL, 0);
     if (recs == NULL || PyByteArray_Resize(recs, s->n * (Py_ssize_t)sizeof(pf_rec)) < 0) { Py_XDECREF(recs); return NULL; }
     return Py_BuildValue("(NOOOOO)", recs, s->strings, s->descriptors, s->snapshots, s->blocks, s->legacy);
 }
 
 static PyObject *sp_packet_scanner(PyObject *m, PyObject *args) {
-    int metadata_only = 0;
-    if (!PyArg_ParseTuple(args, "|p:packet_scanner", &metadata_only)) return NULL;
-    return scanner_new(metadata_only);
+    int metadata_only = 0, tolerate_torn = 0;
+    if (!PyArg_ParseTuple(args, "|pp:packet_scanner", &metadata_only, &tolerate_torn)) return NULL;
+    PyObject *capsule = scanner_new(metadata_only);
+    if (capsule != NULL) ((scan *)PyCapsule_GetPointer(capsule, CAPSULE))->tolerate_torn = tolerate_torn;
+    return capsule;
+}
+
+static PyObject *sp_scan_packets_counts(PyObject *m, PyObject *capsule) {
+    scan *s = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (s == NULL) return NULL;
+    return Py_BuildValue("(LnL)", s->packets, s->n_seqs, (long long)s->cut_n);
 }
 
 static PyObject *sp_scan_packets_feed(PyObject *m, PyObject *args) {
@@ -702,7 +728,7 @@ done:
 }
 
 static PyObject *take(scan *s, int final) {
-    if (s->declined || (final && (s->packets == 0 || s->cut_n > 0))) Py_RETURN_NONE;
+    if (s->declined || (final && !whole(s))) Py_RETURN_NONE;
     Py_ssize_t n = s->n, n_out = 0, n_keep = 0;
     for (Py_ssize_t i = 0; i < n; i++) n_keep += !final && is_open(&s->recs[i]);
     n_out = n - n_keep;
@@ -765,7 +791,10 @@ static PyObject *sp_scan_packets_take(PyObject *m, PyObject *args) {
 
 PyMethodDef pp_read_packets_methods[] = {
     {"scan_packets", sp_scan_packets, METH_VARARGS, "A Perfetto trace's TrackEvent packets as columns (see read_packets.c)."},
-    {"packet_scanner", sp_packet_scanner, METH_VARARGS, "packet_scanner(metadata_only=False): a scan fed in pieces."},
+    {"packet_scanner", sp_packet_scanner, METH_VARARGS,
+     "packet_scanner(metadata_only=False, tolerate_torn=False): a scan fed in pieces."},
+    {"scan_packets_counts", sp_scan_packets_counts, METH_O,
+     "scan_packets_counts(scanner): (packets, packet sequences, bytes of a last packet cut off) so far."},
     {"scan_packets_feed", sp_scan_packets_feed, METH_VARARGS,
      "scan_packets_feed(scanner, piece): the trace's next bytes scanned; 0, or -1 declined."},
     {"scan_packets_result", sp_scan_packets_result, METH_O,

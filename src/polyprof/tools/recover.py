@@ -151,23 +151,39 @@ def _all_windows_ended(windows: list[dict[str, Any]]) -> bool:
 
 
 def _recover_perfetto(path: str, data: bytes) -> Trace:
-    """A Perfetto spill (the spill of a .pftrace output): a trace as it is, less a torn last packet."""
+    """A Perfetto spill (the spill of a .pftrace output): a trace as it is, less a torn last packet (read
+    by the C packet scanner; by the reference reader where it declines, which names what is wrong)."""
     from polyprof.formats.perfetto.read import PacketReader, read_with
+    from polyprof.formats.perfetto.scan import scan_torn
 
-    reader = PacketReader(path, tolerate_torn=True)
-    trace = read_with(reader, data)
-    trace.metadata["polyprof"] = {
-        **(trace.metadata.get("polyprof") or {}),
+    scanned = scan_torn([data], path)
+    if scanned is not None:
+        trace, (packets, sequences, torn) = scanned
+    else:
+        reader = PacketReader(path, tolerate_torn=True)
+        trace = read_with(reader, data)
+        packets, sequences, torn = reader.packet, len(reader.sequences), reader.torn_bytes
+    trace.metadata["polyprof"] = perfetto_partial(trace.metadata, path, trace.window, trace.epoch_offset_ns,
+                                                  (packets, sequences, torn))  # fmt: skip
+    return trace
+
+
+def perfetto_partial(metadata: dict[str, Any], path: str, window: tuple[int, int], epoch_offset_ns: int,
+                     scanned: tuple[int, int, int]) -> dict[str, Any]:  # fmt: skip
+    """The ``polyprof`` metadata of a Perfetto spill's trace (its `metadata` as read, its `window`), from
+    what its read `scanned`: (packets, packet sequences, bytes of a torn last packet left out)."""
+    packets, sequences, torn = scanned
+    return {
+        **(metadata.get("polyprof") or {}),
         "version": __version__,
         "partial": {
             "ended": "without a clean end, or cleanly without its trace written (a Perfetto spill has no end marker)",
             "spill": path,
-            "covered_epoch_ns": [trace.window[0] + trace.epoch_offset_ns, trace.window[1] + trace.epoch_offset_ns],
-            "chunks": len(reader.sequences),  # one packet sequence per append
-            "packets": reader.packet,
-            "torn_bytes": reader.torn_bytes,
+            "covered_epoch_ns": [window[0] + epoch_offset_ns, window[1] + epoch_offset_ns],
+            "chunks": sequences,  # one packet sequence per append
+            "packets": packets,
+            "torn_bytes": torn,
             "backends_flushed": [],  # a Perfetto spill does not carry the backends' status
             "missing": "what was recorded after the last flush",
         },
     }
-    return trace

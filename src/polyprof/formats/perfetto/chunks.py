@@ -25,7 +25,7 @@ reference reader then reads the file whole and names what is wrong with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -63,13 +63,17 @@ class Chunk:
     trace: Trace
     rows: np.ndarray
     window: tuple[int, int] | None
+    #: on the last chunk: (packets, packet sequences, bytes of a last packet cut off and left out)
+    scanned: tuple[int, int, int] | None = None
 
 
-def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
+def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None,
+                    tolerate_torn: bool = False) -> Iterator[Chunk]:  # fmt: skip
     """The Perfetto trace `path` (gzip or not) as chunks of about `rows` rows (see the module). `on_read`
-    is told the file's bytes read on disk as the second pass reads it."""
-    head = _Head.of(path)
-    scanner = _native.packet_scanner(False)
+    is told the file's bytes read on disk as the second pass reads it. With `tolerate_torn` (a spill
+    whose writer was killed), a last packet cut off is left out, as ``polyprof recover`` leaves it."""
+    head = _Head.of(path, tolerate_torn)
+    scanner = _native.packet_scanner(False, tolerate_torn)
     if scanner is None:
         raise Declined
     texts: list[str] = []
@@ -86,7 +90,8 @@ def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None 
                     yield chunk
             if on_read is not None:
                 on_read(disk_position(f))
-    yield head.chunk(_native.scan_packets_take(scanner, True), texts, last)
+    counts = _native.scan_packets_counts(scanner)
+    yield replace(head.chunk(_native.scan_packets_take(scanner, True), texts, last), scanned=counts)
 
 
 @dataclass
@@ -100,9 +105,9 @@ class _Head:
     window: tuple[int, int] | None
 
     @classmethod
-    def of(cls, path: str) -> _Head:
+    def of(cls, path: str, tolerate_torn: bool = False) -> _Head:
         with open_stream(path) as f:
-            found = scan_pieces(iter(lambda: f.read(READ_BYTES), b""), metadata_only=True)
+            found = scan_pieces(iter(lambda: f.read(READ_BYTES), b""), metadata_only=True, tolerate_torn=tolerate_torn)
         if found is None:
             raise Declined
         try:

@@ -60,16 +60,35 @@ def scan_perfetto_pieces(pieces: Iterable[bytes], path: str = "<trace>", *, meta
     return _trace_of(scan_pieces(pieces, metadata_only), path, metadata_only)
 
 
-def scan_pieces(pieces: Iterable[bytes], metadata_only: bool = False) -> Any:
+def scan_pieces(pieces: Iterable[bytes], metadata_only: bool = False, tolerate_torn: bool = False) -> Any:
     """What the scanner finds in the trace's bytes fed in pieces (``_native.scan_packets``' tuple), or
-    None where it declines."""
-    scanner = _native.packet_scanner(metadata_only)
+    None where it declines. With `tolerate_torn`, a last packet cut off is left out (see
+    :func:`scan_torn`)."""
+    scanner = _fed(pieces, metadata_only, tolerate_torn)
+    return None if scanner is None else _native.scan_packets_result(scanner)
+
+
+def scan_torn(pieces: Iterable[bytes], path: str) -> tuple[Any, tuple[int, int, int]] | None:
+    """The trace of a Perfetto spill's bytes fed in pieces, a last packet cut off by the kill left out
+    as ``PacketReader(tolerate_torn=True)`` leaves it, and (packets, packet sequences, bytes left out);
+    None where the scanner declines (the reader then reads it and names what is wrong)."""
+    scanner = _fed(pieces, False, True)
+    if scanner is None:
+        return None
+    counts = _native.scan_packets_counts(scanner)
+    trace = _trace_of(_native.scan_packets_result(scanner), path, False)
+    return None if trace is None else (trace, counts)
+
+
+def _fed(pieces: Iterable[bytes], metadata_only: bool, tolerate_torn: bool) -> Any:
+    """A packet scanner fed every piece, or None where it declines (or is not built)."""
+    scanner = _native.packet_scanner(metadata_only, tolerate_torn)
     if scanner is None:
         return None
     for piece in pieces:
         if _native.scan_packets_feed(scanner, piece) < 0:
             return None
-    return _native.scan_packets_result(scanner)
+    return scanner
 
 
 def _trace_of(found: Any, path: str, metadata_only: bool) -> Any:
