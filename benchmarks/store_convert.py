@@ -1,13 +1,14 @@
 """Converting one rank's trace into the store, against `load_trace` of the same file: wall time and
 peak RSS, each in a child process of its own.
 
-    .venv/bin/python benchmarks/store_convert.py [--gb 0.25,1.0] [--format json|pftrace|spill]
+    .venv/bin/python benchmarks/store_convert.py [--gb 0.25,1.0] [--format json|pftrace|spill|spill.pftrace]
 
 The trace is convert_large.py's: what torch.profiler writes for a CUDA training step (aten ops with
 shapes, launches with ac2g flows to kernels on two streams); with `--format pftrace`, that JSON of
 `--gb` converted to polyprof's Perfetto protobuf (`polyprof convert`, not timed); with `--format spill`,
 that JSON's rows written as the spill a killed run leaves (100 hand-overs of a host and a device backend;
-not timed), where `recover_trace` stands for `load_trace`. Three children per size: `load_trace` of the
+not timed), where `recover_trace` stands for `load_trace`; `--format spill.pftrace`, the same as the
+spill of a `.pftrace` output (Perfetto packets). Three children per size: `load_trace` of the
 file; `polyprof store FILE -o OUT` (a large rank streams into the store in
 bounded memory); and
 the loaded conversion the store used before it streamed (`rank_tables` of the loaded trace), for its
@@ -35,18 +36,19 @@ LOADED_CONVERSION = (
 #: backend's rows and the device backend's (launches and device work) that ended by then
 SPILL_OF = """import numpy as np, polyprof
 from polyprof.formats.spill.file import SpillWriter
+from polyprof.formats.spill.perfetto import PerfettoSpill
 from polyprof.model import ActivityKind, BackendStatus, CollectedPart
 t = polyprof.load_trace(sys.argv[1])
 a = t.activities
 device_side = (a["kind"] == int(ActivityKind.RUNTIME)) | (a["device"] != 0)
 flush = np.searchsorted(np.linspace(int(a["start"].min()), int(a["end"].max()), 101)[1:], a["end"])
-w = SpillWriter.create(sys.argv[2], {"version": "benchmark", "pid": 1, "epoch_offset_ns": t.epoch_offset_ns,
+w = (PerfettoSpill if sys.argv[2].endswith(".pftrace") else SpillWriter).create(sys.argv[2], {"version": "benchmark", "pid": 1, "epoch_offset_ns": t.epoch_offset_ns,
                                      "activities": ["cpu", "cuda"], "flush_interval_s": 1.0, "metadata": t.metadata})
 w.append_window({"window_start": int(t.window[0]), "backends": ["torch", "cuda"], "flushing": ["torch", "cuda"]})
 for i in range(100):
-    for name, mine in (("torch", ~device_side), ("cuda", device_side)):
-        w.append_part(CollectedPart(name, BackendStatus(name), a.take(np.flatnonzero(mine & (flush == i))),
-                                    devices=tuple(t.devices), resources=tuple(t.resources)))
+    w.append_parts([CollectedPart(name, BackendStatus(name), a.take(np.flatnonzero(mine & (flush == i))),
+                                  devices=tuple(t.devices), resources=tuple(t.resources))
+                    for name, mine in (("torch", ~device_side), ("cuda", device_side))])
 w.close(clean=False)
 """
 #: a spill is read as `polyprof recover` reads it
@@ -60,13 +62,13 @@ def measure(gb: float, folder: str, fmt: str) -> dict:
     events = write_kineto_json(src, int(gb * 1e9))
     if fmt == "pftrace":
         run_polyprof_measured(["convert", src, src[: -len(".json")] + ".pftrace", "-q"])
-    elif fmt == "spill":
-        run_python_measured(SPILL_OF, [src, src[: -len(".json")] + ".spill"])
+    elif fmt in ("spill", "spill.pftrace"):
+        run_python_measured(SPILL_OF, [src, src[: -len(".json")] + "." + fmt])
     if fmt != "json":
         os.remove(src)
         src = src[: -len(".json")] + "." + fmt
     size = os.path.getsize(src)
-    load, loaded_conversion = (RECOVER, RECOVERED_CONVERSION) if fmt == "spill" else (LOAD, LOADED_CONVERSION)
+    load, loaded_conversion = (RECOVER, RECOVERED_CONVERSION) if "spill" in fmt else (LOAD, LOADED_CONVERSION)
     load_s, load_peak, _ = run_python_measured(load, [src])
     store_s, store_peak, _ = run_polyprof_measured(["store", src, "-o", os.path.join(folder, "job.polyprof"), "-q"])
     loaded_s, loaded_peak, _ = run_python_measured(loaded_conversion, [src, os.path.join(folder, "loaded")])
@@ -84,7 +86,8 @@ def measure(gb: float, folder: str, fmt: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gb", default="0.25,1.0", help="Trace sizes in GB (of the JSON), comma-separated.")
-    ap.add_argument("--format", choices=["json", "pftrace", "spill"], default="json", help="The rank's file format.")
+    ap.add_argument("--format", choices=["json", "pftrace", "spill", "spill.pftrace"], default="json",
+                    help="The rank's file format.")
     args = ap.parse_args()
     folder = scratch_folder()
     report("store_convert", {"format": args.format,

@@ -16,7 +16,10 @@ pytest.importorskip("duckdb", reason="needs duckdb (the polyprof[store] extra)")
 from test_store_stream import _job_rank, _rows, _tables  # noqa: E402
 
 import polyprof  # noqa: E402
+from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
+from polyprof.formats.perfetto import scan as perfetto_scan  # noqa: E402
 from polyprof.formats.spill.file import SpillWriter  # noqa: E402
+from polyprof.formats.spill.perfetto import PerfettoSpill  # noqa: E402
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ActivityTable, BackendStatus, CollectedPart, Counters  # noqa: E402
 from polyprof.store import rank_stream  # noqa: E402
 from polyprof.store import write as store_write  # noqa: E402
@@ -29,10 +32,11 @@ from polyprof.tools.recover import recover_trace  # noqa: E402
 K = ActivityKind
 
 
-def _spill(trace, path, flushes=9):
+def _spill(trace, path, flushes=9, perfetto=False):
     """`trace` as a run's spill after a kill: at each of `flushes` hand-overs, the host backend's rows
     that ended by then, and the device backend's launches with their kernels once the kernel ended (as
-    CUPTI's buffers come); no end marker."""
+    CUPTI's buffers come); no end marker. `perfetto`: the spill of a .pftrace output (each hand-over
+    appended as Perfetto packets on a sequence of its own)."""
     acts = trace.activities
     start, end, kind = acts["start"], acts["end"], acts["kind"]
     device_side = (kind == int(K.RUNTIME)) | (acts["device"] != 0)
@@ -44,18 +48,20 @@ def _spill(trace, path, flushes=9):
     flush_of = np.searchsorted(edges, handed, side="left")
     counters = trace.counters.columns
     counter_flush = np.searchsorted(edges, counters["ts"], side="left")
-    writer = SpillWriter.create(str(path), {"version": "0", "pid": 7, "epoch_offset_ns": trace.epoch_offset_ns,
+    writer = (PerfettoSpill if perfetto else SpillWriter).create(str(path), {"version": "0", "pid": 7, "epoch_offset_ns": trace.epoch_offset_ns,
                                             "activities": ["cpu", "cuda"], "flush_interval_s": 1.0,
                                             "metadata": trace.metadata})  # fmt: skip
     writer.append_window({"window_start": int(start.min()), "backends": ["torch", "cuda"], "flushing": ["torch", "cuda"]})
     for i in range(flushes):
+        parts = []
         for backend, mask in (("torch", ~device_side), ("cuda", device_side)):
             samples = (counter_flush == i) if backend == "torch" else np.zeros(len(counter_flush), dtype=bool)
             part_counters = Counters.from_columns(trace.counters.strings, {k: v[samples] for k, v in counters.items()})
             status = BackendStatus(backend, warnings=[f"flush {j}" for j in range(i + 1)])  # its counts so far
-            writer.append_part(CollectedPart(backend, status, acts.take(np.flatnonzero(mask & (flush_of == i))),
-                                             devices=tuple(trace.devices), resources=tuple(trace.resources),
-                                             counters=part_counters))  # fmt: skip
+            parts.append(CollectedPart(backend, status, acts.take(np.flatnonzero(mask & (flush_of == i))),
+                                       devices=tuple(trace.devices), resources=tuple(trace.resources),
+                                       counters=part_counters))  # fmt: skip
+        writer.append_parts(parts)
     writer.close(clean=False)
     return str(path)
 
@@ -141,6 +147,34 @@ def test_a_torn_spill_streams_what_recover_reads_of_it(tmp_path):
     torn.write_bytes(data[: len(data) * 2 // 3])  # the kill came in the middle of a chunk
     assert recover_trace(str(torn)).metadata["polyprof"]["partial"]["torn_bytes"] > 0
     _assert_streams_as_recovered(str(torn), tmp_path, rows=10)
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_perfetto_spill_streams_as_it_is_recovered_by_the_scanner_and_the_reader(tmp_path, monkeypatch, torn):
+    """The spill of a .pftrace output (300 hand-overs: more packet sequences than the scanner once
+    kept), maybe cut short by the kill: `polyprof recover` reads it with the C packet scanner as the
+    reference reader does, and the store streams it as it is recovered."""
+    if polyprof._native.extension is None:
+        pytest.skip("needs polyprof's C extension (its packet scanner)")
+    spill = tmp_path / ".run.spill.pftrace"
+    _spill(_job_rank(seed=9, steps=40), spill, flushes=300, perfetto=True)
+    if torn:
+        spill.write_bytes(spill.read_bytes()[:-5])  # a write cut short by the kill
+    spill = str(spill)
+    assert perfetto_scan.scan_torn([open(spill, "rb").read()], spill) is not None, "the scanner reads it"
+    scanned = recover_trace(spill)
+    partial = scanned.metadata["polyprof"]["partial"]
+    assert partial["chunks"] > 256 and (partial["torn_bytes"] > 0) == torn
+    with monkeypatch.context() as m:
+        m.setattr(perfetto_scan, "scan_torn", lambda *a: None)  # the reference reader, as before the scanner
+        read = recover_trace(spill)
+    assert read.metadata == scanned.metadata
+    for which, trace in (("scanner", scanned), ("reader", read)):
+        write_rank(rank_tables(trace, source=os.path.abspath(spill)), str(tmp_path / which))
+    for name in TABLES:
+        assert _rows(_tables(tmp_path / "scanner", 0)[name], False) == _rows(_tables(tmp_path / "reader", 0)[name], False)
+    monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 512)  # a chunk every few events
+    _assert_streams_as_recovered(spill, tmp_path, rows=10)
 
 
 def test_a_spill_without_a_moment_to_cut_at_is_one_piece_and_still_the_same(tmp_path):

@@ -38,13 +38,13 @@ from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
 from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.perfetto.read import is_perfetto_file
-from polyprof.formats.spill.file import is_spill_file
+from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
 from polyprof.store import rank_tables as rt
 from polyprof.store.files import rank_file, write_rank
 from polyprof.store.rank_args import args_columns
 from polyprof.store.schema import ACTIVITIES, COUNTERS, ROW_GROUP_ROWS, TABLES
-from polyprof.tools.recover_stream import recover_pieces
+from polyprof.tools.recover_stream import perfetto_spill_chunks, recover_pieces
 
 #: rows read per chunk (two chunks' columns and args are what the reader holds at once)
 CHUNK_EVENTS = 50_000
@@ -114,8 +114,8 @@ def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int],
     if is_spill_file(source):
         return _read_chunks(((p.trace, None, p.window) for p in recover_pieces(source, chunk_events, on_read)), scratch)
     if is_perfetto_file(source):
-        return _read_chunks(((c.trace, c.rows, c.window) for c in perfetto_chunks(source, chunk_events, on_read)),
-                            scratch)  # fmt: skip
+        chunks = perfetto_spill_chunks if is_perfetto_spill(source) else perfetto_chunks
+        return _read_chunks(((c.trace, c.rows, c.window) for c in chunks(source, chunk_events, on_read)), scratch)
     try:
         return _read_chunks(((c, None, None) for c in scan_chunks(source, chunk_events, on_read)), scratch)
     except Declined:

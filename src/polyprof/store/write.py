@@ -31,9 +31,9 @@ def _convert(source: str, position: int, out: str, advance: progress.Advance | N
              ) -> tuple[int, dict[str, int], str]:  # fmt: skip
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
     large JSON or Perfetto rank streams through (:mod:`polyprof.store.rank_stream`), reporting the
-    file's bytes read to `advance` as it goes, and so does a large spill; a Perfetto spill, a ring's
-    spill with its older generation, and a Perfetto file the stream declines (malformed: the reader
-    names what is wrong) are loaded first."""
+    file's bytes read to `advance` as it goes, and so does a large spill; a ring's spill with its older
+    generation, and a Perfetto file or spill the stream declines (malformed: the reader names what is
+    wrong) are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
         from polyprof.formats.perfetto.scan import Declined
         from polyprof.store.rank_stream import stream_rank
@@ -78,15 +78,12 @@ def _inflated_size(source: str) -> int:
 
 
 def _streams(source: str) -> bool:
-    """Whether `source` is a JSON or Perfetto trace or a JSON spill (not a Perfetto spill), from its
-    first bytes."""
+    """Whether `source` is a JSON or Perfetto trace or a spill, from its name and first bytes."""
     from polyprof.formats.common.source import open_stream
     from polyprof.formats.perfetto.read import looks_like_perfetto
     from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
 
-    if is_perfetto_spill(source):
-        return False
-    if is_spill_file(source):
+    if is_spill_file(source) or is_perfetto_spill(source):
         return True
     try:
         with open_stream(source) as f:

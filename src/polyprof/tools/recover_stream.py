@@ -23,7 +23,8 @@ A spill without a cut (an annotation open from start to end over device work) is
 loading it.
 
 A ring's spill with its older generation (``SPILL.previous``) raises :class:`Declined`: the ring
-bounds it, and it is loaded whole.
+bounds it, and it is loaded whole. A Perfetto spill is a Perfetto trace, less a last packet cut off:
+:func:`perfetto_spill_chunks`.
 
 The one link the cuts do not guard: a launch whose backend names an operator that is not open around
 it in time (it refines against that operator's start). No recorder writes such a launch.
@@ -41,9 +42,10 @@ import numpy as np
 from polyprof.engine.listeners import PREVIOUS
 from polyprof.engine.merge import MergeReport, merge
 from polyprof.engine.merge.flows import backend_flow_offsets
+from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
 from polyprof.model import ActivityKind, ActivityTable, CollectedPart, Counters, Trace
-from polyprof.tools.recover import Recovery, latest_statuses, read_crash_beside
+from polyprof.tools.recover import Recovery, latest_statuses, perfetto_partial, read_crash_beside
 
 #: every how many rows of a part one start is kept to place the cuts
 START_SAMPLE = 8
@@ -240,3 +242,24 @@ def _counter_groups(parts: list[_Part], rows: int) -> Iterator[set[int]]:
                 group, held = set(), 0
     if group:
         yield group
+
+
+def perfetto_spill_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
+    """A Perfetto spill (``.NAME.spill.pftrace``) as :func:`~polyprof.formats.perfetto.chunks.
+    perfetto_chunks` reads a trace, a last packet cut off by the kill left out, the last chunk's metadata
+    marked partial as :func:`~polyprof.tools.recover.recover_trace` marks it. Raises
+    :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines."""
+    held: Chunk | None = None
+    first, last = _NEVER, -_NEVER
+    for chunk in perfetto_chunks(path, rows, on_read, tolerate_torn=True):
+        acts = chunk.trace.activities
+        if len(acts):
+            first, last = min(first, int(acts["start"].min())), max(last, int(acts["end"].max()))
+        if held is not None:
+            yield held
+        held = chunk
+    assert held is not None and held.scanned is not None, "the last chunk says what was scanned"
+    window = held.window or ((first, last) if first <= last else (0, 0))
+    trace = held.trace
+    trace.metadata["polyprof"] = perfetto_partial(trace.metadata, path, window, trace.epoch_offset_ns, held.scanned)
+    yield held
