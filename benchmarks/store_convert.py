@@ -53,11 +53,13 @@ w.close(clean=False)
 """
 #: a spill is read as `polyprof recover` reads it
 RECOVER = "from polyprof.tools.recover import recover_trace\nrecover_trace(sys.argv[1])\n"
+#: recover_trace of a Perfetto spill through the reference reader (its path before the packet scanner)
+RECOVER_BY_READER = ("from polyprof.formats.perfetto import scan\nscan.scan_torn = lambda *a: None\n" + RECOVER)
 RECOVERED_CONVERSION = LOADED_CONVERSION.replace("polyprof.load_trace(", "recover_trace(").replace(
     "import polyprof\n", "from polyprof.tools.recover import recover_trace\n")
 
 
-def measure(gb: float, folder: str, fmt: str) -> dict:
+def measure(gb: float, folder: str, fmt: str, reader: bool = False) -> dict:
     src = os.path.join(folder, f"rank0-{gb}.json")
     events = write_kineto_json(src, int(gb * 1e9))
     if fmt == "pftrace":
@@ -72,6 +74,7 @@ def measure(gb: float, folder: str, fmt: str) -> dict:
     load_s, load_peak, _ = run_python_measured(load, [src])
     store_s, store_peak, _ = run_polyprof_measured(["store", src, "-o", os.path.join(folder, "job.polyprof"), "-q"])
     loaded_s, loaded_peak, _ = run_python_measured(loaded_conversion, [src, os.path.join(folder, "loaded")])
+    by_reader = run_python_measured(RECOVER_BY_READER, [src]) if reader and fmt == "spill.pftrace" else None
     for done in (src, os.path.join(folder, "job.polyprof"), os.path.join(folder, "loaded")):
         shutil.rmtree(done, ignore_errors=True) if os.path.isdir(done) else os.remove(done)
     mb = lambda b: round(b / 2**20)  # noqa: E731
@@ -79,6 +82,8 @@ def measure(gb: float, folder: str, fmt: str) -> dict:
             "load_trace": {"seconds": round(load_s, 2), "peak_mb": mb(load_peak)},
             "store_streamed": {"seconds": round(store_s, 2), "peak_mb": mb(store_peak)},
             "store_loaded": {"seconds": round(loaded_s, 2), "peak_mb": mb(loaded_peak)},
+            **({"recover_by_reference_reader": {"seconds": round(by_reader[0], 2), "peak_mb": mb(by_reader[1])}}
+               if by_reader else {}),
             "time_over_load_trace": round(store_s / load_s, 2),
             "peak_over_load_trace": round(store_peak / load_peak, 2)}  # fmt: skip
 
@@ -88,10 +93,12 @@ def main() -> None:
     ap.add_argument("--gb", default="0.25,1.0", help="Trace sizes in GB (of the JSON), comma-separated.")
     ap.add_argument("--format", choices=["json", "pftrace", "spill", "spill.pftrace"], default="json",
                     help="The rank's file format.")
+    ap.add_argument("--reader", action="store_true",
+                    help="With --format spill.pftrace: also recover through the reference reader (slow).")
     args = ap.parse_args()
     folder = scratch_folder()
     report("store_convert", {"format": args.format,
-                             "sizes": [measure(float(gb), folder, args.format) for gb in args.gb.split(",")],
+                             "sizes": [measure(float(gb), folder, args.format, args.reader) for gb in args.gb.split(",")],
                              "target_time_over_load_trace_max": 1.0})  # fmt: skip
 
 

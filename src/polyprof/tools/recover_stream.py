@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polyprof.engine.listeners import PREVIOUS
-from polyprof.engine.merge import MergeReport, merge
+from polyprof.engine.merge import MergeContext, MergeReport, merge
 from polyprof.engine.merge.flows import backend_flow_offsets
 from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
@@ -190,30 +190,33 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
                            [p.end for p in facts.parts if p.rows])  # fmt: skip
     in_order = dict.fromkeys(p.shell.backend for p in facts.parts)  # as the merge takes them
     offsets = backend_flow_offsets({b: np.array(facts.flow_ids.get(b, []), dtype=np.int64) for b in in_order})
-    report = MergeReport()
+    report, context = MergeReport(), MergeContext.of([p.shell for p in facts.parts])
 
     def merged(parts: list[CollectedPart]) -> Piece:
         trace = merge(parts, window=recovery.window, epoch_offset_ns=recovery.epoch_offset_ns,
-                      metadata=recovery.metadata, report=report, flow_offsets=offsets)  # fmt: skip
+                      metadata=recovery.metadata, report=report, flow_offsets=offsets, context=context)  # fmt: skip
         return Piece(trace, recovery.window)
 
     bounds = [-_NEVER, *facts.cuts(rows, offsets), _NEVER]
+    by_first = sorted((i for i, seen in enumerate(facts.parts) if seen.rows), key=lambda i: facts.parts[i].first)
     with open(path, "rb") as f:
-        held: dict[int, CollectedPart] = {}
+        held: dict[int, CollectedPart] = {}  # the parts with rows in this piece or a later one
+        taken = 0
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
-            for i, seen in enumerate(facts.parts):
-                if seen.rows and i not in held and seen.first < hi and seen.last >= lo:
-                    held[i] = seen.loaded or _read(f, seen)
-            yield merged([_rows_between(seen.shell, held.get(i), lo, hi) for i, seen in enumerate(facts.parts)])
+            while taken < len(by_first) and facts.parts[by_first[taken]].first < hi:
+                i = by_first[taken]
+                held[i] = facts.parts[i].loaded or _read(f, facts.parts[i])
+                taken += 1
+            yield merged([_rows_between(facts.parts[i].shell, held[i], lo, hi) for i in sorted(held)])
             for i in [i for i in held if facts.parts[i].last < hi]:
                 del held[i]
             if on_read is not None:
                 on_read(size // 2 + (size - size // 2) * (k + 1) // (len(bounds) - 1))
         held.clear()
         for group in _counter_groups(facts.parts, rows):
-            yield merged([dataclasses.replace(seen.shell, counters=(seen.loaded or _read(f, seen)).counters)
-                          if i in group else seen.shell for i, seen in enumerate(facts.parts)])  # fmt: skip
+            yield merged([dataclasses.replace(facts.parts[i].shell, counters=(facts.parts[i].loaded
+                                              or _read(f, facts.parts[i])).counters) for i in sorted(group)])  # fmt: skip
 
 
 def _read(f, seen: _Part) -> CollectedPart:
@@ -221,10 +224,8 @@ def _read(f, seen: _Part) -> CollectedPart:
     return read_part(f, *seen.at)
 
 
-def _rows_between(shell: CollectedPart, part: CollectedPart | None, lo: int, hi: int) -> CollectedPart:
+def _rows_between(shell: CollectedPart, part: CollectedPart, lo: int, hi: int) -> CollectedPart:
     """`shell` with the rows of `part` that start in [lo, hi)."""
-    if part is None:
-        return shell
     start = part.activities["start"]
     return dataclasses.replace(shell, activities=part.activities.take(np.flatnonzero((start >= lo) & (start < hi))))
 

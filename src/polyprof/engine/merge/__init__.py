@@ -51,7 +51,7 @@ from polyprof.model import (
     Trace,
 )
 
-__all__ = ["DeviceTable", "MergeReport", "host_process_name", "merge"]
+__all__ = ["DeviceTable", "MergeContext", "MergeReport", "host_process_name", "merge"]
 
 OUTSIDE_WINDOW = "outside capture window"
 FILTERED = "activity filter"
@@ -92,6 +92,39 @@ class MergeReport:
             snap.activities = self.kept.get(name, 0)
             out[name] = snap
         return out
+
+
+@dataclass
+class MergeContext:
+    """What a trace's parts say of it besides their rows: the devices and rows their handles map onto,
+    the device properties and metadata they carry, each backend's status (its last part's)."""
+
+    devices: DeviceTable
+    maps: list[tuple[np.ndarray, np.ndarray]]  # the parts' (device map, resource map), in their order
+    device_properties: list[dict]
+    metadata: dict
+    statuses: dict[str, BackendStatus]
+
+    @classmethod
+    def of(cls, parts: Sequence[CollectedPart]) -> MergeContext:
+        context = cls(DeviceTable(), [], [], {}, {})
+        context.maps = context.maps_of(parts)
+        for part in parts:
+            for props in part.device_properties:
+                if props not in context.device_properties:
+                    context.device_properties.append(props)
+            context.metadata.update(part.metadata)
+            context.statuses[part.backend] = part.status
+        return context
+
+    def maps_of(self, parts: Sequence[CollectedPart]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each part's (device map, resource map) onto the trace's devices and rows (a part of the
+        context's maps onto those it added)."""
+        maps = []
+        for part in parts:
+            dev_map = self.devices.device_map(part.devices)
+            maps.append((dev_map, self.devices.resource_map(part.resources, dev_map)))
+        return maps
 
 
 def _select(
@@ -275,6 +308,7 @@ def merge(
     limits: Limits | None = None,
     report: MergeReport | None = None,
     flow_offsets: Mapping[str, int] | None = None,
+    context: MergeContext | None = None,
 ) -> Trace:
     """Build the trace (see the module docstring). `kind_filters` (backend name -> kinds kept) and
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
@@ -284,15 +318,18 @@ def merge(
 
     A trace merged piece by piece (:mod:`polyprof.tools.recover_stream`: each piece the parts' rows of
     one span of time) passes one `report` to every piece, so that the last piece's statuses count every
-    piece's rows, and every backend's `flow_offsets` (:func:`.flows.backend_flow_offsets` of all its
-    rows), so that each piece's flow ids are the whole trace's."""
+    piece's rows; every backend's `flow_offsets` (:func:`.flows.backend_flow_offsets` of all its
+    rows), so that each piece's flow ids are the whole trace's; and the `context` of all the parts
+    (:meth:`MergeContext.of`), so that each piece has the whole trace's devices, rows and statuses while
+    it is given only the parts with rows in it."""
     took: dict[str, float] = {}
     clock = _PassClock(took)
-    devices = DeviceTable()
-    maps = []
-    for part in parts:
-        dev_map = devices.device_map(part.devices)
-        maps.append((dev_map, devices.resource_map(part.resources, dev_map)))
+    if context is None:
+        context = MergeContext.of(parts)
+        maps = context.maps
+    else:
+        maps = context.maps_of(parts)
+    devices = context.devices
     report = MergeReport() if report is None else report
     keeps = [
         _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), report,
@@ -325,16 +362,8 @@ def merge(
     activities = _place(table, order, added)
     clock("place")
     counters = _counters(parts, maps, window)
-    device_properties: list[dict] = []
-    extra_metadata: dict = {}
-    statuses = {}
-    for part in parts:
-        for props in part.device_properties:
-            if props not in device_properties:
-                device_properties.append(props)
-        extra_metadata.update(part.metadata)
-        statuses[part.backend] = part.status
-    statuses = report.folded_into(statuses)  # counted once: later rows do not move it
+    extra_metadata, device_properties = context.metadata, context.device_properties
+    statuses = report.folded_into(context.statuses)  # counted once: later rows do not move it
     trace = Trace(
         activities=activities,
         devices=devices.devices,
