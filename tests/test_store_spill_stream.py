@@ -177,6 +177,14 @@ def test_a_perfetto_spill_streams_as_it_is_recovered_by_the_scanner_and_the_read
     _assert_streams_as_recovered(spill, tmp_path, rows=10)
 
 
+def test_a_spill_killed_before_its_first_hand_over_streams_as_it_is_recovered(tmp_path):
+    writer = SpillWriter.create(str(tmp_path / "run.spill"), {"version": "0", "pid": 7, "epoch_offset_ns": 0})
+    writer.append_window({"window_start": 5})
+    writer.close(clean=False)
+    want = _assert_streams_as_recovered(str(tmp_path / "run.spill"), tmp_path, rows=10)
+    assert want["activities"].num_rows == 0 and want["ranks"].num_rows == 1
+
+
 def test_a_spill_without_a_moment_to_cut_at_is_one_piece_and_still_the_same(tmp_path):
     trace = _job_rank(seed=4, steps=6)
     acts = trace.activities

@@ -36,6 +36,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 
@@ -219,7 +220,7 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
                                               or _read(f, facts.parts[i])).counters) for i in sorted(group)])  # fmt: skip
 
 
-def _read(f, seen: _Part) -> CollectedPart:
+def _read(f: BinaryIO, seen: _Part) -> CollectedPart:
     assert seen.at is not None
     return read_part(f, *seen.at)
 
