@@ -261,3 +261,21 @@ def test_a_parts_args_come_back_from_the_spill_and_the_first_pass_skips_them():
     assert any(a.get("Input Dims") == [[4, 4], []] for a in back.args.values())
     light = decode_part(encode_part(part), args=False).activities
     assert not light.args and all(np.array_equal(light[c], acts[c]) for c in acts.columns)
+
+
+def test_reading_a_spill_as_a_trace_says_how_to_recover_it(tmp_path):
+    from polyprof.errors import TraceFormatError
+
+    spill = _spill(_job_rank(seed=2, steps=4), tmp_path / "run.spill", flushes=3)
+    with pytest.raises(TraceFormatError, match=r"a polyprof spill .* `polyprof recover .*run.spill` writes its trace"):
+        polyprof.load_trace(spill)
+    torn = tmp_path / ".run.spill.pftrace"
+    _spill(_job_rank(seed=2, steps=4), torn, flushes=3, perfetto=True)
+    torn.write_bytes(torn.read_bytes()[:-5])
+    with pytest.raises(TraceFormatError, match=r"past the end of the file.*a spill a kill cut short: `polyprof recover"):
+        polyprof.load_trace(str(torn))
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "polyprof", "summary", spill], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "polyprof recover" in run.stderr and "Traceback" not in run.stderr

@@ -90,6 +90,7 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
         return scanned
     chunks = trace_chunks(path, limit, PIECE)
     data = first_bytes(chunks, 1)  # the first piece tells Perfetto from JSON
+    refuse_spill(data, path)
     if looks_like_perfetto(data):
         pieces = itertools.chain((data,), chunks)
         del data  # the scan lets each piece go once read
@@ -109,11 +110,23 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
         raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
 
 
+def refuse_spill(data: bytes, path: str) -> None:
+    """A TraceFormatError saying how to read it where `data` starts a spill (a trace's reader would call
+    it malformed JSON)."""
+    from polyprof.formats.spill.file import FILE_MAGIC
+
+    if data.startswith(FILE_MAGIC):
+        raise TraceFormatError(f"{path}: a polyprof spill (what a run killed before it wrote its trace leaves), "
+                               f"not a trace: `polyprof recover {path}` writes its trace")  # fmt: skip
+
+
 def _perfetto_file(path: str, pieces: Iterator[bytes], limit: int) -> Any:
     """A Perfetto file scanned as it is read (its bytes never held whole), or, where the scanner
-    declines, read whole by the reference reader, which names what is wrong."""
+    declines, read whole by the reference reader, which names what is wrong (and, for a Perfetto spill,
+    how to read one that a kill cut short)."""
     from polyprof.formats.perfetto.read import parse_perfetto
     from polyprof.formats.perfetto.scan import scan_perfetto_pieces
+    from polyprof.formats.spill.file import is_perfetto_spill
 
     try:
         scanned = scan_perfetto_pieces(pieces, path)
@@ -122,6 +135,10 @@ def _perfetto_file(path: str, pieces: Iterator[bytes], limit: int) -> Any:
         return parse_perfetto(b"".join(trace_chunks(path, limit)), path)
     except MemoryError:
         raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
+    except TraceFormatError as exc:
+        if not is_perfetto_spill(path):
+            raise
+        raise TraceFormatError(f"{exc} (a spill a kill cut short: `polyprof recover {path}` reads it)") from None
 
 
 def parse_trace(data: bytes, path: str = "<trace>") -> Any:
@@ -132,6 +149,7 @@ def parse_trace(data: bytes, path: str = "<trace>") -> Any:
 
     if data[:2] == b"\x1f\x8b":
         data = inflate(data, path, max_trace_bytes())
+    refuse_spill(data, path)
     if looks_like_perfetto(data):
         scanned = scan_perfetto(data, path)  # columns straight from the packets, or None: the reader's
         return scanned if scanned is not None else parse_perfetto(data, path)
