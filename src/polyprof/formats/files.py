@@ -113,7 +113,7 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
 def refuse_spill(data: bytes, path: str) -> None:
     """A TraceFormatError saying how to read it where `data` starts a spill (a trace's reader would call
     it malformed JSON)."""
-    from polyprof.formats.spill.file import FILE_MAGIC
+    from polyprof.formats.spill.names import FILE_MAGIC
 
     if data.startswith(FILE_MAGIC):
         raise TraceFormatError(f"{path}: a polyprof spill (what a run killed before it wrote its trace leaves), "
@@ -126,7 +126,7 @@ def _perfetto_file(path: str, pieces: Iterator[bytes], limit: int) -> Any:
     how to read one that a kill cut short)."""
     from polyprof.formats.perfetto.read import parse_perfetto
     from polyprof.formats.perfetto.scan import scan_perfetto_pieces
-    from polyprof.formats.spill.file import is_perfetto_spill
+    from polyprof.formats.spill.names import is_perfetto_spill
 
     try:
         scanned = scan_perfetto_pieces(pieces, path)

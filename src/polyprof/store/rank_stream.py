@@ -38,7 +38,7 @@ from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
 from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.perfetto.read import is_perfetto_file
-from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
+from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
 from polyprof.store import rank_tables as rt
 from polyprof.store.files import rank_file, write_rank

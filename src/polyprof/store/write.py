@@ -81,7 +81,7 @@ def _streams(source: str) -> bool:
     """Whether `source` is a JSON or Perfetto trace or a spill, from its name and first bytes."""
     from polyprof.formats.common.source import open_stream
     from polyprof.formats.perfetto.read import looks_like_perfetto
-    from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
+    from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 
     if is_spill_file(source) or is_perfetto_spill(source):
         return True
@@ -96,7 +96,7 @@ def _streams(source: str) -> bool:
 def _load(source: str) -> Any:
     """A trace file, or a spill a killed process left (read as ``polyprof recover`` reads it)."""
     from polyprof.formats import load_trace
-    from polyprof.formats.spill.file import is_perfetto_spill, is_spill_file
+    from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 
     if is_spill_file(source) or is_perfetto_spill(source):  # (a path that cannot be read: load_trace says why)
         from polyprof.tools.recover import recover_trace

@@ -32,6 +32,7 @@ import orjson
 
 from polyprof.errors import TraceFormatError
 from polyprof.formats.common.jsonsafe import json_bytes
+from polyprof.formats.spill.names import FILE_MAGIC, PERFETTO_SPILL_SUFFIX
 from polyprof.model import (
     COLUMNS,
     COUNTER_COLUMNS,
@@ -48,7 +49,6 @@ from polyprof.model import (
 )
 from polyprof.model.args import ArgsBlock, is_json_column
 
-FILE_MAGIC = b"POLYPROF-SPILL 1\n"
 CHUNK_MAGIC = b"PPSC"
 _CHUNK_HEAD = struct.Struct("<4scQI")
 HEADER, WINDOW, PART, END = b"H", b"W", b"P", b"E"
@@ -160,10 +160,6 @@ class SpillWriter(SpillFile):
         return _CHUNK_HEAD.pack(CHUNK_MAGIC, END, 0, zlib.crc32(b""))
 
 
-#: how a Perfetto spill's name ends: its bytes are a Perfetto trace's, without an end marker
-PERFETTO_SPILL_SUFFIX = ".spill.pftrace"
-
-
 def spill_path(output: str) -> str:
     """Where the spill of a trace written to `output` lives: a hidden file beside it; for a Perfetto
     output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.formats.spill.perfetto`)."""
@@ -174,12 +170,6 @@ def spill_path(output: str) -> str:
         stem = name[:-3] if name.endswith(".gz") else name
         return os.path.join(folder, f".{os.path.splitext(stem)[0]}{PERFETTO_SPILL_SUFFIX}")
     return os.path.join(folder, f".{name}.spill")
-
-
-def is_perfetto_spill(path: str) -> bool:
-    """Whether `path` is named as a Perfetto spill (read it with ``polyprof recover``: its last packet may
-    be cut short by the kill that left it)."""
-    return os.path.basename(path).endswith(PERFETTO_SPILL_SUFFIX)
 
 
 # -- parts <-> bytes ---------------------------------------------------------------------------------
@@ -412,15 +402,6 @@ def _checked(doc: Any, fields: dict[str, tuple[type, ...]], what: str, dropped: 
         elif isinstance(value, list) and name != "argv":
             out[name] = [v for v in value if isinstance(v, str)]
     return out
-
-
-def is_spill_file(path: str) -> bool:
-    """Whether `path` starts as a spill does (a file that cannot be read is not one)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(FILE_MAGIC)) == FILE_MAGIC
-    except OSError:
-        return False
 
 
 def read_spill(path: str, data: bytes | None = None,
