@@ -38,17 +38,23 @@ def _on_a_terminal(*args):
     return proc.wait(timeout=120), shown.decode(errors="replace")
 
 
-def test_convert_merge_store_and_summary_show_a_bar_on_a_terminal_only(tmp_path):
+def test_convert_merge_store_summary_and_recover_show_a_bar_on_a_terminal_only(tmp_path):
+    from test_store_spill_stream import _job_rank, _spill
+
     a, b = _trace(tmp_path / "a.json"), _trace(tmp_path / "b.json")
+    spill = _spill(_job_rank(steps=4), tmp_path / "run.spill", flushes=3)
+    perfetto_spill = _spill(_job_rank(steps=4), tmp_path / ".run.spill.pftrace", flushes=3, perfetto=True)
     cases = [
         (lambda out: ("convert", a, out / "a.pftrace"), "converted bytes"),
         (lambda out: ("merge", a, b, "-o", out / "m.json"), "ranks merged"),
         (lambda out: ("store", a, b, "-o", out / "job.polyprof"), "stored trace bytes"),
         (lambda out: ("summary", a, b), "traces read"),
+        (lambda out: ("recover", spill, "-o", out / "r.json"), "spill bytes read"),
+        (lambda out: ("recover", perfetto_spill, "-o", out / "r.json"), "spill bytes read"),
     ]
-    for command, words in cases:
+    for case, (command, words) in enumerate(cases):
         for how in ("terminal", "quiet", "piped"):
-            out = tmp_path / f"{words.replace(' ', '-')}-{how}"
+            out = tmp_path / f"{case}-{how}"
             out.mkdir()
             args = command(out)
             if how == "piped":

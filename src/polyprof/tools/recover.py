@@ -12,6 +12,7 @@ died (the last flush interval) are missing, but for the spans and instants a cra
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from polyprof._version import __version__
@@ -156,7 +157,7 @@ def _recover_perfetto(path: str, data: bytes) -> Trace:
     from polyprof.formats.perfetto.read import PacketReader, read_with
     from polyprof.formats.perfetto.scan import scan_torn
 
-    scanned = scan_torn([data], path)
+    scanned = scan_torn(_told(memoryview(data), "spill bytes read"), path)
     if scanned is not None:
         trace, (packets, sequences, torn) = scanned
     else:
@@ -166,6 +167,16 @@ def _recover_perfetto(path: str, data: bytes) -> Trace:
     trace.metadata["polyprof"] = perfetto_partial(trace.metadata, path, trace.window, trace.epoch_offset_ns,
                                                   (packets, sequences, torn))  # fmt: skip
     return trace
+
+
+def _told(data: memoryview, what: str, piece: int = 4 << 20) -> Iterator[memoryview]:
+    """`data` in pieces, each one's bytes told to a progress bar once it has been used."""
+    from polyprof import progress
+
+    advance = progress.task(what, total=len(data))
+    for at in range(0, len(data), piece):
+        yield data[at : at + piece]
+        advance(min(piece, len(data) - at))
 
 
 def perfetto_partial(metadata: dict[str, Any], path: str, window: tuple[int, int], epoch_offset_ns: int,
