@@ -78,12 +78,13 @@ def _inflated_size(source: str) -> int:
 
 
 def _streams(source: str) -> bool:
-    """Whether `source` is a JSON or Perfetto trace or a spill, from its name and first bytes."""
+    """Whether `source` is a JSON or Perfetto trace (a Perfetto spill is one) or a spill, from its first
+    bytes."""
     from polyprof.formats.common.source import open_stream
     from polyprof.formats.perfetto.read import looks_like_perfetto
-    from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
+    from polyprof.formats.spill.names import is_spill_file
 
-    if is_spill_file(source) or is_perfetto_spill(source):
+    if is_spill_file(source):
         return True
     try:
         with open_stream(source) as f:

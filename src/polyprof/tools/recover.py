@@ -30,7 +30,7 @@ def recover_trace(path: str) -> Trace:
         return _recover_perfetto(path, data)
     spill = _with_previous(read_spill(path, data), path)
     statuses = latest_statuses(spill.parts)
-    parts = [dataclasses.replace(p, status=statuses[p.backend]) for p in spill.parts]
+    parts = list(spill.parts)
     crash = read_crash_beside(path)
     if crash is not None:
         from polyprof.formats.spill.crash import crash_parts
@@ -43,7 +43,8 @@ def recover_trace(path: str) -> Trace:
 
 
 def latest_statuses(parts: list[CollectedPart]) -> dict[str, BackendStatus]:
-    """Each backend's latest status (it holds its counts so far), which all its parts share."""
+    """Each backend's latest status (it holds its counts so far): its last part's, which the merge takes
+    for the trace."""
     return {part.backend: part.status for part in parts}
 
 

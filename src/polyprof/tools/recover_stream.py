@@ -184,9 +184,6 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
 
         for part in crash_parts(crash, statuses):
             facts.add(part, None)
-    for seen in facts.parts:
-        if seen.at is not None:  # a spill's part (a crash's carry the statuses they were made with)
-            seen.shell = dataclasses.replace(seen.shell, status=statuses[seen.shell.backend])
     recovery = Recovery.of(path, spill, statuses, crash, [p.first for p in facts.parts if p.rows],
                            [p.end for p in facts.parts if p.rows])  # fmt: skip
     in_order = dict.fromkeys(p.shell.backend for p in facts.parts)  # as the merge takes them
