@@ -19,9 +19,18 @@ def named_texts(texts: list[str], cat: np.ndarray, name: np.ndarray) -> tuple[St
     text's kind as a category), the last two indexed like `texts`, with -1 standing for ""."""
     table = StringTable()
     code = np.zeros(len(texts) + 1, dtype=np.int32)
-    for i in np.unique(np.concatenate((cat, name))).tolist():
+    for i in _used(len(texts), cat, name):
         code[i] = table.intern(texts[i] if i >= 0 else "")
     kind = np.zeros(len(texts) + 1, dtype=np.uint8)
-    for i in np.unique(cat).tolist():
+    for i in _used(len(texts), cat):
         kind[i] = int(kind_from_category(texts[i] if i >= 0 else ""))
     return table, code, kind
+
+
+def _used(n: int, *indices: np.ndarray) -> list[int]:
+    """The indices (into n texts, -1 for "") that `indices` hold, ascending: a mask, not a sort of the
+    rows (a large file's rows are millions)."""
+    used = np.zeros(n + 1, dtype=bool)  # the last one stands for -1
+    for values in indices:
+        used[values] = True
+    return ([-1] if used[n] else []) + np.flatnonzero(used[:n]).tolist()
