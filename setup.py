@@ -6,7 +6,8 @@ installation still succeeds and polyprof uses its pure-Python implementation.
 
 ``polyprof-startup.pth`` goes to site-packages itself (a .pth file works only there): at interpreter
 start, when POLYPROF_ON_DEMAND, POLYPROF_TORCH_PROFILER, POLYPROF_ACTIVITIES or POLYPROF_FLIGHT_RECORDER is set, it runs
-polyprof.startup, and does nothing else (src/polyprof/startup.py). Editable installs get it too.
+the top-level module _polyprof_startup (src/_polyprof_startup.py: it reads the variables and waits for
+torch's import), and does nothing else. Editable installs get it too.
 """
 
 import os

@@ -190,10 +190,13 @@ def test_an_unknown_group_is_an_error_naming_the_installed_ones(monkeypatch, tmp
     with pytest.raises(ConfigError, match=r"unknown activity group 'NOT_A_DEVICE'; installed groups: .*CPU"):
         polyprof.profiler.profile()
     settings._edits.cache_clear()
-    r = subprocess.run([sys.executable, "-c", "print('started')"], env=clean_env(POLYPROF_ACTIVITIES="+nope"),
+    # with the variable alone: one warning line at torch's import, the program runs (pip, and every other
+    # Python process in the environment, are not stopped by it)
+    r = subprocess.run([sys.executable, "-c", "import torch; print('started')"], env=clean_env(POLYPROF_ACTIVITIES="+nope"),
                        capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert r.returncode == 2 and "started" not in r.stdout, "refused at interpreter start, before the program"
-    assert "unknown activity group 'NOPE'" in r.stderr and "installed groups" in r.stderr
+    assert r.returncode == 0 and r.stdout == "started\n"
+    (line,) = r.stderr.splitlines()
+    assert "unknown activity group 'NOPE'" in line and "installed groups" in line, line
     script = tmp_path / "s.py"
     script.write_text("print('started')\n")
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t.json"), str(script)],

@@ -62,8 +62,8 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
     os.chown(runtime, NOBODY, NOBODY)
     os.chmod(runtime, 0o700)
     target = subprocess.Popen(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", PYTHON, "-c",
-         "import time\nfor _ in range(600): time.sleep(0.05)"],
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", PYTHON, "-m", "timeit",
+         "-n", "1", "-r", "1", "import time\nfor _ in range(600): time.sleep(0.05)"],  # (a module: listens as it starts)
         env={**os.environ, "POLYPROF_ON_DEMAND": "1", "XDG_RUNTIME_DIR": str(runtime), "POLYPROF_BACKENDS": ""},
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

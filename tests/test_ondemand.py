@@ -186,8 +186,10 @@ def test_the_socket_folder_and_the_socket_are_private(tmp_path, runtime, targets
     (linked / "polyprof").symlink_to(folder)
     r = subprocess.run([sys.executable, "-c", "import polyprof; polyprof.listen()"], env=_env(linked), capture_output=True, text=True)
     assert r.returncode != 0 and "is not a folder (a link or a file)" in r.stderr
-    # with POLYPROF_ON_DEMAND, the same refusal is said and the program runs on
-    r = subprocess.run([sys.executable, "-c", "print('still ran')"], env=_env(other, POLYPROF_ON_DEMAND="1"), capture_output=True, text=True)
+    # with POLYPROF_ON_DEMAND, the same refusal is said as the script starts, and the program runs on
+    script = tmp_path / "script.py"
+    script.write_text("print('still ran')")
+    r = subprocess.run([sys.executable, str(script)], env=_env(other, POLYPROF_ON_DEMAND="1"), capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "still ran\n" and "cannot be made capturable" in r.stderr
 
 

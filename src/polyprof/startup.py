@@ -1,46 +1,73 @@
-"""What polyprof's ``polyprof-startup.pth`` runs as the interpreter starts, when one of its variables
-is set (unset, the hook costs three environment lookups and imports nothing):
+"""What the start-up hook (:mod:`_polyprof_startup`, run by ``polyprof-startup.pth``) arms once the
+program needs it: when ``import torch`` completes, or (``POLYPROF_ON_DEMAND=1`` alone) when a script or
+module starts. Each feature arms once per process, whichever comes first; a failure is one line on
+stderr and the program runs on without that feature::
 
-* ``POLYPROF_ACTIVITIES`` (e.g. ``+opencl,+counters``): checked now; a group no installed backend
-  serves ends the program before it starts (exit status 2), with the installed groups listed;
-* ``POLYPROF_TORCH_PROFILER=1``: polyprof goes behind ``torch.profiler`` as soon as torch is imported
+    POLYPROF_FLIGHT_RECORDER="30,hang_s=120" torchrun --nproc-per-node 4 train.py
+    # each rank: at `import torch`, the configuration checked, then the recorder started
+
+* the configuration (``POLYPROF_ACTIVITIES``, ``polyprof.toml``, ``[tool.polyprof]``) is checked first,
+  whole: a mistake is one warning line now, and the clean error where a profile is made;
+* ``POLYPROF_TORCH_PROFILER=1``: polyprof goes behind ``torch.profiler``
   (:mod:`polyprof.profiler.behind_torch`);
 * ``POLYPROF_ON_DEMAND=1``: the process listens for captures (:mod:`polyprof.ondemand`);
-* ``POLYPROF_FLIGHT_RECORDER=SECONDS``: the flight recorder runs (:mod:`polyprof.flight.environment`).
-
-The variables reach what the program starts (``torchrun`` workers, Ray workers, subprocesses), each of
-which runs the same hook. Any other failure is said on stderr and never stops the program.
+* ``POLYPROF_FLIGHT_RECORDER=SPEC``: the flight recorder runs (:mod:`polyprof.flight.environment`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 
+import _polyprof_startup as variables
+from polyprof.backends.torch.import_hook import import_completed
 
-def _on(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0")
+_armed: set[str] = set()
 
 
-def _start() -> None:
-    if os.environ.get("POLYPROF_ACTIVITIES", "").strip():
-        from polyprof.errors import ConfigError
-        from polyprof.profiler.settings import activity_edits
+def arm(when: str) -> None:
+    """Arm what the variables ask for and is not armed yet; `when` is what the program just did
+    ("import torch", "program start")."""
+    found = variables.wanted() if not _armed else _wanted_quietly()
+    torch_ready = when == "import torch" or import_completed("torch")  # (torch's import is on the stack then)
+    if "configuration" not in _armed and torch_ready:
+        _armed.add("configuration")
+        _said_if_it_fails("the configuration", "profiles made in this process will refuse it", _check_configuration)
+    if found["torch_profiler"] and torch_ready:
+        _once("torch_profiler", variables.TORCH_PROFILER, "torch.profiler could not be switched to polyprof",
+              _behind_torch_profiler)  # fmt: skip
+    if found["on_demand"]:
+        _once("on_demand", variables.ON_DEMAND, "this process cannot be made capturable", _listen)
+    if found["flight"] and torch_ready:
+        _once("flight", variables.FLIGHT, "the flight recorder cannot start", _flight_recorder)
 
-        try:
-            activity_edits()
-        except ConfigError as exc:
-            print(f"polyprof: {exc}", file=sys.stderr, flush=True)
-            os._exit(2)  # (SystemExit inside site's start-up is a fatal error with a traceback)
-    if _on("POLYPROF_TORCH_PROFILER"):
-        from polyprof.profiler.behind_torch import install_when_torch_is_imported
 
-        install_when_torch_is_imported()
-    if _on("POLYPROF_ON_DEMAND"):
-        _said_if_it_fails("POLYPROF_ON_DEMAND", "this process cannot be made capturable", _listen)
-    if _on("POLYPROF_FLIGHT_RECORDER"):
-        _said_if_it_fails("POLYPROF_FLIGHT_RECORDER", "the flight recorder cannot start", _flight_recorder)
+def _wanted_quietly() -> dict[str, object]:
+    """The variables again, a bad value now left out without a second warning."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return variables.wanted()
+
+
+def _once(key: str, variable: str, what: str, start: Callable[[], None]) -> None:
+    if key in _armed:
+        return
+    _armed.add(key)
+    _said_if_it_fails(variable, what, start)
+
+
+def _check_configuration() -> None:
+    from polyprof.profiler.settings import activity_edits
+
+    activity_edits()
+
+
+def _behind_torch_profiler() -> None:
+    from polyprof.profiler.behind_torch import install_torch_profiler
+
+    install_torch_profiler()
 
 
 def _listen() -> None:
@@ -55,12 +82,9 @@ def _flight_recorder() -> None:
     start_from_environment()
 
 
-def _said_if_it_fails(variable: str, what: str, start: Callable[[], None]) -> None:
-    """`start()`; a failure is said on stderr (the program runs on without it)."""
+def _said_if_it_fails(source: str, what: str, start: Callable[[], None]) -> None:
+    """`start()`; a failure is one line on stderr (the program runs on without it)."""
     try:
         start()
-    except Exception as exc:
-        print(f"polyprof: {variable} is set but {what}: {exc}", file=sys.stderr)
-
-
-_start()
+    except Exception as exc:  # noqa: BLE001 - never into the program
+        print(f"polyprof: {source}: {exc} ({what})", file=sys.stderr, flush=True)

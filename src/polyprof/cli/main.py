@@ -130,6 +130,9 @@ def backends() -> None:
               "ops, collectives) and write them to --flight-dir when a step is slow, the script hangs, fails "
               "or is signalled (POLYPROF_FLIGHT_RECORDER=SECONDS, which torchrun's ranks inherit).")  # fmt: skip
 @click.option("--flight-dir", default="flight", show_default=True, help="Where --flight-recorder writes.")
+@click.option("--flight-recorder-option", "flight_options", multiple=True, metavar="NAME=VALUE",
+              help="One of the flight recorder's settings, e.g. hang_s=120, slow_step=off, max_captures=10 "
+              "(repeatable; the table in docs/flight-recorder.md).")  # fmt: skip
 @click.option("--torch-profiler/--no-torch-profiler", default=True, show_default=True,
               help="Put polyprof behind torch.profiler in SCRIPT and what it starts (POLYPROF_TORCH_PROFILER=1): "
               "profilers that SCRIPT or its framework make are polyprof's; when one starts recording, this "
@@ -153,6 +156,7 @@ def run(
     on_demand: bool,
     flight_seconds: float | None,
     flight_dir: str,
+    flight_options: tuple[str, ...],
     torch_profiler: bool,
     script: str,
     script_args: tuple[str, ...],
@@ -170,8 +174,10 @@ def run(
         _behind_torch_profiler()
     if on_demand:
         _run_on_demand(script, script_args)
+    if flight_options and flight_seconds is None:
+        fail("--flight-recorder-option needs --flight-recorder SECONDS")
     if flight_seconds is not None:
-        _run_flight_recorder(flight_seconds, flight_dir, script, script_args)
+        _run_flight_recorder(flight_seconds, flight_dir, flight_options, script, script_args)
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         fail(f"--duration must be a positive, finite number of seconds, got {duration}")
     if ring is not None and not (math.isfinite(ring) and ring > 0):
@@ -317,14 +323,20 @@ def _behind_torch_profiler() -> None:
     install_when_torch_is_imported()
 
 
-def _run_flight_recorder(seconds: float, folder: str, script: str, script_args: tuple[str, ...]) -> None:
+def _run_flight_recorder(seconds: float, folder: str, options: tuple[str, ...], script: str,
+                         script_args: tuple[str, ...]) -> None:  # fmt: skip
     """`polyprof run --flight-recorder SECONDS`: the script runs as under python, the flight recorder on
-    (and on in what it starts, through the environment)."""
-    from polyprof.flight.environment import FOLDER, VARIABLE, start_from_environment
+    (and on in what it starts, through the environment, with the same settings)."""
+    from polyprof.flight.environment import FOLDER, VARIABLE, settings_from, start_from_environment
 
     if not (math.isfinite(seconds) and seconds > 0):
         fail(f"--flight-recorder must be a positive, finite number of seconds, got {seconds}")
-    os.environ[VARIABLE], os.environ[FOLDER] = repr(seconds), os.path.abspath(folder)
+    try:
+        settings_from(repr(seconds), options)  # (said before the script starts)
+    except PolyprofError as exc:
+        fail(str(exc))
+    os.environ[VARIABLE] = ",".join((repr(seconds), *(o.strip() for o in options)))
+    os.environ[FOLDER] = os.path.abspath(folder)
     try:
         recorder = start_from_environment()
     except PolyprofError as exc:

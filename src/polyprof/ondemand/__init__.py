@@ -12,7 +12,7 @@ Nothing is recorded until a capture is asked for::
 Rooms: :mod:`.channel` (socket folder, peer check, framing), :mod:`.protocol` (the requests),
 :mod:`.listener` (the target's thread), :mod:`.capture` (one capture), :mod:`polyprof.backends.torch.steps` (step
 boundaries), :mod:`.job` (whole jobs through the store), :mod:`.client` (the CLI's side);
-:mod:`polyprof.startup` is what the ``.pth`` file runs.
+:mod:`polyprof.startup` is what the ``.pth`` file's hook arms.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ the devices it never heard of on its timeline, without a code change::
 Each entry is ``+GROUP`` (added to every profile; a bare ``GROUP`` too) or ``-GROUP`` (left out even
 where asked for). The environment variable wins over the files; ``polyprof.toml`` over
 ``pyproject.toml`` in the same folder. An unknown group is a :class:`~polyprof.errors.ConfigError` that
-lists the installed ones, raised before anything records: where the profile is made, by ``polyprof
-run`` before the script starts, and at interpreter start-up by the ``.pth`` hook when the variable is set.
+lists the installed ones, raised before anything records: where the profile is made and by ``polyprof
+run`` before the script starts; the start-up hook says it in one warning line when torch is imported.
 Reading the files needs ``tomllib`` (Python 3.11+) or ``tomli``; without either they are ignored.
 """
 

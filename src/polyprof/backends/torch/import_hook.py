@@ -53,3 +53,11 @@ class PostImportHook:
     def remove(self) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+def import_completed(name: str) -> bool:
+    """Whether module `name` is imported and its import has finished (False while it is still running,
+    on this thread or another: a thread must not import what depends on it then, e.g. torch.distributed
+    during ``import torch``)."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
