@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from polyprof.backends.torch.import_hook import import_completed
 from polyprof.formats.common.paths import launcher_rank
 
 log = logging.getLogger("polyprof.flight")
@@ -81,6 +82,8 @@ class JobLink:
     def _watch(self) -> None:
         store, seen = None, None
         while not self._stop.wait(POLL_S):
+            if store is None and not import_completed("torch"):
+                continue  # the store's client is torch's: never imported here while the program imports torch
             try:
                 if store is None:
                     store = _client()  # the store may come up after this process (init_process_group)

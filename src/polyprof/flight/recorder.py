@@ -18,6 +18,7 @@ the training thread never waits for one; each trace names its trigger and eviden
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -64,7 +65,10 @@ class FlightRecorder:
     ring holds is also on disk (``flight-WHO.spill``, two generations, handed over every second), so
     that a process that crashes or is killed leaves it for ``polyprof recover``, and every thread's
     Python stack at a fatal signal (``flight-crash-WHO-stacks.txt``); `capturable`: ``polyprof ps``
-    lists the process and ``polyprof capture PID --last S`` writes its last seconds."""
+    lists the process and ``polyprof capture PID --last S`` writes its last seconds; `max_captures`,
+    `max_captures_mb`: this process's captures kept in `out_dir` at most (the oldest removed first; None:
+    no cap). One failure is one capture: an ending trigger (an exception, an exit, SIGTERM, SIGINT, or
+    another rank's) within `min_gap_s` of another is answered by the capture already made."""
 
     def __init__(
         self,
@@ -83,9 +87,10 @@ class FlightRecorder:
         format: str = "pftrace",
         job: bool = True,
         crash_spill: bool = True,
-        capturable: bool = True, max_mb: float | None = 256.0, **profile_options: Any,
+        capturable: bool = True, max_mb: float | None = 256.0, max_captures: int | None = 20,
+        max_captures_mb: float | None = 1024.0, **profile_options: Any,
     ) -> None:
-        _check_options(ops, format, seconds, after_s)
+        _check_options(ops, format, seconds, after_s, max_captures, max_captures_mb)
         self.seconds = float(seconds)
         self.out_dir = os.path.abspath(os.fspath(out_dir))
         self.ops = ops
@@ -105,7 +110,9 @@ class FlightRecorder:
         self._crash_rows: Any = None
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
-        self._signals = SignalTriggers(tuple(signals), self._trigger_now)
+        self._signals = SignalTriggers(tuple(signals), self._trigger_now, before_ending=self._before_ending,
+                                       busy=lambda: self._main_writing)  # fmt: skip
+        self._main_writing = False  # the main thread is writing a capture (a signal then waits for it)
         self._exit = ExitHooks(self._trigger_now) if on_exception else None
         self._oom = CudaOutOfMemory(self._trigger)
         self._last_fired: dict[str, float] = {}
@@ -119,6 +126,9 @@ class FlightRecorder:
         self._job_wanted = job
         self._capturable = capturable
         self.answer_wait_s = 10.0  # how long a rank waits for the others' answers to a job's trigger
+        self.max_captures = max_captures
+        self.max_captures_bytes = None if max_captures_mb is None else max_captures_mb * 1e6
+        self._last_ending = -1e18  # (monotonic) when the last ending trigger was claimed
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -239,14 +249,25 @@ class FlightRecorder:
         writer thread; :attr:`captures` lists the paths written."""
         self._trigger(trigger, dict(evidence or {}), gap=False)
 
-    def _claim(self, trigger: str, now: float, gap: bool = True) -> bool:
+    def _claim(self, trigger: str, now: float, gap: bool = True, evidence: Mapping[str, Any] | None = None) -> bool:
         """Whether `trigger` may fire now (not within `min_gap_s` of its last time, unless `gap` is
-        off); it is then marked as fired."""
+        off; an ending trigger not within `min_gap_s` of another, whatever `gap`); it is then marked."""
+        ending = _ending(trigger, evidence or {})
         with self._lock:
             if gap and now - self._last_fired.get(trigger, -1e18) < self.min_gap_s:
                 return False
+            if ending and now - self._last_ending < self.min_gap_s:
+                return False
             self._last_fired[trigger] = now
+            if ending:
+                self._last_ending = now
         return True
+
+    def _latest_capture(self, wait_s: float = 30.0) -> str | None:
+        """The last capture written, once the one being written (if any) is done."""
+        if self._dumping.acquire(timeout=wait_s):
+            self._dumping.release()
+        return self.captures[-1] if self.captures else None
 
     def _trigger(self, trigger: str, evidence: dict[str, Any], gap: bool = True) -> bool:
         now = time.monotonic()
@@ -261,9 +282,25 @@ class FlightRecorder:
         stop them)."""
         if self.profile is None:
             return None
-        ending = trigger in ENDING_TRIGGERS
-        self._claim(trigger, time.monotonic(), gap=False)  # (another rank's same trigger then has its answer)
-        return self._publish_and_write(trigger, evidence, time.time(), answers_here_s=ENDING_ANSWER_S if ending else None)
+        ending = _ending(trigger, evidence)
+        if not self._claim(trigger, time.monotonic(), gap=False, evidence=evidence):
+            return self._latest_capture()  # (this failure's capture is made: waited for, not made twice)
+        main = threading.current_thread() is threading.main_thread()
+        self._main_writing = main
+        try:
+            return self._publish_and_write(trigger, evidence, time.time(), answers_here_s=ENDING_ANSWER_S if ending else None)
+        finally:
+            if main:
+                self._main_writing = False
+                pending, self._signals.pending = self._signals.pending, None
+                if pending is not None:  # SIGTERM came while this was written: it ends the process now
+                    self._signals.end_as_signalled(pending)
+
+    def _before_ending(self) -> None:
+        """The process is about to end by a signal (no atexit then): the files that only a crash or a
+        kill needs are removed, as at a clean stop."""
+        with contextlib.suppress(Exception):
+            self.stop(wait=False)
 
     def _publish_and_write(self, trigger: str, evidence: dict[str, Any], wall: float, not_before: float = 0.0,
                            answers_here_s: float | None = None) -> str | None:  # fmt: skip
@@ -289,8 +326,8 @@ class FlightRecorder:
         """Another rank's trigger (on the job thread): the same window captured here and answered, unless
         this rank captured the same trigger within `min_gap_s` (its capture is the answer then)."""
         trigger, number = str(message.get("trigger", "job")), int(message["number"])
-        if not self._claim(trigger, time.monotonic()):
-            self._job.answer(number, self.captures[-1] if self.captures else None, store)
+        if not self._claim(trigger, time.monotonic(), evidence=message.get("evidence") or {}):
+            self._job.answer(number, self._latest_capture(), store)
             return
         behind = max(0.0, time.time() - float(message.get("at_epoch_s", time.time())))
         job = {"origin_rank": message.get("rank"), "trigger_number": number}
@@ -347,7 +384,28 @@ class FlightRecorder:
             self._hang.write_stacks(written)
         self.write_seconds.append(time.perf_counter() - started)
         self.captures.append(written)
+        self._keep_under_caps()
         return written
+
+    def _keep_under_caps(self) -> None:
+        """This process's captures beyond `max_captures` or `max_captures_mb` removed, oldest first
+        (with the stacks beside them)."""
+        kept, total = [], 0
+        for path in reversed(self.captures):
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                continue  # removed by someone else
+            over_count = self.max_captures is not None and len(kept) >= self.max_captures
+            over_bytes = self.max_captures_bytes is not None and kept and total + size > self.max_captures_bytes
+            if over_count or over_bytes:
+                for gone in (path, f"{path}.stacks.txt"):
+                    with contextlib.suppress(OSError):
+                        os.remove(gone)
+                continue
+            kept.append(path)
+            total += size
+        self.captures[:] = kept[::-1]
 
 
 _running: list[FlightRecorder] = []  # the recorders started in this process, the latest last
@@ -378,7 +436,17 @@ def running() -> FlightRecorder | None:
     return _running[-1] if _running else None
 
 
-def _check_options(ops: str, format: str, seconds: Any, after_s: Any) -> None:
+def _ending(trigger: str, evidence: Mapping[str, Any]) -> bool:
+    """Whether `trigger` ends the process (a failure, or a signal that stops it)."""
+    return trigger in ENDING_TRIGGERS or trigger == "signal" and evidence.get("signal") in ("SIGTERM", "SIGINT")
+
+
+def _check_options(ops: str, format: str, seconds: Any, after_s: Any, max_captures: Any = None,
+                   max_captures_mb: Any = None) -> None:  # fmt: skip
+    if max_captures is not None and (not isinstance(max_captures, int) or max_captures < 1):
+        raise ConfigError(f"flight_recorder(max_captures={max_captures!r}): a whole number, at least 1 (None: no cap)")
+    if max_captures_mb is not None and (not isinstance(max_captures_mb, (int, float)) or not max_captures_mb > 0):
+        raise ConfigError(f"flight_recorder(max_captures_mb={max_captures_mb!r}): megabytes, above 0 (None: no cap)")
     if ops not in OPS:
         raise ConfigError(f"flight_recorder(ops={ops!r}): choose one of {', '.join(OPS)}")
     if format not in ("pftrace", "json"):

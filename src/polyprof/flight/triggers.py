@@ -146,9 +146,13 @@ class SignalTriggers:
     SIGUSR2 lets the program go on, and the others do what they did before (the previous handler, or
     the default: the process ends by the signal)."""
 
-    def __init__(self, names: tuple[str, ...], capture_now: Fire) -> None:
-        self.names, self.capture_now = names, capture_now
+    def __init__(self, names: tuple[str, ...], capture_now: Fire, before_ending: Callable[[], Any] | None = None,
+                 busy: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        self.names, self.capture_now, self.before_ending, self.busy = names, capture_now, before_ending, busy
         self.previous: dict[int, Any] = {}
+
+    #: how long the signal thread leaves a stopping signal to the main thread's handler
+    MAIN_THREAD_GRACE_S = 1.0
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -158,6 +162,7 @@ class SignalTriggers:
             if number is None:
                 continue
             self.previous[number] = signal.signal(number, self._on_signal)
+        self._watch_wakeups()
 
     def uninstall(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -166,12 +171,93 @@ class SignalTriggers:
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(number, previous if previous is not None else signal.SIG_DFL)
         self.previous.clear()
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            with contextlib.suppress(ValueError, OSError):
+                current = signal.set_wakeup_fd(-1)
+                if current != pipe[1]:
+                    signal.set_wakeup_fd(current)  # (set by the program since: left as it is)
+            os.close(pipe[1])  # (the thread reads the end of the pipe, and closes the other end)
+
+    # A Python handler runs on the main thread between bytecodes: a main thread blocked in C (a gloo or
+    # NCCL collective waiting for a peer that died) never runs it, and torchrun's SIGKILL follows. The
+    # interpreter's own C handler also writes each signal's number to the wakeup fd at once: a thread of
+    # ours reads it, and where the main thread has not begun handling a stopping signal within
+    # MAIN_THREAD_GRACE_S, captures and ends the process itself. (A program that sets its own wakeup fd,
+    # asyncio's loop, keeps it: the main thread's handler alone then, as before.)
+    _pipe: tuple[int, int] | None = None
+    _began = threading.Event()  # the main thread's handler began with a stopping signal
+
+    def _watch_wakeups(self) -> None:
+        stopping = {n for n in self.previous if n in (signal.SIGTERM, signal.SIGINT)}
+        if not stopping or self._pipe is not None:
+            return
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        try:
+            before = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            before = None
+        if before != -1:  # someone else's (or none could be set): left as it was
+            if before is not None:
+                signal.set_wakeup_fd(before)
+            os.close(read_end)
+            os.close(write_end)
+            return
+        self._pipe = (read_end, write_end)
+        self._began = threading.Event()
+        threading.Thread(target=self._read_wakeups, args=(read_end, stopping), name="polyprof-flight-signals",
+                         daemon=True).start()  # fmt: skip
+
+    def _read_wakeups(self, read_end: int, stopping: set[int]) -> None:
+        try:
+            while True:
+                data = os.read(read_end, 64)
+                if not data:
+                    return
+                for number in data:
+                    if number in stopping and not self._began.wait(self.MAIN_THREAD_GRACE_S):
+                        self._end_for_a_blocked_main_thread(number)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(read_end)
+
+    def _end_for_a_blocked_main_thread(self, number: int) -> None:
+        """`number` (SIGTERM, SIGINT) came and the main thread did not handle it (blocked in C): the
+        capture is written here, then the process ends by the signal, where ending is what it did."""
+        name = signal.Signals(number).name
+        self.capture_now("signal", {"signal": name, "main_thread": "blocked outside Python: written by the signal thread"})
+        if self.previous.get(number) not in (None, signal.SIG_DFL) or self._began.is_set():
+            return  # a handler of the program's own runs when the main thread can; or the main thread took over
+        if self.before_ending is not None:
+            with contextlib.suppress(Exception):
+                self.before_ending()
+        import ctypes
+
+        ctypes.CDLL(None).signal(number, 0)  # SIG_DFL, from a thread (signal.signal is the main thread's)
+        os.kill(os.getpid(), number)
+
+    #: a signal that came while the main thread was writing a capture: it ends the process once written
+    pending: int | None = None
 
     def _on_signal(self, number: int, frame: Any) -> None:
         name = signal.Signals(number).name
+        if number != getattr(signal, "SIGUSR2", None):
+            self._began.set()
+        if self.busy is not None and self.busy():
+            if number != getattr(signal, "SIGUSR2", None):
+                self.pending = number  # (the capture under way on this thread is this failure's)
+            return
         self.capture_now("signal", {"signal": name})
         if number == getattr(signal, "SIGUSR2", None):
             return
+        self.end_as_signalled(number, frame)
+
+    def end_as_signalled(self, number: int, frame: Any = None) -> None:
+        """What `number` did before the capture: the previous handler, or the default (the process ends
+        by the signal, its files tidied first)."""
         previous = self.previous.get(number)
         if callable(previous):
             previous(number, frame)
@@ -179,6 +265,8 @@ class SignalTriggers:
         if previous == signal.SIG_IGN:
             return
         self.uninstall()
+        if self.before_ending is not None:
+            self.before_ending()
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)  # ends the process as the signal would have
 
@@ -290,6 +378,7 @@ class CrashRows:
 
         self.path = path
         self.fd: int | None = None
+        self._unhook: Callable[[], Any] | None = None
         if _native.extension_missing:
             return
         try:
@@ -297,10 +386,24 @@ class CrashRows:
             _native.crash_rows_arm(self.fd, _observer_crash_rows())
         except OSError:
             self.close()
+            return
+        from polyprof.backends.torch import observer
+
+        # torch imported after the recorder started (polyprof run, the start-up hook): its operators too
+        self._unhook = observer.when_loaded(self._take_observer)
+
+    def _take_observer(self, loaded: Any) -> None:
+        from polyprof import _native
+
+        if self.fd is not None:
+            _native.crash_rows_arm(self.fd, loaded.crash_rows_address())
 
     def close(self) -> None:
         from polyprof import _native
 
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         if self.fd is None:
             return
         _native.crash_rows_disarm()

@@ -74,6 +74,14 @@ MEMORY_FIELDS = ("ts", "ptr", "bytes", "total_allocated", "total_reserved", "dev
 
 _loaded: dict[str, Observer] = {}
 _failed: dict[str, str] = {}
+_when_loaded: list[Callable[[Observer], None]] = []
+
+
+def when_loaded(callback: Callable[[Observer], None]) -> Callable[[], None]:
+    """`callback(observer)` for each observer loaded from now on (the flight recorder's crash writer
+    takes the observer's, torch being imported after the recorder started); returns the way to stop."""
+    _when_loaded.append(callback)
+    return lambda: _when_loaded.remove(callback) if callback in _when_loaded else None
 
 
 class Observer:
@@ -270,6 +278,8 @@ def get(torch: Any) -> Observer:
         except (BuildError, OSError) as exc:
             _failed[key] = str(exc)
             raise BuildError(str(exc)) from exc
+        for callback in list(_when_loaded):
+            callback(_loaded[key])
     return _loaded[key]
 
 
