@@ -402,3 +402,33 @@ def test_the_ring_keeps_under_its_megabytes(tmp_path):
     kept = sorted(int(a.name[4:]) for a in trace.activities if a.name.startswith("span"))
     assert kept and kept[-1] > n * 0.8 and kept[0] > 0, "the newest kept, the oldest let go"
     assert len(kept) < n * 0.6 and trace.backends["host"].dropped.get(RING_MB, 0) > 0
+
+
+def test_a_thread_waiting_inside_an_operator_hands_over_what_it_completed_before(tmp_path):
+    """A rank waiting inside ``record_function("backward")`` (DDP's all-reduce under it) is inside an
+    operator for seconds: the operators it completed before it entered are in the capture, the one it
+    waits in too (unfinished)."""
+    import threading
+
+    import torch
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with FlightRecorder(30, out_dir=tmp_path, hang_s=None, signals=(), capturable=False, job=False) as recorder:
+        for step in range(40):
+            with torch.profiler.record_function("forward"):
+                loss = model(torch.randn(8, 16)).sum()
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+                if step == 30:  # the capture comes while this thread waits in "backward"
+                    timer = threading.Timer(1.5, lambda: recorder.capture("manual"))
+                    timer.start()
+                    time.sleep(3.0)
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.02)
+        assert recorder.wait(60)
+    trace = polyprof.load_trace(recorder.captures[0])
+    assert sum(a.name == "forward" for a in trace.activities) == 31
+    backward = [a for a in trace.activities if a.name == "backward"]
+    assert len(backward) == 31 and [a.args.get("finished") for a in backward].count(False) == 1

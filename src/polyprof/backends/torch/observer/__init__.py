@@ -41,7 +41,7 @@ from polyprof.backends.torch.observer.builder import (
 
 __all__ = ["BuildError", "Observer", "cached", "disabled", "get", "library_path"]
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 # options of start() (the k* flags of observer.cpp)
 RECORD_SHAPES, PROFILE_MEMORY, WITH_FLOPS, WITH_MODULES, ALL_THREADS, OVERLOAD_NAMES = 1, 2, 4, 8, 16, 32
 TOP_LEVEL_ONLY = 64  # only the ops no other op of their thread is open around, annotations and collectives

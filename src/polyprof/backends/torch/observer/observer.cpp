@@ -62,7 +62,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 10;
+constexpr int kAbiVersion = 11;
 
 // Options of polyprof_observer_start (bit flags).
 constexpr int kRecordShapes = 1;
@@ -126,6 +126,8 @@ constexpr uint32_t kHasShapes = 0x20;         // name_scope flag: the op's input
                                               // shapes record (records are in op order: no offset kept)
 constexpr uint32_t kHasFrames = 0x40;         // name_scope flag: its Module Hierarchy id is the
                                               // buffer's next entry in ThreadBuffer::frames (op order)
+constexpr uint32_t kHandedOver = 0x80;       // name_scope flag: copied out by a take while its thread had
+                                              // an operator open (the row stays: open rows point past it)
 struct Op {
   int64_t start = 0;
   uint32_t dur = kStillOpen;
@@ -247,6 +249,8 @@ class ShapeStore {
     return chunks_[c.chunk].data + c.pos;
   }
   void advance(Cursor& c, const int64_t* end) const { c.pos = size_t(end - chunks_[c.chunk].data); }
+  // Where `c` is, without passing to the next record's chunk (after advance: the end of the record read).
+  const int64_t* position(const Cursor& c) const { return chunks_[c.chunk].data + c.pos; }
   void swap(ShapeStore& other) {
     chunks_.swap(other.chunks_);
     std::swap(room_, other.room_);
@@ -346,6 +350,11 @@ struct ThreadBuffer {
   std::atomic<int> inside{0};         // callbacks of its thread inside it (written by that thread only)
   std::atomic<bool> claimed{false};   // take is moving its contents out (written by take only)
   std::atomic<int> async_open{0};  // async operators started here and not yet ended (they hold indices)
+  // Rows copied out while an operator was open (kHandedOver): those before `handed_at` all are, and
+  // `shapes_at`, `frames_at` are where that row's shapes record and hierarchy entry are (see copy_completed)
+  bool any_handed = false;
+  size_t handed_at = 0, frames_at = 0;
+  ShapeStore::Cursor shapes_at;
 };
 
 // Moves what `from` recorded into `to` (same thread id), leaving `from` empty for its thread.
@@ -363,6 +372,16 @@ void move_contents(ThreadBuffer& from, ThreadBuffer& to) {
   to.values.swap(from.values);
   to.extra.swap(from.extra);
   to.mem.swap(from.mem);
+}
+
+// `b` emptied, as a new buffer of its thread (everything it held freed).
+void empty_contents(ThreadBuffer& b) {
+  ThreadBuffer gone;
+  move_contents(b, gone);
+  std::vector<Rare>().swap(b.rare);  // (move_contents swaps: `gone` had none)
+  b.any_handed = false;
+  b.handed_at = b.frames_at = 0;
+  b.shapes_at = ShapeStore::Cursor{};
 }
 
 // An op's fields packed into its 24-byte row (and a Rare when it needs one; `async` ops always get one,
@@ -1483,6 +1502,78 @@ void append_shape_fragments(std::string& out, const ThreadBuffer& b, ShapeStore:
   }
 }
 
+// Copies into `to` (a new buffer of the same thread) the operators of `from` that no take has handed
+// over: those completed before its first open one, or with `include_open` (at stop) all of them, each
+// with its name, shapes record, values, extra args and hierarchy entry; the completed ones copied are
+// marked kHandedOver in `from`, whose rows keep their places (its open operators point into them) until
+// it is emptied. A thread that stays inside an operator (a rank waiting in DDP's backward under a
+// record_function) so still hands over what it completed before; what it completes inside that
+// operator goes with it. Returns the number of operators copied.
+size_t copy_completed(ThreadBuffer& from, ThreadBuffer& to, bool include_open) {
+  std::vector<int32_t> name_map(from.names.size(), -1);
+  auto name_in_to = [&](int32_t id) -> int32_t {
+    if (id < 0 || size_t(id) >= from.names.size()) return id;
+    if (name_map[size_t(id)] < 0) {
+      name_map[size_t(id)] = int32_t(to.names.size());
+      to.names.push_back(from.names[size_t(id)]);
+    }
+    return name_map[size_t(id)];
+  };
+  if (to.values.empty()) to.values = from.values;  // (shapes records index them: the same indices)
+  ShapeStore::Cursor shapes_at = from.shapes_at;
+  size_t frames_at = from.frames_at, copied = 0, count = from.ops.size();
+  bool prefix = true;  // every row so far is handed over: the next take starts after them
+  std::vector<Input> scratch;
+  for (size_t k = from.handed_at; k < count; k++) {
+    Op& row = from.ops[k];
+    const int64_t* record = nullptr;
+    size_t record_ints = 0;
+    if (row.name_scope & kHasShapes) {
+      record = from.shapes.at(shapes_at);
+      decode_inputs(from, shapes_at, scratch);
+      record_ints = size_t(from.shapes.position(shapes_at) - record);
+    }
+    bool open = row.dur == kStillOpen;
+    if (open && !include_open) break;  // (what follows an open op is inside it: its rows go with it, as
+                                       // an evaluate_function range and the node it runs must)
+    int32_t frame = -1;
+    if ((row.name_scope & kHasFrames) && frames_at < from.frames.size()) frame = from.frames[frames_at++];
+    if (!(row.name_scope & kHandedOver) && (!open || include_open)) {
+      OpFields f = unpack(from, row);
+      f.name = name_in_to(f.name);
+      f.overload = name_in_to(f.overload);
+      if (f.extra >= 0) {
+        int64_t at = int64_t(to.extra.size());
+        to.extra += from.extra.c_str() + f.extra;
+        to.extra.push_back('\0');
+        f.extra = at;
+      }
+      if (record != nullptr) {
+        int64_t* into = to.shapes.reserve(record_ints);
+        std::memcpy(into, record, record_ints * sizeof(int64_t));
+        to.shapes.commit(into + record_ints);
+        f.shapes = 0;
+      }
+      Op& copy = to.ops.push_back(pack(&to, f, false));
+      copy.start = row.start;
+      if (!open) set_end(to, copy, op_end(from, row));
+      if (frame >= 0) {
+        to.frames.push_back(frame);
+        copy.name_scope |= kHasFrames;
+      }
+      if (!open) row.name_scope |= kHandedOver;
+      copied++;
+    }
+    if (prefix && (row.name_scope & kHandedOver)) {
+      from.handed_at = k + 1, from.shapes_at = shapes_at, from.frames_at = frames_at;
+    } else {
+      prefix = false;
+    }
+  }
+  from.any_handed = from.any_handed || copied > 0;
+  return copied;
+}
+
 // While recording (g_mutex held): calls `visit(buffer)` on every thread's buffer while it is claimed
 // (its thread's callbacks then stay out of it, see Busy), again every 20 us for up to `patience_us` on
 // those where `visit` returns false (their thread was inside a callback or an operator).
@@ -1596,7 +1687,21 @@ int64_t polyprof_observer_stop() {
   }
   wait_until_idle();
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_taken = g_buffers;
+  g_taken.clear();
+  for (auto& b : g_buffers) {
+    if (!b->any_handed) {
+      g_taken.push_back(b);
+      continue;
+    }
+    try {  // (some of its rows were handed over while it had an operator open: the rest, open ones too)
+      auto rest = std::make_shared<ThreadBuffer>();
+      rest->tid = b->tid;
+      copy_completed(*b, *rest, true);
+      rest->mem.swap(b->mem);
+      g_taken.push_back(std::move(rest));
+    } catch (...) {  // no memory: this thread's rest is lost, the others' read
+    }
+  }
   int64_t n = 0;
   for (auto& b : g_taken) n += int64_t(b->ops.size());
   return n;
@@ -1613,17 +1718,34 @@ int64_t polyprof_observer_take(int64_t patience_us) {
   if (!g_recording.load(std::memory_order_seq_cst)) return 0;
   int64_t n = 0;
   visit_claimed(patience_us, [&n](ThreadBuffer& b) {
-    bool between_ops = b.inside.load(std::memory_order_acquire) == 0 && b.open.empty() &&
-                       b.async_open.load(std::memory_order_acquire) == 0;
-    if (between_ops && (!b.ops.empty() || !b.mem.empty())) {
-      try {
-        g_taken.reserve(g_taken.size() + 1);  // nothing throws once the contents are moved
-        auto out = std::make_shared<ThreadBuffer>();
-        move_contents(b, *out);
-        n += int64_t(out->ops.size());
-        g_taken.push_back(std::move(out));
-      } catch (...) {  // no memory for the hand-over: the buffer keeps its ops for a later take or stop
+    if (b.inside.load(std::memory_order_acquire) != 0) return false;
+    bool no_async = b.async_open.load(std::memory_order_acquire) == 0;
+    bool between_ops = b.open.empty() && no_async;
+    if (between_ops && !b.any_handed) {
+      if (!b.ops.empty() || !b.mem.empty()) {
+        try {
+          g_taken.reserve(g_taken.size() + 1);  // nothing throws once the contents are moved
+          auto out = std::make_shared<ThreadBuffer>();
+          move_contents(b, *out);
+          n += int64_t(out->ops.size());
+          g_taken.push_back(std::move(out));
+        } catch (...) {  // no memory for the hand-over: the buffer keeps its ops for a later take or stop
+        }
       }
+      return true;
+    }
+    if (!no_async) return false;  // (an async operator's end finds its row by index: nothing moves then)
+    // inside an operator, or after such a take: what is complete is copied out (the rows stay)
+    try {
+      g_taken.reserve(g_taken.size() + 1);
+      auto out = std::make_shared<ThreadBuffer>();
+      out->tid = b.tid;
+      size_t copied = copy_completed(b, *out, false);
+      out->mem.swap(b.mem);
+      n += int64_t(copied);
+      if (copied || !out->mem.empty()) g_taken.push_back(std::move(out));
+      if (between_ops) empty_contents(b);  // all of it handed over now
+    } catch (...) {  // no memory: what was not marked stays for a later take or stop
     }
     return between_ops;
   });
@@ -1898,10 +2020,12 @@ void polyprof_observer_crash_rows(void (*put)(const void* bytes, size_t n)) {
   for (size_t i = 0; i < count && i < g_buffers.size(); i++) {
     const ThreadBuffer* b = g_buffers[i].get();
     if (b == nullptr || b->claimed.load(std::memory_order_relaxed)) continue;  // (a take is moving it)
-    size_t ops = b->ops.size(), names = b->names.size();
-    i64(2), i64(b->tid), i64(int64_t(ops)), i64(int64_t(names));
-    for (size_t k = 0; k < ops; k++) {
+    size_t ops = b->ops.size(), names = b->names.size(), unhanded = 0;
+    for (size_t k = b->handed_at; k < ops; k++) unhanded += (b->ops[k].name_scope & kHandedOver) == 0;
+    i64(2), i64(b->tid), i64(int64_t(unhanded)), i64(int64_t(names));
+    for (size_t k = b->handed_at; k < ops; k++) {
       const Op& op = b->ops[k];
+      if (op.name_scope & kHandedOver) continue;  // (a take has it: it is in the spill)
       uint32_t name = op.name_scope >> 8;
       int64_t id = name == kNameRare ? (op.rare && op.rare <= b->rare.size() ? b->rare[op.rare - 1].name : -1)
                                      : int64_t(name);
