@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,6 +279,10 @@ def test_a_segfault_keeps_the_operators_of_its_last_second(tmp_path, how):
     (last,) = [a for a in trace.activities if a.name == "ProfilerStep#30"]
     assert any(a.name == "aten::linear" and a.start >= last.start for a in trace.activities), "the last step's ops"
     assert sum(a.name == "aten::linear" for a in trace.activities) == 2 * 31
+    # what a crash leaves: the spill, the rows written at the crash, the stacks; no empty file
+    kinds = sorted(re.sub(r"pid\d+", "WHO", name) for name in os.listdir(flight))
+    assert kinds == ["flight-WHO.spill", "flight-WHO.spill.crash", "flight-crash-WHO-stacks.txt"], kinds
+    assert all(os.path.getsize(flight / name) > 0 for name in os.listdir(flight))
 
 
 def test_captures_beyond_the_cap_are_removed_oldest_first(tmp_path):

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -1170,6 +1171,8 @@ static int g_crash_fd = -1;
 typedef void (*crash_put_fn)(const void *bytes, size_t n);
 static void (*g_crash_more)(crash_put_fn put) = NULL;
 static volatile sig_atomic_t g_crash_taken = 0;
+/* a file removed at a crash if it is still empty (the flight recorder's hang stacks: nothing to say) */
+static char g_crash_tidy[4096];
 static const int g_crash_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
 #define N_CRASH_SIGNALS ((int)(sizeof g_crash_signals / sizeof g_crash_signals[0]))
 static struct sigaction g_crash_previous[N_CRASH_SIGNALS];
@@ -1293,6 +1296,9 @@ static void crash_handler(int sig, siginfo_t *info, void *context) {
         if (g_crash_more != NULL) g_crash_more(crash_bytes);
         crash_i64(0);
         crash_flush();
+        struct stat st;  /* (stat and unlink are async-signal-safe) */
+        if (g_crash_tidy[0] != '\0' && stat(g_crash_tidy, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0)
+            unlink(g_crash_tidy);
         errno = saved;
     }
     for (int i = 0; i < N_CRASH_SIGNALS; i++)  /* the handler before, for this signal as it goes on */
@@ -1301,14 +1307,22 @@ static void crash_handler(int sig, siginfo_t *info, void *context) {
 }
 
 static PyObject *sp_crash_rows_arm(PyObject *m, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "crash_rows_arm(fd, more=0)");
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "crash_rows_arm(fd, more=0, tidy='')");
         return NULL;
     }
     int f = PyLong_AsLong(a[0]);
     if (f < 0 && PyErr_Occurred()) return NULL;
     void *more = nargs > 1 ? PyLong_AsVoidPtr(a[1]) : NULL;
     if (more == NULL && PyErr_Occurred()) return NULL;
+    if (nargs > 2) {
+        Py_ssize_t len;
+        const char *tidy = PyUnicode_AsUTF8AndSize(a[2], &len);
+        if (tidy == NULL) return NULL;
+        if ((size_t)len >= sizeof g_crash_tidy) len = 0;  /* (too long a path: nothing removed) */
+        memcpy(g_crash_tidy, tidy, (size_t)len);
+        g_crash_tidy[len] = '\0';
+    }
     g_crash_more = (void (*)(crash_put_fn))more;
     if (g_crash_armed) { g_crash_fd = f; Py_RETURN_TRUE; }
     struct sigaction action;
@@ -1332,7 +1346,7 @@ static PyObject *sp_crash_rows_disarm(PyObject *m, PyObject *unused) {
             now.sa_sigaction == crash_handler)
             sigaction(g_crash_signals[i], &g_crash_previous[i], NULL);
     }
-    g_crash_fd = -1, g_crash_armed = 0, g_crash_more = NULL;
+    g_crash_fd = -1, g_crash_armed = 0, g_crash_more = NULL, g_crash_tidy[0] = '\0';
     Py_RETURN_NONE;
 }
 
@@ -1351,7 +1365,7 @@ PyMethodDef pp_recorder_methods[] = {
     {"external_id_reader", sp_external_id_reader, METH_NOARGS,
      "The address of `long long reader(void)`, current_external_id for C callers holding the GIL."},
     {"crash_rows_arm", (PyCFunction)(void (*)(void))sp_crash_rows_arm, METH_FASTCALL,
-     "crash_rows_arm(fd, more=0): at a fatal signal, write every thread's rows not yet handed over to `fd`, "
+     "crash_rows_arm(fd, more=0, tidy=''): at a fatal signal, write every thread's rows not yet handed over to `fd`, "
      "then call `more(fd)` (a C function's address) where given."},
     {"crash_rows_disarm", sp_crash_rows_disarm, METH_NOARGS, "The fatal signals' handlers as they were before arming."},
     {"thread_context_fast", sp_thread_context_fast, METH_NOARGS,

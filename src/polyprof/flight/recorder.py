@@ -152,7 +152,8 @@ class FlightRecorder:
         if self.spill_path is not None:
             from polyprof.formats.spill.crash import CRASH_SUFFIX
 
-            self._crash_rows = CrashRows(self.spill_path + CRASH_SUFFIX)  # (before faulthandler: see CrashRows)
+            hang_stacks = self._hang.stacks_path if self._hang is not None else None
+            self._crash_rows = CrashRows(self.spill_path + CRASH_SUFFIX, hang_stacks)  # (before faulthandler: see CrashRows)
             self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{_who()}-stacks.txt"))
         self._link_job()
         _running.append(self)

@@ -371,9 +371,10 @@ class CrashRows:
     the torch observer its operators, to `path` (beside the spill: ``SPILL.crash``) with write(2) alone,
     async-signal-safely; ``polyprof recover SPILL`` reads it with the spill. Armed before :class:`CrashStacks` (faulthandler), so that at
     a crash the stacks are written first, then the rows; :meth:`close` after it. Without the C
-    extension nothing is armed: the spill's last hand-over is what a crash leaves."""
+    extension nothing is armed: the spill's last hand-over is what a crash leaves. `tidy`: a file the
+    crash removes if it is still empty (the hang watchdog's stacks: no hang came)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, tidy: str | None = None) -> None:
         from polyprof import _native
 
         self.path = path
@@ -383,7 +384,7 @@ class CrashRows:
             return
         try:
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            _native.crash_rows_arm(self.fd, _observer_crash_rows())
+            _native.crash_rows_arm(self.fd, _observer_crash_rows(), tidy or "")
         except OSError:
             self.close()
             return
