@@ -6,8 +6,9 @@ fills in the first half minute, then wraps about 20 times in 10 minutes, its spi
     .venv/bin/python benchmarks/flight_recorder_rss.py [--minutes 10]
 
 Target (issue #62): RSS flat, within 10%, from 1 to 10 minutes. Reported: RSS at each minute, the steps
-made, the captures written (slow steps from a neighbour's noise are captures too: capped by
-``max_captures``), and the same loop's RSS without the recorder (a second process, run after).
+made, the captures written (one every `--capture-every-s`, by SIGUSR2, as slow steps from a
+neighbour's noise made them in a long run; capped by ``max_captures``), and the same loop's RSS without
+the recorder (a second process, run after).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -40,13 +42,22 @@ print(json.dumps({"rss_mb_each_minute": marks, "steps": steps}))
 """
 
 
-def run(minutes: float, recorder: bool, folder: str) -> dict:
+def run(minutes: float, recorder: bool, folder: str, capture_every_s: float) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPROF_")}
+    folder = os.path.join(folder, "recorder" if recorder else "plain")
+    os.makedirs(folder)
     if recorder:
         env.update(POLYPROF_FLIGHT_RECORDER="30", POLYPROF_FLIGHT_DIR=os.path.join(folder, "flight"))
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, "-c", LOOP, str(minutes), here], env=env, cwd=folder, check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(minutes), here], env=env, cwd=folder,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    while recorder and capture_every_s > 0:  # a capture now and then, as a long job's slow steps make them
+        try:
+            proc.wait(timeout=capture_every_s)
+            break
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate()
     result = json.loads(out.strip().splitlines()[-1])
     flight = os.path.join(folder, "flight")
     result["captures"] = sorted(os.listdir(flight)) if os.path.isdir(flight) else []
@@ -56,12 +67,13 @@ def run(minutes: float, recorder: bool, folder: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--capture-every-s", type=float, default=50.0, help="SIGUSR2 this often (0: never)")
     args = ap.parse_args()
     folder = scratch_folder()
-    with_recorder = run(args.minutes, True, folder)
+    with_recorder = run(args.minutes, True, folder, args.capture_every_s)
     marks = with_recorder["rss_mb_each_minute"]
     growth = round(100 * (marks[-1] / marks[0] - 1), 1) if len(marks) > 1 else None
-    without = run(min(args.minutes, 2.0), False, folder)
+    without = run(min(args.minutes, 2.0), False, folder, 0)
     report("flight_recorder_rss", {"minutes": args.minutes, "recorder": with_recorder,
                                    "rss_growth_first_to_last_minute_pct": growth, "no_recorder_2_min": without})  # fmt: skip
 

@@ -432,3 +432,19 @@ def test_a_thread_waiting_inside_an_operator_hands_over_what_it_completed_before
     assert sum(a.name == "forward" for a in trace.activities) == 31
     backward = [a for a in trace.activities if a.name == "backward"]
     assert len(backward) == 31 and [a.args.get("finished") for a in backward].count(False) == 1
+
+
+def test_a_step_slowed_by_a_capture_being_written_is_not_a_slow_step():
+    from polyprof.flight.triggers import SlowSteps
+
+    fired = []
+    slow = SlowSteps(3.0, None, lambda name, evidence: fired.append(evidence["step"]))
+    now = 0.0
+    for step in range(20):
+        now += 0.1
+        slow.step_ended(step, now)
+    slow.step_ended(20, now + 1.0, capturing=True)  # ten times the median, while the recorder wrote
+    assert fired == []
+    slow.step_ended(21, now + 1.1)
+    slow.step_ended(22, now + 2.1)  # the same, with no capture under way
+    assert fired == [22]

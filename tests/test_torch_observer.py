@@ -863,3 +863,23 @@ def test_a_profiles_first_ops_write_into_chunks_faulted_in_at_its_start(record_s
     assert saved >= (60 if record_shapes else 25), (got["faults"], cold["faults"])
     assert got["faults"] < cold["faults"] / 3, (got["faults"], cold["faults"])
     assert got["ops"] == 6_000
+
+
+def test_forward_ops_wait_for_their_backward_node_for_a_bounded_time():
+    """A long recording with top-level operators only (the flight recorder's): most forward ops never see
+    their backward node; the ones waiting are let go once older than the age asked for."""
+    import numpy as np
+
+    from polyprof.backend import SessionContext
+    from polyprof.backends.torch import flows
+
+    ctx, carry = SessionContext("torch"), {}
+    for batch in range(100):  # 100 hand-overs a second apart, 50 forward ops each, no backward node
+        seq = np.arange(batch * 50, batch * 50 + 50, dtype=np.int64)
+        zeros = np.zeros(50, dtype=np.int64)
+        start = np.full(50, batch * 1_000_000_000, dtype=np.int64)
+        flows.fwdbwd_flows(seq, zeros, zeros + 7, start, ctx, carry, carry_max_age_s=10)
+    assert len(carry) == 11 * 50, "the last 10 s of forward ops, no more"
+    seq = np.array([99 * 50], dtype=np.int64)  # a backward node of the last batch still pairs
+    flow_id, _ = flows.fwdbwd_flows(seq, np.array([7]), np.array([7]), np.array([100 * 10**9]), ctx, carry, 10)
+    assert flow_id[0] != 0

@@ -507,6 +507,36 @@ def h_flight(out):
             "write_s": recorder.write_seconds}  # fmt: skip
 
 
+FLIGHT_BY_VARIABLE = """
+import time, torch
+cuda_at_import = torch.cuda.is_initialized()
+model = torch.nn.Linear(1024, 1024).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(40):
+    model(torch.randn(256, 1024, device="cuda")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    torch.cuda.synchronize()
+    if step == 30:
+        time.sleep(0.5)
+print("cuda initialised by import torch:", cuda_at_import, flush=True)
+"""
+
+
+@part
+def h_flight_variable(out):
+    """(h2) The flight recorder as users switch it on: POLYPROF_FLIGHT_RECORDER on an unchanged CUDA script
+    (armed at `import torch`): the script runs, CUDA is not initialised by the hook, the slow step at
+    step 30 is captured."""
+    folder = os.path.join(os.path.dirname(out), "flight-variable")
+    env = {**os.environ, "POLYPROF_FLIGHT_RECORDER": "10,hang_s=off", "POLYPROF_FLIGHT_DIR": folder}
+    run = subprocess.run([sys.executable, "-c", FLIGHT_BY_VARIABLE], env=env, capture_output=True, text=True,
+                         timeout=PART_TIMEOUT_S)  # fmt: skip
+    captures = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return {"returncode": run.returncode, "stdout": run.stdout[-500:], "stderr": run.stderr[-2000:],
+            "captures": captures}  # fmt: skip
+
+
 @part
 def c_unprofiled(out):
     import torch

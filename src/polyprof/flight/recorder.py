@@ -39,11 +39,14 @@ from polyprof.flight.triggers import (
     SlowSteps,
 )
 from polyprof.formats.common.paths import launcher_rank
+from polyprof.memory import release_freed_memory
 
 OPS = ("top", "all", "none")
 #: triggers after which the process ends (its capture waits up to ENDING_ANSWER_S for the others' answers)
 ENDING_TRIGGERS = ("exception", "collective_timeout", "exit")
 ENDING_ANSWER_S = 3.0
+#: how often the writer thread gives the memory the ring freed back to the system
+TRIM_EVERY_S = 10.0
 
 
 def _rank() -> int | None:
@@ -111,7 +114,7 @@ class FlightRecorder:
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now, before_ending=self._before_ending,
-                                       busy=lambda: self._main_writing)  # fmt: skip
+                                       busy=lambda: self._main_writing, capture_later=self._signalled)  # fmt: skip
         self._main_writing = False  # the main thread is writing a capture (a signal then waits for it)
         self._exit = ExitHooks(self._trigger_now) if on_exception else None
         self._oom = CudaOutOfMemory(self._trigger)
@@ -129,6 +132,7 @@ class FlightRecorder:
         self.max_captures = max_captures
         self.max_captures_bytes = None if max_captures_mb is None else max_captures_mb * 1e6
         self._last_ending = -1e18  # (monotonic) when the last ending trigger was claimed
+        self._writes = self._writes_seen = 0  # captures written, and as the last step boundary saw them
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -139,7 +143,7 @@ class FlightRecorder:
         if self.spill_path is not None:
             os.makedirs(self.out_dir, exist_ok=True)
         self.profile = Profile(self._activities, ring_s=self.seconds, record_steps=True, spill=self.spill_path,
-                               extra={"torch_ops": self.ops}, **self._profile_options)  # fmt: skip
+                               extra={"torch_ops": self.ops, "fwdbwd_carry_s": self.seconds + self.after_s + 10}, **self._profile_options)  # fmt: skip
         self.profile.start()
         self._writer = threading.Thread(target=self._write_loop, name="polyprof-flight-writer", daemon=True)
         self._writer.start()
@@ -240,7 +244,9 @@ class FlightRecorder:
         profile.step()
         if self._hang is not None:
             self._hang.beat(now)
-        self._slow.step_ended(ended, now)
+        capturing = self._writes != self._writes_seen or self._dumping.locked()
+        self._writes_seen = self._writes
+        self._slow.step_ended(ended, now, capturing)
         if not self._oom.attached and ended < 1000:  # (CUDA comes into use in the first steps, or never)
             self._oom.attach_if_cuda_is_in_use()
 
@@ -297,6 +303,10 @@ class FlightRecorder:
                 if pending is not None:  # SIGTERM came while this was written: it ends the process now
                     self._signals.end_as_signalled(pending)
 
+    def _signalled(self, trigger: str, evidence: dict[str, Any]) -> None:
+        """A signal after which the program goes on (SIGUSR2): captured on the writer thread, every time."""
+        self._trigger(trigger, evidence, gap=False)
+
     def _before_ending(self) -> None:
         """The process is about to end by a signal (no atexit then): the files that only a crash or a
         kill needs are removed, as at a clean stop."""
@@ -351,7 +361,13 @@ class FlightRecorder:
 
     def _write_loop(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=TRIM_EVERY_S)
+            except queue.Empty:
+                # the ring's hand-overs free blocks amid those kept: glibc held them (RSS +25 MB a minute
+                # with a 30 s ring, gone at a trim); a few ms here, off the training thread
+                release_freed_memory()
+                continue
             try:
                 if job is None:
                     return
@@ -377,7 +393,10 @@ class FlightRecorder:
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with self._dumping:
-                written = profile.dump(path, last_s=last_s or self._span_s(evidence), metadata=meta)
+                try:
+                    written = profile.dump(path, last_s=last_s or self._span_s(evidence), metadata=meta)
+                finally:
+                    self._writes += 1  # (a step that saw this write is not judged slow: see step)
         except Exception as exc:  # noqa: BLE001 - a capture never raises into the program
             self.failures.append(f"{trigger}: {exc}")
             return None
@@ -386,6 +405,7 @@ class FlightRecorder:
         self.write_seconds.append(time.perf_counter() - started)
         self.captures.append(written)
         self._keep_under_caps()
+        release_freed_memory()  # (the capture's merge freed its columns amid the ring's: a long run grew)
         return written
 
     def _keep_under_caps(self) -> None:

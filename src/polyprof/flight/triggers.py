@@ -41,9 +41,11 @@ class SlowSteps:
         self.recent: collections.deque[float] = collections.deque(maxlen=WINDOW_STEPS)
         self.last: float | None = None
 
-    def step_ended(self, step: int, now: float) -> None:
+    def step_ended(self, step: int, now: float, capturing: bool = False) -> None:
+        """`capturing`: a capture was being written during this step (its time is the recorder's own
+        doing, not the program's: neither judged nor counted in the median)."""
         last, self.last = self.last, now
-        if last is None:
+        if last is None or capturing:
             return
         took = now - last
         median = statistics.median(self.recent) if len(self.recent) >= MIN_STEPS else None
@@ -142,13 +144,15 @@ class HangWatchdog:
 
 
 class SignalTriggers:
-    """The signals named (SIGUSR2, SIGTERM, SIGINT, ...) capture on the main thread as they come; then
-    SIGUSR2 lets the program go on, and the others do what they did before (the previous handler, or
-    the default: the process ends by the signal)."""
+    """The signals named (SIGUSR2, SIGTERM, SIGINT, ...) capture as they come: SIGUSR2 through
+    `capture_later` (the writer thread: the program goes on at once), the others on the main thread,
+    which then do what they did before (the previous handler, or the default: the process ends by the
+    signal)."""
 
     def __init__(self, names: tuple[str, ...], capture_now: Fire, before_ending: Callable[[], Any] | None = None,
-                 busy: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 busy: Callable[[], bool] | None = None, capture_later: Fire | None = None) -> None:  # fmt: skip
         self.names, self.capture_now, self.before_ending, self.busy = names, capture_now, before_ending, busy
+        self.capture_later = capture_later
         self.previous: dict[int, Any] = {}
 
     #: how long the signal thread leaves a stopping signal to the main thread's handler
@@ -249,6 +253,9 @@ class SignalTriggers:
         if self.busy is not None and self.busy():
             if number != getattr(signal, "SIGUSR2", None):
                 self.pending = number  # (the capture under way on this thread is this failure's)
+            return
+        if number == getattr(signal, "SIGUSR2", None) and self.capture_later is not None:
+            self.capture_later("signal", {"signal": name})  # (the program goes on: written off its thread)
             return
         self.capture_now("signal", {"signal": name})
         if number == getattr(signal, "SIGUSR2", None):

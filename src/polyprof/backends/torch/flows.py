@@ -37,8 +37,11 @@ def evaluate_function_args(
     return sequence_args(rows[linked], seq, fwd_tid, children[linked])
 
 
-#: forward ops kept waiting for a backward node in a later hand-over, at most (the oldest go first)
+#: forward ops kept waiting for a backward node in a later hand-over, at most (the oldest go first),
+#: and for at most this long after they started (a backward node comes within its step; with top-level
+#: operators only, most never come: the node op is inside its evaluate_function range)
 CARRY_LIMIT = 1_000_000
+CARRY_MAX_AGE_S = 300.0
 
 
 def fwdbwd_flows(
@@ -47,15 +50,17 @@ def fwdbwd_flows(
     rf_tid: np.ndarray,
     start: np.ndarray,
     ctx: SessionContext,
-    carry: dict[tuple[int, int], int] | None = None,
+    carry: dict[tuple[int, int], tuple[int, int]] | None = None,
+    carry_max_age_s: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Forward->backward flows, as torch links them: a backward node (forward thread id > 0) to the
     latest-starting forward op with the same sequence number on that forward thread. Returns (flow id,
     flow start) columns.
 
     With `carry` (rows handed over in batches while recording), forward ops without their backward node
-    in this batch get a flow id now and wait in `carry` for a later batch's backward node; the merge
-    clears the flows of those whose partner never comes."""
+    in this batch get a flow id now and wait in `carry` (key -> flow id, start) for a later batch's
+    backward node, for up to `carry_max_age_s` (default CARRY_MAX_AGE_S); the merge clears the flows of
+    those whose partner never comes."""
     n = len(seq)
     flow_id = np.zeros(n, dtype=np.int64)
     flow_start = np.zeros(n, dtype=np.int8)
@@ -82,14 +87,26 @@ def fwdbwd_flows(
     if carry is not None:
         for key, row in backward.items():
             if key not in forward and key in carry:
-                flow_id[row] = carry.pop(key)
+                flow_id[row] = carry.pop(key)[0]
         waiting = [(key, row) for key, row in forward.items() if key not in backward]
         if waiting:
             ids = ctx.new_correlation_ids(len(waiting)).tolist()
+            start_l = start.tolist()
             for (key, row), flow in zip(waiting, ids, strict=True):
                 flow_id[row], flow_start[row] = flow, 1
                 carry.pop(key, None)  # re-inserted last: the newest forward op is the one a node pairs with
-                carry[key] = flow
-            for key in list(itertools.islice(carry, max(0, len(carry) - CARRY_LIMIT))):
-                del carry[key]
+                carry[key] = (flow, start_l[row])
+            _forget_old(carry, int(start.max()) - int(1e9 * (carry_max_age_s or CARRY_MAX_AGE_S)))
     return flow_id, flow_start
+
+
+def _forget_old(carry: dict[tuple[int, int], tuple[int, int]], before_ns: int) -> None:
+    """The forward ops waiting since before `before_ns`, and the oldest past CARRY_LIMIT, let go (the
+    carry is in the order they were put in, near enough their starts' order)."""
+    gone = max(0, len(carry) - CARRY_LIMIT)
+    for _, started in itertools.islice(carry.values(), gone, None):
+        if started >= before_ns:
+            break
+        gone += 1
+    for key in list(itertools.islice(carry, gone)):
+        del carry[key]

@@ -24,7 +24,7 @@ def collect_observed(
     config: ProfileConfig,
     ctx: SessionContext,
     stop_ns: int,
-    carry: dict[tuple[int, int], int] | None = None,
+    carry: dict[tuple[int, int], tuple[int, int]] | None = None,
     job: dict | None = None,
 ) -> None:
     """Put what `obs` recorded or handed over (`n` operators) into `sink`; `carry` links forward ops
@@ -45,7 +45,7 @@ def _operators(
     config: ProfileConfig,
     ctx: SessionContext,
     stop_ns: int,
-    carry: dict[tuple[int, int], int] | None,
+    carry: dict[tuple[int, int], tuple[int, int]] | None,
     job: dict | None = None,
 ) -> None:
     cols, names = obs.columns(n)
@@ -86,7 +86,8 @@ def _operators(
         name_codes, names = _overload_names(name_codes, cols["overload"], names, args)
     for i in unfinished.tolist():
         args[i] = {**args.get(i, {}), "finished": False}
-    flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx, carry)
+    flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx, carry,
+                                             config.extra.get("fwdbwd_carry_s"))  # fmt: skip
     sink.activities(
         {
             "kind": kinds,

@@ -55,7 +55,7 @@ class TorchSession:
         self.torch_flag_before = False  # torch.autograd.profiler._is_profiler_enabled at start
         self.distributed = DistributedWatch()
         self.flushed = False  # rows were handed over while recording: fwd->bwd links span hand-overs
-        self.carry: dict[tuple[int, int], int] = {}  # forward ops waiting for their backward node
+        self.carry: dict[tuple[int, int], tuple[int, int]] = {}  # forward ops waiting for their backward node
         self.reading = threading.Lock()  # one read-out of the observer at a time: a flush's, or stop's
 
     # -- lifecycle --------------------------------------------------------------------------------
