@@ -132,7 +132,8 @@ class FlightRecorder:
         self.max_captures = max_captures
         self.max_captures_bytes = None if max_captures_mb is None else max_captures_mb * 1e6
         self._last_ending = -1e18  # (monotonic) when the last ending trigger was claimed
-        self._writes = self._writes_seen = 0  # captures written, and as the last step boundary saw them
+        self._write_s = self._write_s_seen = 0.0  # time spent writing captures, and as the last step saw it
+        self._write_started: float | None = None  # (monotonic) when the capture being written began
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
@@ -244,9 +245,10 @@ class FlightRecorder:
         profile.step()
         if self._hang is not None:
             self._hang.beat(now)
-        capturing = self._writes != self._writes_seen or self._dumping.locked()
-        self._writes_seen = self._writes
-        self._slow.step_ended(ended, now, capturing)
+        started = self._write_started
+        writing_s = self._write_s + (now - started if started is not None else 0.0)
+        excused, self._write_s_seen = writing_s - self._write_s_seen, writing_s
+        self._slow.step_ended(ended, now, excused)
         if not self._oom.attached and ended < 1000:  # (CUDA comes into use in the first steps, or never)
             self._oom.attach_if_cuda_is_in_use()
 
@@ -393,10 +395,12 @@ class FlightRecorder:
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with self._dumping:
+                self._write_started = time.monotonic()
                 try:
                     written = profile.dump(path, last_s=last_s or self._span_s(evidence), metadata=meta)
-                finally:
-                    self._writes += 1  # (a step that saw this write is not judged slow: see step)
+                finally:  # (a step is judged without the time captures were written in it: see step)
+                    self._write_s += time.monotonic() - self._write_started
+                    self._write_started = None
         except Exception as exc:  # noqa: BLE001 - a capture never raises into the program
             self.failures.append(f"{trigger}: {exc}")
             return None

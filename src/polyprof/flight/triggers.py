@@ -41,13 +41,13 @@ class SlowSteps:
         self.recent: collections.deque[float] = collections.deque(maxlen=WINDOW_STEPS)
         self.last: float | None = None
 
-    def step_ended(self, step: int, now: float, capturing: bool = False) -> None:
-        """`capturing`: a capture was being written during this step (its time is the recorder's own
-        doing, not the program's: neither judged nor counted in the median)."""
+    def step_ended(self, step: int, now: float, excused_s: float = 0.0) -> None:
+        """`excused_s`: how long a capture was being written during this step (the recorder's own doing,
+        not the program's: taken off the step's time before it is judged and counted)."""
         last, self.last = self.last, now
-        if last is None or capturing:
+        if last is None:
             return
-        took = now - last
+        took = max(0.0, now - last - excused_s)
         median = statistics.median(self.recent) if len(self.recent) >= MIN_STEPS else None
         self.recent.append(took)
         limits = []
