@@ -169,12 +169,17 @@ def _say(exc: Exception) -> None:
     print(f"polyprof: {exc}; ignored in this process", file=sys.stderr, flush=True)
 
 
-class _AfterImport:
-    """A meta path finder (by its methods: importing importlib.abc costs milliseconds) that calls
-    `then(module)` once, right after `name` has been imported, then steps aside."""
+class PostImportHook:
+    """Calls `callback(module)` once, right after `name` has been imported (a meta path finder by its
+    methods: importing importlib.abc costs milliseconds); :mod:`polyprof.backends.torch.import_hook`
+    gives it to the rest of polyprof::
 
-    def __init__(self, name: str, then: object) -> None:
-        self.name, self.then, self._busy = name, then, False
+        hook = PostImportHook("torch", on_torch)
+        hook.install()     # removed again after the call, or with hook.remove()
+    """
+
+    def __init__(self, name: str, callback: object) -> None:
+        self.name, self.callback, self._busy = name, callback, False
 
     def find_spec(self, fullname: str, path: object, target: object = None) -> object:
         if fullname != self.name or self._busy:
@@ -196,12 +201,19 @@ class _AfterImport:
 
             def exec_module(self, module: object) -> None:
                 loader.exec_module(module)
-                if hook in sys.meta_path:
-                    sys.meta_path.remove(hook)
-                hook.then(module)  # type: ignore[operator]
+                hook.remove()
+                hook.callback(module)  # type: ignore[operator]
 
         spec.loader = Loader()
         return spec
+
+    def install(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 def _arm(when: str) -> None:
@@ -236,7 +248,7 @@ def install() -> None:
         sys.addaudithook(_on_audit)
         _audit_open = True
         return
-    sys.meta_path.insert(0, _AfterImport("torch", lambda _module: _arm("import torch")))
+    PostImportHook("torch", lambda _module: _arm("import torch")).install()
     if found["on_demand"] and program_name() not in ("-c", ""):
         sys.addaudithook(_on_audit)
         _audit_open = True

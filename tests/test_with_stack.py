@@ -3,6 +3,7 @@ included), the same names and ids in the trace, the same call tree with torch's 
 stacks only where torch gives them (``verbose``). Each test runs the same code under torch.profiler and
 polyprof.profiler and compares."""
 
+import gc
 import json
 import re
 import threading
@@ -64,8 +65,12 @@ def run_profiled(module, **kwargs):
     def run_workload():
         return forward()
 
-    with module.profile(with_stack=True, **kwargs) as prof:
-        run_workload()
+    gc.disable()  # (a collection inside would put the gc callbacks of whoever registered one in the tree)
+    try:
+        with module.profile(with_stack=True, **kwargs) as prof:
+            run_workload()
+    finally:
+        gc.enable()
     return prof
 
 

@@ -3,56 +3,11 @@ a profiled program imports torch, so ``polyprof run train.py`` captures the scri
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from collections.abc import Callable
-from typing import Any
 
+from _polyprof_startup import PostImportHook  # (the start-up hook's own: one finder for both)
 
-class PostImportHook:
-    """Calls `callback(module)` once, right after `name` has been imported (a meta path finder by its
-    methods: importing importlib.abc would cost ``import polyprof`` ~7 ms)::
-
-    hook = PostImportHook("torch", on_torch)
-    hook.install()     # removed again after the call, or with hook.remove()
-    """
-
-    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
-        self.name = name
-        self.callback = callback
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None:
-            return None
-        loader, hook = spec.loader, self
-
-        class Loader:
-            def create_module(self, s: Any) -> Any:
-                return loader.create_module(s)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                hook.remove()
-                hook.callback(module)
-
-        spec.loader = Loader()
-        return spec
-
-    def install(self) -> None:
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
+__all__ = ["PostImportHook", "import_completed"]
 
 
 def import_completed(name: str) -> bool:
