@@ -339,3 +339,20 @@ def test_the_recorders_memory_stays_flat_as_its_ring_wraps_again_and_again(tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     early, late = map(float, r.stdout.split())
     assert late <= early * 1.10, (early, late)
+
+
+def test_polyprof_run_takes_the_recorders_settings_and_refuses_a_bad_one_before_the_script(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import os; print(os.environ['POLYPROF_FLIGHT_RECORDER'])\n")
+    run = [sys.executable, "-m", "polyprof", "run", "--flight-dir", str(tmp_path / "flight")]
+    r = subprocess.run([*run, "--flight-recorder", "5", "--flight-recorder-option", "hang_s=off",
+                        "--flight-recorder-option", "max_captures=3", str(script)], env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == "5.0,hang_s=off,max_captures=3\n", "what the script starts gets the same settings"
+    r = subprocess.run([*run, "--flight-recorder", "5", "--flight-recorder-option", "hang=1", str(script)],
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "" and "'hang=1' is not NAME=VALUE" in r.stderr
+    r = subprocess.run([*run, "--flight-recorder-option", "hang_s=1", str(script)], env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "needs --flight-recorder" in r.stderr
