@@ -148,25 +148,27 @@ def users_program(name: str, environ: dict[str, str] | None = None) -> bool:
     return not (top.startswith("pip") and top[3:].replace(".", "").isdigit())
 
 
-def wanted() -> dict[str, object]:
+def wanted(say: bool = True) -> dict[str, object]:
     """What the variables ask for in this process: ``{"torch_profiler": bool, "on_demand": bool,
-    "flight": settings or None, "activities": bool}``; a bad value is said in one line and left out."""
+    "flight": settings or None, "activities": bool}``; a bad value is left out (and said in one line
+    where `say`: at start-up, once)."""
     found: dict[str, object] = {"torch_profiler": False, "on_demand": False, "flight": None,
                                 "activities": bool(os.environ.get(ACTIVITIES, "").strip())}  # fmt: skip
     for key, name in (("torch_profiler", TORCH_PROFILER), ("on_demand", ON_DEMAND)):
         try:
             found[key] = flag(name)
         except BadSetting as exc:
-            _say(exc)
+            _say(exc, say)
     try:
         found["flight"] = flight_settings(os.environ.get(FLIGHT, ""))
     except BadSetting as exc:
-        _say(exc)
+        _say(exc, say)
     return found
 
 
-def _say(exc: Exception) -> None:
-    print(f"polyprof: {exc}; ignored in this process", file=sys.stderr, flush=True)
+def _say(exc: Exception, say: bool = True) -> None:
+    if say:
+        print(f"polyprof: {exc}; ignored in this process", file=sys.stderr, flush=True)
 
 
 class PostImportHook:

@@ -131,6 +131,18 @@ def test_yes_no_variables(value, on):
 
 torch = pytest.importorskip("torch", reason="needs torch (the hook arms at its import)")
 
+
+def test_a_bad_value_is_said_once_when_torch_arms_the_rest(tmp_path):
+    """A bad flight recorder value beside a good on-demand one: one line at start, none again when
+    torch's import arms the listener, and a program that ends at once ends cleanly."""
+    env = _env(tmp_path, POLYPROF_FLIGHT_RECORDER="abc", POLYPROF_ON_DEMAND="1")
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", "import torch"], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 0
+        (line,) = r.stderr.splitlines()
+        assert line.startswith("polyprof: POLYPROF_FLIGHT_RECORDER='abc'"), r.stderr
+
 TRAIN = """
 import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -289,6 +301,7 @@ def test_captures_beyond_the_cap_are_removed_oldest_first(tmp_path):
     recorder = polyprof.flight_recorder(seconds=2, out_dir=tmp_path, hang_s=None, signals=(), max_captures=2,
                                         crash_spill=False, capturable=False, job=False)  # fmt: skip
     try:
+        mine = recorder.capture_to(str(tmp_path / "elsewhere" / "mine.pftrace"), 2.0)  # (capture --last -o)
         written = []
         for n in range(4):
             recorder.capture("manual", {"n": n})
@@ -297,7 +310,7 @@ def test_captures_beyond_the_cap_are_removed_oldest_first(tmp_path):
             time.sleep(0.002)  # (names carry milliseconds)
     finally:
         recorder.stop()
-    assert recorder.captures == written[-2:]
+    assert recorder.captures == [mine, *written[-2:]] and os.path.exists(mine), "a file asked for is not capped"
     assert sorted(glob.glob(str(tmp_path / "flight-manual-*"))) == sorted(written[-2:])
     tiny = polyprof.flight_recorder(seconds=2, out_dir=tmp_path / "mb", hang_s=None, signals=(), max_captures_mb=1e-6,
                                     crash_spill=False, capturable=False, job=False)  # fmt: skip

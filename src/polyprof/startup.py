@@ -28,7 +28,7 @@ _armed: set[str] = set()
 def arm(when: str) -> None:
     """Arm what the variables ask for and is not armed yet; `when` is what the program just did
     ("import torch", "program start")."""
-    found = variables.wanted() if not _armed else _wanted_quietly()
+    found = variables.wanted(say=False)  # (a bad value was said as the interpreter started)
     torch_ready = when == "import torch" or import_completed("torch")  # (torch's import is on the stack then)
     if "configuration" not in _armed and torch_ready:
         _armed.add("configuration")
@@ -40,15 +40,6 @@ def arm(when: str) -> None:
         _once("on_demand", variables.ON_DEMAND, "this process cannot be made capturable", _listen)
     if found["flight"] and torch_ready:
         _once("flight", variables.FLIGHT, "the flight recorder cannot start", _flight_recorder)
-
-
-def _wanted_quietly() -> dict[str, object]:
-    """The variables again, a bad value now left out without a second warning."""
-    import contextlib
-    import io
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        return variables.wanted()
 
 
 def _once(key: str, variable: str, what: str, start: Callable[[], None]) -> None:

@@ -413,10 +413,13 @@ class FlightRecorder:
         return written
 
     def _keep_under_caps(self) -> None:
-        """This process's captures beyond `max_captures` or `max_captures_mb` removed, oldest first
-        (with the stacks beside them)."""
+        """This process's captures in `out_dir` beyond `max_captures` or `max_captures_mb` removed, oldest
+        first (with the stacks beside them); one written where asked (``capture --last -o``) is left."""
         kept, total = [], 0
         for path in reversed(self.captures):
+            if os.path.dirname(path) != self.out_dir:
+                kept.append(path)  # (not counted: the user's file)
+                continue
             try:
                 size = os.stat(path).st_size
             except OSError:

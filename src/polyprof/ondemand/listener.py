@@ -98,8 +98,12 @@ class Listener:
         if sock is None or wake is None:
             return
         selector = selectors.DefaultSelector()
-        selector.register(sock, selectors.EVENT_READ, "accept")
-        selector.register(wake[0], selectors.EVENT_READ, "wake")
+        try:
+            selector.register(sock, selectors.EVENT_READ, "accept")
+            selector.register(wake[0], selectors.EVENT_READ, "wake")
+        except (ValueError, OSError):  # stopped (closed) before this thread began: a program that ended at once
+            selector.close()
+            return
         pending: dict[socket.socket, tuple[channel.MessageReader, float]] = {}  # requests being read
         try:
             while self._sock is sock:
