@@ -62,9 +62,17 @@ def test_run_script_that_raises_keeps_the_trace_and_exits_1(script, tmp_path):
 def test_unwritable_output_fails_before_the_script_runs(script, tmp_path):
     marker = tmp_path / "ran"
     s = script(f"open({str(marker)!r}, 'w').write('x')\n")
-    r = run(["run", "-o", str(tmp_path / "no" / "such" / "dir" / "t.json"), str(s)])
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    (tmp_path / "a-file").write_text("")
+    r = run(["run", "-o", str(tmp_path / "a-file" / "dir" / "t.json"), str(s)])
+    assert r.returncode == 2 and "cannot make its folder" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists(), "the script must not run when the trace cannot be written"
+
+
+def test_the_output_folder_is_made_as_torchs_trace_handler_makes_its_own(script, tmp_path):
+    s = script("pass\n")
+    r = run(["run", "--no-summary", "-o", str(tmp_path / "traces" / "rank{rank}.json.gz"), str(s)])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "traces" / "rank0.json.gz").is_file()
 
 
 def test_unknown_activity_fails_before_the_script_runs(script, tmp_path):

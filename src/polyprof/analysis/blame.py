@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from polyprof.analysis.table import Table
-from polyprof.errors import ConfigError
+from polyprof.extras import require
 
 
 def blame(traces: Iterable[Any]) -> Table:
@@ -25,10 +25,9 @@ def blame(traces: Iterable[Any]) -> Table:
     ``docs/store.md``), largest causes first within an instance."""
     from polyprof.analysis.ranks import load_ranks
 
-    try:
-        from polyprof.store.query import Store
-    except ImportError:
-        raise ConfigError("who made everyone wait needs pyarrow and duckdb: pip install 'polyprof[store]'") from None
+    require("store", "who made everyone wait")
+    from polyprof.store.query import Store
+
     loaded, _, ranks = load_ranks(traces)
     result = Store.of_traces(loaded, ranks).blame()
     return Table.of_arrow(result, "who made everyone wait")

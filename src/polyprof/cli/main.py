@@ -40,7 +40,8 @@ from polyprof._version import __version__
 from polyprof.cli.progress import QUIET, shown
 from polyprof.cli.render import EXIT_BAD_INPUT, fail, markup_safe, new_console, printable
 from polyprof.engine.signals import CleanStop, Signalled
-from polyprof.errors import PolyprofError, TraceFormatError
+from polyprof.errors import OutputPathError, PolyprofError, TraceFormatError
+from polyprof.extras import MissingExtra, extra_for, install_hint
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -183,6 +184,7 @@ def run(
     if ring is not None and not (math.isfinite(ring) and ring > 0):
         fail(f"--ring must be a positive, finite number of seconds, got {ring}")
     try:
+        _make_output_folder(output)
         output = check_output_path(output)
         groups = [a for a in (activities.split(",") if activities else []) if a.strip()] or None
         spill_file = spill_path(output) if (ring is None if spill is None else spill) else None
@@ -437,6 +439,18 @@ def recover(spill_file: str, output: str | None, quiet: bool) -> None:
         click.echo(f"polyprof: left out (its checksum matched, but it cannot be used): {printable(what)}", err=True)
 
 
+def _make_output_folder(output: str) -> None:
+    """The folder of the user's own -o (``traces/rank{rank}.json.gz`` under torchrun), made as
+    tensorboard_trace_handler makes its own."""
+    from polyprof.formats.common.paths import expand_placeholders
+
+    folder = os.path.dirname(os.path.abspath(expand_placeholders(output)))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write the trace to {output}: cannot make its folder {folder} ({exc.strerror})") from None
+
+
 def _stop_after(seconds: float, stop: Callable[[], None]) -> Callable[[], None]:
     """Call `stop` after `seconds`, on the main thread when possible (through SIGALRM), since some
     backends (torch's collector) must be stopped on the thread that started them. Returns a cancel
@@ -499,12 +513,15 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
             fail(str(exc))
         console = new_console()
         print_rank_view(ranks, console)
-        try:
+        from polyprof.extras import install_hint, missing
+
+        if missing("store"):
+            console.print(f"who made everyone wait needs the 'store' extra (pyarrow, duckdb): {install_hint('store')}",
+                          markup=False)
+        else:
             from polyprof.store.query import Store
 
             print_blame(Store.of_traces(traces, numbers).blame().to_pylist(), console)
-        except ImportError:
-            console.print("who made everyone wait: pip install 'polyprof[store]' (pyarrow, duckdb) to see it")
         return
     try:
         trace = load_trace(trace_files[0])
@@ -668,7 +685,15 @@ _add_commands()
 
 
 def main() -> None:
-    cli(prog_name="polyprof")
+    try:
+        cli(prog_name="polyprof")
+    except MissingExtra as exc:
+        fail(str(exc))
+    except ImportError as exc:  # an optional library a command reached for: the extra that brings it
+        extra = extra_for(exc)
+        if extra is None:
+            raise
+        fail(f"this command needs the '{extra}' extra ({exc.name} is not installed): {install_hint(extra)}")
 
 
 if __name__ == "__main__":

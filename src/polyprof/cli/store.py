@@ -26,7 +26,7 @@ ENGINE_HELP = "duckdb (default, in this process), spark (local mode) or spark://
 
 
 def is_store(path: str) -> bool:
-    from polyprof.store.schema import MANIFEST
+    from polyprof.formats.common.paths import MANIFEST
 
     return os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST))
 

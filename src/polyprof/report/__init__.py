@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from polyprof.errors import ConfigError
+from polyprof.extras import install_hint
 
-REPORT_EXTRA = "pip install 'polyprof[report]'"
+REPORT_EXTRA = install_hint("report")
 
 
 def plotly_js() -> str:
@@ -99,11 +100,12 @@ def _blame_parts(page: Any, traces: Sequence[Any], ranks: Sequence[int]) -> list
     note = ('<p class="note">For each collective every rank must enter before any leaves (all-reduce, all-gather, '
             "...), the last rank in is blamed for the wait each other rank paid; the cause is what that rank's "
             "training thread was doing meanwhile, on the job's clock.</p>")  # fmt: skip
-    try:
-        from polyprof.store.query import Store
-    except ImportError:
-        return [note, "<p>Install pyarrow and duckdb (<code>pip install 'polyprof[store]'</code>) to see it.</p>"]
+    from polyprof.extras import install_hint, missing
+
+    if missing("store"):
+        return [note, f"<p>Install pyarrow and duckdb (<code>{install_hint('store')}</code>) to see it.</p>"]
     from polyprof.analysis.table import Table
+    from polyprof.store.query import Store
 
     result = Store.of_traces(traces, ranks).blame()
     return [note, page.table(Table.of_arrow(result, "who made everyone wait"))]

@@ -18,6 +18,9 @@ The schema is :mod:`polyprof.store.schema` (and ``docs/store.md``); pyarrow and 
 from __future__ import annotations
 
 from polyprof._lazy import lazy_names
+from polyprof.extras import require
+
+require("store", "polyprof's trace store")  # before any store module imports pyarrow: one line, not a traceback
 
 _LAZY = {
     "write_store": "polyprof.store.write",

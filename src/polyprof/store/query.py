@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from polyprof.errors import ConfigError
+from polyprof.extras import require
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
@@ -130,10 +131,7 @@ class DuckDBEngine:
     name = "duckdb"
 
     def __init__(self, memory_limit: str | None = None, threads: int | None = None) -> None:
-        try:
-            import duckdb
-        except ImportError:
-            raise ConfigError("the store's queries need duckdb: pip install 'polyprof[store]'") from None
+        import duckdb
         config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads)) if v is not None}
         self.con = duckdb.connect(config=config)
         self.con.execute("set enable_progress_bar = false")  # DuckDB draws its own bar on stdout, even piped
@@ -168,11 +166,8 @@ class SparkEngine:
     name = "spark"
 
     def __init__(self, master: str = "local[2]", session: Any = None) -> None:
-        try:
-            import sqlglot  # noqa: F401
-            from pyspark.sql import SparkSession
-        except ImportError:
-            raise ConfigError("Spark queries need pyspark and sqlglot: pip install 'polyprof[spark]' (and Java 17)") from None
+        require("spark", "Spark queries (with Java 17)")
+        from pyspark.sql import SparkSession
         self.spark = session or (
             SparkSession.builder.master(master).appName("polyprof")
             .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from polyprof.formats.common.paths import MANIFEST  # noqa: F401 - a store's names, in one place
+
 SCHEMA_NAME = "polyprof.store"
 #: bumped whenever a column changes meaning or is removed (adding a column keeps the version)
 SCHEMA_VERSION = 1
-MANIFEST = "store.json"
 #: rows per Parquet row group (the unit an engine skips by its step statistics)
 ROW_GROUP_ROWS = 128 * 1024
 

@@ -72,6 +72,8 @@ def expand_placeholders(path: str | os.PathLike) -> str:
 
 #: a path ending so names a trace store (polyprof.store), a folder each rank adds its tables to
 STORE_SUFFIX = ".polyprof"
+#: the file that makes a folder a store and lists its ranks (known without the store extra's libraries)
+MANIFEST = "store.json"
 
 
 def check_output_path(path: str | os.PathLike) -> str:
