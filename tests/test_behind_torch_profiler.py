@@ -93,7 +93,7 @@ def test_framework_facing_attributes_behave_as_torchs(switched, tmp_path):
 
 def test_a_profiler_of_torchs_own_class_stays_torchs(switched, tmp_path):
     with switched() as ours:
-        with pytest.raises(RuntimeError, match="already enabled"):
+        with pytest.raises(RuntimeError, match="torch's own profiler cannot start while it does"):
             ORIGINAL().start()  # one profiler records ops at a time, as with torch alone: said, not mixed
         torch.ones(2).exp()
     with ORIGINAL() as theirs:
@@ -167,7 +167,11 @@ def test_polyprof_run_puts_polyprof_behind_torch_profiler_by_default(tmp_path):
     assert "own profiler" in r.stderr
     r = subprocess.run([*run, str(tmp_path / "outer2.json"), "--no-torch-profiler", str(script)], env=clean_env(),
                        capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert "Profiler is already enabled" in r.stderr, "torch's own profiler: one profiler at a time"
+    assert r.returncode == 0, r.stderr
+    assert "polyprof" not in json.loads((tmp_path / "inner.json").read_text()), "torch's own profiler recorded"
+    outer = json.loads((tmp_path / "outer2.json").read_text())
+    assert outer["polyprofRun"]["ended"] == "the script started its own profiler", "one profiler at a time"
+    assert "aten::add" in {e["name"] for e in outer["traceEvents"]}
 
 
 def test_activity_edits_add_and_remove_groups_for_every_profile(monkeypatch):

@@ -37,6 +37,10 @@ class BackendUnavailableError(PolyprofError, RuntimeError):
     """A profile asked for an activity whose backend cannot run on this machine."""
 
 
+class ProfilerBusyError(PolyprofError, RuntimeError):
+    """A profile started while another records in the process (a RuntimeError, as torch's profiler raises)."""
+
+
 class BackendConflictError(PolyprofError, RuntimeError):
     """Two installed distributions register a backend under the same name."""
 

@@ -52,7 +52,7 @@ def _once(key: str, variable: str, what: str, start: Callable[[], None]) -> None
 def _check_configuration() -> None:
     from polyprof.profiler.settings import activity_edits
 
-    activity_edits()
+    activity_edits(lenient=True)  # said once here, at torch's import, never again mid-run
 
 
 def _behind_torch_profiler() -> None:

@@ -134,8 +134,9 @@ def backends() -> None:
 @click.option("--flight-recorder-option", "flight_options", multiple=True, metavar="NAME=VALUE",
               help="One of the flight recorder's settings, e.g. hang_s=120, slow_step=off, max_captures=10 "
               "(repeatable; the table in docs/flight-recorder.md).")  # fmt: skip
-@click.option("--torch-profiler/--no-torch-profiler", default=True, show_default=True,
-              help="Put polyprof behind torch.profiler in SCRIPT and what it starts (POLYPROF_TORCH_PROFILER=1): "
+@click.option("--torch-profiler/--no-torch-profiler", default=None,
+              help="Put polyprof behind torch.profiler in SCRIPT and what it starts (the default, unless "
+              "POLYPROF_TORCH_PROFILER=0 is set): "
               "profilers that SCRIPT or its framework make are polyprof's; when one starts recording, this "
               "run's own trace ends there and is written. --no-torch-profiler leaves torch.profiler torch's "
               "own, which cannot start while this run records the script's ops (one profiler at a time).")  # fmt: skip
@@ -158,7 +159,7 @@ def run(
     flight_seconds: float | None,
     flight_dir: str,
     flight_options: tuple[str, ...],
-    torch_profiler: bool,
+    torch_profiler: bool | None,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -171,8 +172,7 @@ def run(
     if not os.path.isfile(script):
         fail(f"script {script} does not exist")
     _check_activity_settings()
-    if torch_profiler:
-        _behind_torch_profiler()
+    _behind_torch_profiler(torch_profiler)
     if on_demand:
         _run_on_demand(script, script_args)
     if flight_options and flight_seconds is None:
@@ -229,11 +229,12 @@ def run(
             click.echo(f"polyprof: SIGUSR2: no dump ({exc})", err=True)
 
     def yield_to_the_scripts_profiler(other: Any) -> None:
-        """The script's own profiler (torch.profiler's, polyprof's behind it) starts recording: only one
-        profile records ops at a time, so this run's trace ends here and is written now."""
-        click.echo("polyprof: the script started its own profiler (torch.profiler, polyprof behind it): this "
-                   "run's trace ends here; the script's profiler writes its own traces", err=True)  # fmt: skip
-        prof.add_metadata("polyprofRun", {"ended": "the script started its own profiler", "step": other.step_num})
+        """The script's own profiler (polyprof's behind torch.profiler, or torch's own) starts recording:
+        only one profile records ops at a time, so this run's trace ends here and is written now."""
+        whose = "polyprof behind it" if hasattr(other, "step_num") else "torch's own"
+        click.echo(f"polyprof: the script started its own profiler (torch.profiler, {whose}): this run's trace "
+                   "ends here; the script's profiler writes its own traces", err=True)  # fmt: skip
+        prof.add_metadata("polyprofRun", {"ended": "the script started its own profiler", "step": getattr(other, "step_num", None)})
         finish()
 
     prof.yield_to = yield_to_the_scripts_profiler
@@ -317,12 +318,20 @@ def _check_activity_settings() -> None:
         fail(str(exc))
 
 
-def _behind_torch_profiler() -> None:
-    """torch.profiler is polyprof's in this process from torch's import on, and in what it starts."""
+def _behind_torch_profiler(wanted: bool | None) -> None:
+    """torch.profiler is polyprof's in this process from torch's import on, and in what it starts:
+    `wanted` (--torch-profiler/--no-torch-profiler), else POLYPROF_TORCH_PROFILER where it is set, else on."""
+    from _polyprof_startup import BadSetting, flag
     from polyprof.profiler.behind_torch import ENV, install_when_torch_is_imported
 
-    os.environ[ENV] = "1"
-    install_when_torch_is_imported()
+    if wanted is None:
+        try:
+            wanted = flag(ENV) if os.environ.get(ENV, "").strip() else True
+        except BadSetting as exc:
+            fail(f"{exc}, or leave it unset for polyprof run's default (on)")
+    os.environ[ENV] = "1" if wanted else "0"
+    if wanted:
+        install_when_torch_is_imported()
 
 
 def _run_flight_recorder(seconds: float, folder: str, options: tuple[str, ...], script: str,

@@ -4,7 +4,7 @@ Python tracer), so a second profile may not record while one does. The recording
 
 ::
 
-    claim(profile)       # before its recorders start; PolyprofError if another records and will not yield
+    claim(profile)       # before its recorders start; ProfilerBusyError (a RuntimeError) if another records and will not yield
     release(profile)     # as its recorders stop
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from polyprof.errors import PolyprofError
+from polyprof.errors import ProfilerBusyError
 
 _lock = threading.Lock()
 _recording: Any = None
@@ -28,10 +28,19 @@ def claim(profile: Any) -> None:
         other.yield_to(profile)  # it must stop (and so release) itself
     with _lock:
         if _recording is not None and _recording is not profile:
-            raise PolyprofError(
+            raise ProfilerBusyError(
                 "another polyprof profile is already recording in this process; stop it first"
             )
         _recording = profile
+
+
+def give_way(other: Any) -> None:
+    """Ask the recording profile to yield to `other` (a profiler that is not polyprof's, such as torch's
+    own); one that cannot yield goes on recording."""
+    with _lock:
+        recording = _recording
+    if recording is not None and recording.yield_to is not None:
+        recording.yield_to(other)
 
 
 def release(profile: Any) -> None:

@@ -302,7 +302,11 @@ class Profile:
                                        self._abandoned)  # fmt: skip
 
     def _start_recording(self) -> None:
-        exclusive.claim(self)
+        try:
+            exclusive.claim(self)
+        except BaseException:  # another profile records: this one's window never starts, and is let go
+            self._abandon_sessions()
+            raise
         window = self._window
         assert window is not None
         # a backend's recorder may be process-wide (torch's observer): the last window's collect must
@@ -324,10 +328,11 @@ class Profile:
 
     def _stop_recording(self, save: bool = True) -> None:
         """The training thread's part of a window's end: stop the recorders, hand the rest over."""
+        if self._window is None:  # its start was refused (another profile records): nothing to stop
+            return
         called = time.perf_counter()
         call_observers(self.window_observers, "stop")
         ending, self._window = self._window, None
-        assert ending is not None
         window_end = ending.stop(self.options.ring_s)
         self._abandoned.update(ending.sessions.abandoned())  # a stop that hung: no session next window
         exclusive.release(self)

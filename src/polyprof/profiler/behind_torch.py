@@ -11,10 +11,12 @@
     polyprof run train.py                         # the same (--no-torch-profiler leaves torch's)
 
 While installed, ``torch.profiler.profile``, ``torch.profiler.schedule``,
-``torch.profiler.tensorboard_trace_handler`` and ``torch.profiler.ProfilerActivity`` are polyprof's, and
-so are ``profile``, ``schedule`` and ``tensorboard_trace_handler`` reached through
-``torch.profiler.profiler`` (that module's own ``ProfilerActivity`` stays torch's: torch's own classes
-use it). The installed ``profile`` class:
+``torch.profiler.tensorboard_trace_handler``, ``torch.profiler.ProfilerActivity`` (whose torch members
+are torch's own objects) and ``torch.profiler.supported_activities`` (what polyprof's backends can
+record here, plugins' groups included) are polyprof's, and so are ``profile``, ``schedule`` and
+``tensorboard_trace_handler`` reached through ``torch.profiler.profiler`` (that module's own
+``ProfilerActivity`` and ``supported_activities`` stay torch's: torch's own classes use them). The
+installed ``profile`` class:
 
 * has exactly torch's ``__init__`` signature (frameworks filter their keyword arguments by it); polyprof's
   own settings come from ``POLYPROF_ACTIVITIES`` and the configuration file, as for every
@@ -32,14 +34,13 @@ torch's or polyprof's error saying so).
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from typing import Any
 
 from polyprof.profiler.torch_originals import original, saved
 
 #: the names put in place in torch.profiler, and those also in torch.profiler.profiler
-NAMES = ("profile", "schedule", "tensorboard_trace_handler", "ProfilerActivity")
+NAMES = ("profile", "schedule", "tensorboard_trace_handler", "ProfilerActivity", "supported_activities")
 MODULE_NAMES = ("profile", "schedule", "tensorboard_trace_handler")
 ENV = "POLYPROF_TORCH_PROFILER"
 
@@ -55,6 +56,9 @@ def install_torch_profiler() -> None:
     """Put polyprof behind torch.profiler (see the module docstring); imports torch. Idempotent."""
     if saved:
         return
+    from polyprof.extras import require
+
+    require("torch", "putting polyprof behind torch.profiler")
     import torch.profiler
     import torch.profiler.profiler as torch_profiler_module
 
@@ -65,6 +69,7 @@ def install_torch_profiler() -> None:
         "schedule": polyprof_profiler.schedule,
         "tensorboard_trace_handler": polyprof_profiler.tensorboard_trace_handler,
         "ProfilerActivity": polyprof_profiler.ProfilerActivity,
+        "supported_activities": polyprof_profiler.supported_activities,
     }
     for module, names in ((torch.profiler, NAMES), (torch_profiler_module, MODULE_NAMES)):
         for name in names:
@@ -104,6 +109,7 @@ def installed_class() -> type:
     class profile(base, metaclass=_StandsForTorch):  # type: ignore[valid-type,misc]  # noqa: N801
         __doc__ = torch_class.__doc__
         __module__ = "torch.profiler.profiler"
+        _lenient_settings = True  # a framework's profiler never fails mid-run on a broken setting (said once)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             bound = signature.bind(self, *args, **kwargs)  # torch's TypeError for what torch would refuse
@@ -134,6 +140,3 @@ def install_when_torch_is_imported() -> None:
 
     PostImportHook("torch", install).install()
 
-
-def wanted_from_environment() -> bool:
-    return os.environ.get(ENV, "0") not in ("", "0")

@@ -104,6 +104,8 @@ class profile(Profile):  # noqa: N801 - torch's name
     """Same keyword arguments as ``torch.profiler.profile`` (see the module docstring), plus polyprof's
     own (``backend_options``, ``call_timeout_s``, ``metadata``...)."""
 
+    _lenient_settings = False  # a broken POLYPROF_ACTIVITIES or configuration file raises ConfigError here
+
     def __init__(
         self,
         *,
@@ -137,7 +139,7 @@ class profile(Profile):  # noqa: N801 - torch's name
             with_modules or own.with_modules,
         )
         groups, filters = parse_activities(activities)
-        groups = activity_edits().apply(groups, own.registry)  # POLYPROF_ACTIVITIES, config file
+        groups = activity_edits(self._lenient_settings).apply(groups, own.registry)  # POLYPROF_ACTIVITIES, config file
         if use_cuda is not None:
             warnings.warn(
                 "`use_cuda` is deprecated, use `activities` argument instead", FutureWarning, stacklevel=2

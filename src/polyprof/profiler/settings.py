@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,10 @@ class ActivityEdits:
         return kept + [g for g in self.add if g not in names and g not in self.remove]
 
 
-def parse(text: str | list[str], source: str) -> ActivityEdits:
+def parse(text: Any, source: str) -> ActivityEdits:
     """``"+opencl,-cuda"`` (or a list of entries) into edits; checked against the installed groups."""
+    if not isinstance(text, (str, list, tuple)):
+        raise ConfigError(f"{source}: give a string such as '+opencl,-cuda' or a list of them, got {text!r}")
     entries = text.split(",") if isinstance(text, str) else list(text)
     add: list[str] = []
     remove: list[str] = []
@@ -94,9 +97,23 @@ def check(edits: ActivityEdits) -> None:
         )
 
 
-def activity_edits() -> ActivityEdits:
-    """The edits in force: POLYPROF_ACTIVITIES, else the nearest configuration file's, else none."""
-    return _edits(os.environ.get(ENV, ""), os.getcwd())
+def activity_edits(lenient: bool = False) -> ActivityEdits:
+    """The edits in force: POLYPROF_ACTIVITIES, else the nearest configuration file's, else none.
+    A broken setting raises ConfigError, or with `lenient` (the profiles made behind torch.profiler,
+    which a framework makes mid-run) is said once on stderr and ignored."""
+    try:
+        return _edits(os.environ.get(ENV, ""), os.getcwd())
+    except ConfigError as exc:
+        if not lenient:
+            raise
+        if str(exc) not in _said:
+            _said.add(str(exc))
+            print(f"polyprof: {exc} (ignored by the profilers torch.profiler makes; polyprof.profiler.profile "
+                  "refuses it)", file=sys.stderr, flush=True)  # fmt: skip
+        return ActivityEdits()
+
+
+_said: set[str] = set()  # broken settings already said (once per process)
 
 
 @functools.lru_cache(maxsize=8)

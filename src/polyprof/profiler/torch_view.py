@@ -493,6 +493,7 @@ class _Fields:
         self.types = _EventType
         self.calls = calls
         self.py_call, self.py_c_call = python_fields()
+        self.op, self.allocation = op_fields()
 
     def is_op(self, node: TreeNode) -> bool:
         return node.tag == self.types.TorchOp
@@ -500,9 +501,12 @@ class _Fields:
     def fill(self, node: TreeNode) -> None:
         e = node.event
         if e._kind != int(ActivityKind.PYTHON_FUNCTION):
-            node.tag = self.types.Allocation if e._name in MEMORY_NAMES else (
-                self.types.TorchOp if e._kind in (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
-                else self.types.Kineto)  # fmt: skip
+            if e._name in MEMORY_NAMES:
+                node.tag, node.extra_fields = self.types.Allocation, self.allocation.of(e)
+            elif e._kind in (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION)):
+                node.tag, node.extra_fields = self.types.TorchOp, self.op.of(e)
+            else:
+                node.tag = self.types.Kineto
             return
         python_id = e.python_id()
         calls = self.calls
@@ -573,6 +577,71 @@ def python_fields() -> tuple[Any, Any]:
 
         _PYTHON_FIELDS = (PyCallFields, PyCCallFields)
     return _PYTHON_FIELDS
+
+
+_OP_FIELDS: tuple[Any, Any] | None = None
+
+
+def op_fields() -> tuple[Any, Any]:
+    """The classes of an operator's and an allocation's ``extra_fields``: subclasses of torch's
+    ``_ExtraFields_TorchOp`` and ``_ExtraFields_Allocation``, made as :func:`python_fields` makes its own.
+    An op's: ``name``, ``scope`` (torch's RecordScope), ``sequence_number``, ``allow_tf32_cublas`` (False:
+    not recorded) and ``inputs`` (empty: torch's tensor metadata objects cannot be made outside torch;
+    the shapes are the events' ``shapes()``). An allocation's: ``ptr``, ``alloc_size``,
+    ``total_allocated``, ``total_reserved``, ``device``, and ``id``/``allocation_id`` None, as torch
+    leaves them until its memory profiler numbers the tensors."""
+    global _OP_FIELDS
+    if _OP_FIELDS is None:
+        import torch
+        from torch._C._profiler import RecordScope, _ExtraFields_Allocation, _ExtraFields_TorchOp
+
+        class TorchOpFields(_ExtraFields_TorchOp):
+            __slots__ = ("name", "scope", "sequence_number", "allow_tf32_cublas", "inputs")
+
+            @classmethod
+            def of(cls, event: TraceEvent) -> Any:
+                fields = cls.__new__(cls)
+                fields.name = event._name
+                annotation = event._kind == int(ActivityKind.USER_ANNOTATION)
+                fields.scope = RecordScope.USER_SCOPE if annotation else RecordScope.FUNCTION
+                fields.sequence_number = event.sequence_nr()
+                fields.allow_tf32_cublas = False
+                fields.inputs = []
+                return fields
+
+            def __repr__(self) -> str:
+                return f"<polyprof TorchOp fields {self.name!r}>"
+
+        class AllocationFields(_ExtraFields_Allocation):
+            __slots__ = ("ptr", "id", "allocation_id", "alloc_size", "total_allocated", "total_reserved", "device")
+
+            @classmethod
+            def of(cls, event: TraceEvent) -> Any:
+                args = event._args
+                fields = cls.__new__(cls)
+                fields.ptr = int(args.get("Addr", 0))
+                fields.id = fields.allocation_id = None
+                fields.alloc_size = int(args.get("Bytes", 0))
+                fields.total_allocated = int(args.get("Total Allocated", 0))
+                fields.total_reserved = int(args.get("Total Reserved", 0))
+                fields.device = _allocation_device(torch, args)
+                return fields
+
+            def __repr__(self) -> str:
+                return f"<polyprof Allocation fields {self.alloc_size} B at {self.ptr:#x}>"
+
+        _OP_FIELDS = (TorchOpFields, AllocationFields)
+    return _OP_FIELDS
+
+
+def _allocation_device(torch: Any, args: dict) -> Any:
+    """The torch.device of a [memory] row (Kineto's "Device Type" is c10's DeviceType number)."""
+    index = int(args.get("Device Id", -1))
+    try:
+        kind = str(torch._C._autograd.DeviceType(int(args.get("Device Type", 0)))).rpartition(".")[2].lower()
+        return torch.device(kind, index) if index >= 0 and kind != "cpu" else torch.device(kind)
+    except (TypeError, ValueError, RuntimeError):
+        return torch.device("cpu")
 
 
 class _ModuleInfo:

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from polyprof.backend import ProfileConfig, SessionContext
-from polyprof.backends.torch import bridge, observer
+from polyprof.backends.torch import bridge, observer, own_profiler
 from polyprof.backends.torch.collector import Collector
 from polyprof.backends.torch.distributed import DistributedWatch
 from polyprof.backends.torch.import_hook import PostImportHook
@@ -98,6 +98,7 @@ class TorchSession:
         if obs is not None and not why_not:
             obs.start(observer_options(self.config))
             self.observer = obs
+            own_profiler.recording(self, torch)
             self.enabled = True
             self.ctx.report.detail("recorder", "polyprof observer")
             self.ctx.report.detail("hand-over barrier", obs.barrier())
@@ -105,6 +106,7 @@ class TorchSession:
         self.ctx.report.detail("recorder", f"torch collector ({why_not})")
         self.collector = Collector(self.config, self.ctx)
         self.collector.start()
+        own_profiler.recording(self, torch)
         if obs is not None:
             obs.note_collector_state(True)  # polyprof's own annotations do not route through it
         self.enabled = True
@@ -148,6 +150,7 @@ class TorchSession:
         if not self.enabled:
             return
         self.enabled = False
+        own_profiler.not_recording(self)
         self._announce(self.torch, False)
         if threading.get_native_id() != self.enabled_tid and not self.config.extra.get("profile_all_threads"):
             self.ctx.report.error(
