@@ -166,3 +166,39 @@ def test_a_broken_configuration_file_is_one_line_and_the_frameworks_profiler_run
     said = [line for line in r.stderr.splitlines() if "pyproject.toml" in line]
     assert len(said) == 1 and "ignored by the profilers torch.profiler makes" in said[0], r.stderr
     assert "trained, profiled: True" in r.stdout
+
+
+@pytest.mark.parametrize("switch", ["1", "0"], ids=["polyprof behind torch.profiler", "torch's own profiler"])
+def test_the_flight_recorder_steps_aside_for_the_scripts_profiler_and_records_again_after(tmp_path, switch):
+    r = run_script(tmp_path, """
+        import json, torch
+        from polyprof.flight.recorder import running
+        model = torch.nn.Linear(32, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        def step():
+            model(torch.randn(8, 32)).sum().backward(); optimizer.step(); optimizer.zero_grad()
+        for _ in range(3):
+            step()
+        with torch.profiler.profile(schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)) as prof:
+            for _ in range(5):
+                step()
+                prof.step()
+        ops = sum(e.name == "aten::addmm" for e in prof.events())
+        for _ in range(10):
+            step()
+        recorder = running()
+        recorder.capture("manual")
+        recorder.stop()
+        print(json.dumps({"ops": ops, "aside": recorder.stepped_aside, "captures": recorder.captures,
+                          "failures": recorder.failures, "recording_after": recorder.profile is None}))
+    """, env=clean_env(POLYPROF_FLIGHT_RECORDER="30", POLYPROF_TORCH_PROFILER=switch,
+                       POLYPROF_FLIGHT_DIR=str(tmp_path / "flight")))  # fmt: skip
+    found = last_json(r)
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert found["ops"] == 2, "the script's profiler records its two active steps whole"
+    assert found["aside"] == 1 and not found["failures"]
+    (capture,) = [c for c in found["captures"] if "flight-manual-" in c]  # (a slow first step may be one too)
+    from polyprof.formats import load_trace
+
+    steps = [a for a in load_trace(capture).activities if a.name.startswith("ProfilerStep#")]
+    assert len(steps) >= 9, "the recorder records again after the script's profiler stopped"

@@ -337,7 +337,9 @@ class Profile:
         self._abandoned.update(ending.sessions.abandoned())  # a stop that hung: no session next window
         exclusive.release(self)
         if self._discard:
-            return ending.abandon()
+            ending.abandon()
+            exclusive.free()
+            return
         meta = trace_metadata(self._window_metadata(), self.config.activities, ending.epoch)
         paused = self._pauses.take(window_end)
         step_num = self.step_num
@@ -363,6 +365,11 @@ class Profile:
         else:
             self._jobs.add(writer.submit(run))
             blocked_ms = round((time.perf_counter() - called) * 1e3, 3)
+        exclusive.free()  # (after the job is known: a profile that yielded waits for its hand-over first)
+
+    def wait_collected(self) -> None:
+        """Until the last window's backends have handed over what they recorded."""
+        self._jobs.wait_collected()
 
     def _abandon_sessions(self) -> None:
         if self._window is not None:

@@ -124,6 +124,8 @@ class FlightRecorder:
         self._lock = threading.Lock()
         self._dumping = threading.Lock()  # one capture written at a time (the writer's, the job's)
         self.profile: Any = None
+        self._active = False  # started and not stopped (its profile is None while it steps aside)
+        self.stepped_aside = 0  # how many times the script's own profiler made it step aside
         self._tracker: Any = None
         self._job: Any = None  # the link to the other ranks, in a torch.distributed job
         self._job_wanted = job
@@ -137,15 +139,12 @@ class FlightRecorder:
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> FlightRecorder:
-        from polyprof.engine.scheduled import Profile
-
-        if self.profile is not None:
+        if self._active:
             return self
         if self.spill_path is not None:
             os.makedirs(self.out_dir, exist_ok=True)
-        self.profile = Profile(self._activities, ring_s=self.seconds, record_steps=True, spill=self.spill_path,
-                               extra={"torch_ops": self.ops, "fwdbwd_carry_s": self.seconds + self.after_s + 10}, **self._profile_options)  # fmt: skip
-        self.profile.start()
+        self.profile = self._recording()
+        self._active = True
         self._writer = threading.Thread(target=self._write_loop, name="polyprof-flight-writer", daemon=True)
         self._writer.start()
         self._install_step_source()
@@ -178,11 +177,47 @@ class FlightRecorder:
             self._job = JobLink(*where, on_trigger=self._on_job_trigger)
             self._job.start()
 
+    def _recording(self) -> Any:
+        """The recorder's profile, started; it steps aside when the script's own profiler starts."""
+        from polyprof.engine.scheduled import Profile
+
+        profile = Profile(self._activities, ring_s=self.seconds, record_steps=True, spill=self.spill_path,
+                          extra={"torch_ops": self.ops, "fwdbwd_carry_s": self.seconds + self.after_s + 10}, **self._profile_options)  # fmt: skip
+        profile.yield_to = self._step_aside
+        profile.start()
+        return profile
+
+    def _step_aside(self, other: Any) -> None:
+        """The script's own profiler (torch.profiler, polyprof's or torch's) starts recording operators,
+        and one profiler records them at a time: the recorder lets its ring go and records again when
+        that profiler stops (what happened meanwhile is in that profiler's trace). The slow-step and hang
+        watches go on; a capture meanwhile has nothing to write."""
+        from polyprof.engine import exclusive
+
+        profile = self.profile
+        if profile is None:
+            return
+        with self._dumping:  # (not in the middle of a capture)
+            self.profile = None
+            profile.stop(wait=True, discard=True)  # (its hand-over done before the other's recorders start)
+            profile.close_spill(remove=True)
+        self.stepped_aside += 1
+        exclusive.when_free(self._come_back)
+
+    def _come_back(self) -> None:
+        if not self._active or self.profile is not None:
+            return
+        try:
+            self.profile = self._recording()
+        except Exception as exc:  # noqa: BLE001 - never into the program
+            self.failures.append(f"cannot record again after the script's profiler stopped: {exc}")
+
     def stop(self, wait: bool = True) -> None:
         """Stop recording (nothing more is captured); `wait`: for the captures in progress to be written
         and the recording's end to be done (else it ends in the background)."""
-        if self.profile is None:
+        if not self._active:
             return
+        self._active = False
         if self in _running:
             _running.remove(self)
         if self._capturable:
@@ -204,8 +239,9 @@ class FlightRecorder:
             self._jobs.join()
         self._jobs.put(None)
         profile, self.profile = self.profile, None
-        profile.stop(wait=wait, discard=True)  # (captures are the output: the ring is let go, unmerged)
-        profile.close_spill(remove=True)  # a clean end: nothing to recover
+        if profile is not None:  # (None while the script's own profiler records)
+            profile.stop(wait=wait, discard=True)  # (captures are the output: the ring is let go, unmerged)
+            profile.close_spill(remove=True)  # a clean end: nothing to recover
         if self._crash_stacks is not None:
             self._crash_stacks.close()
             self._crash_stacks = None
@@ -238,9 +274,11 @@ class FlightRecorder:
         """A step boundary (the optimizer's step hook calls this; a loop with no optimizer calls it
         itself): the step span ends and the next begins, and the slow-step and hang triggers see it."""
         profile = self.profile
-        if profile is None:
-            return
         now = time.monotonic()
+        if profile is None:  # stepped aside for the script's own profiler: the hang watch still sees steps
+            if self._active and self._hang is not None:
+                self._hang.beat(now)
+            return
         ended = profile.step_num
         profile.step()
         if self._hang is not None:

@@ -4,8 +4,9 @@ A torch.profiler or torch.autograd.profiler made with torch's own classes (``pol
 --no-torch-profiler``, a profiler captured before the switch, a library's) would share torch's
 per-thread profiler state with polyprof's recording, and torch crashes. So, before torch's profiler
 prepares, the polyprof profile that records operators gives way where it can (``polyprof run``'s
-whole-run profile: its trace ends there and is written, and torch's profiler records on), and
-otherwise torch's profiler gets a RuntimeError saying what to do::
+whole-run profile: its trace ends there and is written; the flight recorder: it steps aside and records
+again when torch's profiler stops), and otherwise torch's profiler gets a RuntimeError saying what to
+do::
 
     recording(session)       # a torch session records operators (the guard is put in place once)
     not_recording(session)   # it stopped
@@ -60,5 +61,15 @@ def _guard(torch: Any) -> None:
                 )
         return original(self, *args, **kwargs)
 
+    exit_original = cls.__exit__
+
+    @functools.wraps(exit_original)
+    def __exit__(self: Any, *exc_info: Any) -> Any:
+        try:
+            return exit_original(self, *exc_info)
+        finally:
+            exclusive.free()  # torch's profiler stopped: a profile that stepped aside records again
+
     _prepare_trace.polyprof_guard = True  # type: ignore[attr-defined]
     cls._prepare_trace = _prepare_trace
+    cls.__exit__ = __exit__
