@@ -14,3 +14,13 @@ def registry():
     """A registry with the installed entry points (host backend) and nothing from the environment."""
     return Registry(use_env=False)
 
+
+
+@pytest.fixture(scope="session")
+def install_profiles(tmp_path_factory):
+    """polyprof installed as pip installs it, one fresh environment per profile (tests/install_profiles.py)."""
+    from install_profiles import Profiles, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    return Profiles(tmp_path_factory.mktemp("install-profiles"))

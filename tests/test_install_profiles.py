@@ -16,28 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(
-    os.environ.get("POLYPROF_SKIP_VENV_TESTS") == "1", reason="POLYPROF_SKIP_VENV_TESTS=1"
-)
-
-try:
-    import torch
-
-    TORCH = f"torch=={torch.__version__.split('+')[0]}"
-except ImportError:
-    TORCH = None
-
-#: profile -> (the extras installed, whether the wheel has the C extension)
-PROFILES = {
-    "base": ((), True),
-    "report": (("report",), True),
-    "store": (("store",), True),
-    "torch": (("torch",), True),
-    "everything": (("report", "store", "counters", "torch"), True),
-    "pure Python": ((), False),
-}
+from install_profiles import PROFILES, TORCH
 
 SCRIPT = """\
 import time
@@ -57,39 +36,6 @@ with torch.profiler.profile(schedule=torch.profiler.schedule(wait=0, warmup=1, a
         model(torch.randn(8, 32)).sum().backward(); opt.step(); prof.step()
 dist.destroy_process_group()
 """
-
-
-def _pip(python: Path, *args: str, timeout: int = 900) -> None:
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
-    if r.returncode != 0 and ("Could not find a version" in r.stderr or "NewConnectionError" in r.stderr):
-        pytest.skip(
-            f"needs the package index for polyprof's dependencies: {r.stderr.strip().splitlines()[-1]}"
-        )
-    assert r.returncode == 0, r.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory) -> dict[bool, Path]:
-    """polyprof's wheel built from a copy of the source (the tree's build/ folder is not reused): with
-    the C extension, and as a machine without a C compiler builds it."""
-    out: dict[bool, Path] = {}
-    for with_c in (True, False):
-        src = tmp_path_factory.mktemp("source")
-        for name in ("src", "setup.py", "pyproject.toml", "README.md"):
-            copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-            copy(
-                ROOT / name,
-                src / name,
-                **({"ignore": shutil.ignore_patterns("*.so", "__pycache__")} if name == "src" else {}),
-            )
-        env = {**os.environ, **({} if with_c else {"CC": "false"})}
-        dist = tmp_path_factory.mktemp("dist")
-        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
-                           capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
-        assert r.returncode == 0, r.stderr[-3000:]
-        (out[with_c],) = dist.glob("polyprof-*.whl")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -192,18 +138,10 @@ def commands(has_torch: bool) -> list[tuple[list[str], str | None, bool]]:
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
-def test_every_command_in_every_install_profile_runs_or_names_the_missing_extra(
-    profile, wheels, inputs, tmp_path
-):
+def test_every_command_in_every_install_profile_runs_or_names_the_missing_extra(profile, install_profiles, inputs, tmp_path):
     extras, with_c = PROFILES[profile]
-    if "torch" in extras and TORCH is None:
-        pytest.skip("needs torch in the test environment (its version is the one installed)")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    venv = install_profiles.venv(profile)
     python = venv / "bin" / "python"
-    pip_extras = [e for e in extras if e != "torch"]
-    _pip(python, f"{wheels[with_c]}[{','.join(pip_extras)}]" if pip_extras else str(wheels[with_c]),
-         *([TORCH] if "torch" in extras else []))  # fmt: skip
     pure = subprocess.run([str(python), "-c", "import polyprof._native as n; print(n.extension is None)"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert pure.stdout.strip() == str(not with_c), pure.stderr
