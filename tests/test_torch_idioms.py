@@ -78,10 +78,21 @@ def test_a_profile_started_inside_a_running_one_raises_torchs_runtime_error_and_
     assert "outer ops: 1" in r.stdout and (tmp_path / "outer.json").is_file()
 
 
-def test_the_event_tree_carries_torchs_op_and_allocation_fields_with_profile_memory():
+def _input(value):
+    """An op input as compared: a tensor's metadata (a tensor list's dtypes are not in the trace)."""
+    if isinstance(value, list):
+        return [(*_input(v)[:3], "?") for v in value]
+    if hasattr(value, "sizes"):
+        return value.sizes, value.strides, str(value.layout), str(value.dtype), str(value.device), value.dim
+    return value
+
+
+@pytest.mark.parametrize("options", [{"profile_memory": True}, {"record_shapes": True}], ids=["profile_memory", "record_shapes"])
+def test_the_event_tree_carries_torchs_op_and_allocation_fields(options):
     def tree_fields(module) -> list[tuple]:
-        with module.profile(activities=[module.ProfilerActivity.CPU], profile_memory=True) as prof:
-            torch.ones(100).add(1)
+        with module.profile(activities=[module.ProfilerActivity.CPU], **options) as prof:
+            x = torch.ones(4, 3).add(torch.ones(3), alpha=2)
+            torch.cat([x, x]).long().sum()
         out = []
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
@@ -92,13 +103,13 @@ def test_the_event_tree_carries_torchs_op_and_allocation_fields_with_profile_mem
                             f.alloc_size, f.total_reserved, f.id, f.allocation_id, str(f.device)))  # fmt: skip
             else:
                 base = next(c for c in type(f).__mro__ if c.__module__ == "torch._C._profiler")
-                out.append(("op", base.__name__, f.name, str(f.scope), f.sequence_number, list(f.inputs)))
+                out.append(("op", base.__name__, f.name, str(f.scope), f.sequence_number, [_input(i) for i in f.inputs]))
             stack[:0] = node.children
         return out
 
     theirs, ours = tree_fields(torch.profiler), tree_fields(pp)
     assert [row[:2] for row in ours] == [row[:2] for row in theirs]
-    assert ours == theirs, "names, scopes, sequence numbers, sizes and devices as torch's"
+    assert ours == theirs, "names, scopes, sequence numbers, inputs, sizes and devices as torch's"
 
 
 def test_no_torch_profiler_runs_a_script_whose_torch_profiler_has_a_schedule(tmp_path):

@@ -586,14 +586,59 @@ def op_fields() -> tuple[Any, Any]:
     """The classes of an operator's and an allocation's ``extra_fields``: subclasses of torch's
     ``_ExtraFields_TorchOp`` and ``_ExtraFields_Allocation``, made as :func:`python_fields` makes its own.
     An op's: ``name``, ``scope`` (torch's RecordScope), ``sequence_number``, ``allow_tf32_cublas`` (False:
-    not recorded) and ``inputs`` (empty: torch's tensor metadata objects cannot be made outside torch;
-    the shapes are the events' ``shapes()``). An allocation's: ``ptr``, ``alloc_size``,
+    not recorded) and ``inputs`` (with ``record_shapes``, as torch gives them: a ``_TensorMetadata``
+    subclass for a tensor, a list of them for a tensor list, the value of a scalar, None for the rest;
+    a tensor's ``device`` is the CPU, its pointers and ids None, and a tensor list's dtypes None: the
+    trace does not record them). An
+    allocation's: ``ptr``, ``alloc_size``,
     ``total_allocated``, ``total_reserved``, ``device``, and ``id``/``allocation_id`` None, as torch
     leaves them until its memory profiler numbers the tensors."""
     global _OP_FIELDS
     if _OP_FIELDS is None:
         import torch
-        from torch._C._profiler import RecordScope, _ExtraFields_Allocation, _ExtraFields_TorchOp
+        from torch._C._profiler import (
+            RecordScope,
+            _ExtraFields_Allocation,
+            _ExtraFields_TorchOp,
+            _TensorMetadata,
+        )
+
+        class TensorFields(_TensorMetadata):
+            __slots__ = ("sizes", "strides", "dtype", "dim", "layout", "device", "impl_ptr", "storage_data_ptr",
+                         "id", "allocation_id")  # fmt: skip
+
+            @classmethod
+            def of(cls, sizes: list, strides: Any, dtype_name: str) -> Any:
+                fields = cls.__new__(cls)
+                fields.sizes, fields.dim = list(sizes), len(sizes)
+                fields.strides = list(strides) if isinstance(strides, list) else []
+                fields.dtype = getattr(torch, _DTYPES.get(dtype_name, ""), None)
+                fields.layout, fields.device = torch.strided, torch.device("cpu")
+                fields.impl_ptr = fields.storage_data_ptr = fields.id = fields.allocation_id = None
+                return fields
+
+            def __repr__(self) -> str:
+                return f"<polyprof TensorMetadata {self.sizes} {self.dtype}>"
+
+        def inputs(event: TraceEvent) -> list:
+            args = event._args
+            dims, types = args.get("Input Dims"), args.get("Input type")
+            if not isinstance(dims, list) or not isinstance(types, list):
+                return []
+            strides, values = args.get("Input Strides") or [], args.get("Concrete Inputs") or []
+            out: list = []
+            for i, (shape, kind) in enumerate(zip(dims, types, strict=False)):
+                stride = strides[i] if i < len(strides) else []
+                if kind == "TensorList" and isinstance(shape, list):
+                    out.append([TensorFields.of(s, stride[j] if j < len(stride) else [], "")
+                                for j, s in enumerate(shape)])  # fmt: skip
+                elif kind in _DTYPES:
+                    out.append(TensorFields.of(shape if isinstance(shape, list) else [], stride, kind))
+                elif kind == "Scalar":
+                    out.append(concrete_value(values[i] if i < len(values) else ""))
+                else:
+                    out.append(None)
+            return out
 
         class TorchOpFields(_ExtraFields_TorchOp):
             __slots__ = ("name", "scope", "sequence_number", "allow_tf32_cublas", "inputs")
@@ -606,7 +651,7 @@ def op_fields() -> tuple[Any, Any]:
                 fields.scope = RecordScope.USER_SCOPE if annotation else RecordScope.FUNCTION
                 fields.sequence_number = event.sequence_nr()
                 fields.allow_tf32_cublas = False
-                fields.inputs = []
+                fields.inputs = inputs(event)
                 return fields
 
             def __repr__(self) -> str:
@@ -632,6 +677,14 @@ def op_fields() -> tuple[Any, Any]:
 
         _OP_FIELDS = (TorchOpFields, AllocationFields)
     return _OP_FIELDS
+
+
+#: Kineto's "Input type" of a tensor (c10's type names) -> torch's dtype attribute
+_DTYPES = {
+    "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8", "unsigned char": "uint8",
+    "bool": "bool", "c10::complex<float>": "complex64", "c10::complex<double>": "complex128",
+}  # fmt: skip
 
 
 def _allocation_device(torch: Any, args: dict) -> Any:
