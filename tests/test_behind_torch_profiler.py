@@ -212,7 +212,7 @@ def test_an_unknown_group_is_an_error_naming_the_installed_ones(monkeypatch, tmp
     assert r.returncode != 0 and "started" not in r.stdout and "polyprof.toml: activities" in r.stderr
 
 
-def test_configuration_files_are_found_up_from_the_working_directory(tmp_path, monkeypatch):
+def test_configuration_files_are_read_in_the_working_and_the_project_folder(tmp_path, monkeypatch):
     pytest.importorskip("tomllib", reason="needs tomllib (Python 3.11+) to read the files")
     monkeypatch.delenv("POLYPROF_ACTIVITIES", raising=False)
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.polyprof]\nactivities = "+counters"\n')
@@ -232,4 +232,41 @@ def test_configuration_files_are_found_up_from_the_working_directory(tmp_path, m
     settings._edits.cache_clear()
     with pytest.raises(ConfigError, match="cannot be read as TOML"):
         settings.activity_edits()
+    (tmp_path / "deeper" / "polyprof.toml").unlink()
+    (tmp_path / "polyprof.toml").write_text('activities = ["-cpu"]\n')  # the project's own: read
+    (tmp_path / "deeper" / "more").mkdir()
+    monkeypatch.chdir(tmp_path / "deeper" / "more")
+    settings._edits.cache_clear()
+    assert settings.activity_edits().remove == ("CPU",)
+    os.remove(tmp_path / "pyproject.toml")  # no project: above the working directory is not read
+    settings._edits.cache_clear()
+    assert not settings.activity_edits()
+    settings._edits.cache_clear()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make a file another user's")
+def test_another_users_or_a_writable_configuration_file_is_not_read(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("tomllib", reason="needs tomllib (Python 3.11+) to read the files")
+    monkeypatch.delenv("POLYPROF_ACTIVITIES", raising=False)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    planted = tmp_path / "polyprof.toml"
+    planted.write_text('activities = "-cpu"\n')
+    os.chown(planted, 1000, 1000)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    settings._edits.cache_clear()
+    assert not settings.activity_edits(), "uid 1000's file one folder up is not read"
+    assert f"{planted} not read: it belongs to uid 1000, not to you (uid 0) or root" in capfd.readouterr().err
+    os.chown(planted, 0, 0)
+    planted.chmod(0o666)
+    settings._edits.cache_clear()
+    assert not settings.activity_edits()
+    assert "others may write it (mode 0666)" in capfd.readouterr().err
+    planted.chmod(0o644)
+    settings._edits.cache_clear()
+    assert settings.activity_edits().remove == ("CPU",), "the project's own file, as it should be"
+    planted.unlink()
+    planted.symlink_to("/dev/zero")
+    settings._edits.cache_clear()
+    assert not settings.activity_edits() and "not read" in capfd.readouterr().err
     settings._edits.cache_clear()

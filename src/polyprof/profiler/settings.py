@@ -5,12 +5,17 @@ the devices it never heard of on its timeline, without a code change::
 
     POLYPROF_ACTIVITIES=+opencl,+counters python train.py
 
-    # pyproject.toml (the nearest one up from the working directory with this table)
+    # pyproject.toml (the project's: the nearest one up from the working directory)
     [tool.polyprof]
     activities = ["+opencl", "+counters"]
 
     # or polyprof.toml, the same keys at its top level
     activities = "+opencl,-cuda"
+
+The files are read from the working directory and the project's folder only (the nearest folder up
+from the working directory that has a ``pyproject.toml``; the nearer file wins), and only when owned by this user or root
+and not writable by others: another user's file in a shared folder is data nobody asked for, and a
+warning names it and why it was not read.
 
 Each entry is ``+GROUP`` (added to every profile; a bare ``GROUP`` too) or ``-GROUP`` (left out even
 where asked for). The environment variable wins over the files; ``polyprof.toml`` over
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -106,10 +112,7 @@ def activity_edits(lenient: bool = False) -> ActivityEdits:
     except ConfigError as exc:
         if not lenient:
             raise
-        if str(exc) not in _said:
-            _said.add(str(exc))
-            print(f"polyprof: {exc} (ignored by the profilers torch.profiler makes; polyprof.profiler.profile "
-                  "refuses it)", file=sys.stderr, flush=True)  # fmt: skip
+        _say_once(f"{exc} (ignored by the profilers torch.profiler makes; polyprof.profiler.profile refuses it)")
         return ActivityEdits()
 
 
@@ -124,27 +127,75 @@ def _edits(env: str, cwd: str) -> ActivityEdits:
     return found if found is not None else ActivityEdits()
 
 
-def _from_files(folder: str) -> ActivityEdits | None:
+MAX_CONFIG_BYTES = 1 << 20  # a configuration file larger than this is not one
+
+
+def project_folder(cwd: str) -> str:
+    """The nearest folder up from `cwd` with a pyproject.toml, else `cwd` itself."""
+    folder = cwd
+    while not os.path.isfile(os.path.join(folder, "pyproject.toml")):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return cwd
+        folder = parent
+    return folder
+
+
+def _from_files(cwd: str) -> ActivityEdits | None:
     loads = _toml_loader()
     if loads is None:
         return None
-    while True:
+    project = project_folder(cwd)
+    for folder in (cwd, project) if project != cwd else (cwd,):
         for name in FILES:
             path = os.path.join(folder, name)
-            if not os.path.isfile(path):
+            text = _trusted_text(path)
+            if text is None:
                 continue
             try:
-                with open(path, "rb") as f:
-                    data = loads(f.read().decode("utf-8"))
-            except (OSError, ValueError) as exc:
+                data = loads(text)
+            except ValueError as exc:
                 raise ConfigError(f"{path} cannot be read as TOML: {exc}") from exc
             table = data if name == "polyprof.toml" else data.get("tool", {}).get("polyprof")
             if isinstance(table, dict) and "activities" in table:
                 return parse(table["activities"], f"{path}: activities")
-        parent = os.path.dirname(folder)
-        if parent == folder:
+    return None
+
+
+def _trusted_text(path: str) -> str | None:
+    """The text of the configuration file at `path`: None where there is none, or (said once) where it
+    is not this user's or root's, is writable by others, is not a regular file or is too large."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _say_once(f"{path} not read: {exc.strerror or exc}")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "it is not a regular file"
+        elif st.st_uid not in (os.getuid(), 0):
+            why = f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}) or root"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"others may write it (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w {path}"
+        elif st.st_size > MAX_CONFIG_BYTES:
+            why = f"it is {st.st_size:,} bytes, more than a configuration file's {MAX_CONFIG_BYTES:,}"
+        if why is not None:
+            _say_once(f"{path} not read: {why}")
             return None
-        folder = parent
+        try:
+            return f.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path} cannot be read as TOML: {exc}") from exc
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(f"polyprof: {message}", file=sys.stderr, flush=True)
 
 
 def _toml_loader() -> Any:

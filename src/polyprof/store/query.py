@@ -166,7 +166,7 @@ class SparkEngine:
     name = "spark"
 
     def __init__(self, master: str = "local[2]", session: Any = None) -> None:
-        require("spark", "Spark queries (with Java 17)")
+        require("spark", "querying on Spark (with Java 17)")
         from pyspark.sql import SparkSession
         self.spark = session or (
             SparkSession.builder.master(master).appName("polyprof")
