@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from polyprof.formats.common.paths import new_private_file
+
 #: steps the rolling median is taken over, and the least before a step is judged against it
 WINDOW_STEPS, MIN_STEPS = 50, 5
 
@@ -84,7 +86,7 @@ class HangWatchdog:
         if stacks_path is not None:
             try:
                 os.makedirs(os.path.dirname(stacks_path) or ".", exist_ok=True)
-                self._stacks = open(stacks_path, "w")  # noqa: SIM115 - faulthandler writes to it later
+                self._stacks = os.fdopen(new_private_file(stacks_path), "w")  # (faulthandler writes to it later)
                 self.stacks_path = stacks_path
             except OSError:
                 self._stacks = None
@@ -136,7 +138,7 @@ class HangWatchdog:
         """Every thread's Python stack beside a capture (``<trace>.stacks.txt``), from this thread."""
         path = f"{trace_path}.stacks.txt"
         try:
-            with open(path, "w") as f:
+            with os.fdopen(new_private_file(path), "w") as f:
                 faulthandler.dump_traceback(file=f, all_threads=True)
         except OSError:
             return None
@@ -356,7 +358,7 @@ class CrashStacks:
         if faulthandler.is_enabled():
             return  # the program's own (python -X faulthandler, PYTHONFAULTHANDLER): left alone
         try:
-            self.file = open(path, "w")  # noqa: SIM115 - faulthandler writes to it at a crash
+            self.file = os.fdopen(new_private_file(path), "w")  # (faulthandler writes to it at a crash)
             faulthandler.enable(file=self.file, all_threads=True)
         except (OSError, RuntimeError):
             self.file = None
@@ -390,7 +392,7 @@ class CrashRows:
         if _native.extension_missing:
             return
         try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            self.fd = new_private_file(path)
             _native.crash_rows_arm(self.fd, _observer_crash_rows(), tidy or "")
         except OSError:
             self.close()

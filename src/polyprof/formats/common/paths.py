@@ -132,6 +132,17 @@ def trace_output(path: str) -> Iterator[IO[bytes]]:
             yield raw
 
 
+def new_private_file(path: str) -> int:
+    """A new file at a name polyprof chose (a spill, a crash or stack file): its descriptor, open for
+    writing, the file readable by this user only. What was there is replaced: unlinked first (a symlink goes, its target is left
+    alone), then created exclusively without following links, so that a name planted in a shared folder
+    is never written through. OSError where that cannot be done (another user's file in a sticky
+    folder, which then stays as it was)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 def _new_file_mode() -> int:
     """The mode a new file gets here (0666 less the umask), read without changing it for good."""
     mask = os.umask(0o022)

@@ -32,6 +32,7 @@ import orjson
 
 from polyprof.errors import TraceFormatError
 from polyprof.formats.common.jsonsafe import json_bytes
+from polyprof.formats.common.paths import new_private_file
 from polyprof.formats.spill.names import FILE_MAGIC, PERFETTO_SPILL_SUFFIX
 from polyprof.model import (
     COLUMNS,
@@ -71,13 +72,8 @@ class SpillFile:
 
     @classmethod
     def _open(cls, path: str) -> int:
-        """A new file at `path` (an old one there is replaced; a symlink is not followed), readable by
-        this user only."""
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        """A new file at `path` (see :func:`~polyprof.formats.common.paths.new_private_file`)."""
+        return new_private_file(path)
 
     def _write(self, data: bytes, rows: int = 0) -> None:
         """Append `data` durably (a chunk that is written survives a power cut)."""
