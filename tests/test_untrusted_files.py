@@ -65,3 +65,110 @@ def test_the_flight_recorders_stack_files_do_not_follow_planted_links(tmp_path):
         if was_on:
             faulthandler.enable()
     assert all(v.read_text() == "precious\n" for v in victims.values())
+
+
+def _crash_file(rng) -> bytes:
+    """A crash file in the recorder's layout (csrc/recorder.c, "The crash dump"): two threads of rows
+    and names, an open span, a thread of torch operators, the end marker."""
+    import struct
+
+    from polyprof._native import INSTANT, SPAN
+    from polyprof.formats.spill.crash import MAGIC
+
+    def i64(*values):
+        return b"".join(struct.pack("<q", v) for v in values)
+
+    def text(s):
+        raw = s.encode()
+        return struct.pack("<I", len(raw)) + raw
+
+    out = MAGIC + i64(10_000_000)
+    for tid in (101, 102):
+        rows = [(SPAN if i % 2 else INSTANT, 1000 * i, 1000 * i + 500, i + 1, 0, i % 3) for i in range(8)]
+        out += i64(1, tid, len(rows), 3, 1) + i64(*(v for row in rows for v in row))
+        out += b"".join(text(f"name {k}") for k in range(3)) + i64(9000, 99, 0) + text("open span")
+    ops = [(2000 * i, 2000 * i + 900 if i < 4 else 0, i % 2) for i in range(5)]
+    out += i64(2, 103, len(ops), 2) + i64(*(v for op in ops for v in op)) + text("aten::mm") + text("aten::add")
+    return out + i64(0)
+
+
+def test_recover_never_raises_raw_on_a_seeded_fuzz_of_crash_files(tmp_path):
+    """600 damaged crash files beside a real spill (bits flipped, bytes changed, cut short, grown): each
+    recovers, leaving out and naming what it could not use, or is a one-line TraceFormatError."""
+    import random
+    import shutil
+    import time
+    import warnings
+
+    import polyprof
+    from polyprof.errors import TraceFormatError
+    from polyprof.formats.spill.crash import read_crash
+    from polyprof.tools.recover import recover_trace
+
+    spill = tmp_path / ".t.json.spill"
+    with polyprof.profile(["cpu"], spill=str(spill), flush_interval_s=0.05) as prof:
+        for i in range(10):
+            with polyprof.record_function(f"step {i}"):
+                time.sleep(0.002)
+    prof.stop()
+    rng = random.Random(64)
+    whole = _crash_file(rng)
+    assert read_crash(whole).whole and read_crash(whole).rows == 2 * 9 + 5
+    outcomes = {"recovered": 0, "rows left out": 0, "refused": 0}
+    for n in range(600):
+        data = bytearray(whole)
+        for _ in range(rng.randint(1, 6)):
+            how = rng.random()
+            at = rng.randrange(len(data))
+            if how < 0.5:
+                data[at] ^= 1 << rng.randrange(8)
+            elif how < 0.8:
+                data[at] = rng.randrange(256)
+            elif how < 0.9:
+                del data[at:]
+                if not data:
+                    data = bytearray(whole[:9])
+            else:
+                data[at:at] = rng.randbytes(rng.randint(1, 64))
+        target = tmp_path / f"c{n}.spill"
+        shutil.copy(spill, target)
+        (tmp_path / f"c{n}.spill.crash").write_bytes(bytes(data))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                recover_trace(str(target))
+            except TraceFormatError as exc:
+                assert "\n" not in str(exc)
+                outcomes["refused"] += 1
+                continue
+        outcomes["recovered"] += 1
+        outcomes["rows left out"] += any("were left out" in str(w.message) for w in said)
+    assert outcomes["recovered"] > 400 and outcomes["rows left out"] > 20, outcomes
+
+
+def test_recover_does_not_wait_on_a_fifo_nor_read_a_link_or_another_users_crash_file(tmp_path):
+    import time
+    import warnings
+
+    import polyprof
+    from polyprof.tools.recover import recover_trace
+
+    spill = tmp_path / ".t.json.spill"
+    with polyprof.profile(["cpu"], spill=str(spill), flush_interval_s=0.05) as prof:
+        with polyprof.record_function("step"):
+            time.sleep(0.01)
+    prof.stop()
+    crash = tmp_path / ".t.json.spill.crash"
+    cases = {"fifo": lambda: os.mkfifo(crash), "link": lambda: crash.symlink_to("/dev/zero")}
+    if os.getuid() == 0:
+        cases["another user's"] = lambda: (crash.write_bytes(_crash_file(None)), os.chown(crash, 1000, 1000))
+    for name, plant in cases.items():
+        plant()
+        started = time.monotonic()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trace = recover_trace(str(spill))
+        assert time.monotonic() - started < 10, name
+        assert any(f"{crash} not read" in str(w.message) for w in said), (name, [str(w.message) for w in said])
+        assert "crash" not in trace.metadata["polyprof"]["partial"], name
+        crash.unlink()

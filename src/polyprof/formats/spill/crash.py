@@ -7,7 +7,9 @@ reads it with the spill::
     crash.at_ns, [len(t.rows) for t in crash.threads], [len(t.ops) for t in crash.op_threads]
     parts = crash_parts(crash, statuses)      # the host's and torch's rows, for the merge
 
-A file cut short (the process died while writing it) gives the threads read whole before the cut.
+A file cut short (the process died while writing it) gives the threads read whole before the cut. A
+crash file is data another process wrote: rows whose type is not one the recorder writes are dropped
+and counted (``Crash.dropped``), and names are looked up only within their table.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from polyprof._native import COUNTER, GC, INSTANT, SPAN
 from polyprof.model import ActivityKind, BackendStatus, CollectedPart
 from polyprof.sink import Sink
 
@@ -26,6 +29,8 @@ CRASH_SUFFIX = ".crash"
 #: a row's fields: type, start, end, id, parent, name code (-1: its name was not written)
 ROW_FIELDS = 6
 UNNAMED = "<name not written at the crash>"
+#: the row types the recorder writes (the host backend's: spans, instants, counters, GC pauses)
+ROW_TYPES = np.array([SPAN, INSTANT, COUNTER, GC], dtype=np.int64)
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Crash:
     threads: list[CrashedThread] = field(default_factory=list)
     op_threads: list[CrashedOps] = field(default_factory=list)
     whole: bool = False  # the end marker was reached
+    dropped: int = 0  # rows of a type the recorder does not write (a damaged file)
 
     @property
     def rows(self) -> int:
@@ -89,7 +95,12 @@ def read_crash(data: bytes) -> Crash | None:
         crash.at_ns = reader.i64()
         while (marker := reader.i64()) in (1, 2):
             if marker == 1:
-                crash.threads.append(_thread(reader))
+                thread = _thread(reader)
+                valid = np.isin(thread.rows[:, 0], ROW_TYPES)
+                if not valid.all():
+                    crash.dropped += int((~valid).sum())
+                    thread.rows = thread.rows[valid]
+                crash.threads.append(thread)
             else:
                 tid, n_ops, n_names = reader.i64(), reader.i64(), reader.i64()
                 ops = np.frombuffer(reader.take(n_ops * 3 * 8), dtype="<i8").reshape(n_ops, 3).astype(np.int64)
