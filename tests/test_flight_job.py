@@ -207,3 +207,77 @@ def test_a_collective_that_times_out_is_captured_on_every_rank(tmp_path):
     (answer,) = [t.metadata[FLIGHT_KEY] for t in found[1] if t.metadata[FLIGHT_KEY]["job"].get("origin_rank") in (0, 2)]
     origin = found[answer["job"]["origin_rank"]][0].metadata[FLIGHT_KEY]
     assert answer["evidence"]["backend"] == "gloo" and answer["at_epoch_s"] - origin["at_epoch_s"] < 2.0
+
+
+HOSTILE = """
+import os, sys, time, torch, torch.distributed as dist
+import polyprof
+out = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+recorder = polyprof.flight_recorder(seconds=8, min_gap_s=3, out_dir=os.path.join(out, "flight"), hang_s=None,
+                                    slow_step=None, signals=("SIGUSR2",))
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(10**6):
+    time.sleep(0.02)
+    if step == 5:
+        open(os.path.join(out, f"ready{rank}"), "w").write(f"{os.getpid()} {os.environ['MASTER_PORT']}")
+    if os.path.exists(os.path.join(out, "stop")):
+        break
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+dist.barrier()
+recorder.wait(60)
+recorder.stop()
+print(f"rank {rank} skipped {recorder._job.skipped}", flush=True)
+""" + DDP_TEARDOWN
+
+
+def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_stall_the_ranks(tmp_path):
+    """What anyone who reaches the store's port can write: a trigger numbered and never published, one
+    that is not an object, a name that climbs out of the folder, a flood of names. The ranks skip and
+    count what is malformed, write only in their own folder, capture the flood at the job's rate, and
+    still capture a real signal afterwards."""
+    from datetime import timedelta
+
+    import orjson
+    import torch.distributed as dist
+
+    proc = subprocess.Popen(_torchrun(tmp_path, HOSTILE, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        time.sleep(0.3)
+        pid1, port = (tmp_path / "ready1").read_text().split()
+        store = dist.TCPStore("127.0.0.1", int(port), is_master=False, timeout=timedelta(seconds=10))
+        n = store.add("polyprof/flight/count", 1)
+        store.set(f"polyprof/flight/trigger/{n}", orjson.dumps({"trigger": "x/../../planted-dir/owned", "rank": 7,
+                                                                "at_epoch_s": "soon", "evidence": [1]}))  # fmt: skip
+        n = store.add("polyprof/flight/count", 1)
+        store.set(f"polyprof/flight/trigger/{n}", b"[1, 2]")  # not an object
+        time.sleep(1.5)  # (the ranks poll twice a second: these are looked at before what follows)
+        store.add("polyprof/flight/count", 1)  # numbered, never published
+        for i in range(20):  # a flood of names
+            n = store.add("polyprof/flight/count", 1)
+            store.set(f"polyprof/flight/trigger/{n}", orjson.dumps({"trigger": f"flood{i}", "rank": 9, "at_epoch_s": time.time()}))
+        time.sleep(7)  # past the wait for the number never published
+        os.kill(int(pid1), signal.SIGUSR2)
+        time.sleep(3)
+        (tmp_path / "stop").write_text("")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert not (tmp_path / "planted-dir").exists() and not list(tmp_path.rglob("owned*"))
+    captures = sorted(p.name for p in (tmp_path / "flight").glob("flight-*-rank0-*.pftrace"))
+    assert any(name.startswith("flight-x_.._.._planted-dir_owned-rank0-") for name in captures), captures
+    assert len([c for c in captures if c.startswith("flight-flood")]) <= 5, "the flood is captured at the job's rate"
+    assert any(c.startswith("flight-signal-rank0-") for c in captures), f"rank 1's real signal, still answered: {captures}"
+    skipped = int(out.split("rank 0 skipped ")[1].split()[0])
+    assert 2 <= skipped <= 1 + 21 - 16, out  # the malformed, the unpublished, the flood beyond the 16 looked at

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +38,45 @@ FLIGHT_KEY = "polyprof.flight"
 COUNT_KEY = "polyprof/flight/count"
 POLL_S = 0.5
 STORE_TIMEOUT_S = 10.0
+
+
+#: a trigger numbered but not published after this long is skipped (publishing is add, then set)
+MISSING_WAIT_S = 5.0
+#: at most this many triggers behind the store's count are looked at (the rest are skipped, counted)
+MAX_BEHIND = 16
+#: a trigger's message larger than this is not one (a name, evidence numbers, a rank, a time)
+MAX_MESSAGE_BYTES = 16 * 1024
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def safe_name(text: Any) -> str:
+    """A trigger's name as it goes into a capture's file name: letters, digits, ``_.-``, at most 40, not
+    starting with a dot; anything else becomes ``_`` (a name from the store is data, never a path)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(text))[:40].lstrip(".")
+    return name if _NAME.fullmatch(name) else "job"
+
+
+def job_message(raw: Any, number: int) -> dict[str, Any] | None:
+    """A trigger read from the job's store, checked: None unless it is a JSON object of at most
+    MAX_MESSAGE_BYTES with an integer rank; its trigger name made safe, its time a finite number, its
+    evidence an object (anything else dropped)."""
+    try:
+        if len(raw) > MAX_MESSAGE_BYTES:
+            return None
+        message = orjson.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("rank"), int):
+        return None
+    at = message.get("at_epoch_s")
+    evidence = message.get("evidence")
+    return {
+        "trigger": safe_name(message.get("trigger", "job")),
+        "rank": message["rank"],
+        "at_epoch_s": float(at) if isinstance(at, (int, float)) and math.isfinite(at) else time.time(),
+        "evidence": evidence if isinstance(evidence, dict) else {},
+        "number": number,
+    }
 
 
 def trigger_key(number: int) -> str:
@@ -71,6 +112,7 @@ class JobLink:
         self._thread: threading.Thread | None = None
         self._publisher: Any = None  # the writer thread's own client (a client per thread)
         self._reports: list[threading.Thread] = []  # the threads putting answers into captures
+        self.skipped = 0  # triggers in the store that were malformed, never published or too many
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="polyprof-flight-job", daemon=True)
@@ -81,6 +123,7 @@ class JobLink:
 
     def _watch(self) -> None:
         store, seen = None, None
+        missing_since: dict[int, float] = {}
         while not self._stop.wait(POLL_S):
             if store is None and not import_completed("torch"):
                 continue  # the store's client is torch's: never imported here while the program imports torch
@@ -93,11 +136,22 @@ class JobLink:
                 if seen is None:
                     seen = count  # triggers from before this process started are not this run's
                     continue
+                if count - seen > MAX_BEHIND:  # a count pushed far ahead (by anyone who reaches the store)
+                    self.skipped += count - seen - MAX_BEHIND
+                    seen = count - MAX_BEHIND
                 for number in range(seen + 1, count + 1):
-                    message = orjson.loads(store.get(trigger_key(number)))
-                    if message.get("rank") != self.rank:
-                        self.on_trigger({**message, "number": number}, store)
-                seen = count
+                    if not store.check([trigger_key(number)]):  # numbered but not (yet) published
+                        if time.monotonic() - missing_since.setdefault(number, time.monotonic()) < MISSING_WAIT_S:
+                            break
+                        self.skipped += 1  # never published: skipped, never waited on
+                    else:
+                        message = job_message(store.get(trigger_key(number)), number)
+                        if message is None:
+                            self.skipped += 1
+                        elif message["rank"] != self.rank:
+                            self.on_trigger(message, store)
+                    missing_since.pop(number, None)
+                    seen = number
             except Exception as exc:  # noqa: BLE001 - the store is down or not up yet: try again later
                 log.debug("polyprof flight recorder: the job's store: %s", exc)
                 store = None

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from polyprof.errors import ConfigError
-from polyprof.flight.job import FLIGHT_KEY, JobLink, job_rank
+from polyprof.flight.job import FLIGHT_KEY, JobLink, job_rank, safe_name
 from polyprof.flight.triggers import (
     CrashRows,
     CrashStacks,
@@ -44,6 +44,8 @@ from polyprof.memory import release_freed_memory
 OPS = ("top", "all", "none")
 #: triggers after which the process ends (its capture waits up to ENDING_ANSWER_S for the others' answers)
 ENDING_TRIGGERS = ("exception", "collective_timeout", "exit")
+#: other ranks' triggers captured at once before the job-wide rate (one per min_gap_s) applies
+JOB_BURST = 3
 ENDING_ANSWER_S = 3.0
 #: how often the writer thread gives the memory the ring freed back to the system
 TRIM_EVERY_S = 10.0
@@ -134,6 +136,7 @@ class FlightRecorder:
         self.max_captures = max_captures
         self.max_captures_bytes = None if max_captures_mb is None else max_captures_mb * 1e6
         self._last_ending = -1e18  # (monotonic) when the last ending trigger was claimed
+        self._job_tokens, self._job_tokens_at = float(JOB_BURST), time.monotonic()  # see _job_budget
         self._write_s = self._write_s_seen = 0.0  # time spent writing captures, and as the last step saw it
         self._write_started: float | None = None  # (monotonic) when the capture being written began
 
@@ -376,17 +379,29 @@ class FlightRecorder:
     def _on_job_trigger(self, message: dict[str, Any], store: Any = None) -> None:
         """Another rank's trigger (on the job thread): the same window captured here and answered, unless
         this rank captured the same trigger within `min_gap_s` (its capture is the answer then)."""
-        trigger, number = str(message.get("trigger", "job")), int(message["number"])
-        if not self._claim(trigger, time.monotonic(), evidence=message.get("evidence") or {}):
+        trigger, number = message["trigger"], message["number"]  # (checked: flight/job.py job_message)
+        evidence = message["evidence"]
+        now = time.monotonic()
+        if not self._claim(trigger, now, evidence=evidence) or not self._job_budget(now):  # (a repeat costs nothing)
             self._job.answer(number, self._latest_capture(), store)
             return
-        behind = max(0.0, time.time() - float(message.get("at_epoch_s", time.time())))
-        job = {"origin_rank": message.get("rank"), "trigger_number": number}
-        evidence = dict(message.get("evidence") or {})
+        behind = min(max(0.0, time.time() - message["at_epoch_s"]), self.seconds)
+        job = {"origin_rank": message["rank"], "trigger_number": number}
         written = self._write(trigger, evidence, time.time(), job=job, last_s=self._span_s(evidence) + behind)
         self._job.answer(number, written, store)
         if written is not None:
             self._job.put_answers_later(number, written, self.answer_wait_s, self.failures)
+
+    def _job_budget(self, now: float) -> bool:
+        """Whether another rank's trigger may be captured now: JOB_BURST at once, then one per
+        `min_gap_s`, whatever the triggers' names (a flood of names is not a capture each)."""
+        gap = max(self.min_gap_s, 1e-3)
+        self._job_tokens = min(JOB_BURST, self._job_tokens + (now - self._job_tokens_at) / gap)
+        self._job_tokens_at = now
+        if self._job_tokens < 1:
+            return False
+        self._job_tokens -= 1
+        return True
 
     def capture_to(self, path: str, last_s: float, evidence: Mapping[str, Any] | None = None) -> str | None:
         """The last `last_s` seconds (as far as the ring holds them) written to `path` now, on the
@@ -425,7 +440,7 @@ class FlightRecorder:
             return None
         rank = _rank()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(wall)) + f".{int(wall * 1e3) % 1000:03d}"
-        path = path or os.path.join(self.out_dir, f"flight-{trigger}-{_who()}-{stamp}{self.suffix}")
+        path = path or os.path.join(self.out_dir, f"flight-{safe_name(trigger)}-{_who()}-{stamp}{self.suffix}")
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
                              "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
                              **({"job": job} if job else {})}}  # fmt: skip
