@@ -127,3 +127,52 @@ def test_a_rank_on_another_host_gets_the_request_through_the_store(tmp_path):
         for ns in (ns0, ns1):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for e in errs]
+
+
+def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes(tmp_path):
+    """Anyone who reaches the store's port can write the request key: its output's folder is not used
+    (a rank writes in its own folder, under the file name made safe), so no file elsewhere is replaced."""
+    from datetime import timedelta
+
+    import orjson
+    import torch.distributed as dist
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    (tmp_path / "job.py").write_text(JOB)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "model.ckpt").write_bytes(b"weights")
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]  # fmt: skip
+    job = subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=work, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[dict] = []
+        while len(ranks) < 2:
+            assert job.poll() is None and time.monotonic() < deadline, "the ranks never listened and stepped"
+            ranks = [p for p in (json.loads(line) for line in _cli(runtime, "ps", "--json").stdout.splitlines())
+                     if p.get("distributed") and p.get("steps", 0) > 3]  # fmt: skip
+            time.sleep(0.2)
+        environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
+        port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 5, "steps": 2,
+                   "output": str(secret / "model.ckpt"), "timeout_s": 30, "asked_by": 0}  # fmt: skip
+        store.set("polyprof/ondemand/request", orjson.dumps(request))
+        done = {}
+        for rank in (0, 1):
+            store.wait([f"polyprof/ondemand/planted/done/{rank}"], timedelta(seconds=60))
+            done[rank] = orjson.loads(store.get(f"polyprof/ondemand/planted/done/{rank}"))
+        (tmp_path / "stop").write_text("")
+        job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert (secret / "model.ckpt").read_bytes() == b"weights" and sorted(os.listdir(secret)) == ["model.ckpt"]
+    for rank, result in done.items():
+        assert result.get("ok"), result
+        assert result["done"]["path"] == str(work / f"model.ckpt.rank{rank}.json.gz"), "its own folder, a safe name"

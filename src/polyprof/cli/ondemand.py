@@ -136,8 +136,25 @@ def _capture_one(pid: int, request: dict[str, Any]) -> list[str]:
         click.echo(f"polyprof: interrupted; pid {pid} finishes the capture and writes its trace itself", err=True)
         raise SystemExit(130) from None
     if "ranks" in done:
-        return [r["done"]["path"] for _, r in sorted(done["ranks"].items(), key=lambda kv: int(kv[0]))]
+        return [_rank_trace(r["done"]["path"]) for _, r in sorted(done["ranks"].items(), key=lambda kv: int(kv[0]))]
     return [done["path"]]
+
+
+def _rank_trace(path: object) -> str:
+    """A rank's trace path as its report in the job's store gives it (which any local process that
+    reaches the store can write): read only when it is a trace file of yours, not a link."""
+    import stat
+
+    from polyprof.ondemand.job import TRACE_SUFFIXES
+
+    try:
+        st = os.lstat(str(path))
+    except OSError as exc:
+        fail(f"a rank reported {path!r} as its trace: {exc.strerror or exc}")
+    if not (isinstance(path, str) and path.endswith(TRACE_SUFFIXES) and stat.S_ISREG(st.st_mode)
+            and st.st_uid == os.getuid()):  # fmt: skip
+        fail(f"a rank reported {path!r} as its trace, which is not a trace file of yours (uid {os.getuid()}): not read")
+    return path
 
 
 def _capture_all(request: dict[str, Any], output: str) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -25,7 +26,7 @@ import orjson
 
 from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand.capture import Capture, CaptureSlot, Reply
-from polyprof.ondemand.protocol import CaptureRequest, error_reply
+from polyprof.ondemand.protocol import CaptureRequest, error_reply, parse_request
 
 log = logging.getLogger("polyprof.ondemand")
 
@@ -48,6 +49,23 @@ def rank_template(template: str) -> str:
         if name.endswith(suffix):
             return os.path.join(folder, f"{name[: -len(suffix)]}.rank{{rank}}{suffix}")
     return os.path.join(folder, f"{name}.rank{{rank}}")
+
+
+#: where a rank writes its part of a job capture (else its working directory)
+CAPTURE_DIR = "POLYPROF_CAPTURE_DIR"
+TRACE_SUFFIXES = (".json.gz", ".pftrace.gz", ".perfetto-trace.gz", ".json", ".pftrace", ".perfetto-trace")
+
+
+def own_capture_path(requested: str) -> str:
+    """Where this rank writes its part of a job capture: its own folder (POLYPROF_CAPTURE_DIR, else its
+    working directory) under the requested file name, reduced to ``[A-Za-z0-9_.-]`` and ``{rank}`` (put
+    in where the name lacks it). The
+    request comes through the job's store, which anyone who reaches its port can write: its folder is
+    never used, so a capture never replaces a file elsewhere."""
+    name = re.sub(r"[^A-Za-z0-9_.{}-]", "_", os.path.basename(requested)).lstrip(".")[:200]
+    if not name.endswith(TRACE_SUFFIXES):
+        name = f"{name or 'capture'}.json.gz"
+    return os.path.join(os.environ.get(CAPTURE_DIR) or os.getcwd(), rank_template(name))
 
 
 def _dist() -> Any:
@@ -146,12 +164,11 @@ class JobLink:
             store.set(_done_key(capture_id, rank), orjson.dumps(result))
 
         try:
-            request = CaptureRequest(
-                output=str(message["output"]), steps=message.get("steps"), duration_s=message.get("duration_s"),
-                activities=tuple(message.get("activities") or ()) or None, job=True,
-                timeout_s=float(message.get("timeout_s") or 60.0),
-            )  # fmt: skip
-            output = check_output_path(request.output)
+            fields = {k: message.get(k) for k in ("output", "steps", "duration_s", "activities", "timeout_s")}
+            request = parse_request({"op": "capture", "job": True, **{k: v for k, v in fields.items() if v not in (None, [])}})
+            if not isinstance(request, CaptureRequest) or request.last_s is not None:
+                raise RuntimeError("not a capture of steps or seconds")
+            output = check_output_path(own_capture_path(request.output))
             capture = self.slot.take(
                 lambda done: Capture(request, output, done, start_step=int(message["start_step"]),
                                      metadata={"job": {"id": capture_id, "asked_by": message.get("asked_by")}}),
