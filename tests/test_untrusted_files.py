@@ -172,3 +172,81 @@ def test_recover_does_not_wait_on_a_fifo_nor_read_a_link_or_another_users_crash_
         assert any(f"{crash} not read" in str(w.message) for w in said), (name, [str(w.message) for w in said])
         assert "crash" not in trace.metadata["polyprof"]["partial"], name
         crash.unlink()
+
+
+def _rank_trace(tmp_path, rank: int = 0):
+    import time
+
+    import polyprof
+
+    with polyprof.profile(["cpu"]) as prof:
+        with polyprof.record_function("step"):
+            time.sleep(0.001)
+    return prof.trace
+
+
+def test_a_store_is_written_only_into_a_folder_of_yours_never_through_a_link(tmp_path):
+    pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
+    from polyprof.errors import ConfigError
+    from polyprof.store.files import add_rank
+
+    trace = _rank_trace(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link.polyprof").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="is a link"):
+        add_rank(trace, tmp_path / "link.polyprof")
+    store = tmp_path / "job.polyprof"
+    store.mkdir()
+    (store / "activities").mkdir()
+    (store / "activities" / "rank=0").symlink_to(elsewhere)  # planted inside a store of yours
+    with pytest.raises(ConfigError, match="is a link"):
+        add_rank(trace, store)
+    assert list(elsewhere.iterdir()) == []
+    shared = tmp_path / "shared.polyprof"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="may be written by others"):
+        add_rank(trace, shared)
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs.polyprof"
+        theirs.mkdir()
+        os.chown(theirs, 1000, 1000)
+        with pytest.raises(ConfigError, match="belongs to uid 1000"):
+            add_rank(trace, theirs)
+
+
+def test_queries_read_only_the_ranks_the_manifest_lists(tmp_path):
+    pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
+    import shutil
+
+    from polyprof import store as polystore
+    from polyprof.store.files import add_rank
+
+    job = tmp_path / "job.polyprof"
+    add_rank(_rank_trace(tmp_path), job)
+    for table in ("activities", "backends", "ranks"):  # a rank folder planted (or left by a rank killed mid-add)
+        shutil.copytree(job / table / "rank=0", job / table / "rank=99")
+    with polystore.open(str(job)) as opened:
+        assert opened.sql("select distinct rank from activities").fetchall() == [(0,)]
+
+
+def test_overwrite_replaces_only_a_store_of_yours(tmp_path):
+    pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
+    from polyprof.errors import ConfigError
+    from polyprof.formats import write_trace
+    from polyprof.store import write_store
+
+    trace_file = write_trace(_rank_trace(tmp_path), str(tmp_path / "rank0.json"))
+    source_tree = tmp_path / "src"
+    source_tree.mkdir()
+    (source_tree / "main.py").write_text("print('precious')\n")
+    with pytest.raises(ConfigError, match="is not a polyprof store"):
+        write_store([trace_file], str(source_tree), overwrite=True)
+    assert (source_tree / "main.py").exists()
+    (tmp_path / "link.polyprof").symlink_to(source_tree)
+    with pytest.raises(ConfigError, match="not a store folder"):
+        write_store([trace_file], str(tmp_path / "link.polyprof"), overwrite=True)
+    write_store([trace_file], str(tmp_path / "job.polyprof"))
+    write_store([trace_file], str(tmp_path / "job.polyprof"), overwrite=True)  # a store of yours: replaced
+    assert (source_tree / "main.py").exists()

@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from polyprof._version import __version__
 from polyprof.errors import ConfigError
+from polyprof.formats.common.paths import atomic_output, new_file_mode
 from polyprof.store.schema import MANIFEST, ROW_GROUP_ROWS, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 
@@ -39,21 +42,41 @@ def write_rank(tables: Any, out: str) -> dict[str, int]:
     return written
 
 
+def own_folder(path: str) -> str:
+    """`path` made, or accepted where it exists: a real folder (not a link) of this user's that others
+    may not write, so that nothing in it is planted by another user. ConfigError saying which not."""
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{path} is a link: give the store's own folder, not a link to it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path} is a file, not a store: choose another path (a .polyprof folder)")
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): a store is written only "
+                          "into a folder of yours; choose another path")  # fmt: skip
+    if st.st_mode & stat.S_IWOTH:
+        raise ConfigError(f"{path} may be written by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod o-w it, or "
+                          "choose another path")  # fmt: skip
+    return path
+
+
 @contextlib.contextmanager
 def rank_file(out: str, table: str, rank: int) -> Iterator[str]:
-    """The path to write a rank's file of `table` at: beside its final path, renamed there when the
-    block ends without an error (removed when it raises)."""
-    folder = os.path.join(out, table, f"rank={rank}")
-    os.makedirs(folder, exist_ok=True)
+    """The path to write a rank's file of `table` at: a new file of an unpredictable name beside its
+    final path, renamed there when the block ends without an error (removed when it raises)."""
+    folder = own_folder(os.path.join(own_folder(os.path.join(own_folder(out), table)), f"rank={int(rank)}"))
     final = os.path.join(folder, "part-0.parquet")
-    partial = f"{final}.{os.getpid()}.partial"
+    fd, partial = tempfile.mkstemp(prefix=".part-0.parquet.", suffix=".partial", dir=folder)
+    os.close(fd)
     try:
         yield partial
+        os.chmod(partial, new_file_mode())
+        os.replace(partial, final)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(partial)
         raise
-    os.replace(partial, final)
 
 
 def add_rank(trace: Any, out: str | os.PathLike, source: str = "") -> str:
@@ -66,12 +89,12 @@ def add_rank(trace: Any, out: str | os.PathLike, source: str = "") -> str:
     from polyprof.store.rank_tables import rank_tables
 
     out = os.path.abspath(os.fspath(out))
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{out} is a file, not a store: choose another path (a .polyprof folder)")
-    os.makedirs(out, exist_ok=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    own_folder(out)
     tables = rank_tables(trace, source=source or f"rank written by pid {os.getpid()}")
     rows = write_rank(tables, out)
-    with open(os.path.join(out, ".lock"), "a") as lock:
+    lock_fd = os.open(os.path.join(out, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(lock_fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest = _manifest_or_none(out) or {}
         sources = {int(r): str(v) for r, v in manifest.get("sources", {}).items()}
@@ -100,7 +123,5 @@ def write_manifest(out: str, stats: StoreStats, rows_by_rank: dict[str, dict[str
                 "sources": {str(r): s for r, s in sorted(stats.sources.items())}}  # fmt: skip
     if rows_by_rank is not None:
         manifest["rows_by_rank"] = rows_by_rank
-    partial = os.path.join(out, f"{MANIFEST}.{os.getpid()}.partial")
-    with open(partial, "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(partial, os.path.join(out, MANIFEST))
+    with atomic_output(os.path.join(out, MANIFEST)) as f:
+        f.write(json.dumps(manifest, indent=1).encode())

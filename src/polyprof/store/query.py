@@ -61,6 +61,13 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
+def rank_files(path: str, table: str, ranks: list[int]) -> list[str]:
+    """The Parquet files of `table` of the ranks the manifest lists (a rank's folder planted beside them,
+    or left by a rank killed before it was listed, is not read)."""
+    files = [os.path.join(path, table, f"rank={int(rank)}", "part-0.parquet") for rank in ranks]
+    return [f for f in files if os.path.isfile(f)]
+
+
 class Store:
     """An open store: its tables and analyses (:data:`ANALYSES`) as views of one engine. A store
     on disk (:func:`open`) or the store of loaded traces, held in memory (:meth:`of_traces`)."""
@@ -70,8 +77,8 @@ class Store:
         self.engine = engine
         if manifest is None:
             self.manifest = read_manifest(path)
-            for table in TABLES:
-                engine.register_parquet(table, os.path.join(path, table))
+            for table in TABLES:  # the ranks the manifest lists, never what else a folder holds
+                engine.register_parquet(table, os.path.join(path, table), rank_files(path, table, self.ranks))
         else:
             self.manifest = manifest
         for view in ANALYSES:  # views: nothing runs until a query reads one
@@ -136,11 +143,11 @@ class DuckDBEngine:
         self.con = duckdb.connect(config=config)
         self.con.execute("set enable_progress_bar = false")  # DuckDB draws its own bar on stdout, even piped
 
-    def register_parquet(self, name: str, folder: str) -> None:
-        files = os.path.join(folder, "*", "*.parquet").replace("'", "''")
-        if not any(os.scandir(folder)) if os.path.isdir(folder) else True:
+    def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
+        if not files:
             raise ConfigError(f"{folder}: the store has no {name} table")
-        self.con.execute(f"create view {name} as select * from read_parquet('{files}', hive_partitioning = true)")
+        listed = ", ".join("'{}'".format(f.replace("'", "''")) for f in files)
+        self.con.execute(f"create view {name} as select * from read_parquet([{listed}], hive_partitioning = true)")
 
     def register_view(self, name: str, query: str) -> None:
         self.con.execute(f"create view {name} as {query}")
@@ -188,8 +195,10 @@ class SparkEngine:
 
         return ";\n".join(e.transform(exact).sql("spark") for e in sqlglot.parse(query, read="duckdb") if e)
 
-    def register_parquet(self, name: str, folder: str) -> None:
-        self.spark.read.option("basePath", folder).parquet(folder).createOrReplaceTempView(name)
+    def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
+        if not files:
+            raise ConfigError(f"{folder}: the store has no {name} table")
+        self.spark.read.option("basePath", folder).parquet(*files).createOrReplaceTempView(name)
 
     def register_view(self, name: str, query: str) -> None:
         self.spark.sql(self.translate(query)).createOrReplaceTempView(name)

@@ -106,6 +106,21 @@ def _load(source: str) -> Any:
     return load_trace(source)
 
 
+def replaceable_store(path: str) -> None:
+    """ConfigError unless `path` is a store of this user's (its folder, with its manifest) that
+    ``--overwrite`` may remove: never a link, a file or any other folder."""
+    from polyprof.formats.common.paths import MANIFEST
+    from polyprof.store.files import own_folder
+
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise ConfigError(f"{path} is not a store folder (a {'link' if os.path.islink(path) else 'file'}): --overwrite "
+                          "replaces only a store; remove it yourself, or choose another path")  # fmt: skip
+    own_folder(path)
+    if not os.path.isfile(os.path.join(path, MANIFEST)) or os.path.islink(os.path.join(path, MANIFEST)):
+        raise ConfigError(f"{path} is not a polyprof store (no {MANIFEST}): --overwrite replaces only a store; remove "
+                          "it yourself, or choose another path")  # fmt: skip
+
+
 def write_store(
     sources: Sequence[str | os.PathLike],
     out: str | os.PathLike,
@@ -126,8 +141,10 @@ def write_store(
             raise ConfigError(f"{f} is named twice: give each rank's trace once")
         seen.add(os.path.realpath(f))
     out = os.path.abspath(os.fspath(out))
-    if os.path.exists(out) and not overwrite:
-        raise ConfigError(f"{out} exists: choose another path, or --overwrite to replace it")
+    if os.path.lexists(out):
+        if not overwrite:
+            raise ConfigError(f"{out} exists: choose another path, or --overwrite to replace it")
+        replaceable_store(out)
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".polyprof-store-", dir=parent)
@@ -153,7 +170,8 @@ def write_store(
                 stats.rows[name] = stats.rows.get(name, 0) + n
         stats.ranks = sorted(stats.sources)
         write_manifest(staging, stats)
-        if os.path.exists(out):
+        if os.path.lexists(out):
+            replaceable_store(out)
             shutil.rmtree(out)
         os.replace(staging, out)
     except BaseException:

@@ -143,7 +143,7 @@ def new_private_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
-def _new_file_mode() -> int:
+def new_file_mode() -> int:
     """The mode a new file gets here (0666 less the umask), read without changing it for good."""
     mask = os.umask(0o022)
     os.umask(mask)
@@ -161,7 +161,7 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        mode = _new_file_mode()
+        mode = new_file_mode()
     except OSError as exc:
         raise OutputPathError(f"cannot write the trace to {path}: {exc.strerror or exc}") from exc
     try:
