@@ -389,6 +389,19 @@ def _run_script(script: str, script_args: tuple[str, ...]) -> None:
 LEFT_SPILL = re.compile(r"\.spill(\.pftrace)?\.\d+\.left$")
 
 
+def _removable(path: str, st: os.stat_result) -> bool:
+    """Whether this process may remove `path` (whose lstat is `st`): its folder writable, and in a sticky
+    folder (as /tmp) only its owner, the folder's or root."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        where = os.stat(folder)
+    except OSError:
+        return False
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    return not where.st_mode & stat.S_ISVTX or os.getuid() in (0, st.st_uid, where.st_uid)
+
+
 def _hint_leftover_spill(spill_file: str, output: str) -> None:
     """A spill a killed run left where this run's goes: say how to recover it before it is replaced.
     Only a regular file of this user's is adopted: in a shared folder, what another user put there (or
@@ -398,8 +411,10 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-        click.echo(f"polyprof: {spill_file} is not a file of yours ({'a link' if stat.S_ISLNK(st.st_mode) else f'owner uid {st.st_uid}'}): "
-                   "left alone; this run goes on without a spill if it cannot replace it", err=True)  # fmt: skip
+        what = "a link" if stat.S_ISLNK(st.st_mode) else f"owner uid {st.st_uid}"
+        done = ("replaced by this run's spill (a link's target is left alone), not offered for recovery"
+                if _removable(spill_file, st) else "left alone: this run records without a spill")  # fmt: skip
+        click.echo(f"polyprof: {spill_file} is not a file of yours ({what}): {done}", err=True)
         return
     keep = f"{spill_file}.{os.getpid()}.left"
     try:
