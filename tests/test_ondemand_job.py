@@ -32,25 +32,35 @@ while True:
 """ + DDP_TEARDOWN
 
 
+def _start_job(tmp_path, runtime, cwd) -> subprocess.Popen:
+    """The 2-rank job under torchrun with POLYPROF_ON_DEMAND=1; it stops when tmp_path/stop appears."""
+    runtime.mkdir(mode=0o700)
+    (tmp_path / "job.py").write_text(JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]  # fmt: skip
+    return subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _stepping_ranks(job: subprocess.Popen, runtime) -> list[dict]:
+    """`polyprof ps` of the job's two ranks, once both listen and have stepped."""
+    deadline = time.monotonic() + 120
+    ranks: list[dict] = []
+    while len(ranks) < 2:
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the ranks never listened and stepped"
+        found = [json.loads(line) for line in _cli(runtime, "ps", "--json").stdout.splitlines()]
+        ranks = [p for p in found if p.get("distributed") and p.get("steps", 0) > 3]
+        time.sleep(0.2)
+    return ranks
+
+
 def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
     runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    script = tmp_path / "job.py"
-    script.write_text(JOB)
     stop = tmp_path / "stop"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "2", str(script), str(stop)]  # fmt: skip
-    job = subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=tmp_path, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    job = _start_job(tmp_path, runtime, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        ranks: list[dict] = []
-        while len(ranks) < 2:
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the ranks never listened and stepped"
-            found = [json.loads(line) for line in _cli(runtime, "ps", "--json").stdout.splitlines()]
-            ranks = [p for p in found if p.get("distributed") and p.get("steps", 0) > 3]
-            time.sleep(0.2)
+        ranks = _stepping_ranks(job, runtime)
         assert sorted(p["rank"] for p in ranks) == [0, 1] and {p["world_size"] for p in ranks} == {2}
         asked = next(p for p in ranks if p["rank"] == 1)  # any rank can be asked
         r = _cli(runtime, "capture", str(asked["pid"]), "--job", "--steps", "3", "-o", str(tmp_path / "job.json"), timeout=180)
@@ -138,25 +148,14 @@ def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes
     import torch.distributed as dist
 
     runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    (tmp_path / "job.py").write_text(JOB)
     secret = tmp_path / "secret"
     secret.mkdir()
     (secret / "model.ckpt").write_bytes(b"weights")
     work = tmp_path / "work"
     work.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]  # fmt: skip
-    job = subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=work, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    job = _start_job(tmp_path, runtime, cwd=work)
     try:
-        deadline = time.monotonic() + 120
-        ranks: list[dict] = []
-        while len(ranks) < 2:
-            assert job.poll() is None and time.monotonic() < deadline, "the ranks never listened and stepped"
-            ranks = [p for p in (json.loads(line) for line in _cli(runtime, "ps", "--json").stdout.splitlines())
-                     if p.get("distributed") and p.get("steps", 0) > 3]  # fmt: skip
-            time.sleep(0.2)
+        ranks = _stepping_ranks(job, runtime)
         environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
         port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -165,31 +164,17 @@ def _from_files(cwd: str) -> ActivityEdits | None:
 def _trusted_text(path: str) -> str | None:
     """The text of the configuration file at `path`: None where there is none, or (said once) where it
     is not this user's or root's, is writable by others, is not a regular file or is too large."""
+    from polyprof.formats.common.paths import read_owned_file
+
+    data, why = read_owned_file(path, MAX_CONFIG_BYTES, not_writable_by_others=True)
+    if why is not None:
+        _say_once(f"{path} not read: {why}")
+    if data is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _say_once(f"{path} not read: {exc.strerror or exc}")
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "it is not a regular file"
-        elif st.st_uid not in (os.getuid(), 0):
-            why = f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}) or root"
-        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            why = f"others may write it (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w {path}"
-        elif st.st_size > MAX_CONFIG_BYTES:
-            why = f"it is {st.st_size:,} bytes, more than a configuration file's {MAX_CONFIG_BYTES:,}"
-        if why is not None:
-            _say_once(f"{path} not read: {why}")
-            return None
-        try:
-            return f.read(MAX_CONFIG_BYTES + 1).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path} cannot be read as TOML: {exc}") from exc
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} cannot be read as TOML: {exc}") from exc
 
 
 def _say_once(message: str) -> None:

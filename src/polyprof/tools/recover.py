@@ -130,32 +130,18 @@ def read_crash_beside(path: str) -> Any:
     read only when it is a regular file of this user or root (never through a link, never waiting on a
     FIFO) and at most MAX_CRASH_BYTES; otherwise, and for rows dropped from it, a warning says why."""
     import os
-    import stat
 
     from polyprof.errors import warn_user
+    from polyprof.formats.common.paths import read_owned_file
     from polyprof.formats.spill.crash import CRASH_SUFFIX, read_crash
 
     crash_path = os.fspath(path) + CRASH_SUFFIX
-    try:
-        fd = os.open(crash_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    data, why = read_owned_file(crash_path, MAX_CRASH_BYTES)
+    if why is not None:
+        warn_user(f"{crash_path} not read: {why}")
+    if data is None:
         return None
-    except OSError as exc:
-        warn_user(f"{crash_path} not read: {exc.strerror or exc}")
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        why = None
-        if not stat.S_ISREG(st.st_mode):
-            why = "it is not a regular file"
-        elif st.st_uid not in (os.getuid(), 0):
-            why = f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}) or root"
-        elif st.st_size > MAX_CRASH_BYTES:
-            why = f"it is {st.st_size:,} bytes, more than a crash file's {MAX_CRASH_BYTES:,}"
-        if why is not None:
-            warn_user(f"{crash_path} not read: {why}")
-            return None
-        crash = read_crash(f.read(MAX_CRASH_BYTES))
+    crash = read_crash(data)
     if crash is not None and crash.dropped:
         warn_user(f"{crash_path}: {crash.dropped:,} rows of no type the recorder writes were left out (a damaged file)")
     return crash

@@ -132,6 +132,30 @@ def trace_output(path: str) -> Iterator[IO[bytes]]:
             yield raw
 
 
+def read_owned_file(path: str, max_bytes: int, *, not_writable_by_others: bool = False) -> tuple[bytes | None, str | None]:
+    """A file another user or process may have put at `path`, read as data: (its bytes, None); (None,
+    None) where there is none; (None, why) where it is not read: a link, a FIFO or anything but a
+    regular file (opened without following links or waiting), not this user's or root's, more than
+    `max_bytes`, or (with `not_writable_by_others`) writable by group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, str(exc.strerror or exc)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None, "it is not a regular file"
+        if st.st_uid not in (os.getuid(), 0):
+            return None, f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}) or root"
+        if not_writable_by_others and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None, f"others may write it (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w {path}"
+        if st.st_size > max_bytes:
+            return None, f"it is {st.st_size:,} bytes, more than the {max_bytes:,} expected at most"
+        return f.read(max_bytes), None
+
+
 def new_private_file(path: str) -> int:
     """A new file at a name polyprof chose (a spill, a crash or stack file): its descriptor, open for
     writing, the file readable by this user only. What was there is replaced: unlinked first (a symlink goes, its target is left
