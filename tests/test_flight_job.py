@@ -235,18 +235,20 @@ print(f"rank {rank} skipped {recorder._job.skipped}", flush=True)
 """ + DDP_TEARDOWN
 
 
-def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_stall_the_ranks(tmp_path):
+@pytest.mark.parametrize("secret", [None, "s3cret"], ids=["no job secret", "POLYPROF_JOB_SECRET"])
+def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_stall_the_ranks(tmp_path, secret):
     """What anyone who reaches the store's port can write: a trigger numbered and never published, one
     that is not an object, a name that climbs out of the folder, a flood of names. The ranks skip and
     count what is malformed, write only in their own folder, capture the flood at the job's rate, and
-    still capture a real signal afterwards."""
+    still capture a real signal afterwards; with a job secret, nothing the process wrote is captured."""
     from datetime import timedelta
 
     import orjson
     import torch.distributed as dist
 
+    env = {**os.environ, **({"POLYPROF_JOB_SECRET": secret} if secret else {})}
     proc = subprocess.Popen(_torchrun(tmp_path, HOSTILE, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)  # fmt: skip
+                            cwd=tmp_path, env=env)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
@@ -276,8 +278,12 @@ def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_s
     assert proc.returncode == 0, err[-3000:]
     assert not (tmp_path / "planted-dir").exists() and not list(tmp_path.rglob("owned*"))
     captures = sorted(p.name for p in (tmp_path / "flight").glob("flight-*-rank0-*.pftrace"))
-    assert any(name.startswith("flight-x_.._.._planted-dir_owned-rank0-") for name in captures), captures
-    assert len([c for c in captures if c.startswith("flight-flood")]) <= 5, "the flood is captured at the job's rate"
     assert any(c.startswith("flight-signal-rank0-") for c in captures), f"rank 1's real signal, still answered: {captures}"
     skipped = int(out.split("rank 0 skipped ")[1].split()[0])
+    if secret:  # nothing the process without the secret wrote is captured
+        assert captures == [c for c in captures if c.startswith("flight-signal-")], captures
+        assert skipped >= 3 + 16, out
+        return
+    assert any(name.startswith("flight-x_.._.._planted-dir_owned-rank0-") for name in captures), captures
+    assert len([c for c in captures if c.startswith("flight-flood")]) <= 5, "the flood is captured at the job's rate"
     assert 2 <= skipped <= 1 + 21 - 16, out  # the malformed, the unpublished, the flood beyond the 16 looked at

@@ -32,13 +32,13 @@ while True:
 """ + DDP_TEARDOWN
 
 
-def _start_job(tmp_path, runtime, cwd) -> subprocess.Popen:
+def _start_job(tmp_path, runtime, cwd, **env: str) -> subprocess.Popen:
     """The 2-rank job under torchrun with POLYPROF_ON_DEMAND=1; it stops when tmp_path/stop appears."""
     runtime.mkdir(mode=0o700)
     (tmp_path / "job.py").write_text(JOB)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
            "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]  # fmt: skip
-    return subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1"), cwd=cwd, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1", **env), cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
@@ -175,3 +175,32 @@ def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes
     for rank, result in done.items():
         assert result.get("ok"), result
         assert result["done"]["path"] == str(work / f"model.ckpt.rank{rank}.json.gz"), "its own folder, a safe name"
+
+
+def test_with_a_job_secret_a_request_not_sealed_with_it_is_ignored_and_a_real_one_works(tmp_path):
+    from datetime import timedelta
+
+    import orjson
+    import torch.distributed as dist
+
+    runtime = tmp_path / "run"
+    job = _start_job(tmp_path, runtime, cwd=tmp_path, POLYPROF_JOB_SECRET="s3cret")
+    try:
+        ranks = _stepping_ranks(job, runtime)
+        environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
+        port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 3, "steps": 2,
+                   "output": str(tmp_path / "planted.json"), "timeout_s": 30, "asked_by": 0}  # fmt: skip
+        store.set("polyprof/ondemand/request", orjson.dumps(request))
+        time.sleep(4)  # the ranks poll once a second
+        assert not store.check([f"polyprof/ondemand/planted/done/{r}" for r in (0, 1)]), "a forged request was taken"
+        asked = next(p for p in ranks if p["rank"] == 0)
+        r = _cli(runtime, "capture", str(asked["pid"]), "--job", "--steps", "2", "-o", str(tmp_path / "real.json"), timeout=180)
+        assert (tmp_path / "real.json").exists(), r.stderr
+        (tmp_path / "stop").write_text("")
+        job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert not list(tmp_path.glob("planted*"))

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import orjson
-
 from polyprof.backends.torch.import_hook import import_completed
+from polyprof.backends.torch.job_store import seal, unseal
 from polyprof.formats.common.paths import launcher_rank
 
 log = logging.getLogger("polyprof.flight")
@@ -58,14 +57,12 @@ def safe_name(text: Any) -> str:
 
 def job_message(raw: Any, number: int) -> dict[str, Any] | None:
     """A trigger read from the job's store, checked: None unless it is a JSON object of at most
-    MAX_MESSAGE_BYTES with an integer rank; its trigger name made safe, its time a finite number, its
-    evidence an object (anything else dropped)."""
-    try:
-        if len(raw) > MAX_MESSAGE_BYTES:
-            return None
-        message = orjson.loads(raw)
-    except (TypeError, ValueError):
+    MAX_MESSAGE_BYTES with an integer rank (sealed with the job's secret where POLYPROF_JOB_SECRET is
+    set); its trigger name made safe, its time a finite number, its evidence an object (anything else
+    dropped)."""
+    if not isinstance(raw, (bytes, str)) or len(raw) > MAX_MESSAGE_BYTES:
         return None
+    message = unseal(raw)
     if not isinstance(message, dict) or not isinstance(message.get("rank"), int):
         return None
     at = message.get("at_epoch_s")
@@ -167,7 +164,7 @@ class JobLink:
                 if self._publisher is None:
                     return None
             number = int(self._publisher.add(COUNT_KEY, 1))
-            self._publisher.set(trigger_key(number), orjson.dumps({**message, "rank": self.rank}))
+            self._publisher.set(trigger_key(number), seal({**message, "rank": self.rank}))
             return number
         except Exception as exc:  # noqa: BLE001 - a capture on this rank is still written
             log.debug("polyprof flight recorder: cannot publish to the job's store: %s", exc)
@@ -177,7 +174,7 @@ class JobLink:
     def answer(self, number: int, path: str | None, store: Any = None) -> None:
         """This rank's answer to trigger `number`: the path of its capture (None: none was written)."""
         try:
-            (store or self._publisher).set(answer_key(number, self.rank), orjson.dumps({"path": path}))
+            (store or self._publisher).set(answer_key(number, self.rank), seal({"path": path}))
         except Exception as exc:  # noqa: BLE001 - the others then name this rank as not answering
             log.debug("polyprof flight recorder: cannot answer through the job's store: %s", exc)
 
@@ -217,7 +214,8 @@ class JobLink:
             left = deadline - time.monotonic()
             try:
                 store.wait([answer_key(number, rank)], timedelta(seconds=max(0.05, left)))
-                answered[rank] = orjson.loads(store.get(answer_key(number, rank))).get("path")
+                answer = unseal(store.get(answer_key(number, rank)))
+                answered[rank] = str(answer.get("path")) if isinstance(answer, dict) else None
             except Exception:  # noqa: BLE001 - not in time
                 continue
         missing = [r for r in range(self.world) if r != self.rank and r not in answered]

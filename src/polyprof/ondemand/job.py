@@ -22,8 +22,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import orjson
-
+from polyprof.backends.torch.job_store import seal, unseal
 from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand.capture import Capture, CaptureSlot, Reply
 from polyprof.ondemand.protocol import CaptureRequest, error_reply, parse_request
@@ -104,7 +103,7 @@ class JobLink:
         store = job_store(STORE_TIMEOUT_S)
         if store is None:
             raise RuntimeError("the job's store cannot be reached: MASTER_ADDR/MASTER_PORT are not set")
-        store.set(REQUEST_KEY, orjson.dumps(message))
+        store.set(REQUEST_KEY, seal(message))
         expected = (lead + (request.steps or 0)) * per_step + (request.duration_s or 0.0)
         waiter = threading.Thread(target=self._collect, args=(store, capture_id, world, expected + request.timeout_s, reply),
                                   name="polyprof-capture-job", daemon=True)  # fmt: skip
@@ -118,7 +117,9 @@ class JobLink:
             key = _done_key(capture_id, rank)
             try:
                 store.wait([key], timedelta(seconds=max(0.1, deadline - time.monotonic())))
-                ranks[str(rank)] = orjson.loads(store.get(key))
+                report = unseal(store.get(key))
+                ranks[str(rank)] = report if isinstance(report, dict) else error_reply(
+                    f"rank {rank}'s report is not one (not sealed with the job's secret, POLYPROF_JOB_SECRET?)")
             except Exception:
                 ranks[str(rank)] = error_reply(f"rank {rank} did not report within {timeout_s:.0f} s (is it started "
                                                "with POLYPROF_ON_DEMAND=1, and does it make optimizer steps?)")  # fmt: skip
@@ -142,7 +143,7 @@ class JobLink:
                 self._store = job_store(STORE_TIMEOUT_S) or False
             if not self._store or not self._store.check([REQUEST_KEY]):
                 return
-            message = orjson.loads(self._store.get(REQUEST_KEY))
+            message = unseal(self._store.get(REQUEST_KEY))
         except Exception as exc:
             log.warning("polyprof on-demand: the job's store could not be read (%s); not polling it again", exc)
             self._store = False
@@ -161,7 +162,7 @@ class JobLink:
             from polyprof.backends.torch.job_store import job_store
 
             store = job_store(STORE_TIMEOUT_S)  # a client of its own: this runs on the export thread
-            store.set(_done_key(capture_id, rank), orjson.dumps(result))
+            store.set(_done_key(capture_id, rank), seal(result))
 
         try:
             fields = {k: message.get(k) for k in ("output", "steps", "duration_s", "activities", "timeout_s")}

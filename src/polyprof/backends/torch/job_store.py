@@ -24,3 +24,48 @@ def job_store(timeout_s: float) -> Any:
     if not addr or not port:
         return None
     return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+#: a secret the job's ranks share (set it in the launcher's environment: torchrun passes it on); with it,
+#: what polyprof puts in the store is sealed and what it reads is checked (docs/threat-model.md)
+SECRET = "POLYPROF_JOB_SECRET"
+
+
+def seal(message: Any) -> bytes:
+    """`message` as polyprof puts it in the job's store: JSON, and with POLYPROF_JOB_SECRET set, inside
+    ``{"body": ..., "mac": HMAC-SHA256}`` so that a process without the secret cannot forge it."""
+    import hashlib
+    import hmac
+    import os
+
+    import orjson
+
+    body = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    secret = os.environ.get(SECRET, "")
+    if not secret:
+        return body
+    mac = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return b'{"body":' + body + b',"mac":"' + mac.encode() + b'"}'
+
+
+def unseal(raw: Any) -> Any:
+    """What :func:`seal` made, read back: the message, or None when it cannot be trusted (not JSON; with
+    POLYPROF_JOB_SECRET set, not sealed with it)."""
+    import hashlib
+    import hmac
+    import os
+
+    import orjson
+
+    try:
+        message = orjson.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    secret = os.environ.get(SECRET, "")
+    if not secret:
+        return message
+    if not isinstance(message, dict) or set(message) != {"body", "mac"} or not isinstance(message["mac"], str):
+        return None
+    body = orjson.dumps(message["body"], option=orjson.OPT_SORT_KEYS)
+    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return message["body"] if hmac.compare_digest(expected, message["mac"]) else None
