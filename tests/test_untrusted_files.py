@@ -265,3 +265,17 @@ def test_polyprof_run_says_what_it_does_with_a_spill_that_is_not_yours(tmp_path)
     assert r.returncode == 0, r.stderr
     assert "is not a file of yours (a link): replaced by this run's spill (a link's target is left alone)" in r.stderr
     assert victim.read_text() == "precious\n"
+
+
+def test_a_store_whose_path_has_glob_characters_is_queried_as_any_other(tmp_path):
+    pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
+    from polyprof import store as polystore
+    from polyprof.store.files import add_rank
+
+    job = tmp_path / "glob*[x]?.polyprof"
+    add_rank(_rank_trace(tmp_path), job)
+    decoy = tmp_path / "globA[x]B.polyprof"  # what the pattern would also match
+    add_rank(_rank_trace(tmp_path), decoy)
+    with polystore.open(str(job)) as opened:
+        assert opened.sql("select count(distinct rank) from activities").fetchall() == [(1,)]
+        assert opened.sql("select count(*) from ranks").fetchall() == [(1,)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -59,6 +60,12 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path} is a store of schema version {manifest['version']}; this polyprof reads up to "
                           f"{SCHEMA_VERSION}: upgrade polyprof")  # fmt: skip
     return manifest
+
+
+def _duckdb_literal_glob(path: str) -> str:
+    """`path` as a DuckDB glob that matches only itself (DuckDB reads every listed path as a pattern):
+    each of ``*?[`` as a one-character class."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
 
 
 def rank_files(path: str, table: str, ranks: list[int]) -> list[str]:
@@ -146,7 +153,7 @@ class DuckDBEngine:
     def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
         if not files:
             raise ConfigError(f"{folder}: the store has no {name} table")
-        listed = ", ".join("'{}'".format(f.replace("'", "''")) for f in files)
+        listed = ", ".join("'{}'".format(_duckdb_literal_glob(f).replace("'", "''")) for f in files)
         self.con.execute(f"create view {name} as select * from read_parquet([{listed}], hive_partitioning = true)")
 
     def register_view(self, name: str, query: str) -> None:
@@ -198,7 +205,8 @@ class SparkEngine:
     def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
         if not files:
             raise ConfigError(f"{folder}: the store has no {name} table")
-        self.spark.read.option("basePath", folder).parquet(*files).createOrReplaceTempView(name)
+        escaped = [re.sub(r"([*?\[\]{}\\])", r"\\\1", f) for f in files]  # Hadoop's globs: a character, literally
+        self.spark.read.option("basePath", folder).parquet(*escaped).createOrReplaceTempView(name)
 
     def register_view(self, name: str, query: str) -> None:
         self.spark.sql(self.translate(query)).createOrReplaceTempView(name)
