@@ -177,8 +177,10 @@ class PythonSession:
             if table is not None:
                 self.ctx.report.attach(python_calls.ATTACHMENT, table)
         else:
-            for tid, name, code, start, end, _depth, _kind, objects, *_ in taken:
-                _hand_over(sink, tid, name, code, start, end, objects, include, exclude)
+            lost = sum(_hand_over(sink, tid, name, code, start, end, objects, include, exclude)
+                       for tid, name, code, start, end, _depth, _kind, objects, *_ in taken)  # fmt: skip
+            if lost:
+                self.ctx.report.filtered_records(lost, "python calls whose code object the tracer did not keep")
         short, deep = sum(t[8] for t in taken), sum(t[9] for t in taken)
         if short:
             self.ctx.report.filtered_records(short, "python calls shorter than min_duration_us")
@@ -190,12 +192,21 @@ class PythonSession:
 
 
 def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: bytes, objects: Any,
-               include: list[str], exclude: list[str]) -> None:  # fmt: skip
-    """One thread's rows, polyprof's own style: named ``file.py(12): qualname``, filtered by include/exclude."""
+               include: list[str], exclude: list[str]) -> int:  # fmt: skip
+    """One thread's rows, polyprof's own style: named ``file.py(12): qualname``, filtered by include/exclude.
+    Returns how many rows were left out because their code object is not among those the tracer kept
+    (it can no longer be named; seen after `import torch`: issue #65)."""
     codes = np.frombuffer(code, np.int64)
     if not len(codes):
-        return
+        return 0
     by_id = {id(o): o for o in objects}
+    starts, ends = np.frombuffer(start, np.int64), np.frombuffer(end, np.int64)
+    known = np.fromiter((c in by_id for c in codes.tolist()), bool, len(codes))
+    lost = int(len(codes) - known.sum())
+    if lost:
+        codes, starts, ends = codes[known], starts[known], ends[known]
+        if not len(codes):
+            return lost
     uniq, inverse = np.unique(codes, return_inverse=True)
     labels = [slice_name(by_id[int(u)]) for u in uniq.tolist()]
     keep = np.ones(len(codes), bool)
@@ -209,9 +220,10 @@ def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: 
         "name": CodedStrings(inverse[rows], labels),
         "device": np.full(len(rows), sink.host_device()),
         "resource": np.full(len(rows), sink.host_thread(int(tid), name)),
-        "start": np.frombuffer(start, np.int64)[rows],
-        "end": np.frombuffer(end, np.int64)[rows],
+        "start": starts[rows],
+        "end": ends[rows],
     })  # fmt: skip
+    return lost
 
 
 def _thread_name() -> str | None:

@@ -512,11 +512,14 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
     time in collectives and who waited; for a store (polyprof store): its clocks and who made everyone
     wait, by rank and step."""
     from polyprof.cli.render import print_rank_view, print_summary
-    from polyprof.cli.store import is_store, print_store_summary
+    from polyprof.cli.store import is_store, print_store_summary, print_store_view
     from polyprof.formats import load_trace
 
     if len(trace_files) == 1 and is_store(trace_files[0]):
-        print_store_summary(trace_files[0], engine)
+        if view in (None, "top"):
+            print_store_summary(trace_files[0], engine)
+        else:
+            print_store_view(trace_files[0], engine, view, max(top, 30))
         return
     if engine is not None:
         fail("--engine reads a store (polyprof store TRACES -o job.polyprof); give the store's folder")

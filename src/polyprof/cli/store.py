@@ -63,8 +63,7 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
 @click.option("--format", "out_format", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--limit", type=int, default=100, show_default=True, help="Rows shown in the table format.")
 def sql_command(store: str, query: str, engine: str, out_format: str, limit: int) -> None:
-    """Run QUERY (DuckDB's SQL; translated for Spark) on STORE. Tables: activities, collectives, counters,
-    backends, ranks; the analyses are views: clock, blame, kernels, temporal, idle, overlap, islands."""
+    """Run QUERY (DuckDB's SQL; translated for Spark) on STORE (see the views below)."""
     from polyprof import store as polystore
 
     try:
@@ -77,7 +76,7 @@ def sql_command(store: str, query: str, engine: str, out_format: str, limit: int
     if out_format == "csv":
         import pyarrow.csv as pacsv
 
-        pacsv.write_csv(result, click.get_binary_stream("stdout"))
+        pacsv.write_csv(_csv_ready(result), click.get_binary_stream("stdout"))
         return
     if out_format == "json":
         import orjson
@@ -92,6 +91,57 @@ def sql_command(store: str, query: str, engine: str, out_format: str, limit: int
     console.print(table)
     if result.num_rows > limit:
         console.print(f"({result.num_rows - limit:,} more rows: --limit, or --format csv)")
+
+
+def _views() -> str:
+    """The store's analyses, one view each (store/sql/*.sql), named without importing the store extra."""
+    import polyprof
+
+    folder = os.path.join(os.path.dirname(polyprof.__file__), "store", "sql")
+    return ", ".join(sorted(name[:-4] for name in os.listdir(folder) if name.endswith(".sql")))
+
+
+sql_command.help = (f"Run QUERY (DuckDB's SQL; translated for Spark) on STORE. Tables: activities, collectives, "
+                    f"counters, backends, ranks; the analyses are views: {_views()} (docs: store.md).")  # fmt: skip
+
+
+def _csv_ready(table: Any) -> Any:
+    """`table` with its nested columns (lists, structs, maps), which CSV cannot hold, as JSON text."""
+    import orjson
+    import pyarrow as pa
+
+    for i, field in enumerate(table.schema):
+        if pa.types.is_nested(field.type):
+            text = [None if v is None else orjson.dumps(v, default=str).decode() for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(text, pa.string()))
+    return table
+
+
+#: `polyprof summary STORE --view V`: the store's analyses that answer it
+STORE_VIEWS = {"steps": ("steps",), "kernels": ("kernels",), "ops": ("operators",), "idle": ("idle",),
+               "launch": ("launch",), "devices": ("temporal", "overlap"), "ranks": ("overview",)}  # fmt: skip
+
+
+def print_store_view(path: str, engine: str | None, view: str, limit: int) -> None:
+    """One analysis of a store, as the view of a trace shows it (the store's own tables of it)."""
+    from polyprof import store as polystore
+
+    names = STORE_VIEWS.get(view)
+    if names is None:
+        fail(f"--view {view} reads trace files; for a store, ask it: polyprof sql {path} \"select * from {view}\"")
+    try:
+        with polystore.open(path, engine) as job:
+            tables = [(name, job.analysis(name)) for name in names]
+    except PolyprofError as exc:
+        fail(str(exc))
+    console = new_console()
+    for name, table in tables:
+        shown = Table(*table.column_names, title=f"{name} ({table.num_rows:,} rows)")
+        for row in table.slice(0, limit).to_pylist():
+            shown.add_row(*(markup_safe("" if v is None else v) for v in row.values()))
+        console.print(shown)
+        if table.num_rows > limit:
+            console.print(f"({table.num_rows - limit:,} more rows: polyprof sql {path} \"select * from {name}\")")
 
 
 def print_store_summary(path: str, engine: str | None) -> None:
@@ -140,6 +190,18 @@ def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
     if not rows:
         console.print("who made everyone wait: no collective that every rank entered (none recorded, or one rank only)")
         return
+    setup = [r for r in rows if r["step"] is not None and r["step"] < 0]  # before the first step: set-up
+    if setup:
+        late: dict[int, int] = {}
+        for r in setup:
+            late[r["late_rank"]] = late.get(r["late_rank"], 0) + r["cause_ns"]
+        rank, ns = max(late.items(), key=lambda kv: kv[1])
+        console.print(f"set-up, before the first step (DDP's construction, the first all-gathers): others waited "
+                      f"{format_ns(sum(late.values()))} in all, {format_ns(ns)} of it for rank {rank}; not counted below",
+                      highlight=False)  # fmt: skip
+        rows = [r for r in rows if r not in setup]
+        if not rows:
+            return
     by_rank: dict[int, list] = {}
     by_cause: dict[tuple, int] = {}
     for r in rows:

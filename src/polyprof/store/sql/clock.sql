@@ -4,7 +4,8 @@
 -- on the clocks as recorded (each rank already shifted by the offset it measured). The tightest such
 -- bounds over all instances hold the error left in the recorded offset; the estimate is the median of
 -- (exit_r - exit_0), the ranks leaving together, kept within the bounds, and its uncertainty is half
--- the bounds' width. It is applied where it is more certain than the recorded offset.
+-- the bounds' width. It is applied where it is more certain than the recorded offset. Both are rounded
+-- down to the nanosecond (floor), one rule on every engine (a median of two can end in .5).
 with pairs as (
     select c.rank, c.exit_ns - z.exit_ns as d,
            c.entry_ns - z.exit_ns as low, c.exit_ns - z.entry_ns as high
@@ -18,8 +19,8 @@ fit as (
 ),
 estimate as (
     select rank, instances, low, high,
-           case when low <= high then least(greatest(middle, low), high) end as correction,
-           case when low <= high then (high - low) / 2 end as uncertainty
+           case when low <= high then floor(least(greatest(middle, low), high)) end as correction,
+           case when low <= high then floor((high - low) / 2) end as uncertainty
     from fit
 )
 select r.rank,
