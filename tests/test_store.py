@@ -286,3 +286,42 @@ def test_store_queries_leave_duckdb_s_own_progress_bar_off():
 
     engine = DuckDBEngine()
     assert engine.arrow("select current_setting('enable_progress_bar') as on")["on"].to_pylist() == [False]
+
+
+def test_duckdb_runs_under_a_memory_limit_and_spills_to_a_folder_of_its_own(tmp_path):
+    import duckdb
+
+    from polyprof.store.query import DEFAULT_MEMORY_LIMIT, DuckDBEngine
+
+    def setting(con, name):
+        return con.execute(f"select current_setting('{name}')").fetchone()[0]
+
+    def as_duckdb_says(limit):
+        return setting(duckdb.connect(config={"memory_limit": limit}), "memory_limit")
+
+    path = _synthetic_job(tmp_path)
+    with store.open(path) as job:
+        assert setting(job.engine.con, "memory_limit") == as_duckdb_says(DEFAULT_MEMORY_LIMIT)
+        scratch = job.engine.scratch
+        assert os.path.isdir(scratch) and setting(job.engine.con, "temp_directory") == scratch
+    assert not os.path.exists(scratch), "its spill folder goes with it"
+    with store.open(path, memory_limit="1GB") as job:
+        assert setting(job.engine.con, "memory_limit") == as_duckdb_says("1GB")
+    with pytest.raises(ConfigError, match="a memory limit is written like"):
+        DuckDBEngine("lots")
+
+
+def test_the_cli_names_every_view_writes_lists_as_json_in_csv_and_honours_view_on_a_store(tmp_path):
+    path = _synthetic_job(tmp_path)
+    run = [sys.executable, "-m", "polyprof"]
+    r = subprocess.run([*run, "sql", "--help"], capture_output=True, text=True, timeout=120)
+    listed = r.stdout.replace("\n", " ")
+    assert all(view in listed for view in ("blame", "overview", "rank_totals", "operators", "temporal", "launch"))
+    r = subprocess.run([*run, "sql", str(path), "select list(rank order by rank) as ranks from ranks", "--format", "csv"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.splitlines()[1].strip('"').startswith("[0,"), r.stdout
+    r = subprocess.run([*run, "summary", str(path), "--view", "steps"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "steps (" in r.stdout and "who made everyone wait" not in r.stdout, r.stdout[-2000:]
+    r = subprocess.run([*run, "summary", str(path), "--memory-limit", "lots"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "a memory limit is written like" in r.stderr

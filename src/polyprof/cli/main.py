@@ -39,6 +39,7 @@ from rich.table import Table
 from polyprof._version import __version__
 from polyprof.cli.progress import QUIET, shown
 from polyprof.cli.render import EXIT_BAD_INPUT, fail, markup_safe, new_console, printable
+from polyprof.cli.store import MEMORY
 from polyprof.engine.signals import CleanStop, Signalled
 from polyprof.errors import OutputPathError, PolyprofError, TraceFormatError
 from polyprof.extras import MissingExtra, extra_for, install_hint
@@ -505,8 +506,10 @@ VIEWS = ("top", "steps", "kernels", "ops", "idle", "ranks", "backends", "launch"
               "backends, launch (latency), devices (temporal breakdown and kinds of work); default: the top activities, "
               "or the rank view for several traces.")  # fmt: skip
 @click.option("--engine", default=None, help="For a store: duckdb (default), spark (local mode) or spark://HOST:PORT.")
+@MEMORY
 @QUIET
-def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None, quiet: bool) -> None:
+def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None, memory_limit: str | None,
+            quiet: bool) -> None:  # fmt: skip
     """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
     time in collectives and who waited; for a store (polyprof store): its clocks and who made everyone
@@ -517,9 +520,9 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
 
     if len(trace_files) == 1 and is_store(trace_files[0]):
         if view in (None, "top"):
-            print_store_summary(trace_files[0], engine)
+            print_store_summary(trace_files[0], engine, memory_limit)
         else:
-            print_store_view(trace_files[0], engine, view, max(top, 30))
+            print_store_view(trace_files[0], engine, view, max(top, 30), memory_limit)
         return
     if engine is not None:
         fail("--engine reads a store (polyprof store TRACES -o job.polyprof); give the store's folder")

@@ -23,6 +23,16 @@ from polyprof.cli.render import fail, format_ns, markup_safe, new_console
 from polyprof.errors import PolyprofError, TraceFormatError
 
 ENGINE_HELP = "duckdb (default, in this process), spark (local mode) or spark://HOST:PORT."
+#: `--memory-limit` of the commands that query a store
+MEMORY = click.option("--memory-limit", default=None, help="For a store on DuckDB: its memory, e.g. 2GB (default: "
+                      "polyprof's, docs/store.md; 'none': DuckDB's own, 80% of RAM); past it, it spills to a temporary folder.")  # fmt: skip
+
+
+def memory_option(text: str | None) -> dict[str, Any]:
+    """The store's open() keywords for `--memory-limit TEXT` (none given: polyprof's default)."""
+    if text is None:
+        return {}
+    return {"memory_limit": None if text.strip().lower() in ("none", "") else text.strip()}
 
 
 def is_store(path: str) -> bool:
@@ -62,12 +72,13 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
 @click.option("--engine", default="duckdb", show_default=True, help=ENGINE_HELP)
 @click.option("--format", "out_format", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--limit", type=int, default=100, show_default=True, help="Rows shown in the table format.")
-def sql_command(store: str, query: str, engine: str, out_format: str, limit: int) -> None:
+@MEMORY
+def sql_command(store: str, query: str, engine: str, out_format: str, limit: int, memory_limit: str | None) -> None:
     """Run QUERY (DuckDB's SQL; translated for Spark) on STORE (see the views below)."""
     from polyprof import store as polystore
 
     try:
-        with polystore.open(store, engine) as job:
+        with polystore.open(store, engine, **memory_option(memory_limit)) as job:
             result = job.table(query)
     except PolyprofError as exc:
         fail(str(exc))
@@ -122,7 +133,7 @@ STORE_VIEWS = {"steps": ("steps",), "kernels": ("kernels",), "ops": ("operators"
                "launch": ("launch",), "devices": ("temporal", "overlap"), "ranks": ("overview",)}  # fmt: skip
 
 
-def print_store_view(path: str, engine: str | None, view: str, limit: int) -> None:
+def print_store_view(path: str, engine: str | None, view: str, limit: int, memory: str | None = None) -> None:
     """One analysis of a store, as the view of a trace shows it (the store's own tables of it)."""
     from polyprof import store as polystore
 
@@ -130,7 +141,7 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int) -> No
     if names is None:
         fail(f"--view {view} reads trace files; for a store, ask it: polyprof sql {path} \"select * from {view}\"")
     try:
-        with polystore.open(path, engine) as job:
+        with polystore.open(path, engine, **memory_option(memory)) as job:
             tables = [(name, job.analysis(name)) for name in names]
     except PolyprofError as exc:
         fail(str(exc))
@@ -144,12 +155,12 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int) -> No
             console.print(f"({table.num_rows - limit:,} more rows: polyprof sql {path} \"select * from {name}\")")
 
 
-def print_store_summary(path: str, engine: str | None) -> None:
+def print_store_summary(path: str, engine: str | None, memory: str | None = None) -> None:
     """The job's ranks and clocks, and who made everyone wait, by rank and by step."""
     from polyprof import store as polystore
 
     try:
-        with polystore.open(path, engine) as job:
+        with polystore.open(path, engine, **memory_option(memory)) as job:
             clock = job.analysis("clock").to_pylist()
             blame = job.blame().to_pylist()
             overview = job.analysis("overview").to_pylist()
