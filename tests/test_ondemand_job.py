@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from ddp_teardown import DDP_TEARDOWN
@@ -53,6 +54,23 @@ def _stepping_ranks(job: subprocess.Popen, runtime) -> list[dict]:
         ranks = [p for p in found if p.get("distributed") and p.get("steps", 0) > 3]
         time.sleep(0.2)
     return ranks
+
+
+def _plant_request(ranks: list[dict], output: Path) -> object:
+    """A capture request (id "planted", 2 steps, a few steps ahead) written into the job's store as any
+    local process that reaches its port can write it, unsealed; the store's client is returned."""
+    from datetime import timedelta
+
+    import orjson
+    import torch.distributed as dist
+
+    environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
+    port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 5, "steps": 2, "output": str(output),
+               "timeout_s": 30, "asked_by": 0}  # fmt: skip
+    store.set("polyprof/ondemand/request", orjson.dumps(request))
+    return store
 
 
 def test_a_two_rank_job_is_captured_as_a_whole_by_steps(tmp_path):
@@ -145,7 +163,6 @@ def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes
     from datetime import timedelta
 
     import orjson
-    import torch.distributed as dist
 
     runtime = tmp_path / "run"
     secret = tmp_path / "secret"
@@ -156,12 +173,7 @@ def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes
     job = _start_job(tmp_path, runtime, cwd=work)
     try:
         ranks = _stepping_ranks(job, runtime)
-        environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
-        port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-        request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 5, "steps": 2,
-                   "output": str(secret / "model.ckpt"), "timeout_s": 30, "asked_by": 0}  # fmt: skip
-        store.set("polyprof/ondemand/request", orjson.dumps(request))
+        store = _plant_request(ranks, secret / "model.ckpt")
         done = {}
         for rank in (0, 1):
             store.wait([f"polyprof/ondemand/planted/done/{rank}"], timedelta(seconds=60))
@@ -178,21 +190,13 @@ def test_a_request_written_into_the_jobs_store_never_chooses_where_a_rank_writes
 
 
 def test_with_a_job_secret_a_request_not_sealed_with_it_is_ignored_and_a_real_one_works(tmp_path):
-    from datetime import timedelta
 
-    import orjson
-    import torch.distributed as dist
 
     runtime = tmp_path / "run"
     job = _start_job(tmp_path, runtime, cwd=tmp_path, POLYPROF_JOB_SECRET="s3cret")
     try:
         ranks = _stepping_ranks(job, runtime)
-        environ = open(f"/proc/{ranks[0]['pid']}/environ", "rb").read().split(b"\0")
-        port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-        request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 3, "steps": 2,
-                   "output": str(tmp_path / "planted.json"), "timeout_s": 30, "asked_by": 0}  # fmt: skip
-        store.set("polyprof/ondemand/request", orjson.dumps(request))
+        store = _plant_request(ranks, tmp_path / "planted.json")
         time.sleep(4)  # the ranks poll once a second
         assert not store.check([f"polyprof/ondemand/planted/done/{r}" for r in (0, 1)]), "a forged request was taken"
         asked = next(p for p in ranks if p["rank"] == 0)

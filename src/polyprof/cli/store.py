@@ -95,13 +95,17 @@ def sql_command(store: str, query: str, engine: str, out_format: str, limit: int
         for row in result.to_pylist():
             click.echo(orjson.dumps(row, default=str))
         return
-    table = Table(*result.column_names)
-    for row in result.slice(0, limit).to_pylist():
-        table.add_row(*(markup_safe("" if v is None else v) for v in row.values()))
-    console = new_console()
-    console.print(table)
-    if result.num_rows > limit:
-        console.print(f"({result.num_rows - limit:,} more rows: --limit, or --format csv)")
+    print_rows(new_console(), result, limit, more="--limit, or --format csv")
+
+
+def print_rows(console: Any, table: Any, limit: int, more: str, title: str | None = None) -> None:
+    """The first `limit` rows of the Arrow `table`; how many more there are, and `more` (how to see them)."""
+    shown = Table(*table.column_names, title=title)
+    for row in table.slice(0, limit).to_pylist():
+        shown.add_row(*(markup_safe("" if v is None else v) for v in row.values()))
+    console.print(shown)
+    if table.num_rows > limit:
+        console.print(f"({table.num_rows - limit:,} more rows: {more})")
 
 
 def _views() -> str:
@@ -147,12 +151,8 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int, memor
         fail(str(exc))
     console = new_console()
     for name, table in tables:
-        shown = Table(*table.column_names, title=f"{name} ({table.num_rows:,} rows)")
-        for row in table.slice(0, limit).to_pylist():
-            shown.add_row(*(markup_safe("" if v is None else v) for v in row.values()))
-        console.print(shown)
-        if table.num_rows > limit:
-            console.print(f"({table.num_rows - limit:,} more rows: polyprof sql {path} \"select * from {name}\")")
+        print_rows(console, table, limit, more=f'polyprof sql {path} "select * from {name}"',
+                   title=f"{name} ({table.num_rows:,} rows)")  # fmt: skip
 
 
 def print_store_summary(path: str, engine: str | None, memory: str | None = None) -> None:
@@ -201,7 +201,9 @@ def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
     if not rows:
         console.print("who made everyone wait: no collective that every rank entered (none recorded, or one rank only)")
         return
-    setup = [r for r in rows if r["step"] is not None and r["step"] < 0]  # before the first step: set-up
+    before_steps = [r["step"] is not None and r["step"] < 0 for r in rows]  # set-up, before the first step
+    setup = [r for r, before in zip(rows, before_steps, strict=True) if before]
+    rows = [r for r, before in zip(rows, before_steps, strict=True) if not before]
     if setup:
         late: dict[int, int] = {}
         for r in setup:
@@ -210,7 +212,6 @@ def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
         console.print(f"set-up, before the first step (DDP's construction, the first all-gathers): others waited "
                       f"{format_ns(sum(late.values()))} in all, {format_ns(ns)} of it for rank {rank}; not counted below",
                       highlight=False)  # fmt: skip
-        rows = [r for r in rows if r not in setup]
         if not rows:
             return
     by_rank: dict[int, list] = {}

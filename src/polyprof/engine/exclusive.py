@@ -28,10 +28,8 @@ _released: Any = None  # (a weak reference to) the last profile that stopped: it
 def claim(profile: Any) -> None:
     """Make `profile` the one that records; the one recording first yields if it can, else an error."""
     global _recording
-    with _lock:
-        other = _recording if _recording is not profile else None
-    if other is not None and other.yield_to is not None:
-        other.yield_to(profile)  # it must stop (and so release) itself
+    if _recording is not profile:
+        give_way(profile)  # (the recording one must stop, and so release, itself)
     previous = _released() if _released is not None else None
     if previous is not None and previous is not profile:  # torch's observer is one per process: the last
         previous.wait_collected()  # window's rows are read before it records again (and clears them)
@@ -48,7 +46,7 @@ def give_way(other: Any) -> None:
     own); one that cannot yield goes on recording."""
     with _lock:
         recording = _recording
-    if recording is not None and recording.yield_to is not None:
+    if recording is not None and recording is not other and recording.yield_to is not None:
         recording.yield_to(other)
 
 

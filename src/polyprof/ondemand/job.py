@@ -44,7 +44,7 @@ def rank_template(template: str) -> str:
     if "{rank}" in template:
         return template
     folder, name = os.path.split(template)
-    for suffix in (".json.gz", ".pftrace.gz", ".perfetto-trace.gz", ".json", ".pftrace", ".perfetto-trace"):
+    for suffix in TRACE_SUFFIXES:
         if name.endswith(suffix):
             return os.path.join(folder, f"{name[: -len(suffix)]}.rank{{rank}}{suffix}")
     return os.path.join(folder, f"{name}.rank{{rank}}")
@@ -58,9 +58,8 @@ TRACE_SUFFIXES = (".json.gz", ".pftrace.gz", ".perfetto-trace.gz", ".json", ".pf
 def own_capture_path(requested: str) -> str:
     """Where this rank writes its part of a job capture: its own folder (POLYPROF_CAPTURE_DIR, else its
     working directory) under the requested file name, reduced to ``[A-Za-z0-9_.-]`` and ``{rank}`` (put
-    in where the name lacks it). The
-    request comes through the job's store, which anyone who reaches its port can write: its folder is
-    never used, so a capture never replaces a file elsewhere."""
+    in where the name lacks it). The request comes through the job's store, which anyone who reaches its
+    port can write: its folder is never used, so a capture never replaces a file elsewhere."""
     name = re.sub(r"[^A-Za-z0-9_.{}-]", "_", os.path.basename(requested)).lstrip(".")[:200]
     if not name.endswith(TRACE_SUFFIXES):
         name = f"{name or 'capture'}.json.gz"

@@ -40,7 +40,7 @@ def member(name: str) -> Any:
     enum = _torch_enum()
     torch_name = next((m for m in TORCH_MEMBERS if m.upper() == name.upper()), None)
     if torch_name is not None:
-        found = getattr(enum, torch_name, None) if enum is not None else None
+        found = getattr(enum, torch_name, None)
         return found if found is not None else ActivityGroup(torch_name)
     return ActivityGroup(name.upper())
 

@@ -87,7 +87,10 @@ class Store:
         if manifest is None:
             self.manifest = read_manifest(path)
             for table in TABLES:  # the ranks the manifest lists, never what else a folder holds
-                engine.register_parquet(table, os.path.join(path, table), rank_files(path, table, self.ranks))
+                files = rank_files(path, table, self.ranks)
+                if not files:
+                    raise ConfigError(f"{os.path.join(path, table)}: the store has no {table} table")
+                engine.register_parquet(table, os.path.join(path, table), files)
         else:
             self.manifest = manifest
         for view in ANALYSES:  # views: nothing runs until a query reads one
@@ -159,19 +162,17 @@ class DuckDBEngine:
         import duckdb
 
         self.scratch = tempfile.mkdtemp(prefix="polyprof-duckdb-")
-        weakref.finalize(self, shutil.rmtree, self.scratch, True)  # (an engine never closed: at exit)
+        self._remove_scratch = weakref.finalize(self, shutil.rmtree, self.scratch, True)  # at close, or at exit
         config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads), ("temp_directory", self.scratch))
                   if v is not None}  # fmt: skip
         try:
             self.con = duckdb.connect(config=config)
         except duckdb.Error as exc:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._remove_scratch()
             raise ConfigError(f"DuckDB refused its settings ({exc}); a memory limit is written like 512MB or 2GB") from None
         self.con.execute("set enable_progress_bar = false")  # DuckDB draws its own bar on stdout, even piped
 
     def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
-        if not files:
-            raise ConfigError(f"{folder}: the store has no {name} table")
         listed = ", ".join("'{}'".format(_duckdb_literal_glob(f).replace("'", "''")) for f in files)
         self.con.execute(f"create view {name} as select * from read_parquet([{listed}], hive_partitioning = true)")
 
@@ -190,7 +191,7 @@ class DuckDBEngine:
 
     def close(self) -> None:
         self.con.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self._remove_scratch()
 
 
 class SparkEngine:
@@ -223,8 +224,6 @@ class SparkEngine:
         return ";\n".join(e.transform(exact).sql("spark") for e in sqlglot.parse(query, read="duckdb") if e)
 
     def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
-        if not files:
-            raise ConfigError(f"{folder}: the store has no {name} table")
         escaped = [re.sub(r"([*?\[\]{}\\])", r"\\\1", f) for f in files]  # Hadoop's globs: a character, literally
         self.spark.read.option("basePath", folder).parquet(*escaped).createOrReplaceTempView(name)
 

@@ -34,24 +34,18 @@ SECRET = "POLYPROF_JOB_SECRET"
 def seal(message: Any) -> bytes:
     """`message` as polyprof puts it in the job's store: JSON, and with POLYPROF_JOB_SECRET set, inside
     ``{"body": ..., "mac": HMAC-SHA256}`` so that a process without the secret cannot forge it."""
-    import hashlib
-    import hmac
     import os
 
     import orjson
 
     body = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
     secret = os.environ.get(SECRET, "")
-    if not secret:
-        return body
-    mac = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return b'{"body":' + body + b',"mac":"' + mac.encode() + b'"}'
+    return b'{"body":' + body + b',"mac":"' + _mac(secret, body).encode() + b'"}' if secret else body
 
 
 def unseal(raw: Any) -> Any:
     """What :func:`seal` made, read back: the message, or None when it cannot be trusted (not JSON; with
     POLYPROF_JOB_SECRET set, not sealed with it)."""
-    import hashlib
     import hmac
     import os
 
@@ -67,5 +61,11 @@ def unseal(raw: Any) -> Any:
     if not isinstance(message, dict) or set(message) != {"body", "mac"} or not isinstance(message["mac"], str):
         return None
     body = orjson.dumps(message["body"], option=orjson.OPT_SORT_KEYS)
-    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return message["body"] if hmac.compare_digest(expected, message["mac"]) else None
+    return message["body"] if hmac.compare_digest(_mac(secret, body), message["mac"]) else None
+
+
+def _mac(secret: str, body: bytes) -> str:
+    import hashlib
+    import hmac
+
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
