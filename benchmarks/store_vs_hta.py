@@ -32,7 +32,7 @@ from polyprof.formats import write_trace
 CONSUMERS = os.path.join(os.path.dirname(__file__), "..", ".venv-consumers", "bin", "python")
 ANALYSES = ("kernels", "temporal", "idle", "overlap")
 POLYPROF_ANALYSES = (
-    "import sys, time\nfrom polyprof import store\njob = store.open(sys.argv[1], store.query.DuckDBEngine(sys.argv[2] or None))\n"
+    "import sys, time\nfrom polyprof import store\njob = store.open(sys.argv[1], store.engines.DuckDBEngine(sys.argv[2] or None))\n"
     f"for name in {ANALYSES!r}:\n    rows = job.analysis(name).num_rows\n    print(name, rows)\n"
 )
 HTA = (

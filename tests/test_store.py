@@ -282,7 +282,7 @@ def test_nesting_levels_in_c_are_the_python_twins():
 
 def test_store_queries_leave_duckdb_s_own_progress_bar_off():
     """DuckDB draws its bar on stdout for a query past 2 s, piped or not, beside polyprof's progress."""
-    from polyprof.store.query import DuckDBEngine
+    from polyprof.store.engines import DuckDBEngine
 
     engine = DuckDBEngine()
     assert engine.arrow("select current_setting('enable_progress_bar') as on")["on"].to_pylist() == [False]
@@ -291,7 +291,7 @@ def test_store_queries_leave_duckdb_s_own_progress_bar_off():
 def test_duckdb_runs_under_a_memory_limit_and_spills_to_a_folder_of_its_own(tmp_path):
     import duckdb
 
-    from polyprof.store.query import DEFAULT_MEMORY_LIMIT, DuckDBEngine
+    from polyprof.store.engines import DEFAULT_MEMORY_LIMIT, DuckDBEngine
 
     def setting(con, name):
         return con.execute(f"select current_setting('{name}')").fetchone()[0]

@@ -14,7 +14,7 @@ if shutil.which("java") is None:
 from test_store import _synthetic_job, stepped_trace  # noqa: E402,F401 - the fixture, shared
 
 from polyprof import store  # noqa: E402
-from polyprof.store.query import SparkEngine  # noqa: E402
+from polyprof.store.engines import SparkEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -519,10 +519,11 @@ def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: st
     from polyprof.formats import load_trace
 
     if len(trace_files) == 1 and is_store(trace_files[0]):
-        if view in (None, "top"):
-            print_store_summary(trace_files[0], engine, memory_limit)
-        else:
-            print_store_view(trace_files[0], engine, view, max(top, 30), memory_limit)
+        with shown(quiet):  # a bar over the ranks as their analyses run
+            if view in (None, "top"):
+                print_store_summary(trace_files[0], engine, memory_limit)
+            else:
+                print_store_view(trace_files[0], engine, view, max(top, 30), memory_limit)
         return
     if engine is not None:
         fail("--engine reads a store (polyprof store TRACES -o job.polyprof); give the store's folder")

@@ -73,12 +73,14 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
 @click.option("--format", "out_format", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("--limit", type=int, default=100, show_default=True, help="Rows shown in the table format.")
 @MEMORY
-def sql_command(store: str, query: str, engine: str, out_format: str, limit: int, memory_limit: str | None) -> None:
+@QUIET
+def sql_command(store: str, query: str, engine: str, out_format: str, limit: int, memory_limit: str | None,
+                quiet: bool) -> None:  # fmt: skip
     """Run QUERY (DuckDB's SQL; translated for Spark) on STORE (see the views below)."""
     from polyprof import store as polystore
 
     try:
-        with polystore.open(store, engine, **memory_option(memory_limit)) as job:
+        with polystore.open(store, engine, **memory_option(memory_limit)) as job, shown(quiet):
             result = job.table(query)
     except PolyprofError as exc:
         fail(str(exc))
@@ -146,7 +148,7 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int, memor
         fail(f"--view {view} reads trace files; for a store, ask it: polyprof sql {path} \"select * from {view}\"")
     try:
         with polystore.open(path, engine, **memory_option(memory)) as job:
-            tables = [(name, job.analysis(name)) for name in names]
+            tables = list(job.analyses(*names).items())
     except PolyprofError as exc:
         fail(str(exc))
     console = new_console()
@@ -161,9 +163,8 @@ def print_store_summary(path: str, engine: str | None, memory: str | None = None
 
     try:
         with polystore.open(path, engine, **memory_option(memory)) as job:
-            clock = job.analysis("clock").to_pylist()
-            blame = job.blame().to_pylist()
-            overview = job.analysis("overview").to_pylist()
+            found = {name: table.to_pylist() for name, table in job.analyses("clock", "blame", "overview").items()}
+            clock, blame, overview = found["clock"], found["blame"], found["overview"]
     except PolyprofError as exc:
         fail(str(exc))
     console = new_console()

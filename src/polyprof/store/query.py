@@ -16,9 +16,6 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import re
-import shutil
-import weakref
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -26,11 +23,11 @@ from typing import Any
 import pyarrow as pa
 
 from polyprof.errors import ConfigError
-from polyprof.extras import require
+from polyprof.store.engines import DEFAULT_MEMORY_LIMIT, DuckDBEngine, engine_for
 from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
-ANALYSES = ("step_spans", "collective_ops", "clock", "islands", "launches", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
+ANALYSES = ("step_spans", "collective_ops", "clock", "islands", "launches", "outer_rows", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
             "operators", "rank_steps", "rank_totals", "overview")  # fmt: skip
 
 
@@ -64,12 +61,6 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
-def _duckdb_literal_glob(path: str) -> str:
-    """`path` as a DuckDB glob that matches only itself (DuckDB reads every listed path as a pattern):
-    each of ``*?[`` as a one-character class."""
-    return re.sub(r"([*?\[])", r"[\1]", path)
-
-
 def rank_files(path: str, table: str, ranks: list[int]) -> list[str]:
     """The Parquet files of `table` of the ranks the manifest lists (a rank's folder planted beside them,
     or left by a rank killed before it was listed, is not read)."""
@@ -81,9 +72,10 @@ class Store:
     """An open store: its tables and analyses (:data:`ANALYSES`) as views of one engine. A store
     on disk (:func:`open`) or the store of loaded traces, held in memory (:meth:`of_traces`)."""
 
-    def __init__(self, path: str, engine: Any, manifest: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, engine: Any, manifest: dict[str, Any] | None = None, by_ranks: bool = True) -> None:
         self.path = path
         self.engine = engine
+        self.plan = None
         if manifest is None:
             self.manifest = read_manifest(path)
             for table in TABLES:  # the ranks the manifest lists, never what else a folder holds
@@ -91,10 +83,22 @@ class Store:
                 if not files:
                     raise ConfigError(f"{os.path.join(path, table)}: the store has no {table} table")
                 engine.register_parquet(table, os.path.join(path, table), files)
+            if by_ranks and isinstance(engine, DuckDBEngine):
+                self.plan = self._rank_plan()
         else:
             self.manifest = manifest
         for view in ANALYSES:  # views: nothing runs until a query reads one
             engine.register_view(view, analysis_sql(view))
+
+    def _rank_plan(self) -> Any:
+        """The rank-local analyses run a batch of ranks at a time (:mod:`polyprof.store.plan`)."""
+        import pyarrow.parquet as pq
+
+        from polyprof.store.plan import RankPlan
+
+        rows = [(rank, pq.read_metadata(f).num_rows) for rank in self.ranks for f in rank_files(self.path, "activities", [rank])]
+        return RankPlan(self.engine.con, lambda ranks: self.engine.parquet_sql(rank_files(self.path, "activities", ranks)),
+                        analysis_sql, ANALYSES, rows)  # fmt: skip
 
     @classmethod
     def of_traces(cls, traces: Any, ranks: Any = None) -> Store:
@@ -121,15 +125,28 @@ class Store:
     def sql(self, query: str) -> Any:
         """`query` (DuckDB's dialect; translated for Spark) as the engine's relation: DuckDB's
         ``DuckDBPyRelation`` (``.df()``, ``.arrow()``, ``.pl()``) or Spark's DataFrame."""
+        self._prepare(query)
         return self.engine.sql(query)
 
     def table(self, query: str) -> pa.Table:
         """`query`'s result as a pyarrow Table, whichever the engine."""
+        self._prepare(query)
         return self.engine.arrow(query)
+
+    def _prepare(self, query: str) -> None:
+        if self.plan is not None:
+            self.plan.prepare(query)
 
     def analysis(self, name: str) -> pa.Table:
         """Analysis `name` (see :data:`ANALYSES`) as a pyarrow Table."""
         return self.table(analysis_sql(name))
+
+    def analyses(self, *names: str) -> dict[str, pa.Table]:
+        """Several analyses by name, each a pyarrow Table; on DuckDB what they share is computed once."""
+        for name in names:
+            analysis_sql(name)  # an unknown name: ConfigError before any work
+        self._prepare(" ".join(f"from {name}" for name in names))
+        return {name: self.analysis(name) for name in names}
 
     def blame(self) -> pa.Table:
         return self.analysis("blame")
@@ -144,118 +161,20 @@ class Store:
         self.close()
 
 
-#: DuckDB's memory by default: a store's analyses spill past it to a private temporary folder rather than
-#: take most of the machine (DuckDB's own default: 80% of RAM). 32 ranks of 112 k rows: a summary's peak
-#: RSS 703 MB against 2.4 GB, its time 31 s against 24 s (benchmarks/store_summary_memory.py).
-DEFAULT_MEMORY_LIMIT = "512MB"
-
-
-class DuckDBEngine:
-    """DuckDB in this process. ``memory_limit``: DuckDB's own setting ("2GB"; None: DuckDB's default, 80%
-    of RAM); beyond it DuckDB spills to a temporary folder of this process's, removed at close."""
-
-    name = "duckdb"
-
-    def __init__(self, memory_limit: str | None = DEFAULT_MEMORY_LIMIT, threads: int | None = None) -> None:
-        import tempfile
-
-        import duckdb
-
-        self.scratch = tempfile.mkdtemp(prefix="polyprof-duckdb-")
-        self._remove_scratch = weakref.finalize(self, shutil.rmtree, self.scratch, True)  # at close, or at exit
-        config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads), ("temp_directory", self.scratch))
-                  if v is not None}  # fmt: skip
-        try:
-            self.con = duckdb.connect(config=config)
-        except duckdb.Error as exc:
-            self._remove_scratch()
-            raise ConfigError(f"DuckDB refused its settings ({exc}); a memory limit is written like 512MB or 2GB") from None
-        self.con.execute("set enable_progress_bar = false")  # DuckDB draws its own bar on stdout, even piped
-
-    def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
-        listed = ", ".join("'{}'".format(_duckdb_literal_glob(f).replace("'", "''")) for f in files)
-        self.con.execute(f"create view {name} as select * from read_parquet([{listed}], hive_partitioning = true)")
-
-    def register_view(self, name: str, query: str) -> None:
-        self.con.execute(f"create view {name} as {query}")
-
-    def register_arrow(self, name: str, table: pa.Table) -> None:
-        self.con.register(name, table)
-
-    def sql(self, query: str) -> Any:
-        return self.con.sql(query)
-
-    def arrow(self, query: str) -> pa.Table:
-        relation = self.con.sql(query)
-        return relation.to_arrow_table() if hasattr(relation, "to_arrow_table") else relation.arrow()
-
-    def close(self) -> None:
-        self.con.close()
-        self._remove_scratch()
-
-
-class SparkEngine:
-    """Apache Spark: ``master`` a cluster's URL (``spark://host:7077``) or ``local[N]``. Queries are
-    translated from DuckDB's dialect by sqlglot."""
-
-    name = "spark"
-
-    def __init__(self, master: str = "local[2]", session: Any = None) -> None:
-        require("spark", "querying on Spark (with Java 17)")
-        from pyspark.sql import SparkSession
-        self.spark = session or (
-            SparkSession.builder.master(master).appName("polyprof")
-            .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-            .getOrCreate()
-        )  # fmt: skip
-
-    @staticmethod
-    def translate(query: str) -> str:
-        """`query` in Spark's dialect. An exact quantile (DuckDB's ``quantile_cont``) becomes Spark's exact
-        ``percentile`` (sqlglot would write ``percentile_cont``'s form, which Spark reads otherwise)."""
-        import sqlglot
-        from sqlglot import exp
-
-        def exact(node: exp.Expression) -> exp.Expression:
-            if isinstance(node, exp.PercentileCont) and node.expression is not None:
-                return exp.Anonymous(this="percentile", expressions=[node.this, node.expression])
-            return node
-
-        return ";\n".join(e.transform(exact).sql("spark") for e in sqlglot.parse(query, read="duckdb") if e)
-
-    def register_parquet(self, name: str, folder: str, files: list[str]) -> None:
-        escaped = [re.sub(r"([*?\[\]{}\\])", r"\\\1", f) for f in files]  # Hadoop's globs: a character, literally
-        self.spark.read.option("basePath", folder).parquet(*escaped).createOrReplaceTempView(name)
-
-    def register_view(self, name: str, query: str) -> None:
-        self.spark.sql(self.translate(query)).createOrReplaceTempView(name)
-
-    def sql(self, query: str) -> Any:
-        return self.spark.sql(self.translate(query))
-
-    def arrow(self, query: str) -> pa.Table:
-        frame = self.sql(query)
-        return frame.toArrow() if hasattr(frame, "toArrow") else pa.Table.from_pandas(frame.toPandas())
-
-    def close(self) -> None:
-        pass  # the session is the process's; Spark stops it at exit
-
-
-def engine_for(spec: str | None, memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> Any:
-    """``None``/``"duckdb"``: DuckDB here (with `memory_limit`, see :class:`DuckDBEngine`); ``"spark"``:
-    Spark in local mode; ``"spark://HOST:PORT"`` (or ``local[N]``): that Spark master."""
-    if spec in (None, "", "duckdb"):
-        return DuckDBEngine(memory_limit)
-    if spec == "spark":
-        return SparkEngine()
-    if spec.startswith(("spark://", "local[", "yarn", "k8s://")):
-        return SparkEngine(spec)
-    raise ConfigError(f"unknown engine {spec!r}: use duckdb, spark (local mode) or spark://HOST:PORT")
-
-
 def open(path: str | os.PathLike, engine: str | Any | None = None,  # noqa: A001 - the store's verb
-         memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> Store:  # fmt: skip
+         memory_limit: str | None = DEFAULT_MEMORY_LIMIT, by_ranks: bool = True) -> Store:  # fmt: skip
     """Open the store at `path` on `engine` (see :func:`engine_for`, or an engine object); DuckDB's
-    `memory_limit` ("2GB"; None: DuckDB's own default)."""
-    chosen = engine if engine is not None and not isinstance(engine, str) else engine_for(engine, memory_limit)
-    return Store(os.fspath(path), chosen)
+    `memory_limit` ("2GB"; None: DuckDB's own default). On DuckDB the per-rank analyses run a batch of
+    ranks at a time (:mod:`polyprof.store.plan`); `by_ranks` False: as one query over the whole store."""
+    path = os.fspath(path)
+    if engine is None or isinstance(engine, str):
+        engine = engine_for(engine, memory_limit, activity_rows=_activity_rows(read_manifest(path)))
+    return Store(path, engine, by_ranks=by_ranks)
+
+
+def _activity_rows(manifest: dict[str, Any]) -> int:
+    """The store's activities as its manifest counts them (0 where it does not say: it is the writer's word,
+    used only to size an engine)."""
+    rows = manifest.get("rows")
+    count = rows.get("activities") if isinstance(rows, dict) else None
+    return count if isinstance(count, int) and 0 <= count < 1 << 48 else 0

@@ -2,8 +2,8 @@
 -- no rank leaves before the last has entered) (a process group's n-th collective, on the
 -- ranks that took part), the rank that entered last is blamed for the wait each other rank paid from
 -- its own entry to that last entry, on the job's clock refined by `clock`. What the late rank was
--- doing meanwhile is read from the outermost rows of its training thread (operators, annotations,
--- data loading) that overlap each waiter's interval; what none covers is idle host time, or "not
+-- doing meanwhile is read from the outermost rows of its training thread (outer_rows: operators,
+-- annotations, data loading) that overlap each waiter's interval; what none covers is idle host time, or "not
 -- recorded" before the late rank's recording began. One row per instance and cause.
 with aligned as (
     select c.*, c.entry_ns - k.applied_correction_ns as entry, c.exit_ns - k.applied_correction_ns as leave
@@ -26,16 +26,21 @@ waits as (
 late_work as (
     select a.rank, a.kind, a.name,
            a.start_ns - k.applied_correction_ns as s, a.end_ns - k.applied_correction_ns as e
-    from activities a join clock k on k.rank = a.rank
-    where a.training_thread and a.level = 0 and not a.collective and a.kind <> 'instant'
-      and a.name not like 'ProfilerStep#%'
+    from outer_rows a join clock k on k.rank = a.rank
+),
+nearby as materialized (  -- the late rank's rows within the instance's earliest wait (a few rows, met once per instance)
+    select i.process_group, i.seq, l.kind, l.name, l.s, l.e
+    from (select process_group, seq, min(late_rank) as late_rank, min(last_entry) as last_entry,
+                 min(waiter_entry) as first_entry
+          from waits group by process_group, seq) i
+    join late_work l on l.rank = i.late_rank and l.s < i.last_entry and l.e > i.first_entry
 ),
 covered as (
-    select w.process_group, w.seq, l.kind, l.name,
-           cast(sum(least(l.e, w.last_entry) - greatest(l.s, w.waiter_entry)) as bigint) as ns
+    select w.process_group, w.seq, n.kind, n.name,
+           cast(sum(least(n.e, w.last_entry) - greatest(n.s, w.waiter_entry)) as bigint) as ns
     from waits w
-    join late_work l on l.rank = w.late_rank and l.s < w.last_entry and l.e > w.waiter_entry
-    group by w.process_group, w.seq, l.kind, l.name
+    join nearby n on n.process_group = w.process_group and n.seq = w.seq and n.s < w.last_entry and n.e > w.waiter_entry
+    group by w.process_group, w.seq, n.kind, n.name
 ),
 totals as (
     select process_group, seq, min(op) as op, min(step) as step, min(late_rank) as late_rank,

@@ -24,41 +24,20 @@ walk as (
            row_number() over (partition by h.rank, h.device, h.resource order by h.start_ns, h.end_ns desc) as pos
     from host h left join launched l on l.rank = h.rank and l.external_id = h.external_id
 ),
--- the durations of each row's direct children: rows one level down starting within it
-child_points as (
-    select rank, device, resource, level as lvl, start_ns as t, 0 as marker, pos, dur_ns as dur from walk
-    union all
-    select rank, device, resource, level + 1, start_ns, 1, pos, 0 from walk
-    union all
-    select rank, device, resource, level + 1, end_ns, 2, pos, 0 from walk
-),
-child_sums as (
-    select rank, device, resource, pos,
-           sum(case when marker = 2 then before_ else -before_ end) as children_ns
-    from (select rank, device, resource, pos, marker,
-                 sum(dur) over (partition by rank, device, resource, lvl order by t, marker desc
-                                rows between unbounded preceding and current row) as before_
-          from child_points) p
-    where marker > 0
-    group by rank, device, resource, pos
-),
--- the device time the row and its descendants launched: rows from it (same-start ancestors excluded)
--- to its end
+-- the device time the row and its descendants launched: a running sum in (time, level) order, read
+-- at the row's own start (less its own: same-start ancestors before it, descendants after) and at its end
 device_points as (
-    select rank, device, resource, start_ns as t, cast(level as double) as tie, 0 as marker, pos, own from walk
-    union all
-    select rank, device, resource, start_ns, cast(level as double) - 0.5, 1, pos, 0 from walk
+    select rank, device, resource, start_ns as t, cast(level as double) as tie, 1 as marker, pos, own from walk
     union all
     select rank, device, resource, end_ns, -1.0, 2, pos, 0 from walk
 ),
 device_sums as (
     select rank, device, resource, pos,
-           sum(case when marker = 2 then before_ else -before_ end) as device_total_ns
-    from (select rank, device, resource, pos, marker,
+           sum(case when marker = 2 then before_ else own - before_ end) as device_total_ns
+    from (select rank, device, resource, pos, marker, own,
                  sum(own) over (partition by rank, device, resource order by t, tie
                                 rows between unbounded preceding and current row) as before_
           from device_points) p
-    where marker > 0
     group by rank, device, resource, pos
 ),
 -- each row's parent: the last row before it one level up
@@ -80,6 +59,13 @@ parents as (
     join grouped p on p.rank = c.rank and p.device = c.device and p.resource = c.resource and p.lvl = c.lvl
                   and p.family_id = c.family_id and p.is_parent = 1
     where c.is_parent = 0
+),
+-- the durations of each row's direct children
+child_sums as (
+    select p.rank, p.device, p.resource, p.parent_pos as pos, sum(w.dur_ns) as children_ns
+    from parents p
+    join walk w on w.rank = p.rank and w.device = p.device and w.resource = p.resource and w.pos = p.pos
+    group by p.rank, p.device, p.resource, p.parent_pos
 ),
 folded as (  -- an op that is the only child of a row of its own name
     select w.rank, w.device, w.resource, w.pos
