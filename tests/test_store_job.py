@@ -172,3 +172,54 @@ def test_the_traces_in_memory_give_the_stores_blame_and_the_summary_and_report_s
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     page = (tmp_path / "r.html").read_text()
     assert r.returncode == 0 and 'id="blame"' in page and "enumerate(DataLoader)" in page, r.stderr
+
+
+PYTHON_JOB = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def shuffle_shards(step):  # no annotation: only the Python tracer sees it
+    deadline = time.perf_counter() + (0.15 if rank == 2 and step in (3, 6) else 0.0)
+    while time.perf_counter() < deadline:
+        pass
+
+for step in range(10):
+    shuffle_shards(step)
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+""" + DDP_TEARDOWN
+
+
+def test_blame_names_an_unannotated_python_function_under_torchrun(tmp_path):
+    """The user's path: torchrun, `polyprof run --activities cpu,python` (steps: the script's optimizer
+    steps), `polyprof store`, `polyprof summary`; rank 2 is slow in a plain Python function at steps 3
+    and 6, and blame names it there."""
+    (tmp_path / "train.py").write_text(PYTHON_JOB)
+    env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
+           "--nproc-per-node", "4", "-m", "polyprof", "run", "--no-summary", "--activities", "cpu,python",
+           "-o", "traces/rank{rank}.json.gz", "train.py"]  # fmt: skip
+    r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cli = [sys.executable, "-m", "polyprof"]
+    r = subprocess.run([*cli, "store", "-q", "traces", "-o", "job.polyprof"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([*cli, "summary", "job.polyprof"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**env, "COLUMNS": "250"})  # fmt: skip
+    assert r.returncode == 0 and "shuffle_shards" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    from polyprof import store
+
+    with store.open(tmp_path / "job.polyprof") as job:
+        steps = job.table("select rank, count(*) as n from step_spans group by rank order by rank").to_pylist()
+        blame = job.blame().to_pylist()
+    assert [s["n"] for s in steps] == [10] * 4, steps  # ProfilerStep#1..10, from the optimizer's steps
+    for step in (3, 6):
+        rows = [b for b in blame if b["step"] == step and b["late_rank"] == 2]
+        named = sum(b["cause_ns"] for b in rows if b["cause"].endswith(": shuffle_shards"))
+        waited = sum({(b["process_group"], b["seq"]): b["wait_ns"] for b in rows}.values())
+        assert named >= 0.9 * min(waited, 3 * 0.15e9) and waited >= 3 * 0.5 * 0.15e9, (step, named, waited, rows)

@@ -209,6 +209,7 @@ def run(
         with lock, stop.deferred():
             if done:
                 return
+            step_spans.remove()
             prof.stop()
             try:
                 done["written"] = prof.export_chrome_trace(output)  # the spill goes once this is on disk
@@ -244,14 +245,18 @@ def run(
     synced = None
 
     def begin() -> None:
-        """Start the window (and its --duration alarm)."""
+        """Start the window (and its --duration alarm), and the step spans."""
         if synced is not None:
             prof.add_metadata("polyprofRun", {"started_after_optimizer_step": synced.agreed_step,
                                               "agreed_through": "the job's store", "problem": synced.problem})  # fmt: skip
         prof.start()
+        step_spans.install()
         if duration is not None:
             alarm.append(_stop_after(duration, finish))
 
+    from polyprof.backends.torch.steps import OptimizerStepSpans
+
+    step_spans = OptimizerStepSpans()  # ProfilerStep#N between the script's optimizer steps
     with CleanStop() as stop:
         from polyprof.backends.torch.steps import SyncedStart, distributed_launch
 

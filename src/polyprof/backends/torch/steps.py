@@ -119,6 +119,37 @@ class StepTracker:
 tracker = StepTracker()
 
 
+class OptimizerStepSpans:
+    """A ``ProfilerStep#N`` span from the end of the N-th step (an optimizer's ``step()``, counted by
+    :data:`tracker`) to the end of the next, on the thread that steps: the steps of a script run without
+    a schedule (``polyprof run``). What comes before the first step is the script's set-up::
+
+        spans = OptimizerStepSpans()
+        spans.install()        # now, or when the script imports torch
+        ...
+        spans.remove()         # the open span ends (on the thread that opened it)
+    """
+
+    def __init__(self) -> None:
+        from polyprof.engine.step_spans import StepSpans
+
+        self._spans = StepSpans()
+        self._thread: int | None = None
+
+    def install(self) -> None:
+        tracker.install()
+        tracker.add_listener(self._stepped)
+
+    def _stepped(self, step: int) -> None:
+        self._thread = threading.get_ident()
+        self._spans.enter(step)
+
+    def remove(self) -> None:
+        tracker.remove_listener(self._stepped)
+        if self._thread == threading.get_ident():  # a span ends on its own thread's timeline
+            self._spans.exit()
+
+
 def profiler_stepped() -> None:
     """``polyprof.profiler.profile.step()`` was called (counted once the tracker is installed)."""
     if tracker.installed:

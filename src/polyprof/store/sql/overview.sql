@@ -2,7 +2,7 @@
 -- step (rank_totals), the shares of step time in computation, exposed communication, memory, other
 -- device work, host-side only and idle (steps; a rank with several devices: the mean over them), the
 -- kernel with the most device time, the op with the most self time, its time in collectives and
--- waiting (rank_totals), and the wait it made the other ranks pay (blame).
+-- waiting (rank_totals), and the wait it made the other ranks pay in the steps (blame).
 with parts as (
     select rank, sum(step_ns) as step_ns, sum(compute_ns) as compute_ns, sum(communication_ns) as communication_ns,
            sum(memory_ns) as memory_ns, sum(other_ns) as other_ns, sum(host_only_ns) as host_only_ns,
@@ -18,8 +18,10 @@ op_totals as (
     select rank, op, self_ns, row_number() over (partition by rank order by self_ns desc, op) as place
     from operators
 ),
-caused as (
-    select late_rank as rank, sum(cause_ns) as ns from blame group by late_rank
+caused as (  -- in the steps (the set-up before the first step apart), or in all where there are none
+    select late_rank as rank, sum(cause_ns) as ns from blame
+    where step >= 0 or (select count(*) from step_spans) = 0
+    group by late_rank
 )
 select t.rank, t.steps, t.mean_step_ns,
        p.compute_ns / p.step_ns as compute_share, p.communication_ns / p.step_ns as communication_share,
