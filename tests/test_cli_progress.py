@@ -38,13 +38,18 @@ def _on_a_terminal(*args):
     return proc.wait(timeout=120), shown.decode(errors="replace")
 
 
-def test_convert_merge_store_summary_and_recover_show_a_bar_on_a_terminal_only(tmp_path):
+def test_convert_merge_store_summary_sql_and_recover_show_a_bar_on_a_terminal_only(tmp_path):
     from test_store_spill_stream import _job_rank, _spill
 
     a, b = _trace(tmp_path / "a.json"), _trace(tmp_path / "b.json")
     spill = _spill(_job_rank(steps=4), tmp_path / "run.spill", flushes=3)
     perfetto_spill = _spill(_job_rank(steps=4), tmp_path / ".run.spill.pftrace", flushes=3, perfetto=True)
+    from polyprof.store import write_store
+
+    job = write_store([a, b], tmp_path / "job.polyprof").path
     cases = [
+        (lambda out: ("summary", job), "ranks analysed"),
+        (lambda out: ("sql", job, "select * from steps"), "ranks analysed"),
         (lambda out: ("convert", a, out / "a.pftrace"), "converted bytes"),
         (lambda out: ("merge", a, b, "-o", out / "m.json"), "ranks merged"),
         (lambda out: ("store", a, b, "-o", out / "job.polyprof"), "stored trace bytes"),

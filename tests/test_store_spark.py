@@ -69,3 +69,41 @@ def test_spark_and_duckdb_give_the_same_device_analyses(tmp_path_factory, spark,
     rounded = [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in _rows(got, key)]
     wanted = [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in _rows(expected, key)]
     assert rounded == wanted and got.num_rows > 0
+
+
+def test_local_mode_is_sized_from_the_store_and_a_users_setting_stands(monkeypatch):
+    from polyprof.store.engines import local_spark_memory
+
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    small, large = int(local_spark_memory(0)[:-1]), int(local_spark_memory(64 * 112_500)[:-1])
+    assert small == 2048 and large == 2048 + 921  # 128 MB per million rows; Spark's default, 1 GB, fails on 8 ranks of 112 k rows
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-memory 6g pyspark-shell")
+    assert local_spark_memory(10**9) is None
+
+
+def test_summary_on_spark_of_a_store_the_default_heap_cannot_hold(tmp_path):
+    """8 synthetic ranks of ~112 k activities (benchmarks/job_traces.py): Spark's default heap (1 GB) runs
+    out of memory on this store's overview (building a broadcast join's table); `polyprof summary
+    --engine spark`, its heap sized from the store, prints what DuckDB's summary prints."""
+    import os
+    import subprocess
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from job_traces import job_trace
+
+    from polyprof.formats import write_trace
+
+    (tmp_path / "traces").mkdir()
+    for rank in range(8):
+        write_trace(job_trace(rank, 8, 150_000), str(tmp_path / "traces" / f"rank{rank}.pftrace"))
+    cli = [sys.executable, "-m", "polyprof"]
+    made = subprocess.run([*cli, "store", "-q", "traces", "-o", "job.polyprof"], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
+    on = {engine: subprocess.run([*cli, "summary", "-q", "job.polyprof", *args], cwd=tmp_path, capture_output=True,
+                                 text=True, env={**env, "COLUMNS": "200"}, timeout=900)
+          for engine, args in (("duckdb", []), ("spark", ["--engine", "spark"]))}  # fmt: skip
+    assert on["spark"].returncode == 0, on["spark"].stderr[-3000:]
+    assert "Exception" not in on["spark"].stderr and "Traceback" not in on["spark"].stderr, on["spark"].stderr[-2000:]
+    assert on["spark"].stdout == on["duckdb"].stdout and "(8 ranks)" in on["duckdb"].stdout

@@ -35,6 +35,18 @@ def memory_option(text: str | None) -> dict[str, Any]:
     return {"memory_limit": None if text.strip().lower() in ("none", "") else text.strip()}
 
 
+def engine_failure(what: str, exc: BaseException) -> str:
+    """One line for an engine's own error (DuckDB's, or Spark's Java stack): what failed, and for Spark
+    out of memory, how to give it more."""
+    text = str(exc)
+    if "OutOfMemoryError" in text or "Not enough memory" in text:
+        return (f"{what} failed: Spark ran out of memory; give its JVM more before it starts, e.g. "
+                "PYSPARK_SUBMIT_ARGS='--driver-memory 8g pyspark-shell' (local mode), or size the cluster's executors")  # fmt: skip
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    cause = next((line for line in lines if line.startswith(("Caused by:", "org.apache.spark."))), lines[0] if lines else "")
+    return f"{what} failed: {cause or type(exc).__name__}"
+
+
 def is_store(path: str) -> bool:
     from polyprof.formats.common.paths import MANIFEST
 
@@ -85,7 +97,7 @@ def sql_command(store: str, query: str, engine: str, out_format: str, limit: int
     except PolyprofError as exc:
         fail(str(exc))
     except Exception as exc:  # the engine's own error (a typo in the query): one line
-        fail(f"the query failed: {str(exc).splitlines()[0]}")
+        fail(engine_failure("the query", exc))
     if out_format == "csv":
         import pyarrow.csv as pacsv
 
@@ -151,6 +163,8 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int, memor
             tables = list(job.analyses(*names).items())
     except PolyprofError as exc:
         fail(str(exc))
+    except Exception as exc:  # the engine's own
+        fail(engine_failure(f"the {view} view", exc))
     console = new_console()
     for name, table in tables:
         print_rows(console, table, limit, more=f'polyprof sql {path} "select * from {name}"',
@@ -167,6 +181,8 @@ def print_store_summary(path: str, engine: str | None, memory: str | None = None
             clock, blame, overview = found["clock"], found["blame"], found["overview"]
     except PolyprofError as exc:
         fail(str(exc))
+    except Exception as exc:  # the engine's own
+        fail(engine_failure("the summary", exc))
     console = new_console()
     console.print(f"polyprof summary: {path} ({len(clock)} ranks)")
     print_overview(overview, console)

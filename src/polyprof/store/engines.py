@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 import weakref
 from typing import Any
 
@@ -92,12 +93,14 @@ class SparkEngine:
 
     def __init__(self, master: str = "local[2]", session: Any = None, driver_memory: str | None = None) -> None:
         require("spark", "querying on Spark (with Java 17)")
+        # pyspark's own notice about the pandas it finds: not the user's to act on (polyprof reads Arrow)
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
         from pyspark.sql import SparkSession
 
         if session is None:
             builder = (SparkSession.builder.master(master).appName("polyprof")
                        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-                       .config("spark.ui.showConsoleProgress", "false"))  # fmt: skip
+                       .config("spark.ui.showConsoleProgress", "false").config("spark.log.level", "ERROR"))  # fmt: skip
             if driver_memory is not None:  # read when this process starts its JVM (not if one runs already)
                 builder = builder.config("spark.driver.memory", driver_memory)
             session = builder.getOrCreate()
