@@ -70,3 +70,22 @@ def test_the_python_columns_give_what_c_gives():
         c_codes, c_table = c.code_strings(values)
         assert c_codes.tolist() == codes.tolist() and c_table == table
         assert c.present_rows(values).tolist() == python_side.present_rows(values).tolist()
+
+
+def test_the_stub_names_what_the_extension_exports():
+    """src/polyprof/_speedups.pyi is the extension's signature for type checkers and readers: the same names."""
+    extension = native.load.extension
+    if extension is None:
+        pytest.skip("needs the C extension (built by pip install; this install has none)")
+    stub = ast.parse((SRC / "_speedups.pyi").read_text())
+    named = set()
+    for node in stub.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            named.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            named.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            named.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    exported = {name for name in dir(extension) if not name.startswith("__")}
+    assert exported - named == set(), "in the extension, not in the stub"
+    assert named - exported == set(), "in the stub, not in the extension"

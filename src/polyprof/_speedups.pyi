@@ -97,11 +97,15 @@ def scan_events(buf: bytes | bytearray, pos: int, final: bool, state: list[Any],
 def scan_packets(
     data: bytes, metadata_only: bool = False, /,
 ) -> tuple[bytearray, list[bytes], list[tuple[int, bytes]], list[bytes], dict[bytes, list[Any]], list[bytes]] | None: ...
-def packet_scanner(metadata_only: bool = False, /) -> Any: ...
+def packet_scanner(metadata_only: bool = False, tolerate_torn: bool = False, /) -> Any: ...
 def scan_packets_feed(scanner: Any, piece: bytes | bytearray | memoryview, /) -> int: ...  # 0, -1: declined
 def scan_packets_result(
     scanner: Any, /,
 ) -> tuple[bytearray, list[bytes], list[tuple[int, bytes]], list[bytes], dict[bytes, list[Any]], list[bytes]] | None: ...
+def scan_packets_counts(scanner: Any, /) -> tuple[int, int, int]: ...  # packets, sequences, bytes cut off at the end
+def scan_packets_take(
+    scanner: Any, final: bool = False, /,
+) -> tuple[bytearray, bytearray, list[bytes], dict[Any, Any], list[bytes]] | None: ...  # records, globals, strings, blocks, legacy JSON
 
 # pytrace.c
 class TraceBuffer:
