@@ -189,8 +189,8 @@ def test_another_tools_profile_hook_is_given_back():
 
 def test_python_calls_of_a_script_that_imports_torch_are_recorded_under_polyprof_run(tmp_path):
     """`polyprof run --activities cpu,python` on a torch script: its un-annotated functions are in the
-    trace (the python backend's collect raised KeyError there: a call whose code object the tracer had
-    not kept; such a row is now left out and counted, the others kept)."""
+    trace, and no call is left unnamed (importing torch makes methods whose code objects compare equal:
+    the tracer kept one of each, and the rows naming the others were lost)."""
     import subprocess
     import sys
 
@@ -204,3 +204,22 @@ def test_python_calls_of_a_script_that_imports_torch_are_recorded_under_polyprof
     assert r.returncode == 0 and "raised" not in r.stderr, r.stderr[-3000:]
     trace = polyprof.load_trace(str(tmp_path / "t.json"))
     assert sum(a.name.endswith(": slow_function") for a in trace.activities) == 3
+    assert not any("code object" in why for why in trace.backends["python"].dropped), trace.backends["python"].dropped
+
+
+def test_calls_of_code_objects_that_compare_equal_are_each_named():
+    """Two functions compiled from the same source (as dataclasses and namedtuple make their methods) have
+    code objects that are equal but not the same: each call is a row with its name, the second one's
+    code object freed before the stop included."""
+    source = compile("def twin():\n    return sum(range(10))\n", "twins.py", "exec")
+    first, second = {}, {}
+    exec(source, first)
+    exec(compile("def twin():\n    return sum(range(10))\n", "twins.py", "exec"), second)
+    assert first["twin"].__code__ == second["twin"].__code__ and first["twin"].__code__ is not second["twin"].__code__
+    with polyprof.profile(["python"], backend_options={"python": {"min_duration_us": 0}}) as prof:
+        first["twin"]()
+        second["twin"]()
+        del second  # the only reference to the second code object, but the rows'
+    names = [a.name for a in prof.trace.activities if a.name.endswith(": twin")]
+    assert names == ["twins.py(1): twin"] * 2, names
+    assert not any("code object" in why for why in prof.trace.backends["python"].dropped)

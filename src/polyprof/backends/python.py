@@ -194,12 +194,12 @@ class PythonSession:
 def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: bytes, objects: Any,
                include: list[str], exclude: list[str]) -> int:  # fmt: skip
     """One thread's rows, polyprof's own style: named ``file.py(12): qualname``, filtered by include/exclude.
-    Returns how many rows were left out because their code object is not among those the tracer kept
-    (it can no longer be named; seen after `import torch`: issue #65)."""
+    `objects`: the tracer's, address -> object. Returns how many rows were left out because their code
+    object is not among those the tracer kept (it can no longer be named; none is expected)."""
     codes = np.frombuffer(code, np.int64)
     if not len(codes):
         return 0
-    by_id = {id(o): o for o in objects}
+    by_id = objects
     starts, ends = np.frombuffer(start, np.int64), np.frombuffer(end, np.int64)
     known = np.fromiter((c in by_id for c in codes.tolist()), bool, len(codes))
     lost = int(len(codes) - known.sum())

@@ -140,7 +140,7 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
                                                          "caller_lasti", "ordinal", "parent", "row")}  # fmt: skip
     base = 0
     for tid, name, code, start, end, _depth, is_c, objects, _s, _d, calls in threads:
-        by_id.update((id(o), o) for o in objects)
+        by_id.update(objects)  # the tracer's: address -> object
         lasti, caller, caller_lasti, ordinal, parent = calls
         n = len(code) // 8
         ordinal = np.frombuffer(ordinal, np.int32).astype(np.int64)

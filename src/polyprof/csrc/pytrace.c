@@ -9,7 +9,8 @@
  *   pytrace_stop() -> list[TraceBuffer]                               unhook; every thread's buffer
  *   pytrace_thread_hook(*args) -> None                                threading.setprofile's bootstrap
  *   pytrace_mon_*(...)                        the sys.monitoring callbacks (3.12+: monitoring=True)
- *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ..., calls)   columns as bytes
+ *   TraceBuffer.take() -> (tid, name, code, start, end, depth, is_c, objects, ..., calls)   columns as bytes,
+ *                          objects a dict: address (a row's code column) -> the object it names
  *
  * torch_style records what torch.profiler's Python tracer (with_stack) records: only the threads that
  * exist at the start; every call into a C function, named by the function's repr (one name per C
@@ -43,7 +44,7 @@ typedef struct {
     int *depth;
     char *is_c;
     Py_ssize_t n, cap;
-    PyObject *objects; /* set: every code / C function object named by a row (kept alive) */
+    PyObject *objects; /* dict: address -> every code / C function object named by a row (kept alive) */
     PyObject *name;    /* the thread's name when its first call was traced (it may be gone by collect) */
     /* the open calls */
     long long stack_start[MAX_STACK];
@@ -132,7 +133,7 @@ static TraceBufferObject *new_buffer(unsigned long tid, PyObject *name) {
     memset(b->cache_code, 0, sizeof b->cache_code);
     memset(b->kept, 0, sizeof b->kept);
     b->dropped_short = b->dropped_deep = 0;
-    b->objects = PySet_New(NULL);
+    b->objects = PyDict_New();
     b->name = name ? Py_NewRef(name) : Py_NewRef(Py_None);
     PyObject_GC_Track(b);
     if (b->objects == NULL || PyList_Append(g_buffers, (PyObject *)b) < 0) {
@@ -276,11 +277,21 @@ static int parent_ordinal(TraceBufferObject *b, int depth) {
     return -1;
 }
 
+/* `o` kept alive in the buffer's `objects`, under its address: by identity, since two code objects can
+   compare equal (the same source compiled twice, as dataclasses and namedtuple make methods) while each
+   row names its own; a set kept only the first, and the rows naming the other lost their name. */
+static int hold(TraceBufferObject *b, PyObject *o) {
+    PyObject *key = PyLong_FromVoidPtr(o);
+    int failed = key == NULL || PyDict_SetItem(b->objects, key, o) < 0;
+    Py_XDECREF(key);
+    return failed ? -1 : 0;
+}
+
 /* A row names `o`: kept alive in the buffer's `objects` (looked up in the per-thread cache first). */
 static int keep_object(TraceBufferObject *b, PyObject *o, int cache) {
     Py_ssize_t slot = slot_of(o);
     if (cache && ((b->cache_code[slot] == o && b->cache_kept[slot]) || b->kept[slot] == o)) return 0;
-    if (PySet_Add(b->objects, o) < 0) {
+    if (hold(b, o) < 0) {
         PyErr_Clear();
         return -1;
     }
@@ -422,7 +433,7 @@ static void on_frame_torch(TraceBufferObject *b, long long now, PyFrameObject *f
     if (g_module_code != NULL && (PyObject *)code == g_module_code) {
         PyObject *self = module_self(frame);
         if (self != NULL) {
-            if (PySet_Add(b->objects, self) == 0) target = self, kind = 2; /* the set keeps it */
+            if (hold(b, self) == 0) target = self, kind = 2; /* `objects` keeps it */
             else PyErr_Clear();
             Py_DECREF(self);
         }
