@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from ddp_teardown import DDP_TEARDOWN
+from ddp_teardown import DDP_MODEL, DDP_TEARDOWN
 
 from polyprof.backends.torch.clock_sync import ROUND_TRIPS
 
@@ -17,11 +17,7 @@ torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.d
 
 TRAIN = """
 import os, sys, time, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+""" + DDP_MODEL + """
 
 def step():
     opt.zero_grad()

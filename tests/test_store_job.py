@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from ddp_teardown import DDP_TEARDOWN
+from ddp_teardown import DDP_MODEL, DDP_TEARDOWN
 from test_distributed import FAKETIME, _netns_pair
 
 torch = pytest.importorskip("torch", reason="needs torch (CPU build) for torch.distributed")
@@ -20,11 +20,7 @@ CLOCK_SHIFT_S = 5
 JOB = """
 import os, select, sys, torch, torch.distributed as dist
 import polyprof.profiler as pp
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+""" + DDP_MODEL + """
 
 class Data(torch.utils.data.Dataset):
     def __len__(self):
@@ -176,11 +172,7 @@ def test_the_traces_in_memory_give_the_stores_blame_and_the_summary_and_report_s
 
 PYTHON_JOB = """
 import time, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+""" + DDP_MODEL + """
 
 def shuffle_shards(step):  # no annotation: only the Python tracer sees it
     deadline = time.perf_counter() + (0.15 if rank == 2 and step in (3, 6) else 0.0)
