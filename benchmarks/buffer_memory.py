@@ -93,7 +93,7 @@ def main() -> None:
     try:
         theirs = measure("torch", args.torch_n)
         results.update({"torch_n": args.torch_n, "torch_bytes_per_event": theirs["bytes_per_event"],
-                        "torch_resident_after_mib": theirs["resident_after_mib"]})  # fmt: skip
+                        "torch_resident_after_mib": theirs["resident_after_mib"]})
     except subprocess.CalledProcessError:
         pass
     try:
@@ -101,7 +101,7 @@ def main() -> None:
         results.update({"ops": args.ops, "polyprof_bytes_per_op": ops["bytes_per_event"],
                         "polyprof_ops_resident_after_mib": ops["resident_after_mib"],
                         "torch_bytes_per_op": torch_ops["bytes_per_event"],
-                        "torch_ops_resident_after_mib": torch_ops["resident_after_mib"]})  # fmt: skip
+                        "torch_ops_resident_after_mib": torch_ops["resident_after_mib"]})
     except subprocess.CalledProcessError:
         pass
     results["meets_target"] = results["polyprof_bytes_per_event"] <= 32 and results.get("polyprof_bytes_per_op", 0) <= 32

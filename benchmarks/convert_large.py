@@ -38,9 +38,9 @@ def write_kineto_json(path: str, target_bytes: int) -> int:
                               "args": {"External id": corr, "Record function id": 0, "Sequence number": seq, "Fwd thread id": 0,
                                        "Concrete Inputs": ["", "", ""], "Input type": ["float", "float", "float"],
                                        "Input Strides": [[512, 1], [512, 1], [1]], "Input Dims": [[64, 512], [512, 512], [512]],
-                                       "Ev Idx": corr}})  # fmt: skip
+                                       "Ev Idx": corr}})
                 batch.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid,
-                              "ts": op_ts + 10.0, "dur": 5.25, "args": {"External id": corr, "cbid": 211, "correlation": corr}})  # fmt: skip
+                              "ts": op_ts + 10.0, "dur": 5.25, "args": {"External id": corr, "cbid": 211, "correlation": corr}})
                 batch.append({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": op_ts + 10.0, "cat": "ac2g", "name": "ac2g"})
                 stream = 7 + corr % 2
                 batch.append({"ph": "X", "cat": "kernel", "name": "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)",
@@ -48,7 +48,7 @@ def write_kineto_json(path: str, target_bytes: int) -> int:
                               "args": {"External id": corr, "queued": 0, "device": 0, "context": 1, "stream": stream,
                                        "correlation": corr, "registers per thread": 232, "shared memory": 49152,
                                        "blocks per SM": 0.25, "warps per SM": 1.0, "grid": [4, 4, 1], "block": [128, 1, 1],
-                                       "est. achieved occupancy %": 6}})  # fmt: skip
+                                       "est. achieved occupancy %": 6}})
                 batch.append({"ph": "f", "id": corr, "pid": 0, "tid": stream, "ts": op_ts + 20.0, "cat": "ac2g", "name": "ac2g", "bp": "e"})
                 ts += 40.0
                 corr += 1

@@ -106,7 +106,7 @@ def main() -> None:
             "ring": {"seconds": args.ring_s, "steps_run": n, "rss_growth_mb": round(rss_full - rss0, 1),
                      "capture_write_s": round(recorder.write_seconds[0], 3), "trigger_to_file_s": round(trigger_to_file, 3),
                      "capture_mb": round(os.path.getsize(recorder.captures[0]) / 1e6, 2),
-                     "capture_rows": len(trace.activities), "stop_s": round(stop_s, 3)},  # fmt: skip
+                     "capture_rows": len(trace.activities), "stop_s": round(stop_s, 3)},
         },
     )
 

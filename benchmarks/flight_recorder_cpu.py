@@ -60,7 +60,7 @@ def one_round(case: str, args: argparse.Namespace, folder: str) -> float:
         env.update(POLYPROF_FLIGHT_RECORDER=repr(args.ring_s), POLYPROF_FLIGHT_DIR=os.path.join(folder, "flight"))
     here = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", LOOP, here, case, str(args.round_s), str(args.warmup_s)], env=env,
-                         cwd=folder, check=True, capture_output=True, text=True).stdout  # fmt: skip
+                         cwd=folder, check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return result["cpu_s"] / result["steps"]
 
@@ -88,12 +88,12 @@ def main() -> None:
     for case in CASES[1:]:
         boots = sorted(added([resample.choice(blocks) for _ in blocks], case) for _ in range(10_000))
         found[case] = {"added_cpu_per_step_pct": round(100 * added(blocks, case), 2),
-                       "ci95_pct": [round(100 * boots[249], 2), round(100 * boots[9749], 2)]}  # fmt: skip
+                       "ci95_pct": [round(100 * boots[249], 2), round(100 * boots[9749], 2)]}
     report("flight_recorder_cpu", {
         "blocks": args.blocks, "round_s": args.round_s, "ring_s": args.ring_s,
         "plain_cpu_ms_per_step_median": round(1e3 * statistics.median(b["plain"] for b in blocks), 3),
         **found,
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

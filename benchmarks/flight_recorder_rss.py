@@ -50,7 +50,7 @@ def run(minutes: float, recorder: bool, folder: str, capture_every_s: float) -> 
         env.update(POLYPROF_FLIGHT_RECORDER="30", POLYPROF_FLIGHT_DIR=os.path.join(folder, "flight"))
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.Popen([sys.executable, "-c", LOOP, str(minutes), here], env=env, cwd=folder,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, text=True)
     while recorder and capture_every_s > 0:  # a capture now and then, as a long job's slow steps make them
         try:
             proc.wait(timeout=capture_every_s)
@@ -75,7 +75,7 @@ def main() -> None:
     growth = round(100 * (marks[-1] / marks[0] - 1), 1) if len(marks) > 1 else None
     without = run(min(args.minutes, 2.0), False, folder, 0)
     report("flight_recorder_rss", {"minutes": args.minutes, "recorder": with_recorder,
-                                   "rss_growth_first_to_last_minute_pct": growth, "no_recorder_2_min": without})  # fmt: skip
+                                   "rss_growth_first_to_last_minute_pct": growth, "no_recorder_2_min": without})
 
 
 if __name__ == "__main__":

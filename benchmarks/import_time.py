@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
     runs = [json.loads(subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True).stdout)
-            for _ in range(args.runs)]  # fmt: skip
+            for _ in range(args.runs)]
     report(
         "import_time",
         {

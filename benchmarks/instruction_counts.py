@@ -38,7 +38,7 @@ CASES = {
     "decorated_call_profiling": ("f = polyprof.record_function('x')(lambda: None); p = polyprof.profile(['cpu']); "
                                  "p.__enter__()", "f()"),
     "instant_profiling": ("p = polyprof.profile(['cpu']); p.__enter__(); instant = polyprof.instant", "instant('x')"),
-}  # fmt: skip
+}
 TORCH_CASE = (
     "import torch; from torch.profiler import profile, record_function as rf, ProfilerActivity; "
     "p = profile(activities=[ProfilerActivity.CPU]); p.__enter__()",
@@ -50,7 +50,7 @@ OP_CASES = {  # an aten operator (x.neg() on 4 floats), unprofiled and under eac
                          "p = pp.profile(activities=[pp.ProfilerActivity.CPU]); p.__enter__()", "x.neg()"),
     "aten_op_torch": ("import torch; from torch.profiler import profile, ProfilerActivity; x = torch.ones(4); "
                       "p = profile(activities=[ProfilerActivity.CPU]); p.__enter__()", "x.neg()"),
-}  # fmt: skip
+}
 
 #: Leaving at once after the loop: the profiles' stop is not counted (and torch's at exit crashes under
 #: valgrind).
@@ -75,7 +75,7 @@ def instructions(setup: str, body: str, n: int, tail: str = "") -> int:
             ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
              sys.executable, "-c", SCRIPT.format(setup=setup, body=body, n=n, tail=tail)],
             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"},
-        )  # fmt: skip  (a fixed hash seed: the same start-up in both runs, so that it cancels out)
+        )  # a fixed hash seed: the same start-up in both runs, so that it cancels out
         with open(out + "-01") as f:
             found = re.search(r"^totals:\s*(\d+)", f.read(), re.M)
         if found is None:
@@ -123,7 +123,7 @@ def _ops(n: int) -> None:
     plain = counts["aten_op_unprofiled"]
     added = {"polyprof": round(counts["aten_op_polyprof"] - plain, 1), "torch": round(counts["aten_op_torch"] - plain, 1)}
     report("instruction_counts", {"n": n, "instructions_per_iteration": counts, "added_per_op": added,
-                                  "ratio_added_polyprof_over_torch": round(added["polyprof"] / added["torch"], 3)})  # fmt: skip
+                                  "ratio_added_polyprof_over_torch": round(added["polyprof"] / added["torch"], 3)})
 
 
 if __name__ == "__main__":

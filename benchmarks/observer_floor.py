@@ -120,7 +120,7 @@ def minimal_observers() -> dict[str, Callable[[], contextlib.AbstractContextMana
     floor = load_inline(
         "polyprof_observer_floor", SOURCE, functions=["install"], extra_cflags=["-O2"],
         build_directory=scratch_folder("observer-floor-"),
-    )  # fmt: skip
+    )
 
     @contextlib.contextmanager
     def minimal(mode: int):

@@ -56,7 +56,7 @@ def main() -> None:
         time.sleep(3.0)  # steady state (torch imported, the loop warm)
         asked = time.time()
         cli = subprocess.run([sys.executable, "-m", "polyprof", "capture", str(loop.pid), "--steps", str(args.steps), "-o",
-                              os.path.join(folder, "cap.json"), "--no-summary"], env=env, capture_output=True, text=True)  # fmt: skip
+                              os.path.join(folder, "cap.json"), "--no-summary"], env=env, capture_output=True, text=True)
         written = time.time()
         doc = json.load(open(os.path.join(folder, "cap.json")))
         time.sleep(1.0)
@@ -79,7 +79,7 @@ def main() -> None:
         "step_ms_median_while_written": round(statistics.median(writing) / 1e6, 3) if writing else None,
         "step_ms_median_after": round(statistics.median(after) / 1e6, 3) if after else None,
         "capture_asked_to_trace_written_s": round(written - asked, 2),
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def _parent(args: argparse.Namespace) -> None:
         runs = []
         for _ in range(args.processes):
             out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--repeats", str(args.repeats),
-                                  "--case", case, "--pin", str(pin)], capture_output=True, text=True, check=True).stdout  # fmt: skip
+                                  "--case", case, "--pin", str(pin)], capture_output=True, text=True, check=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
         results.setdefault("device", runs[0]["device"])
         results.setdefault("pocl_threads", runs[0]["pocl_threads"])

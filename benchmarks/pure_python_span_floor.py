@@ -256,7 +256,7 @@ def instructions(n: int) -> None:
     for name in ["empty_loop", *VARIANTS]:
         setup = (f"import sys; sys.path.insert(0, {here!r}); import pure_python_span_floor as floor; "
                  f"span = floor.VARIANTS.get({name!r}); p = polyprof.profile(['cpu'], flush_interval_s=None); "
-                 "p.__enter__()")  # fmt: skip
+                 "p.__enter__()")
         body = "pass" if name == "empty_loop" else "with span('x'): pass"
         counts[name] = round(per_iteration(setup, body, n, QUIT_NOW), 1)
     report("pure_python_span_floor", {"n": n, "instructions_per_span": counts})
@@ -300,7 +300,7 @@ def main() -> None:
         results["over_torch"] = {
             name: {"fastest": round(min(v) / min(torch_samples), 3), "median": round(statistics.median(v) / statistics.median(torch_samples), 3)}
             for name, v in samples.items()
-        }  # fmt: skip
+        }
     else:
         results["torch"] = "not installed"
     report("pure_python_span_floor", results)

@@ -109,7 +109,7 @@ def main() -> None:
         "polyprof_over_viztracer": round(added["polyprof"] / added["viztracer"], 2),
         "targets": {"polyprof_over_viztracer_max": 1.0},
         "meets_targets": added["polyprof"] <= added["viztracer"],
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

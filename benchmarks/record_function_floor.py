@@ -78,12 +78,12 @@ def main() -> None:
     for case in CASES[1:]:
         boots = sorted(added([resample.choice(blocks) for _ in blocks], case) for _ in range(10_000))
         found[case] = {"added_cpu_per_step_pct": round(100 * added(blocks, case), 2),
-                       "ci95_pct": [round(100 * boots[249], 2), round(100 * boots[9749], 2)]}  # fmt: skip
+                       "ci95_pct": [round(100 * boots[249], 2), round(100 * boots[9749], 2)]}
     report("record_function_floor", {
         "blocks": args.blocks, "steps": args.steps, "barrier": recorder.barrier(),
         "plain_cpu_ms_per_step_mean": round(1e3 * statistics.fmean(b["plain"] for b in blocks), 3),
         **found,
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def main() -> None:
         "chromium_load_ms": None if loaded is None else round(loaded),
         "targets": {"size_bytes_max": 10_000_000},
         "meets_targets": size < 10_000_000,
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

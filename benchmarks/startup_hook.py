@@ -35,7 +35,7 @@ def _venv(folder: str, with_polyprof: bool) -> str:
     python = os.path.join(folder, "bin", "python")
     if with_polyprof:
         site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+                              check=True, capture_output=True, text=True).stdout.strip()
         with open(os.path.join(site, "_polyprof-src.pth"), "w") as f:  # polyprof and its dependencies
             f.write(SRC + "\n" + sysconfig.get_paths()["purelib"] + "\n")
         with open(os.path.join(site, "polyprof-startup.pth"), "w") as f:
@@ -51,7 +51,7 @@ def _start_ms(python: str, env: dict[str, str]) -> float:
 
 CASES = {"no variable": {}, "POLYPROF_TORCH_PROFILER=1": {"POLYPROF_TORCH_PROFILER": "1"},
          "POLYPROF_ON_DEMAND=1": {"POLYPROF_ON_DEMAND": "1"}, "POLYPROF_ACTIVITIES=+cpu": {"POLYPROF_ACTIVITIES": "+cpu"},
-         "POLYPROF_FLIGHT_RECORDER=30": {"POLYPROF_FLIGHT_RECORDER": "30"}}  # fmt: skip
+         "POLYPROF_FLIGHT_RECORDER=30": {"POLYPROF_FLIGHT_RECORDER": "30"}}
 
 
 def main() -> None:
@@ -83,7 +83,7 @@ def main() -> None:
         "stdev_ms": {k: round(statistics.stdev(v), 2) for k, v in times.items()},
         "minus_not_installed_ms": {k: round(v - medians["not installed"], 2) for k, v in medians.items() if k != "not installed"},
         "hook_line_in_process_ns": round(line_ns, 1),
-    })  # fmt: skip
+    })
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def measure(gb: float, folder: str, fmt: str, reader: bool = False) -> dict:
             **({"recover_by_reference_reader": {"seconds": round(by_reader[0], 2), "peak_mb": mb(by_reader[1])}}
                if by_reader else {}),
             "time_over_load_trace": round(store_s / load_s, 2),
-            "peak_over_load_trace": round(store_peak / load_peak, 2)}  # fmt: skip
+            "peak_over_load_trace": round(store_peak / load_peak, 2)}
 
 
 def main() -> None:
@@ -99,7 +99,7 @@ def main() -> None:
     folder = scratch_folder()
     report("store_convert", {"format": args.format,
                              "sizes": [measure(float(gb), folder, args.format, args.reader) for gb in args.gb.split(",")],
-                             "target_time_over_load_trace_max": 1.0})  # fmt: skip
+                             "target_time_over_load_trace_max": 1.0})
 
 
 if __name__ == "__main__":

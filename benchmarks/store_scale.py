@@ -62,13 +62,13 @@ def one_size(folder: str, ranks: int, events: int, in_memory: bool, hta: bool, e
     found["store"] = {"seconds": made["seconds"], "peak_pss_mb_of_the_process_tree": round(made["peak_pss_mb"])}
     seconds, peak, _ = run_polyprof_measured(["summary", "--quiet", store])
     found["summary_of_store"] = {"seconds": round(seconds, 1), "peak_rss_mb": round(peak / 1e6),
-                                 "per_rank_ms": round(seconds * 1e3 / ranks, 1)}  # fmt: skip
+                                 "per_rank_ms": round(seconds * 1e3 / ranks, 1)}
     if engine == "spark":
         result = measured([sys.executable, "-m", "polyprof", "summary", "--quiet", store, "--engine", "spark"])
         check = subprocess.run([sys.executable, "-c", SPARK_EQUALS_DUCKDB, store], capture_output=True, text=True)
         differ = [line.split()[1] for line in check.stdout.splitlines() if line.startswith("DIFFER")]
         found["summary_on_spark"] = {"seconds": result["seconds"], "peak_pss_mb": round(result["peak_pss_mb"]),
-                                     "analyses_differing_from_duckdb": differ[-1] if differ else check.stderr[-300:]}  # fmt: skip
+                                     "analyses_differing_from_duckdb": differ[-1] if differ else check.stderr[-300:]}
     if in_memory:
         seconds, peak, _ = run_polyprof_measured(["summary", "--quiet", traces])
         found["summary_in_memory"] = {"seconds": round(seconds, 1), "peak_rss_mb": round(peak / 1e6)}
@@ -97,7 +97,7 @@ def main() -> None:
     sizes = _sizes(args.sizes)
     folder = scratch_folder()
     rows = [one_size(folder, ranks, events, ranks <= args.in_memory_up_to, args.hta and i == 0, args.engine)
-            for i, (ranks, events) in enumerate(sizes)]  # fmt: skip
+            for i, (ranks, events) in enumerate(sizes)]
     report("store_scale", {"sizes": rows})
 
 

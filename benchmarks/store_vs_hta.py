@@ -76,7 +76,7 @@ def measured(cmd: list[str], timeout_s: float | None = None) -> dict:
         done.set()
         sampler.join()
         return {"seconds": round(time.perf_counter() - start, 2), "peak_pss_mb": round(peak / 2**20, 1),
-                "finished": False}  # fmt: skip
+                "finished": False}
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
@@ -98,7 +98,7 @@ def compare(ranks: int, events: int, hta_timeout_s: float | None = None) -> dict
     polyprof_s = made["seconds"] + analysed["seconds"]
     polyprof_mb = max(made["peak_pss_mb"], analysed["peak_pss_mb"])
     out = {"ranks": ranks, "events_per_rank": events, "json_mb": round(size / 2**20, 1),
-           "polyprof": {"store": made, "analyses": analysed, "seconds": round(polyprof_s, 2), "peak_pss_mb": polyprof_mb}}  # fmt: skip
+           "polyprof": {"store": made, "analyses": analysed, "seconds": round(polyprof_s, 2), "peak_pss_mb": polyprof_mb}}
     if os.path.exists(CONSUMERS):
         hta = measured([CONSUMERS, "-c", HTA, traces], hta_timeout_s)
         out["hta"] = hta
@@ -123,7 +123,7 @@ def scale(sizes: list[int], events: int, memory_limit: str = "1GB") -> list[dict
         write_manifest(folder, stats)
         result = measured([sys.executable, "-c", POLYPROF_ANALYSES, folder, memory_limit])
         rows.append({"ranks": ranks, "activities": stats.rows["activities"], "memory_limit": memory_limit,
-                     **{k: result[k] for k in ("seconds", "peak_pss_mb")}})  # fmt: skip
+                     **{k: result[k] for k in ("seconds", "peak_pss_mb")}})
         print(rows[-1], file=sys.stderr)
     return rows
 

@@ -49,7 +49,7 @@ def main() -> None:
         ("polyprof", lambda: pp.profile(activities=[pp.ProfilerActivity.CPU], record_shapes=args.record_shapes)),
         ("torch", lambda: torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=args.record_shapes)),
-    ):  # fmt: skip
+    ):
         before = window()
         with make():
             profiled = window()

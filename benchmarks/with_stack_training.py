@@ -112,7 +112,7 @@ def per_call(torch, pp, rounds: int) -> dict:
     med = {k: statistics.median(v) for k, v in samples.items()}
     added = {k: (med[k] - med["plain"]) / FIB_CALLS for k in ("torch", "polyprof")}
     return {"added_ns_per_call": {k: round(v, 1) for k, v in added.items()},
-            "ratio_polyprof_over_torch": round(added["polyprof"] / added["torch"], 3)}  # fmt: skip
+            "ratio_polyprof_over_torch": round(added["polyprof"] / added["torch"], 3)}
 
 
 def main() -> None:
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (1: the OpenMP pool "
-                    "spinning on this VM's 2 cores made step times vary by +-15%%)")  # fmt: skip
+                    "spinning on this VM's 2 cores made step times vary by +-15%%)")
     args = ap.parse_args()
     import torch
 
@@ -138,7 +138,7 @@ def main() -> None:
 
     folder = scratch_folder()
     samples: dict[str, list[float]] = {k: [] for k in ("plain", "torch", "polyprof", "torch_stop", "polyprof_stop",
-                                                       "torch_bytes", "polyprof_bytes")}  # fmt: skip
+                                                       "torch_bytes", "polyprof_bytes")}
     events: dict[str, int] = {}
 
     def profiled(name: str, module, r: int) -> None:

@@ -38,7 +38,7 @@ _ON, _OFF = ("1", "true", "on", "yes"), ("", "0", "false", "off", "no")
 NOT_THE_PROGRAM = frozenset({
     "pip", "pipx", "ensurepip", "venv", "virtualenv", "build", "wheel", "twine", "setup", "_in_process",
     "torchrun", "torch.distributed.run", "torch.distributed.launch", "torch.distributed.elastic.agent",
-})  # fmt: skip
+})
 
 #: the flight recorder's settings the variable may give after its seconds (``30,hang_s=120``): name ->
 #: kind; "off" makes the optional ones None (that trigger or cap off)
@@ -47,7 +47,7 @@ FLIGHT_SETTINGS = {
     "after_s": "seconds|0", "min_gap_s": "seconds|0", "max_mb": "number|off", "max_captures": "count|off",
     "max_captures_mb": "number|off", "ops": "top|all|none", "format": "pftrace|json", "on_exception": "bool",
     "job": "bool", "crash_spill": "bool", "capturable": "bool", "out_dir": "folder",
-}  # fmt: skip
+}
 
 
 class BadSetting(ValueError):
@@ -153,7 +153,7 @@ def wanted(say: bool = True) -> dict[str, object]:
     "flight": settings or None, "activities": bool}``; a bad value is left out (and said in one line
     where `say`: at start-up, once)."""
     found: dict[str, object] = {"torch_profiler": False, "on_demand": False, "flight": None,
-                                "activities": bool(os.environ.get(ACTIVITIES, "").strip())}  # fmt: skip
+                                "activities": bool(os.environ.get(ACTIVITIES, "").strip())}
     for key, name in (("torch_profiler", TORCH_PROFILER), ("on_demand", ON_DEMAND)):
         try:
             found[key] = flag(name)

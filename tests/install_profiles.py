@@ -41,7 +41,7 @@ PROFILES: dict[str, tuple[tuple[str, ...], bool]] = {
 def pip(python: Path, *args: str, timeout: int = 900) -> None:
     """pip install into `python`'s environment; skips the test where the index cannot be reached."""
     r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                       capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0 and ("Could not find a version" in r.stderr or "NewConnectionError" in r.stderr):
         pytest.skip(f"needs the package index for polyprof's dependencies: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -68,7 +68,7 @@ class Profiles:
             dist = self.folder / f"dist-{with_c}"
             env = {**os.environ, **({} if with_c else {"CC": "false"})}
             r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
-                               capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+                               capture_output=True, text=True, timeout=900, env=env)
             assert r.returncode == 0, r.stderr[-3000:]
             (self.wheels[with_c],) = dist.glob("polyprof-*.whl")
         return self.wheels[with_c]
@@ -84,7 +84,7 @@ class Profiles:
             wheel = self.wheel(with_c)
             pip_extras = [e for e in extras if e != "torch"]
             pip(venv / "bin" / "python", f"{wheel}[{','.join(pip_extras)}]" if pip_extras else str(wheel),
-                *([TORCH] if "torch" in extras and TORCH else []))  # fmt: skip
+                *([TORCH] if "torch" in extras and TORCH else []))
             self.venvs[profile] = venv
         return self.venvs[profile]
 

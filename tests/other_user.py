@@ -28,7 +28,7 @@ needs_other_user = pytest.mark.skipif(
 def as_other_user(*command: str, input: str | None = None) -> subprocess.CompletedProcess:
     """Run `command` as uid/gid 65534 (nobody); raises if it fails."""
     return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *command],
-                          input=input, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+                          input=input, capture_output=True, text=True, check=True, timeout=120)
 
 
 def skip_unless_other_user_runs(python: str) -> None:

@@ -42,7 +42,7 @@ def one_step():
         (K.KERNEL, "gemm", 1, 1, 50, 70, 102, 11),                  # 10 us gap, launched (30) before it: kernel wait
         (K.GPU_MEMCPY, "Memcpy HtoD (Pageable -> Device)", 1, 1, 75, 80, 103, 11),  # gap 5 (< 30 us): kernel wait
         (K.KERNEL, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1, 2, 60, 90, 104, 11),  # overlaps gemm 60-70
-    ])  # fmt: skip
+    ])
 
 
 def test_kernel_types_and_breakdown():
@@ -50,7 +50,7 @@ def test_kernel_types_and_breakdown():
     types = {r["kind"]: r["total_ns"] for r in device.kernel_types(t).dicts()}
     # computation alone 20-40, 50-60; with communication 60-70; communication alone 70-75, 80-90; with memory 75-80
     assert types == {"COMPUTATION": 30 * US, "COMPUTATION overlapping COMMUNICATION": 10 * US,
-                     "COMMUNICATION": 15 * US, "COMMUNICATION overlapping MEMORY": 5 * US}  # fmt: skip
+                     "COMMUNICATION": 15 * US, "COMMUNICATION overlapping MEMORY": 5 * US}
     kernels = {r["kernel"]: r for r in device.kernel_breakdown(t).dicts()}
     assert kernels["gemm"]["calls"] == 2 and kernels["gemm"]["total_ns"] == 40 * US and kernels["gemm"]["kind"] == "COMPUTATION"
     assert kernels["gemm"]["share"] == pytest.approx(40 / 75)
@@ -105,7 +105,7 @@ def test_select_steps_keeps_the_work_a_step_launched():
         (K.USER_ANNOTATION, "ProfilerStep#0", 0, 0, 0, 10), (K.USER_ANNOTATION, "ProfilerStep#1", 0, 0, 10, 20),
         (K.RUNTIME, "launch", 0, 0, 8, 9, 1), (K.KERNEL, "k0", 1, 1, 12, 14, 1),   # launched in step 0, runs in step 1
         (K.RUNTIME, "launch", 0, 0, 15, 16, 2), (K.KERNEL, "k1", 1, 1, 17, 19, 2),
-    ])  # fmt: skip
+    ])
     first = select_steps(two, [0])
     assert sorted(first.activities.names().tolist()) == ["ProfilerStep#0", "k0", "launch"]
     assert list(steps_of(select_steps(two, list(steps_of(two))[:-1]))) == [0]
@@ -131,7 +131,7 @@ def test_diff_names_what_changed():
     after = make_trace([
         (K.USER_ANNOTATION, "ProfilerStep#3", 0, 0, 0, 50), (K.CPU_OP, "aten::mm", 0, 0, 0, 30, 0, 11),
         (K.CPU_OP, "aten::new_op", 0, 0, 31, 40), (K.KERNEL, "gemm", 1, 1, 20, 30, 0, 11),
-    ])  # fmt: skip
+    ])
     d = diff(before, after)
     assert d.step_ns == (100 * US, 50 * US)
     ops = {r["name"]: r for r in d.operators.dicts()}
@@ -169,7 +169,7 @@ def test_the_terminal_views_and_diff_show_the_same_numbers(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "polyprof", *a], capture_output=True, text=True, timeout=120)  # noqa: E731
     for view, says in (("steps", "40.000 us"), ("kernels", "gemm"), ("ops", "aten::addmm"),
                        ("idle", "kernel wait"), ("launch", "launches"), ("devices", "non compute"),
-                       ("backends", "Backends")):  # fmt: skip
+                       ("backends", "Backends")):
         r = run("summary", "--view", view, str(before))
         assert r.returncode == 0 and says in r.stdout, (view, r.stdout, r.stderr)
     r = run("diff", str(before), str(after), "-o", str(tmp_path / "diff.html"))

@@ -50,7 +50,7 @@ def slow(registry):
 def test_the_step_that_ends_a_window_does_not_wait_for_collect_merge_or_handler(slow):
     seen = []
     prof = polyprof.profile(["cpu", "slow"], registry=slow, schedule=polyprof.schedule(wait=0, warmup=1, active=1, repeat=1),
-                            on_trace_ready=lambda p: seen.append((p.step_num, len(p.trace.activities))))  # fmt: skip
+                            on_trace_ready=lambda p: seen.append((p.step_num, len(p.trace.activities))))
     prof.start()
     prof.step()  # recording
     with polyprof.record_function("in the window"):
@@ -82,7 +82,7 @@ def test_a_handlers_exception_reaches_the_user_at_the_next_call(registry):
         raise ValueError("handler broke")
 
     prof = polyprof.profile(["cpu"], registry=registry, schedule=polyprof.schedule(wait=0, warmup=1, active=1, repeat=2),
-                            on_trace_ready=handler)  # fmt: skip
+                            on_trace_ready=handler)
     prof.start()
     prof.step()
     prof.step()  # first window ends; its handler fails in the background
@@ -161,7 +161,7 @@ def test_ring_mode_keeps_the_last_seconds_only(registry):
     names = [a.name for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION)]
     assert names == ["recent"]
     assert prof.trace.backends["host"].dropped.get("older than the ring (ring_s)", 0) + \
-        prof.trace.backends["host"].dropped.get("outside capture window", 0) >= 1  # fmt: skip
+        prof.trace.backends["host"].dropped.get("outside capture window", 0) >= 1
 
 
 @pytest.mark.parametrize("scheduled", [False, True], ids=["stop", "windows on the writer"])

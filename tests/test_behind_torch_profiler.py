@@ -67,7 +67,7 @@ def test_the_installed_class_keeps_torchs_signature_and_isinstance(switched):
 def test_framework_facing_attributes_behave_as_torchs(switched, tmp_path):
     seen = []
     prof = switched(schedule=torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=1),
-                    on_trace_ready=lambda p: seen.append(("first", p.step_num)))  # fmt: skip
+                    on_trace_ready=lambda p: seen.append(("first", p.step_num)))
     assert isinstance(torch.profiler.schedule(wait=1, warmup=1, active=1)(0), torch.profiler.ProfilerAction)
     prof.start()
     assert prof.profiler is None, "None in the wait steps, as torch's (vLLM tests it)"
@@ -136,13 +136,13 @@ def test_the_environment_variable_switches_a_process_that_never_imports_polyprof
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "t")], env=clean_env(POLYPROF_TORCH_PROFILER="1"),
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "polyprof.profiler"
     for which in ("parent", "child"):
         assert "polyprof" in json.loads((tmp_path / f"t.{which}.json").read_text()), which
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "u")], env=clean_env(),
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "polyprof" not in json.loads((tmp_path / "u.parent.json").read_text())
 
@@ -158,7 +158,7 @@ def test_polyprof_run_puts_polyprof_behind_torch_profiler_by_default(tmp_path):
     """))
     run = [sys.executable, "-m", "polyprof", "run", "--no-summary", "-o"]
     r = subprocess.run([*run, str(tmp_path / "outer.json"), str(script)], env=clean_env(), capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "polyprof" in json.loads((tmp_path / "inner.json").read_text()), "the script's profiler is polyprof's"
     outer = json.loads((tmp_path / "outer.json").read_text())
@@ -166,7 +166,7 @@ def test_polyprof_run_puts_polyprof_behind_torch_profiler_by_default(tmp_path):
     assert "aten::add" in {e["name"] for e in outer["traceEvents"]}, "the run's trace covers up to there"
     assert "own profiler" in r.stderr
     r = subprocess.run([*run, str(tmp_path / "outer2.json"), "--no-torch-profiler", str(script)], env=clean_env(),
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "polyprof" not in json.loads((tmp_path / "inner.json").read_text()), "torch's own profiler recorded"
     outer = json.loads((tmp_path / "outer2.json").read_text())
@@ -197,18 +197,18 @@ def test_an_unknown_group_is_an_error_naming_the_installed_ones(monkeypatch, tmp
     # with the variable alone: one warning line at torch's import, the program runs (pip, and every other
     # Python process in the environment, are not stopped by it)
     r = subprocess.run([sys.executable, "-c", "import torch; print('started')"], env=clean_env(POLYPROF_ACTIVITIES="+nope"),
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "started\n"
     (line,) = r.stderr.splitlines()
     assert "unknown activity group 'NOPE'" in line and "installed groups" in line, line
     script = tmp_path / "s.py"
     script.write_text("print('started')\n")
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t.json"), str(script)],
-                       env=clean_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+                       env=clean_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (tmp_path / "polyprof.toml").write_text('activities = ["+nope"]\n')
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t.json"), str(script)],
-                       env=clean_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+                       env=clean_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0 and "started" not in r.stdout and "polyprof.toml: activities" in r.stderr
 
 

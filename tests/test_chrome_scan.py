@@ -114,7 +114,7 @@ def test_flows_away_from_their_events_land_on_the_same_rows_as_the_readers(monke
         events.append({"ph": "X", "name": f"op{i}", "cat": "cuda_runtime", "pid": pid, "tid": tid, "ts": ts, "dur": 1})
         if rng.random() < 0.5:
             events.append({"ph": rng.choice("sf"), "id": rng.randrange(1, 40), "cat": rng.choice(["ac2g", "fwdbwd"]),
-                           "name": "flow", "pid": pid, "tid": rng.choice([tid, 12]), "ts": rng.choice([ts, ts + 1])})  # fmt: skip
+                           "name": "flow", "pid": pid, "tid": rng.choice([tid, 12]), "ts": rng.choice([ts, ts + 1])})
     rng.shuffle(events)
     data = orjson.dumps({"traceEvents": events})
     got = chrome_scan.scan_trace(data, "shuffled.json")
@@ -146,7 +146,7 @@ def test_odd_pids_and_tids_get_one_placement_in_both_readers_and_convert(tmp_pat
 
     odd = [(True, 1), ("gpu", 2), (1.5, 3), (2**40, 9), (7, "t"), (7, 8)]
     events = [{"ph": "X", "name": f"e{i}", "cat": "cpu_op", "pid": pid, "tid": tid, "ts": 10 + i, "dur": 1}
-              for i, (pid, tid) in enumerate(odd)]  # fmt: skip
+              for i, (pid, tid) in enumerate(odd)]
     data = orjson.dumps({"traceEvents": events})
     reference = _reference(data, "odd.json", monkeypatch)
     pids = [d.pid for d in reference.devices]

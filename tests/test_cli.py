@@ -205,7 +205,7 @@ def test_the_run_summary_gives_a_backends_warnings_when_it_has_no_error():
         "host": BackendStatus("host", activities=3, warnings=["spans cost more: reinstall polyprof"]),
         "broken": BackendStatus("broken", state="failed", errors=["it raised"], warnings=["and warned"]),
         "quiet": BackendStatus("quiet", activities=1),
-    })  # fmt: skip
+    })
     assert backend_status_lines(trace) == [
         "host: ran, 3 activities - spans cost more: reinstall polyprof",
         "broken: failed, 0 activities - it raised",

@@ -23,7 +23,7 @@ def _on_a_terminal(*args):
     leader, follower = pty.openpty()
     env = {**os.environ, "TERM": "xterm", "COLUMNS": "120"}
     proc = subprocess.Popen([sys.executable, "-m", "polyprof", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=follower, env=env)  # fmt: skip
+                            stderr=follower, env=env)
     os.close(follower)
     shown = b""
     while True:
@@ -64,7 +64,7 @@ def test_convert_merge_store_summary_sql_and_recover_show_a_bar_on_a_terminal_on
             args = command(out)
             if how == "piped":
                 r = subprocess.run([sys.executable, "-m", "polyprof", *map(str, args)], capture_output=True, text=True,
-                                   timeout=120)  # fmt: skip
+                                   timeout=120)
                 status, shown = r.returncode, r.stderr
             else:
                 status, shown = _on_a_terminal(*args, *(["-q"] if how == "quiet" else []))

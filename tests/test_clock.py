@@ -88,7 +88,7 @@ def test_fit_rejects_bad_input(dev, host):
 
 
 @pytest.mark.skipif(__import__("polyprof._native", fromlist=["extension"]).extension is None,
-                    reason="needs polyprof's C extension (built by setup.sh)")  # fmt: skip
+                    reason="needs polyprof's C extension (built by setup.sh)")
 def test_the_recorders_clock_reads_clock_monotonic_whether_through_the_tsc_or_not():
     """The recorder's clock (the TSC scaled to CLOCK_MONOTONIC where the kernel's clocksource is the
     TSC) against clock_gettime read around it: 200,000 reads over ~0.3 s and across sleeps (the pair is
@@ -117,7 +117,7 @@ def test_polyprof_clock_gettime_turns_the_tsc_path_off():
 
     code = "from polyprof import _native; print(_native.clock_source())"
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "POLYPROF_CLOCK": "gettime"},
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+                         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "clock_gettime"
 
 

@@ -27,7 +27,7 @@ def _slices(parsed):
         where[uuid] = where[layout["rows"][resource]["track"]]
     items = parsed.slices + [i for i in parsed.instants if i is not meta]
     return Counter((s["name"], s["cat"][0], *where[s["track"]], s["start"], s.get("end", s["start"]),
-                    json.dumps(s["args"], sort_keys=True)) for s in items)  # fmt: skip
+                    json.dumps(s["args"], sort_keys=True)) for s in items)
 
 
 def _json_slices(doc):
@@ -38,7 +38,7 @@ def _json_slices(doc):
             continue
         start = round(e["ts"] * 1000)
         out[(e["name"], e.get("cat", ""), e["pid"], e["tid"], start, start + round(e.get("dur", 0) * 1000),
-             json.dumps(e.get("args", {}), sort_keys=True))] += 1  # fmt: skip
+             json.dumps(e.get("args", {}), sort_keys=True))] += 1
     return out
 
 
@@ -84,7 +84,7 @@ def test_top_level_keys_around_the_events_and_the_bare_array_form(tmp_path):
     path = tmp_path / "k.json"
     path.write_text('{"schemaVersion": 1, "distributedInfo": {"rank": 3, "note": "]"}, "traceEvents": [\n'
                     '{"ph": "X", "name": "a]", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 1.5, "dur": 2}\n],\n'
-                    '"traceName": "x]y", "extra": [1, 2]}')  # fmt: skip
+                    '"traceName": "x]y", "extra": [1, 2]}')
     keys = top_level_keys(str(path))
     assert keys == {"schemaVersion": 1, "distributedInfo": {"rank": 3, "note": "]"}, "traceName": "x]y", "extra": [1, 2]}
     bare = tmp_path / "bare.json"
@@ -102,5 +102,5 @@ def test_bad_input_is_one_line_before_any_output(tmp_path):
     with pytest.raises(ConfigError, match="the output is the input"):
         convert(broken, broken)
     r = subprocess.run([sys.executable, "-m", "polyprof", "convert", str(broken), str(tmp_path / "o.pftrace")],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "broken.json" in r.stderr and "Traceback" not in r.stderr

@@ -47,7 +47,7 @@ def _torchrun(tmp_path, *args, crashes_forgiven=0):
     env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
     # --log-dir: without it torchrun makes a torchelastic_* folder in /tmp and never removes it
     cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "4", *args]  # fmt: skip
+           "--nproc-per-node", "4", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     if r.returncode and crashes_forgiven and any(f"({sig})" in r.stderr for sig in ("SIGABRT", "SIGSEGV")):
         return _torchrun(tmp_path, *args, crashes_forgiven=crashes_forgiven - 1)
@@ -70,7 +70,7 @@ def _check_ranks(paths):
             and (a["Group size"], a["Rank"], a["Process Group Ranks"]) == (4, rank, "[0, 1, 2, 3]")
             and (a["Process Group Name"], a["Global rank start"], a["Global rank stride"]) == ("0", 0, 1)
             for a in works
-        ), works[:1]  # fmt: skip  (676: the model's parameters, in DDP's one bucket)
+        ), works[:1]  # 676: the model's parameters, in DDP's one bucket
         yield doc
 
 
@@ -107,7 +107,7 @@ def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, pr
 
     inputs = [ddp_traces / f"{prefix}{r}.json" for r in range(4)]
     r = subprocess.run([sys.executable, "-m", "polyprof", "merge", *map(str, inputs), "-o", str(tmp_path / "m.json")],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "4 ranks" in r.stderr, r.stderr
     doc = json.loads((tmp_path / "m.json").read_text())
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
@@ -121,14 +121,14 @@ def test_polyprof_merge_puts_every_rank_on_one_timeline(ddp_traces, tmp_path, pr
     assert [x["rank"] for x in doc["ranks"]] == [0, 1, 2, 3]
     assert all((x["clock_offset_ns"] is not None) == (prefix == "rank") for x in doc["ranks"])
     subprocess.run([sys.executable, "-m", "polyprof", "merge", str(ddp_traces), "-o", str(tmp_path / "m.pftrace")],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+                   check=True, capture_output=True, timeout=120)
     parsed = Parsed((tmp_path / "m.pftrace").read_bytes(), sequences=None)
     assert not parsed.unclosed and parsed.flow_starts == parsed.flow_ends
     assert len({t.process.pid for t in parsed.tracks.values() if t.HasField("process")}) == 8  # 4 ranks x 2 sets
 
 
 @pytest.mark.skipif(__import__("polyprof._native", fromlist=["extension"]).extension is None,
-                    reason="needs polyprof's C extension (the packet rewriter; built by setup.sh)")  # fmt: skip
+                    reason="needs polyprof's C extension (the packet rewriter; built by setup.sh)")
 def test_the_jobs_pftrace_ranks_merge_packet_by_packet_as_the_model_merges_them(ddp_traces, tmp_path, monkeypatch):
     """polyprof's 4 DDP ranks as .pftrace (their aten ops with args, DDP's collectives with
     record_param_comms args, flows): the packet rewriter's merge reads back as the model's merge."""
@@ -154,7 +154,7 @@ def test_polyprof_run_under_torchrun_fills_the_rank_into_the_output_path(tmp_pat
     out = tmp_path / "traces"
     out.mkdir()
     _torchrun(tmp_path, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o",
-              str(out / "run{rank}-of-{world_size}.json.gz"), str(script))  # fmt: skip
+              str(out / "run{rank}-of-{world_size}.json.gz"), str(script))
     import gzip
 
     paths = [out / f"run{r}-of-4.json.gz" for r in range(4)]
@@ -168,12 +168,12 @@ def test_unknown_placeholders_are_refused_before_the_script_runs(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("open('ran', 'w').close()\n")
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "-o", str(tmp_path / "t{ranks}.json"), str(script)],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and "unknown placeholder {ranks}" in r.stderr and not (tmp_path / "ran").exists()
 
 
 FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
-                 if os.path.exists(p)), None)  # fmt: skip
+                 if os.path.exists(p)), None)
 
 CLOCK_SCRIPT = """
 import os, sys, time, torch, torch.distributed as dist
@@ -201,7 +201,7 @@ def _two_ranks_with_clocks(tmp_path, shifts_s):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}  # fmt: skip
+            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     # launched as init_process_group's env:// expects (torchrun's elastic agent keeps wall-clock
     # deadlines, which a jump on one node upsets)
     procs = []
@@ -209,9 +209,9 @@ def _two_ranks_with_clocks(tmp_path, shifts_s):
         env = {**base, "RANK": str(rank)}
         if shift:
             env.update({"LD_PRELOAD": FAKETIME, "FAKETIME": f"{shift:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-                        "FAKETIME_DONT_RESET": "1"})  # fmt: skip
+                        "FAKETIME_DONT_RESET": "1"})
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-3000:]
@@ -260,7 +260,7 @@ def test_the_rank_view_names_the_slow_rank_and_the_ranks_that_waited(ddp_traces,
     by_rank = {r.rank: r for r in view.ranks}
     assert by_rank[2].waited_ns < min(by_rank[r].waited_ns for r in (0, 1, 3)), "the others waited for rank 2"
     r = subprocess.run([sys.executable, "-m", "polyprof", "summary", *[str(ddp_traces / f"{prefix}{i}.json") for i in range(4)]],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "slowest rank: 2" in r.stdout, r.stderr
 
 
@@ -280,7 +280,7 @@ def _netns_pair(tag):
         ["ip", "-n", names[1], "addr", "add", f"10.77.{net}.2/24", "dev", f"v{tag}b"],
         ["ip", "-n", names[0], "link", "set", f"v{tag}a", "up"], ["ip", "-n", names[1], "link", "set", f"v{tag}b", "up"],
         ["ip", "-n", names[0], "link", "set", "lo", "up"], ["ip", "-n", names[1], "link", "set", "lo", "up"],
-    ]  # fmt: skip
+    ]
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -305,12 +305,12 @@ def test_two_hosts_with_different_clocks_merge_onto_rank_0s(tmp_path):
         script.write_text(textwrap.dedent(CLOCK_SCRIPT))
         env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
         run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"),
-               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29613"]  # fmt: skip
+               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29613"]
         shifted = ["--no-python", "env", f"LD_PRELOAD={FAKETIME}", "FAKETIME=+5s", "FAKETIME_DONT_FAKE_MONOTONIC=1", sys.executable]
         procs = [
             subprocess.Popen(["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={iface}", *run, "--node-rank", str(node),
                               *extra, str(script), str(tmp_path)],
-                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for node, ns, iface, extra in ((0, ns0, if0, []), (1, ns1, if1, shifted))
         ]
         for p in procs:
@@ -350,7 +350,7 @@ def test_a_duration_window_under_torchrun_starts_at_the_same_step_on_every_rank(
     script = tmp_path / "synced.py"
     script.write_text(textwrap.dedent(SYNCED))
     _torchrun(tmp_path, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "--duration", "0.3",
-              "-o", str(tmp_path / "r{rank}.json"), str(script))  # fmt: skip
+              "-o", str(tmp_path / "r{rank}.json"), str(script))
     firsts = []
     for rank in range(4):
         doc = json.loads((tmp_path / f"r{rank}.json").read_text())

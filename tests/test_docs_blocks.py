@@ -122,7 +122,7 @@ def workspace(tmp_path_factory) -> Path:
     _run([*polyprof, "run", "--no-summary", "-o", "after.json.gz", "train.py"], ws, env | {"TRAIN_STEPS": "16"})
     (ws / "traces").mkdir()
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "polyprof", "run", "--no-summary",
-          "-o", "traces/rank{rank}.json.gz", "train.py"], ws, env)  # fmt: skip
+          "-o", "traces/rank{rank}.json.gz", "train.py"], ws, env)
     for store in ("job", "before", "after"):
         _run([*polyprof, "store", "traces/", "-o", f"{store}.polyprof"], ws, env)
     _run([sys.executable, "-c", textwrap.dedent("""
@@ -131,17 +131,17 @@ def workspace(tmp_path_factory) -> Path:
             for _ in range(20):
                 torch.randn(64, 64).matmul(torch.randn(64, 64))
         p.export_chrome_trace("big.pt.trace.json")
-    """)], ws, env)  # fmt: skip
+    """)], ws, env)
     # a run killed by SIGKILL leaves its spill; a flight recorder's rank 3 killed leaves its own
     die = "import os, signal, time, torch\nt = time.time()\nwhile time.time() - t < 2.5:\n    torch.ones(64).add(1).sum()\nos.kill(os.getpid(), signal.SIGKILL)\n"
     (ws / "die.py").write_text(die)
     killed = ws / "killed"
     killed.mkdir()
     subprocess.run([*polyprof, "run", "--no-summary", "-o", "trace.json.gz", str(ws / "die.py")], cwd=killed, env=env,
-                   capture_output=True, timeout=300)  # fmt: skip
+                   capture_output=True, timeout=300)
     shutil.move(killed / ".trace.json.gz.spill", ws / ".trace.json.gz.spill")
     subprocess.run([sys.executable, "die.py"], cwd=ws, capture_output=True, timeout=300,
-                   env=env | {"POLYPROF_FLIGHT_RECORDER": "30", "RANK": "3"})  # fmt: skip
+                   env=env | {"POLYPROF_FLIGHT_RECORDER": "30", "RANK": "3"})
     assert (ws / "flight" / "flight-rank3.spill").exists(), sorted(p.name for p in (ws / "flight").iterdir())
     for made in ("die.py", "killed", "tb"):
         shutil.rmtree(ws / made, ignore_errors=True) if (ws / made).is_dir() else (ws / made).unlink()
@@ -157,7 +157,7 @@ def running_job(workspace):
     (folder / "train.py").write_text(TRAIN)
     env = suite_env(POLYPROF_ON_DEMAND="1", POLYPROF_FLIGHT_RECORDER="30", TRAIN_FOREVER="1", TRAIN_PID_DIR=str(folder))
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], cwd=folder,
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     pid_file = folder / "rank0.pid"
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline and job.poll() is None:
@@ -194,7 +194,7 @@ def _environment(check: Check, install_profiles, workspace: Path, request, tmp_p
         env["PID"] = request.getfixturevalue("running_job")
     if check.fixture == "toy":
         source = next(b.code for b in __import__("docs_blocks").blocks(ROOT / "docs" / "writing-a-backend.md")
-                      if "class ToyBackend" in b.code)  # fmt: skip
+                      if "class ToyBackend" in b.code)
         (work / "polyprof_toy.py").write_text(source)
     return work, env
 
@@ -235,7 +235,7 @@ def test_every_block_is_counted(capsys):
     skipped = [c for c in CHECKS if c.skip]
     with capsys.disabled():
         print(f"\ndocs blocks: {len(CHECKS) - len(skipped)} of {len(CHECKS)} checks run ({NOT_CODE} blocks are not "
-              "code: toml, sql, text)")  # fmt: skip
+              "code: toml, sql, text)")
         for c in skipped:
             print(f"  skipped {c.id}: {c.skip}")
     assert len(CHECKS) > 50 and all(c.skip.strip() for c in skipped)

@@ -311,13 +311,13 @@ def test_a_decorated_call_records_the_span_a_with_block_records(registry, span, 
         ("outer", None), ("mark", "outer"), ("leaf", "outer"), ("in leaf 1", "leaf"), ("fib", "outer"),
         ("fib", "fib"), ("fib", "fib"), ("fib", "fib"), ("fib", "fib"), ("fails", None), ("leaf", "fails"),
         ("in leaf 0", "leaf"), ("outside", None),
-    ]), "each span's parent, as recorded"  # fmt: skip
+    ]), "each span's parent, as recorded"
     trace = prof.trace
     spans = sorted(trace.activities_of(ActivityKind.USER_ANNOTATION), key=lambda a: (a.start, -a.end))
     assert [(a.name, a.args) for a in spans] == [
         ("outer", {}), ("leaf", {"k": 1}), ("fib", {}), ("fib", {}), ("fib", {}), ("fib", {}), ("fib", {}),
         ("fails", {"args": "s"}), ("leaf", {"k": 1}),
-    ]  # fmt: skip
+    ]
     assert all(a.end >= a.start for a in spans) and len({a.correlation for a in spans}) == len(spans)
     outer_span, fails_span = spans[0], spans[7]
     assert all(outer_span.start <= a.start <= a.end <= outer_span.end for a in spans[1:7])
@@ -326,7 +326,7 @@ def test_a_decorated_call_records_the_span_a_with_block_records(registry, span, 
     assert instants == {
         "mark": outer_span.correlation, "in leaf 1": spans[1].correlation, "in leaf 0": spans[8].correlation,
         "outside": 0,
-    }  # fmt: skip
+    }
     if device:
         by_name = {k.name: k.external_id for k in trace.activities_of(ActivityKind.KERNEL)}
         assert by_name == {"k1": spans[1].correlation, "k0": spans[8].correlation, "k_none": 0}
@@ -362,7 +362,7 @@ def _signatures():
 
 _CALLS = [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), ((1,), {"b": 5}), ((), {"a": 1, "b": 2}),
           ((1,), {"k": 3}), ((1,), {"k": 3, "m": 6}), ((1, 2), {"r": 7}), ((1,), {"q": 2}),
-          ((1, 2), {"x": 9}), ((), {"span_fn": 1, "span_id": 2, "recorder": 3}), ((1, 2, 3), {"fn": 4})]  # fmt: skip
+          ((1, 2), {"x": 9}), ((), {"span_fn": 1, "span_id": 2, "recorder": 3}), ((1, 2, 3), {"fn": 4})]
 
 
 def test_a_decorated_span_takes_exactly_the_functions_own_arguments(registry):
@@ -740,7 +740,7 @@ class _FlushingSession(SessionBase):
         host = sink.host_device()
         for i, (at, tid) in enumerate(self.launch_times[:]):
             sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=sink.host_thread(tid), start=at, end=at + 10,
-                          correlation=i + 1, flow_id=i + 1, flow_start=True)  # fmt: skip
+                          correlation=i + 1, flow_id=i + 1, flow_start=True)
         self.launch_times.clear()
 
     def collect(self, sink):
@@ -748,7 +748,7 @@ class _FlushingSession(SessionBase):
         q = sink.resource(dev, 1)
         for i in range(3):
             sink.activity(ActivityKind.KERNEL, f"k{i}", device=dev, resource=q, start=self.ctx.window_start + 100 + i,
-                          end=self.ctx.window_start + 200 + i, correlation=i + 1, flow_id=i + 1)  # fmt: skip
+                          end=self.ctx.window_start + 200 + i, correlation=i + 1, flow_id=i + 1)
 
 
 class _FlushingBackend:

@@ -40,13 +40,13 @@ def test_random_events_round_trip_as_the_python_twin_keeps_them():
         near = fast.next_id()  # (and the next chunk's base moves on)
         return rng.choice([near - rng.randrange(5000), near - rng.randrange(5000), 0, near - 2**31 + 1,
                            near - 2**31 + 2, near + 2**31 - 2, near + 2**31 - 1, near + 2**31,
-                           rng.randrange(2**62), -7, -(2**63), 2**63 - 1])  # fmt: skip
+                           rng.randrange(2**62), -7, -(2**63), 2**63 - 1])
 
     for i in range(40_000):
         start = rng.randrange(0, 2**40)
         dur = rng.choice([0, 5, 1000, 2**32 - 2, 2**32 - 1, 2**32, 10**12, -3])
         event = (rng.choice([0, 1, 2]), start, start + dur, rng.choice(names), an_id(), an_id(),
-                 rng.choice([None] * 9 + [{"i": i}, "text"]))  # fmt: skip
+                 rng.choice([None] * 9 + [{"i": i}, "text"]))
         c.add(*event)
         py.add(*event)
         if i in (8_191, 24_576):  # hand over part way, as a flush does (a chunk just full; three chunks)

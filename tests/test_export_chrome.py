@@ -242,7 +242,7 @@ def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
     cols = (
         np.arange(n, dtype=np.int32) % 2, np.zeros(n, dtype=np.int32), full(small), full(small),
         full(big // 2), full(big), full(small), full(small), full(small), np.full(n, 2, dtype=np.int8), flags,
-    )  # fmt: skip
+    )
     extra = [None if i % 3 else '{"k":"' + "v" * (i % 997) + '"}' for i in range(n)]
     c_text = speedups.format_activities(cols, -(big // 2), names, extra).decode()
     assert c_text == format_activities_py(cols, -(big // 2), names, extra)

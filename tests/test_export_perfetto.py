@@ -36,9 +36,9 @@ def overlapping_trace():
     gpu = sink.device("gpu:0", type="gpu", index=0, name="GPU 0", properties={"memory": 1 << 30})
     stream = sink.resource(gpu, 7, "stream 7")
     span = lambda name, s, e, **kw: sink.activity(ActivityKind.USER_ANNOTATION, name, device=host,  # noqa: E731
-                                                  resource=thread, start=T0 + s, end=T0 + e, **kw)  # fmt: skip
+                                                  resource=thread, start=T0 + s, end=T0 + e, **kw)
     span("A", 0, 100, correlation=1, external_id=1, args={"int": 3, "float": 0.25, "str": "x\ny", "bool": True,
-                                                       "list": [1, "a"], "none": None, "nested": {"k": [2]}})  # fmt: skip
+                                                       "list": [1, "a"], "none": None, "nested": {"k": [2]}})
     span("B", 10, 50, correlation=2, external_id=2)
     span("C", 50, 50)
     span("task D", 60, 150, args={"big": 2**70})
@@ -46,13 +46,13 @@ def overlapping_trace():
     sink.activity(ActivityKind.INSTANT, "mark", device=host, resource=thread, start=T0 + 55, end=T0 + 55)
     for i, (ls, ks, ke) in enumerate([(20, 30, 80), (26, 40, 120), (90, 125, 130)], start=10):
         sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=thread, start=T0 + ls, end=T0 + ls + 3,
-                      cat="cuda_runtime", correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, flow_start=True)  # fmt: skip
+                      cat="cuda_runtime", correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, flow_start=True)
         sink.activity(ActivityKind.KERNEL, f"kernel {i}", device=gpu, resource=stream, start=T0 + ks, end=T0 + ke,
-                      correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, args={"grid": [1, 2, 3]})  # fmt: skip
+                      correlation=i, external_id=1, flow_id=i, flow_type=FLOW_AC2G, args={"grid": [1, 2, 3]})
     sink.counter("memory", 12.5, ts=T0 + 5)
     sink.counter("memory", 13.5, ts=T0 + 70)
     return merge([sink.seal(BackendStatus("t"))], window=(T0, T0 + 200), epoch_offset_ns=10**18,
-                 base_time_ns=base_time_ns(T0 + 10**18), metadata={"distributedInfo": {"rank": 0}})  # fmt: skip
+                 base_time_ns=base_time_ns(T0 + 10**18), metadata={"distributedInfo": {"rank": 0}})
 
 
 class Parsed:
@@ -169,7 +169,7 @@ def test_field_numbers_are_perfettos():
         pb.ClockSnapshot: {"clocks": fields.SNAPSHOT_CLOCKS, "primary_trace_clock": fields.SNAPSHOT_PRIMARY_CLOCK},
         pb.ClockSnapshot.Clock: {"clock_id": fields.CLOCK_ID, "timestamp": fields.CLOCK_TIMESTAMP},
         pb.TracePacketDefaults: {"timestamp_clock_id": fields.DEFAULTS_TIMESTAMP_CLOCK_ID},
-    }  # fmt: skip
+    }
     for message, expected in checks.items():
         by_name = {f.name: f.number for f in message.DESCRIPTOR.fields}
         assert {k: by_name[k] for k in expected} == expected, message.DESCRIPTOR.name
@@ -188,7 +188,7 @@ def test_track_tree_nesting_flows_and_interning():
     assert tracks[threads[(host.pid, 4242)]].thread.thread_name == trace.resources[0].name
     assert tracks[threads[(0, 7)]].parent_uuid == processes[0] and tracks[threads[(0, 7)]].thread.thread_name == "stream 7"
     lanes = [t for t in tracks.values() if not t.HasField("thread") and not t.HasField("process") and not t.HasField("counter")
-             and t.name != writer.METADATA_TRACK]  # fmt: skip
+             and t.name != writer.METADATA_TRACK]
     assert sorted(t.name for t in lanes) == sorted([trace.resources[0].name, "stream 7"]), "one lane each for the overlaps"
     assert not parsed.unclosed
     for s in parsed.slices:  # strict nesting: every slice inside its parent on its track
@@ -264,15 +264,15 @@ def test_rows_with_equal_args_share_one_encoding_and_their_own_correlation_wins(
     gpu = sink.device("gpu:0", type="gpu", index=0, name="GPU 0")
     stream = sink.resource(gpu, 7, "stream 7")
     rows = [({"grid": [1, 1, 1], "stream": 7}, 1), ({"grid": [1, 1, 1], "stream": 7}, 2), ({"grid": [2, 1, 1]}, 3),
-            ({"correlation": 99, "grid": [1, 1, 1]}, 4), ({}, 5), ({"grid": [1, 1, 1], "stream": 7}, 6)]  # fmt: skip
+            ({"correlation": 99, "grid": [1, 1, 1]}, 4), ({}, 5), ({"grid": [1, 1, 1], "stream": 7}, 6)]
     for i, (args, corr) in enumerate(rows):
         sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=stream, start=T0 + 10 * i, end=T0 + 10 * i + 5,
-                      correlation=corr, args=args)  # fmt: skip
+                      correlation=corr, args=args)
     trace = merge([sink.seal(BackendStatus("t"))], window=(T0, T0 + 100), epoch_offset_ns=0, base_time_ns=0, metadata={})
     encoder = writer._RowEncoder(trace.activities, writer._Interned(), np.zeros(len(rows), np.int64),
-                                 trace.activities.columns["correlation"] != 0, np.zeros(len(rows), np.int64))  # fmt: skip
+                                 trace.activities.columns["correlation"] != 0, np.zeros(len(rows), np.int64))
     by_name = dict(zip((trace.activities.strings.strings[c] for c in trace.activities.columns["name"]), range(len(rows)),
-                       strict=True))  # fmt: skip
+                       strict=True))
     blob = lambda name: encoder.blobs[by_name[name]]  # noqa: E731
     assert blob("k0") is blob("k1") is blob("k5") and blob("k2") != blob("k0"), "equal args: one encoding"
     assert blob("k4") is None, "no args, no annotations"
@@ -373,7 +373,7 @@ def _rows(trace):
         (int(a.kind), a.name, a.cat, pid[a.device], tid[a.resource], a.start + off, a.end + off, a.correlation,
          a.external_id, a.flow_id, a.flow_type, a.flow_start, json.dumps(a.args, sort_keys=True))
         for a in trace.activities
-    )  # fmt: skip
+    )
 
 
 def test_a_pftrace_reads_back_as_its_json_does_and_keeps_the_layout(tmp_path, registry):
@@ -414,7 +414,7 @@ def test_summary_reads_a_pftrace(tmp_path, registry):
             pass
     prof.export_perfetto(str(tmp_path / "t.pftrace"))
     r = subprocess.run([sys.executable, "-m", "polyprof", "summary", str(tmp_path / "t.pftrace")],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "the only step" in r.stdout, r.stderr
 
 

@@ -53,7 +53,7 @@ def _torchrun(folder, script_text: str, ranks: int) -> list[str]:
     script = folder / "job.py"
     script.write_text(script_text)
     return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--standalone",
-            "--nproc-per-node", str(ranks), str(script), str(folder)]  # fmt: skip
+            "--nproc-per-node", str(ranks), str(script), str(folder)]
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ for step in range(12):
 
 def test_a_collective_that_times_out_is_captured_on_every_rank(tmp_path):
     proc = subprocess.run(_torchrun(tmp_path, TIMEOUT_JOB, 3), capture_output=True, text=True, cwd=tmp_path,
-                          timeout=240)  # fmt: skip
+                          timeout=240)
     assert proc.returncode != 0, "the ranks whose all-reduce timed out fail"
     found = _by_rank(tmp_path, "collective_timeout")
     assert sorted(found) == [0, 1, 2], (sorted(found), proc.stderr[-3000:])
@@ -202,7 +202,7 @@ def test_a_collective_that_times_out_is_captured_on_every_rank(tmp_path):
     # a rank that timed out waits for the others' answers before it ends (its end makes torchrun stop
     # the rest, so the first to end is the one sure to have them all in its capture)
     assert any(sorted(int(r) for r in o["job"].get("answered", {})) == sorted({0, 1, 2} - {o["rank"]})
-               for o in origins), [o["job"] for o in origins]  # fmt: skip
+               for o in origins), [o["job"] for o in origins]
     # rank 1, sleeping when the others timed out, captured the same window on their word, within 2 s
     (answer,) = [t.metadata[FLIGHT_KEY] for t in found[1] if t.metadata[FLIGHT_KEY]["job"].get("origin_rank") in (0, 2)]
     origin = found[answer["job"]["origin_rank"]][0].metadata[FLIGHT_KEY]
@@ -248,7 +248,7 @@ def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_s
 
     env = {**os.environ, **({"POLYPROF_JOB_SECRET": secret} if secret else {})}
     proc = subprocess.Popen(_torchrun(tmp_path, HOSTILE, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=env)  # fmt: skip
+                            cwd=tmp_path, env=env)
     try:
         deadline = time.monotonic() + 240
         while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
@@ -259,7 +259,7 @@ def test_a_local_process_on_the_jobs_store_cannot_write_outside_the_folder_nor_s
         store = dist.TCPStore("127.0.0.1", int(port), is_master=False, timeout=timedelta(seconds=10))
         n = store.add("polyprof/flight/count", 1)
         store.set(f"polyprof/flight/trigger/{n}", orjson.dumps({"trigger": "x/../../planted-dir/owned", "rank": 7,
-                                                                "at_epoch_s": "soon", "evidence": [1]}))  # fmt: skip
+                                                                "at_epoch_s": "soon", "evidence": [1]}))
         n = store.add("polyprof/flight/count", 1)
         store.set(f"polyprof/flight/trigger/{n}", b"[1, 2]")  # not an object
         time.sleep(1.5)  # (the ranks poll twice a second: these are looked at before what follows)

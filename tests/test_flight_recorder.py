@@ -71,7 +71,7 @@ def _run(tmp_path, mode: str, env: dict | None = None, signal_at_ready: int | No
     out = tmp_path / "flight"
     out.mkdir()
     proc = subprocess.Popen([sys.executable, "-c", TRAINING, mode, str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     if signal_at_ready is not None:
         deadline = time.monotonic() + 120
         while not (out / "ready").exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -182,7 +182,7 @@ def test_polyprof_run_flight_recorder(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAINING.replace("sys.argv[1], sys.argv[2]", "'slow', 'unused'"))
     run = subprocess.run([sys.executable, "-m", "polyprof", "run", "--flight-recorder", "5", "--flight-dir",
-                          tmp_path / "flight", script], capture_output=True, text=True, timeout=180)  # fmt: skip
+                          tmp_path / "flight", script], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0 and "finished" in run.stdout, run.stderr[-3000:]
     assert "flight recorder on" in run.stderr
     (path,) = _captures(tmp_path / "flight", "slow_step")
@@ -246,7 +246,7 @@ def test_a_crash_or_a_kill_leaves_the_ring_on_disk_for_recover(tmp_path, how):
     (spill,) = glob.glob(str(out / "flight-pid*.spill"))
     recovered = tmp_path / "recovered.json.gz"
     run = subprocess.run([sys.executable, "-m", "polyprof", "recover", spill, "-o", recovered, "-q"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     trace = polyprof.load_trace(recovered)
     steps = set(_steps(trace))
@@ -307,7 +307,7 @@ def test_polyprof_capture_last_asks_the_running_flight_recorder(tmp_path):
     def capture_last(pid, out):
         asked["run"] = subprocess.run([sys.executable, "-m", "polyprof", "capture", str(pid), "--last", "5", "-o",
                                        out / "last.pftrace", "--no-summary"], capture_output=True, text=True,
-                                      timeout=120)  # fmt: skip
+                                      timeout=120)
 
     code, stdout, stderr, out = _run(tmp_path, "on_demand", at_ready=capture_last)
     assert code == 0 and "finished" in stdout, stderr[-2000:]
@@ -327,7 +327,7 @@ def test_capture_last_of_a_process_with_no_flight_recorder_says_so(tmp_path):
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         run = subprocess.run([sys.executable, "-m", "polyprof", "capture", str(proc.pid), "--last", "5", "-o",
-                              tmp_path / "x.pftrace"], capture_output=True, text=True, timeout=60)  # fmt: skip
+                              tmp_path / "x.pftrace"], capture_output=True, text=True, timeout=60)
         assert run.returncode != 0 and "no flight recorder runs in this process" in run.stderr, run.stderr
     finally:
         proc.kill()
@@ -362,7 +362,7 @@ def test_a_forked_dataloader_worker_does_not_record(tmp_path):
     for name in ("recorder", "none"):
         script = FORKED_WORKER if name == "recorder" else FORKED_WORKER.replace("polyprof.flight_recorder(", "dict(")
         run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                             timeout=180)  # fmt: skip
+                             timeout=180)
         assert run.returncode == 0, run.stderr[-2000:]
         grew_kb, quiet = run.stdout.split()
         assert quiet == "True", "the worker's recorder let go and its recording is off"
@@ -378,7 +378,7 @@ def test_a_forked_dataloader_worker_does_not_record(tmp_path):
     (type("DistBackendError", (RuntimeError,), {})("operation timed out"), "c10d"),
     (TimeoutError("the data server read timed out"), None),
     (RuntimeError("NCCL error: unhandled system error"), None),
-])  # fmt: skip
+])
 def test_a_collective_timeout_is_told_from_other_exceptions(exc, backend):
     from polyprof.flight.triggers import collective_timeout
 
@@ -389,7 +389,7 @@ def test_the_ring_keeps_under_its_megabytes(tmp_path):
     from polyprof.engine.merge import RING_MB
 
     with FlightRecorder(60, out_dir=tmp_path, hang_s=None, signals=(), max_mb=0.3, crash_spill=False,
-                        flush_interval_s=0.1) as recorder:  # fmt: skip
+                        flush_interval_s=0.1) as recorder:
         deadline, n = time.monotonic() + 1.5, 0
         while time.monotonic() < deadline:
             with polyprof.record_function(f"span{n}"):

@@ -39,7 +39,7 @@ def run(script: str, out: Path, polyprof: bool, *args: str, env: dict | None = N
     if polyprof:
         environment.update({"POLYPROF_TORCH_PROFILER": "1", **(env or {})})
     r = subprocess.run([sys.executable, str(HERE / script), str(out), *args], env=environment, cwd=out.parent,
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     paths = sorted(p for p in out.rglob("*") if p.name.endswith((".json", ".json.gz")))
     assert paths, f"{script} wrote no trace under {out}: {r.stderr[-2000:]}"
@@ -48,7 +48,7 @@ def run(script: str, out: Path, polyprof: bool, *args: str, env: dict | None = N
 
 def aten_ops(documents: list[dict]) -> set[str]:
     return {e["name"] for d in documents for e in d["traceEvents"]
-            if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")}  # fmt: skip
+            if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")}
 
 
 def compare(script: str, tmp_path: Path, *args: str, env: dict | None = None) -> list[dict]:

@@ -15,7 +15,7 @@ PYTHON = sys.executable
 
 def run_cli(*args, env=None, cwd=None, timeout=120):
     return subprocess.run([PYTHON, "-m", "polyprof", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "POLYPROF_BACKENDS": "", **(env or {})}, cwd=cwd)  # fmt: skip
+                          env={**os.environ, "POLYPROF_BACKENDS": "", **(env or {})}, cwd=cwd)
 
 
 @needs_other_user
@@ -49,7 +49,7 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
              "    try:\n"
              "        check_output_path(p); print('accepted', p)\n"
              "    except Exception as e:\n"
-             "        print(type(e).__name__, e)\n")  # fmt: skip
+             "        print(type(e).__name__, e)\n")
     os.chmod(tmp_path, 0o755)
     skip_unless_other_user_runs(PYTHON)
     r = as_other_user(PYTHON, "-c", check, str(theirs), str(shared / "link.json"), str(shared / "new.json"))
@@ -66,7 +66,7 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
          "-n", "1", "-r", "1", "import time\nfor _ in range(600): time.sleep(0.05)"],  # (a module: listens as it starts)
         env={**os.environ, "POLYPROF_ON_DEMAND": "1", "XDG_RUNTIME_DIR": str(runtime), "POLYPROF_BACKENDS": ""},
         stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     try:
         sock = runtime / "polyprof" / f"{target.pid}.sock"
         deadline = time.monotonic() + 60
@@ -76,7 +76,7 @@ def test_an_output_another_user_owns_in_a_sticky_folder_is_refused_before_record
         r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", PYTHON, "-m",
                             "polyprof", "capture", str(target.pid), "--duration", "0.3", "-o", str(theirs), "--no-summary"],
                            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)}, capture_output=True, text=True,
-                           timeout=60)  # fmt: skip
+                           timeout=60)
         assert r.returncode != 0 and "another user's" in r.stderr, r.stderr
     finally:
         target.kill()
@@ -103,7 +103,7 @@ def test_every_row_the_sink_keeps_reads_back(tmp_path):
     kept = sink.activities({"kind": [int(ActivityKind.USER_ANNOTATION)] * 4, "name": ["fine", "huge end", "huge start", "edge"],
                             "device": [host] * 4, "resource": [thread] * 4,
                             "start": np.array([now, now, -(2**63), now], dtype=np.int64),
-                            "end": np.array([now + 10, 2**63 - 1, now, HOST_TIME_LIMIT_NS], dtype=np.int64)})  # fmt: skip
+                            "end": np.array([now + 10, 2**63 - 1, now, HOST_TIME_LIMIT_NS], dtype=np.int64)})
     assert not sink.counter("c", 1.0, ts=2**63 - 1) and sink.counter("c", 1.0, ts=now)
     status = BackendStatus("probe")
     part = sink.seal(status)
@@ -140,7 +140,7 @@ def test_reading_allocates_what_the_file_holds_not_the_limit(tmp_path):
     prof.export_perfetto(str(tmp_path / "t.pftrace"))
     for args in (["summary", str(tmp_path / "t.pftrace")], ["recover", str(kept), "-o", str(tmp_path / "r.json")]):
         r = subprocess.run([PYTHON, "-c", LIMITED, *args], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "POLYPROF_BACKENDS": ""})  # fmt: skip
+                           env={**os.environ, "POLYPROF_BACKENDS": ""})
         assert r.returncode == 0 and "MemoryError" not in r.stderr, r.stderr[-2000:]
     bomb = tmp_path / "bomb.json.gz"
     with gzip.open(bomb, "wb") as f:
@@ -149,7 +149,7 @@ def test_reading_allocates_what_the_file_holds_not_the_limit(tmp_path):
     assert bomb.stat().st_size < 1 << 20
     measure = ("import sys\nfrom polyprof.formats import load_trace\nfrom polyprof.errors import TraceFormatError\n"
                "try:\n    load_trace(sys.argv[1], max_bytes=64 << 20)\nexcept TraceFormatError as e:\n    print(e)\n"
-               "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")  # fmt: skip
+               "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
     # (VmHWM: this process's own peak; getrusage's ru_maxrss keeps the parent's across fork and exec)
     r = subprocess.run([PYTHON, "-c", measure, str(bomb)], capture_output=True, text=True, timeout=120)
     said, peak_kb = r.stdout.splitlines()
@@ -252,7 +252,7 @@ def test_recover_names_what_a_tampered_spill_could_not_give_and_never_raises_raw
 
     spill = tmp_path / ".t.json.spill"
     with polyprof.profile(["cpu", "counters"], spill=str(spill), flush_interval_s=0.05,
-                          backend_options={"counters": {"interval_ms": 10}}) as prof:  # fmt: skip
+                          backend_options={"counters": {"interval_ms": 10}}) as prof:
         for i in range(50):
             with polyprof.record_function(f"step {i}", args={"i": i, "tag": "x"}):
                 time.sleep(0.004)

@@ -48,12 +48,12 @@ def inputs(tmp_path_factory) -> Path:
     (folder / "trunc.json").write_text('{"traceEvents": [\n')
     polyprof = [sys.executable, "-m", "polyprof"]
     subprocess.run([*polyprof, "run", "--no-summary", "-o", "trace.json.gz", "script.py"], cwd=folder, check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+                   capture_output=True, timeout=300)
     if TORCH is not None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POLYPROF_")}
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "polyprof", "run",
                         "--no-summary", "-o", "traces/rank{rank}.json.gz", "ddp.py"], cwd=folder, check=True,
-                       capture_output=True, timeout=300, env=env)  # fmt: skip
+                       capture_output=True, timeout=300, env=env)
         subprocess.run(
             [*polyprof, "store", "traces", "-o", "job.polyprof"],
             cwd=folder,
@@ -143,7 +143,7 @@ def test_every_command_in_every_install_profile_runs_or_names_the_missing_extra(
     venv = install_profiles.venv(profile)
     python = venv / "bin" / "python"
     pure = subprocess.run([str(python), "-c", "import polyprof._native as n; print(n.extension is None)"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120)
     assert pure.stdout.strip() == str(not with_c), pure.stderr
     work = tmp_path / "work"
     shutil.copytree(inputs, work)
@@ -152,7 +152,7 @@ def test_every_command_in_every_install_profile_runs_or_names_the_missing_extra(
     problems = []
     for args, needs, valid in commands(TORCH is not None):
         r = subprocess.run([str(venv / "bin" / "polyprof"), *args], cwd=work, capture_output=True, text=True,
-                           timeout=300, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+                           timeout=300, env=env, stdin=subprocess.DEVNULL)
         said = (r.stdout + r.stderr).strip()
         command = "polyprof " + " ".join(args)
         if "Traceback" in said:

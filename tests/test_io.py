@@ -100,7 +100,7 @@ def test_kineto_traces_older_categories_labels_and_envelope(tmp_path):
              "ts": 0, "dur": 20},
             {"ph": "M", "name": "process_sort_index", "pid": "Spans", "tid": 0, "args": {"sort_index": 536870912}},
         ],
-    }  # fmt: skip
+    }
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
     trace = load_trace(path)
@@ -119,9 +119,9 @@ def test_a_range_profiler_row_is_read_as_a_range_not_a_kernel(tmp_path):
     from polyprof.analysis.device import DeviceWork
 
     events = [{"ph": "X", "cat": "cuda_profiler_range", "name": f"range {i}", "pid": 0, "tid": 7,
-               "ts": 1000 + i * 121431, "dur": 121431, "args": {"device": 0}} for i in range(3)]  # fmt: skip
+               "ts": 1000 + i * 121431, "dur": 121431, "args": {"device": 0}} for i in range(3)]
     events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1500, "dur": 20,
-                   "args": {"device": 0}})  # fmt: skip
+                   "args": {"device": 0}})
     path = tmp_path / "ranges.json"
     path.write_text(json.dumps({"traceEvents": events}))
     trace = load_trace(path)

@@ -30,7 +30,7 @@ def test_each_limit_drops_what_it_names_and_counts_it(registry):
     sim = SimDeviceBackend()
     registry.register(sim)
     limits = {"min_host_span_ns": 1_000_000, "exclude": ("kernel 3",), "exclude_kinds": ("cpu_instant_event",),
-              "max_events_per_backend": 8}  # fmt: skip
+              "max_events_per_backend": 8}
     with polyprof.profile(["cpu", "simdev"], registry=registry, limits=limits) as prof:
         _record(sim)
     trace = prof.trace
@@ -80,12 +80,12 @@ def test_polyprof_run_takes_the_limits(tmp_path):
                 time.sleep(0.001)
             with polyprof.record_function("tiny"):
                 pass
-        """))  # fmt: skip
+        """))
     out = tmp_path / "t.json"
     env = {**os.environ, "POLYPROF_BACKENDS": ""}
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o", str(out),
                         "--min-span-us", "100", "--exclude", "step 4*", "--max-events", "20", str(script)],
-                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
@@ -93,5 +93,5 @@ def test_polyprof_run_takes_the_limits(tmp_path):
     dropped = doc["polyprof"]["backends"]["host"]["dropped"]
     assert dropped[SHORT] == 50 and dropped[NAMED] == 11 and dropped[CAPPED] == 50 - 11 - 20
     bad = subprocess.run([sys.executable, "-m", "polyprof", "run", "--exclude-kind", "nonsense", str(script)],
-                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "is not an activity kind" in bad.stderr

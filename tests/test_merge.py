@@ -41,7 +41,7 @@ def _host_part(rng: np.random.Generator, threads: int, spans_per_thread: int) ->
                 args[len(rows["start"])] = {"i": len(rows["start"])}
             for k, v in (("kind", int(kind)), ("name", f"op{int(rng.integers(0, 20))}"), ("device", host),
                          ("resource", res), ("start", time), ("end", end), ("correlation", ident),
-                         ("external_id", ident)):  # fmt: skip
+                         ("external_id", ident)):
                 rows[k].append(v)
             stack_end.append(end)
     sink.activities({k: np.array(v) if k != "name" else v for k, v in rows.items()}, args)
@@ -87,13 +87,13 @@ def _device_part(rng: np.random.Generator, name: str, threads: int, launches: in
 def _parts(seed: int, threads: int = 3, spans: int = 400, launches: int = 500):
     rng = np.random.default_rng(seed)
     sinks = [_host_part(rng, threads, spans), _device_part(rng, "gpu", threads, launches, 1),
-             _device_part(rng, "npu", threads, launches // 2, 1)]  # fmt: skip  (colliding flow ids)
+             _device_part(rng, "npu", threads, launches // 2, 1)]  # colliding flow ids
     return [s.seal(BackendStatus(s.backend_name)) for s in sinks]
 
 
 def _merged(fn, parts):
     return fn(parts, window=(W0, W1), epoch_offset_ns=0, base_time_ns=0, metadata={},
-              kind_filters={"npu": {int(ActivityKind.RUNTIME), int(ActivityKind.KERNEL)}})  # fmt: skip
+              kind_filters={"npu": {int(ActivityKind.RUNTIME), int(ActivityKind.KERNEL)}})
 
 
 @pytest.fixture(params=["C", "numpy"])
@@ -112,7 +112,7 @@ def test_the_vectorised_merge_gives_exactly_what_the_per_row_merge_gave(seed, pa
     old = _merged(merge_oracle.merge, _parts(seed))
     assert len(new.activities) == len(old.activities) > 1000
     for column in ("kind", "device", "resource", "start", "end", "correlation", "external_id", "flow_id",
-                   "flow_type", "flow_start"):  # fmt: skip
+                   "flow_type", "flow_start"):
         assert np.array_equal(new.activities[column], old.activities[column]), column
     assert new.activities.names().tolist() == old.activities.names().tolist()
     cats = [new.activities.strings[int(c)] for c in new.activities["cat"]]
@@ -167,13 +167,13 @@ def test_a_backends_external_id_stands_and_an_op_open_at_the_launch_refines_it()
     # annotations a [0, 100] and b [10, 90] interleave (asyncio); an aten op [60, 70] inside both
     sink.activities({"kind": np.array([1, 1, 0]), "name": ["a", "b", "aten::mm"], "device": np.full(3, host),
                      "resource": np.full(3, t), "start": np.array([0, 10, 60]) + W0,
-                     "end": np.array([100, 90, 70]) + W0, "correlation": np.array([11, 12, 13])})  # fmt: skip
+                     "end": np.array([100, 90, 70]) + W0, "correlation": np.array([11, 12, 13])})
     # launch 1 by task a at 20 (ext 11, inside b too), launch 2 by task a at 65 (inside the op)
     for i, (at, ext) in enumerate(((20, 11), (65, 11)), start=1):
         sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=t, start=W0 + at, end=W0 + at + 2,
-                      correlation=i, external_id=ext, flow_id=i, flow_start=True)  # fmt: skip
+                      correlation=i, external_id=ext, flow_id=i, flow_start=True)
         sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=q, start=W0 + 200 + i, end=W0 + 210 + i,
-                      correlation=i, external_id=ext, flow_id=i)  # fmt: skip
+                      correlation=i, external_id=ext, flow_id=i)
     part = sink.seal(BackendStatus("dev"), context_scoped=True)
     trace = merge([part], window=(W0, W1), epoch_offset_ns=0, base_time_ns=0, metadata={})
     ext = {r.name: r.external_id for r in trace.activities if r.name.startswith("k")}
@@ -194,12 +194,12 @@ def test_an_id_given_on_the_device_row_only_stands_and_names_the_launch():
     q = sink.resource(gpu, 1)
     sink.activities({"kind": np.array([1, 1]), "name": ["a", "b"], "device": np.full(2, host),
                      "resource": np.full(2, t), "start": np.array([0, 10]) + W0, "end": np.array([100, 90]) + W0,
-                     "correlation": np.array([11, 12])})  # fmt: skip
+                     "correlation": np.array([11, 12])})
     for i, (at, task) in enumerate(((20, 11), (30, 12)), start=1):
         sink.activity(ActivityKind.RUNTIME, "launch", device=host, resource=t, start=W0 + at, end=W0 + at + 2,
-                      correlation=i, flow_id=i, flow_start=True)  # fmt: skip
+                      correlation=i, flow_id=i, flow_start=True)
         sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=q, start=W0 + 200 + i, end=W0 + 210 + i,
-                      correlation=i, external_id=task, flow_id=i)  # fmt: skip
+                      correlation=i, external_id=task, flow_id=i)
     part = sink.seal(BackendStatus("dev"), context_scoped=True)
     trace = merge([part], window=(W0, W1), epoch_offset_ns=0, base_time_ns=0, metadata={})
     kernels = {r.name: r.external_id for r in trace.activities_of(ActivityKind.KERNEL)}
@@ -218,4 +218,4 @@ def test_the_merge_leaves_its_parts_statuses_alone_and_merging_again_counts_the_
     counts = {n: (s.activities, s.dropped) for n, s in first.backends.items()}
     assert counts == {n: (s.activities, s.dropped) for n, s in second.backends.items()}
     assert counts["npu"][1]["activity filter"] > 0 and sum(a for a, _ in counts.values()) == len(first.activities) - (
-        first.activities["kind"] == int(ActivityKind.GPU_USER_ANNOTATION)).sum()  # fmt: skip
+        first.activities["kind"] == int(ActivityKind.GPU_USER_ANNOTATION)).sum()

@@ -117,7 +117,7 @@ def test_every_chunk_boundary_gives_the_same_merge(inputs, tmp_path, monkeypatch
 def _random_event(rnd):
     ph = rnd.choice("XXXsfiMC")
     ev = {"ph": ph, "name": rnd.choice(["op", 'q"uote', "back\\slash", "uni\u00e9", "[br{ack}et]"]),
-          "pid": rnd.choice([1, 2, "str pid", 0]), "tid": rnd.randrange(5), "ts": rnd.randrange(10**9) / 1000}  # fmt: skip
+          "pid": rnd.choice([1, 2, "str pid", 0]), "tid": rnd.randrange(5), "ts": rnd.randrange(10**9) / 1000}
     if ph == "X":
         ev["dur"] = rnd.randrange(10**6) / 1000
         ev["args"] = {k: rnd.randrange(-3, 100) for k in rnd.sample(["External id", "correlation", "other"], 2)}
@@ -137,7 +137,7 @@ def test_random_traces_merge_the_same_through_c_and_the_twin(tmp_path, monkeypat
         paths = []
         for r in range(3):
             doc = {"distributedInfo": {"rank": r}, "baseTimeNanoseconds": rnd.randrange(10**9),
-                   "traceEvents": [_random_event(rnd) for _ in range(rnd.randrange(0, 60))]}  # fmt: skip
+                   "traceEvents": [_random_event(rnd) for _ in range(rnd.randrange(0, 60))]}
             text = json.dumps(doc, indent=rnd.choice([None, 1]), separators=rnd.choice([None, (",", ":"), (" , ", " : ")]))
             paths.append(tmp_path / f"c{case}r{r}.json")
             paths[-1].write_text(text)
@@ -176,7 +176,7 @@ def test_strings_with_escapes_at_every_offset_of_a_16_byte_block_rewrite_as_the_
             for escape in ('"', "\\", "\u00e9", "\n"):
                 name = "x" * at + escape + "y" * (length - at)
                 events.append({"ph": "X", "name": name, "pid": 1, "tid": 1, "ts": len(events), "dur": 1,
-                               "args": {"External id": len(events) + 1, name: name}})  # fmt: skip
+                               "args": {"External id": len(events) + 1, name: name}})
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"distributedInfo": {"rank": 1}, "traceEvents": events}))
     _, fast = _merge([path], tmp_path / "c.json", False, monkeypatch, read_bytes=4096)

@@ -71,13 +71,13 @@ def _read_back(path):
         rows.append((int(acts["start"][i]), int(acts["end"][i]), strings[int(acts["name"][i])], strings[int(acts["cat"][i])],
                      int(acts["kind"][i]), dev.name, dev.pid, res.name, int(acts["correlation"][i]),
                      int(acts["external_id"][i]), int(acts["flow_id"][i]), int(acts["flow_type"][i]),
-                     int(acts["flow_start"][i]), repr(sorted((acts.args.get(i) or {}).items()))))  # fmt: skip
+                     int(acts["flow_start"][i]), repr(sorted((acts.args.get(i) or {}).items()))))
     c = trace.counters.columns
     counters = sorted((trace.devices[int(d)].name, trace.counters.strings.strings[int(n)], int(t), float(v))
-                      for d, n, t, v in zip(c["device"], c["name"], c["ts"], c["value"], strict=True))  # fmt: skip
+                      for d, n, t, v in zip(c["device"], c["name"], c["ts"], c["value"], strict=True))
     places = [(d.name, d.pid, d.sort_index, d.label) for d in trace.devices]
     return {"rows": sorted(rows), "places": places, "counters": counters, "metadata": trace.metadata,
-            "clock": (trace.epoch_offset_ns, trace.base_time_ns, trace.window)}  # fmt: skip
+            "clock": (trace.epoch_offset_ns, trace.base_time_ns, trace.window)}
 
 
 def _unplaced(doc):
@@ -105,7 +105,7 @@ def test_the_merged_trace_puts_each_rank_on_rank_0s_clock_with_its_ids_apart(ran
     assert not parsed.unclosed and parsed.flow_starts == parsed.flow_ends and sum(parsed.flow_starts.values()) == 9
     processes = {t.process.pid: t.process.process_name for t in parsed.tracks.values() if t.HasField("process")}
     assert processes == {(r + 1) * PID_STRIDE + i: f"rank {r} · node{r % 2} · {name}"
-                         for r in range(3) for i, name in enumerate(["CPU", "GPU 0"])}  # fmt: skip
+                         for r in range(3) for i, name in enumerate(["CPU", "GPU 0"])}
     names, acts = merged.activities.strings.strings, merged.activities
     rank_of_row = [merged.devices[merged.resources[int(res)].device].pid // PID_STRIDE - 1 for res in acts["resource"]]
     first = {r: min(int(acts["start"][i]) for i in range(len(acts)) if rank_of_row[i] == r) for r in range(3)}
@@ -209,7 +209,7 @@ def test_json_values_are_rewritten_only_where_the_reader_can_read_them(tmp_path)
     for case in range(600):
         text = bytes(rng.choice(alphabet) for _ in range(9)) if case % 3 else rng.choice(
             [b'"\\u00e9x"', b'{"k": 12}', b'[1,2,3.5]', b'[-0.5e+9]', b'"\xc3\xa9abcde"', b'[true,  ]', b"[1e400]  ",
-             b'"\\ud800x"', b'[01234567', b'"\xed\xa0\x80abcd"', b'[[[[]]]] ', b"[1, null]"])  # fmt: skip
+             b'"\\ud800x"', b'[01234567', b'"\xed\xa0\x80abcd"', b'[[[[]]]] ', b"[1, null]"])
         path = tmp_path / "r.pftrace"
         path.write_bytes(data.replace(b"[1234567]", text))
         try:

@@ -88,9 +88,9 @@ def test_lookup_finds_the_first_equal_key_dense_or_sparse():
         (lambda: fast.take_two(np.zeros(3), np.zeros(2), np.array([7]), np.zeros(1)), "outside first and second"),
         (lambda: fast.ordered_rows(np.array([5]), np.zeros(2, bool)), "outside the mask's rows"),
         (lambda: fast.innermost_open(*(np.zeros(3, np.int64),) * 2, np.full(3, -1, np.int32),
-                                     *(np.zeros(1, np.int64),) * 3), "thread codes must be >= 0"),  # fmt: skip
+                                     *(np.zeros(1, np.int64),) * 3), "thread codes must be >= 0"),
         (lambda: fast.innermost_open(*(np.zeros(3, np.int64),) * 2, np.zeros(3, np.int32), np.array([9]),
-                                     *(np.zeros(1, np.int64),) * 2), "span index is outside"),  # fmt: skip
+                                     *(np.zeros(1, np.int64),) * 2), "span index is outside"),
     ],
 )
 def test_c_passes_refuse_bad_input_with_the_reason(call, message):

@@ -65,7 +65,7 @@ class Target:
         self.runtime = runtime
         cmd = [*(command or [sys.executable]), str(self.script)]
         self.proc = subprocess.Popen([*cmd, str(self.stop_file), *args], env=_env(runtime, POLYPROF_ON_DEMAND=on_demand),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         self.pid = self.proc.pid
         self.socket = runtime / "polyprof" / f"{self.pid}.sock"
 
@@ -197,7 +197,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # nobody can run it (not the project's venv,
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("runuser") or not os.path.exists(SYSTEM_PYTHON),
-                    reason="needs root, runuser and /usr/bin/python3 to act as another user")  # fmt: skip
+                    reason="needs root, runuser and /usr/bin/python3 to act as another user")
 def test_a_request_from_another_user_is_refused_and_logged(tmp_path, targets):
     base = tempfile.mkdtemp(prefix="polyprof-od-")  # outside pytest's 0700 folder, so that nobody can reach it
     try:
@@ -362,7 +362,7 @@ def test_a_second_capture_while_one_runs_is_refused_with_the_reason(tmp_path, ru
     targets.append(target)
     first = subprocess.Popen([sys.executable, "-m", "polyprof", "capture", str(target.pid), "--duration", "3", "-o",
                               str(tmp_path / "first.json"), "--no-summary"], env=_env(runtime),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not (_ask(runtime, target.pid, {"op": "status"}) or {}).get("capture"):
         assert time.monotonic() < deadline
@@ -377,7 +377,7 @@ def test_a_cli_killed_mid_capture_leaves_the_target_running_and_the_trace_writte
     target = Target(tmp_path, runtime).wait_listening()
     targets.append(target)
     cli = subprocess.Popen([sys.executable, "-m", "polyprof", "capture", str(target.pid), "--duration", "1.5", "-o",
-                            str(tmp_path / "orphan.json")], env=_env(runtime), stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            str(tmp_path / "orphan.json")], env=_env(runtime), stderr=subprocess.PIPE, text=True)
     assert "capturing" in cli.stderr.readline()
     cli.kill()
     cli.wait()
@@ -396,7 +396,7 @@ def test_a_target_that_exits_mid_capture_writes_its_trace_and_a_killed_one_leave
     target = Target(tmp_path, runtime).wait_listening()
     targets.append(target)
     cli = subprocess.Popen([sys.executable, "-m", "polyprof", "capture", str(target.pid), "--duration", "60", "-o",
-                            str(tmp_path / "exit.json"), "--no-summary"], env=_env(runtime), stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            str(tmp_path / "exit.json"), "--no-summary"], env=_env(runtime), stderr=subprocess.PIPE, text=True)
     assert "capturing" in cli.stderr.readline()
     time.sleep(0.5)
     code, err = target.finish()  # the script ends 59 s before the capture would
@@ -407,7 +407,7 @@ def test_a_target_that_exits_mid_capture_writes_its_trace_and_a_killed_one_leave
     killed = Target(tmp_path, runtime).wait_listening()
     targets.append(killed)
     cli = subprocess.Popen([sys.executable, "-m", "polyprof", "capture", str(killed.pid), "--duration", "60", "-o",
-                            str(tmp_path / "killed.json"), "--no-summary"], env=_env(runtime), stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            str(tmp_path / "killed.json"), "--no-summary"], env=_env(runtime), stderr=subprocess.PIPE, text=True)
     assert "capturing" in cli.stderr.readline()
     spill = tmp_path / ".killed.json.spill"
     deadline = time.monotonic() + 30
@@ -482,7 +482,7 @@ def test_the_pth_hook_is_installed_and_does_nothing_without_the_variable(runtime
     hooks = [os.path.join(d, "polyprof-startup.pth") for d in site.getsitepackages() if os.path.exists(os.path.join(d, "polyprof-startup.pth"))]
     assert hooks, "polyprof's installation put its .pth file in site-packages"
     r = subprocess.run([sys.executable, "-c", "import sys; print('polyprof' in sys.modules)"],
-                       env={**_env(runtime), "POLYPROF_ON_DEMAND": "0"}, capture_output=True, text=True)  # fmt: skip
+                       env={**_env(runtime), "POLYPROF_ON_DEMAND": "0"}, capture_output=True, text=True)
     assert r.stdout.strip() == "False", "without the variable, the hook imports nothing"
     assert not (runtime / "polyprof").exists()
 

@@ -38,9 +38,9 @@ def _start_job(tmp_path, runtime, cwd, **env: str) -> subprocess.Popen:
     runtime.mkdir(mode=0o700)
     (tmp_path / "job.py").write_text(JOB)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
-           "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]  # fmt: skip
+           "--nproc-per-node", "2", str(tmp_path / "job.py"), str(tmp_path / "stop")]
     return subprocess.Popen(cmd, env=_env(runtime, POLYPROF_ON_DEMAND="1", **env), cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _stepping_ranks(job: subprocess.Popen, runtime) -> list[dict]:
@@ -68,7 +68,7 @@ def _plant_request(ranks: list[dict], output: Path) -> object:
     port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=", 1)[1])
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
     request = {"id": "planted", "start_step": max(p["steps"] for p in ranks) + 5, "steps": 2, "output": str(output),
-               "timeout_s": 30, "asked_by": 0}  # fmt: skip
+               "timeout_s": 30, "asked_by": 0}
     store.set("polyprof/ondemand/request", orjson.dumps(request))
     return store
 
@@ -127,11 +127,11 @@ def test_a_rank_on_another_host_gets_the_request_through_the_store(tmp_path):
         for folder in (here, there):
             folder.mkdir(mode=0o700)
         run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"),
-               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29614"]  # fmt: skip
+               "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", master, "--master-port", "29614"]
         for node, ns, iface, folder in ((0, ns0, if0, here), (1, ns1, if1, there)):
             env = _env(folder, POLYPROF_ON_DEMAND="1", GLOO_SOCKET_IFNAME=iface)
             procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *run, "--node-rank", str(node), str(script), str(stop)],
-                                          env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+                                          env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 120
         rank0 = None
         while rank0 is None:

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extensi
 
 ENCODED_IN_C = [b"0", b"-7", b"9223372036854775807", b"-9223372036854775808", b"1.5", b"-2.5e-3", b" 3.25 ",
                 b"true", b"false", b"null", b'""', b'"aten::mm"', b'"tab\\tquote\\" slash\\/ back\\\\"',
-                b"[]", b"{}", b'[[8, 16], [32, 16], [1]]', b'["", "", "x"]', b'{"a": [1, -2], "b": null}']  # fmt: skip
+                b"[]", b"{}", b'[[8, 16], [32, 16], [1]]', b'["", "", "x"]', b'{"a": [1, -2], "b": null}']
 LEFT_TO_PYTHON = [b"9223372036854775808", b'"\\u00e9"', "\"caf\u00e9\"".encode(), b"[1.5, 2]", b'["\\n"]',
-                  b"[123456789012345678901]", b"1e400"]  # fmt: skip
+                  b"[123456789012345678901]", b"1e400"]
 
 
 def test_json_values_encode_exactly_as_decoded_values_do():

@@ -96,7 +96,7 @@ def _packet(*fields: bytes) -> bytes:
 
 def _event(ts: int, *fields: bytes, seq: int = 7) -> bytes:
     return _packet(field_varint(F.PACKET_TIMESTAMP, ts), field_varint(F.PACKET_SEQUENCE_ID, seq),
-                   field_bytes(F.PACKET_TRACK_EVENT, b"".join(fields)))  # fmt: skip
+                   field_bytes(F.PACKET_TRACK_EVENT, b"".join(fields)))
 
 
 def _entry(iid: int, name: str) -> bytes:
@@ -115,7 +115,7 @@ def _other_writers_trace(**changes: bytes) -> bytes:
     writes. `changes` replace named parts (to make the scanner decline)."""
     thread = lambda uuid, tid, name: _packet(field_bytes(F.PACKET_TRACK_DESCRIPTOR, field_varint(F.TRACK_UUID, uuid)  # noqa: E731
         + field_varint(F.TRACK_PARENT_UUID, 1) + field_bytes(F.TRACK_THREAD, field_varint(F.THREAD_PID, 42)
-        + field_varint(F.THREAD_TID, tid) + field_string(F.THREAD_NAME, name))))  # fmt: skip
+        + field_varint(F.THREAD_TID, tid) + field_string(F.THREAD_NAME, name))))
     parts = {
         "process": _packet(field_bytes(F.PACKET_TRACK_DESCRIPTOR, field_varint(F.TRACK_UUID, 1) + field_bytes(
             F.TRACK_PROCESS, field_varint(F.PROCESS_PID, 42) + field_string(F.PROCESS_NAME, "app")))),
@@ -156,7 +156,7 @@ def _other_writers_trace(**changes: bytes) -> bytes:
         "open": _event(1400, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_BEGIN), field_varint(F.EVENT_TRACK_UUID, 13),
                        field_string(F.EVENT_NAME, "never ends"), _ann("finished", field_varint(F.ANNOTATION_BOOL, 1))),
         "outer end": _event(1500, field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END), field_varint(F.EVENT_TRACK_UUID, 11)),
-    }  # fmt: skip
+    }
     parts.update(changes)
     return b"".join(parts.values())
 
@@ -185,7 +185,7 @@ def test_another_writers_trace_scans_to_what_the_reader_reads():
                              field_bytes(F.EVENT_NAME, b"\xff\xfe"))},
     ],
     ids=lambda c: next(iter(c)),
-)  # fmt: skip
+)
 def test_what_the_scanner_would_read_otherwise_is_left_to_the_reader(change):
     data = _other_writers_trace(**change)
     assert perfetto_scan.scan_perfetto(data) is None
@@ -318,7 +318,7 @@ def _rows_of(trace, keys=None) -> list[tuple]:
              int(acts["kind"][i]), trace.resources[int(acts["resource"][i])].name,
              trace.devices[int(acts["device"][i])].key, int(acts["correlation"][i]), int(acts["external_id"][i]),
              int(acts["flow_id"][i]), int(acts["flow_type"][i]), int(acts["flow_start"][i]), acts.args.get(i, {}),
-             *(() if keys is None else (int(keys[i]),))) for i in range(len(acts))]  # fmt: skip
+             *(() if keys is None else (int(keys[i]),))) for i in range(len(acts))]
 
 
 def test_mutated_traces_read_in_chunks_give_the_rows_the_reader_reads_or_are_declined(tmp_path, monkeypatch):
@@ -344,11 +344,11 @@ def test_mutated_traces_read_in_chunks_give_the_rows_the_reader_reads_or_are_dec
         expected = _reference(data, str(path))
         never_closed = lambda r: r[-1] >> 61 == 2  # noqa: E731 - the reader sorts them as ending where they begin
         rows = sorted((r for c in got for r in _rows_of(c.trace, c.rows)),
-                      key=lambda r: (r[0], -(r[0] if never_closed(r) else r[1]), r[-1]))  # fmt: skip
+                      key=lambda r: (r[0], -(r[0] if never_closed(r) else r[1]), r[-1]))
         assert [r[:-1] for r in rows] == _rows_of(expected), f"mutant {i}: its rows differ"
         sample = lambda s: (s.ts, s.name, s.device, s.value, s.resource)  # noqa: E731
         assert (sorted(sample(s) for c in got for s in c.trace.counters.samples)
-                == sorted(sample(s) for s in expected.counters.samples)), f"mutant {i}: its counters differ"  # fmt: skip
+                == sorted(sample(s) for s in expected.counters.samples)), f"mutant {i}: its counters differ"
         places = lambda t: sorted((repr(t.devices[r.device]), r.id, r.name, r.sort_index) for r in t.resources)  # noqa: E731
         assert places(got[-1].trace) == places(expected), f"mutant {i}: its places differ"  # (tracks without a
         # row in the layout get theirs as they are met: in another order than the whole file's reader meets them)

@@ -19,12 +19,12 @@ def test_a_fresh_venv_with_polyprof_and_the_plugins_lists_them(tmp_path):
     python = venv / "bin" / "python"
     r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT),
                         str(ROOT / "plugins" / "polyprof-rocm"), str(ROOT / "plugins" / "polyprof-ipu")],
-                       capture_output=True, text=True, timeout=900)  # fmt: skip
+                       capture_output=True, text=True, timeout=900)
     if r.returncode != 0 and ("Could not find a version" in r.stderr or "NewConnectionError" in r.stderr):
         pytest.skip(f"needs PyPI for polyprof's dependencies: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([str(venv / "bin" / "polyprof"), "backends"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+                       env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     lines = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("│")}
     assert "unavailable" in lines["amdsmi"] and "AMD SMI" in lines["amdsmi"]

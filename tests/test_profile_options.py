@@ -83,7 +83,7 @@ def test_torch_front_end_takes_the_same_options_and_its_own_keyword_wins(registr
     assert prof.trace.metadata["run"] == "torch"
     assert any(a.name == "step_work" for a in prof.trace.activities_of(ActivityKind.USER_ANNOTATION))
     with profile(activities=[polyprof.ProfilerActivity.CPU], options=options,
-                 on_trace_ready=lambda p: seen.append(("keyword", p.step_num))) as prof:  # fmt: skip
+                 on_trace_ready=lambda p: seen.append(("keyword", p.step_num))) as prof:
         prof.step()
         prof.step()
     assert seen[-1] == ("keyword", 2), "torch's own keyword wins over the options object's"

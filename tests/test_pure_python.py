@@ -150,7 +150,7 @@ def test_the_engines_span_tests_pass_on_the_pure_python_path():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "test_engine.py"), "-k",
          "span or annotation or flush"],
         capture_output=True, text=True, env={**os.environ, "POLYPROF_PURE_PYTHON": "1"}, cwd=tests.parent,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "deselected" in r.stdout
 

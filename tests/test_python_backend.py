@@ -198,9 +198,9 @@ def test_python_calls_of_a_script_that_imports_torch_are_recorded_under_polyprof
     script = tmp_path / "slow.py"
     script.write_text("import time, torch\n"
                       "def slow_function():\n    t = time.time()\n    while time.time() - t < 0.02:\n        sum(range(100))\n"
-                      "for i in range(3):\n    torch.ones(4).add(1)\n    slow_function()\n")  # fmt: skip
+                      "for i in range(3):\n    torch.ones(4).add(1)\n    slow_function()\n")
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "--no-summary", "--activities", "cpu,python", "-o",
-                        str(tmp_path / "t.json"), str(script)], capture_output=True, text=True, timeout=300)  # fmt: skip
+                        str(tmp_path / "t.json"), str(script)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "raised" not in r.stderr, r.stderr[-3000:]
     trace = polyprof.load_trace(str(tmp_path / "t.json"))
     assert sum(a.name.endswith(": slow_function") for a in trace.activities) == 3

@@ -20,7 +20,7 @@ from polyprof.formats.files import parse_trace
 
 MUTATIONS = 1200
 ODD_VALUES = [None, True, False, -1, 0, 2**70, -(2**70), 1e300, -1e300, 0.5, "", "x" * 50, "12.5", [], {}, [1, [2]],
-              {"a": {"b": []}}, [None], {"": None}]  # fmt: skip
+              {"a": {"b": []}}, [None], {"": None}]
 
 
 def _polyprof_doc(registry) -> dict:

@@ -192,7 +192,7 @@ def _backend_declaring(**attributes):
 def test_a_backend_declares_its_traits_in_one_checked_object():
     reg = Registry(use_entry_points=False, use_env=False)
     with pytest.raises(BackendContractError, match=r"'in_process' is given as an attribute: declare it as "
-                       r"traits = BackendTraits\(in_process=True\)"):  # fmt: skip
+                       r"traits = BackendTraits\(in_process=True\)"):
         reg.register(_backend_declaring(in_process=True))
     with pytest.raises(BackendContractError, match="traits must be a polyprof.plugin.BackendTraits, got dict"):
         reg.register(_backend_declaring(traits={"in_process": True}))
@@ -233,7 +233,7 @@ def test_polyprof_backends_shows_each_backends_traits():
     import subprocess
 
     r = subprocess.run([sys.executable, "-m", "polyprof", "backends"], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "COLUMNS": "250"})  # fmt: skip
+                       env={**__import__("os").environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
     header = next(line for line in r.stdout.splitlines() if "┃ Name" in line)
     traits_column = [c.strip() for c in header.split("┃")].index("Traits")

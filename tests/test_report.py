@@ -27,7 +27,7 @@ def _open(report: Path, shot: Path):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])  # fmt: skip
+            "--disable-sync", "--no-first-run", "--disable-quic"])
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 900})
             errors: list[str] = []
@@ -77,7 +77,7 @@ def test_the_demo_traces_report_in_chromium(tmp_path):
     trace, report = tmp_path / "workload.json.gz", tmp_path / "report.html"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "polyprof", "run", "--no-summary", "-o", str(trace), str(ROOT / "examples" / "workload.py")],
-                   check=True, env=env, capture_output=True, timeout=300)  # fmt: skip
+                   check=True, env=env, capture_output=True, timeout=300)
     r = subprocess.run([sys.executable, "-m", "polyprof", "report", str(trace), "-o", str(report)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == str(report), r.stderr
     html = report.read_text()

@@ -32,7 +32,7 @@ def _start(tmp_path, *args):
     proc = subprocess.Popen(
         [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", *args, str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -92,7 +92,7 @@ def _killed_run(tmp_path, body, out, kill=True):
     proc = subprocess.Popen(
         [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    )
     assert proc.stdout.readline().strip() == "ready"
     if kill:
         assert proc.stdout.readline().strip() == "forty"
@@ -111,7 +111,7 @@ def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
     spill = tmp_path / ".t.json.gz.spill"
     assert spill.exists() and oct(spill.stat().st_mode & 0o777) == "0o600"
     r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(spill), "-o", str(tmp_path / "r.json")],
-                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     names = {e.get("name") for e in doc["traceEvents"]}
@@ -121,11 +121,11 @@ def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
     quick = tmp_path / "quick.py"
     quick.write_text("pass\n")
     again = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-summary", "-o", str(out),
-                            str(quick)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                            str(quick)], capture_output=True, text=True, env=env, timeout=60)
     assert again.returncode == 0 and "polyprof recover" in again.stderr and "was killed" in again.stderr
     (left,) = tmp_path.glob(".t.json.gz.spill.*.left")
     r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(left), "-o", str(tmp_path / "r2.json")],
-                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert not left.exists(), "a recovered .left copy is removed"
 
@@ -180,7 +180,7 @@ def test_the_api_turns_sigterm_into_a_clean_stop_with_handle_signals(tmp_path):
             while True:
                 with polyprof.record_function("busy"):
                     time.sleep(0.01)
-        """))  # fmt: skip
+        """))
     env = {**os.environ, "POLYPROF_BACKENDS": ""}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
@@ -211,7 +211,7 @@ def test_a_second_signal_while_the_trace_is_written_waits_for_it(tmp_path, secon
     proc = subprocess.Popen(
         [sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--no-spill", "-o", str(out), str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     line = proc.stderr.readline()
@@ -237,17 +237,17 @@ def test_a_ring_run_keeps_the_last_seconds_and_writes_them_when_the_script_fails
             with polyprof.record_function("late"):
                 time.sleep(0.005)
         raise RuntimeError("the job fails")
-        """))  # fmt: skip
+        """))
     out = tmp_path / "t.json"
     env = {**os.environ, "POLYPROF_BACKENDS": ""}
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "--ring", "0.5", "--no-summary",
-                        "-o", str(out), str(script)], capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                        "-o", str(out), str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1 and "RuntimeError: the job fails" in r.stderr
     names = _names(out)
     assert names.count("late") == 20 and "early" not in names
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py", "t.json"], "no spill with --ring"
     bad = subprocess.run([sys.executable, "-m", "polyprof", "run", "--ring", "nan", str(script)],
-                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "--ring must be a positive, finite number" in bad.stderr
 
 
@@ -302,7 +302,7 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
         stored = store.open(tmp_path / "job.polyprof").table("select name from activities")["name"].to_pylist()
         assert {f"span {i}" for i in range(40)} <= set(stored)
     r = subprocess.run([sys.executable, "-m", "polyprof", "recover", str(spill), "-o", str(tmp_path / "r.pftrace")],
-                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert {f"span {i}" for i in range(40)} <= {s["name"] for s in Parsed((tmp_path / "r.pftrace").read_bytes()).slices}
 
@@ -354,7 +354,7 @@ def test_a_kill_loses_at_most_one_flush_interval_from_the_first_100_ms_on(tmp_pa
         out = tmp_path / f"t{after_s}.json"
         proc = subprocess.Popen([sys.executable, "-m", "polyprof", "run", "--activities", "cpu", "-o", str(out), str(script)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "POLYPROF_BACKENDS": ""})  # fmt: skip
+                                env={**os.environ, "POLYPROF_BACKENDS": ""})
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(after_s)
         killed_at = time.time_ns()

@@ -20,7 +20,7 @@ def test_a_misspelt_column_is_rejected_with_the_known_ones_named():
     sink, host, t = _sink()
     with pytest.raises(BackendContractError, match=r"unknown column\(s\) \['externalid', 'flow_idd'\]") as err:
         sink.activities({"kind": [0], "name": ["x"], "device": [host], "resource": [t], "start": [1], "end": [2],
-                         "flow_idd": [5], "externalid": [9]})  # fmt: skip
+                         "flow_idd": [5], "externalid": [9]})
     assert err.value.backend == "mine" and isinstance(err.value, PolyprofError)
     assert all(c in str(err.value) for c in ROW_COLUMNS)
     with pytest.raises(BackendContractError, match=r"needs the column\(s\) \['end'\]"):
@@ -67,7 +67,7 @@ def test_wrong_rows_are_counted_in_either_way_in_never_raised():
     kept = sink.activities(
         {"kind": np.zeros(4, np.int64), "name": CodedStrings(np.array([0, 3, 0, 0]), ["a"]),
          "device": np.array([host, host, host, 5]), "resource": np.full(4, t), "start": np.array([1, 1, 5, 1]),
-         "end": np.array([2, 2, 4, 2])}  # fmt: skip
+         "end": np.array([2, 2, 4, 2])}
     )
     assert kept == 1
     floats = sink.activities({"kind": [0], "name": ["x"], "device": [host], "resource": [t], "start": np.array([1.0]), "end": [2]})

@@ -19,7 +19,7 @@ import polyprof
 from polyprof.flight import FLIGHT_KEY
 
 VARIABLES = {"POLYPROF_ON_DEMAND": "1", "POLYPROF_TORCH_PROFILER": "1", "POLYPROF_ACTIVITIES": "+cpu",
-             "POLYPROF_FLIGHT_RECORDER": "30"}  # fmt: skip
+             "POLYPROF_FLIGHT_RECORDER": "30"}
 
 #: a sitecustomize that makes torch's import take a second longer, where its C extension is looked up
 SLOW_TORCH_IMPORT = """
@@ -60,7 +60,7 @@ def _slow_torch(tmp_path) -> str:
 def test_a_process_that_never_imports_torch_is_left_as_it_was(tmp_path, name):
     """`python -c`: no thread, no polyprof import, no folder, whichever variable is set."""
     r = subprocess.run([sys.executable, "-c", PROBE], env=_env(tmp_path, **{name: VARIABLES[name]}), cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip() == "['MainThread'] False"
     assert sorted(os.listdir(tmp_path)) == ["run"]
@@ -69,7 +69,7 @@ def test_a_process_that_never_imports_torch_is_left_as_it_was(tmp_path, name):
 def test_pip_is_left_alone_with_every_variable_set_even_a_bad_one(tmp_path):
     env = _env(tmp_path, **{**VARIABLES, "POLYPROF_ACTIVITIES": "+no_such_group"})
     r = subprocess.run([sys.executable, "-m", "pip", "--version"], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+                       text=True, timeout=120)
     assert r.returncode == 0 and "polyprof" not in r.stderr, r.stderr
     assert sorted(os.listdir(tmp_path)) == ["run"]
     pip = os.path.join(os.path.dirname(sys.executable), "pip")
@@ -89,7 +89,7 @@ def test_pip_is_left_alone_with_every_variable_set_even_a_bad_one(tmp_path):
     (["-m"], ["python", "-m", "polyprof", "run", "train.py"], "polyprof", True),
     (["-c"], ["python", "-c", "pass"], "-c", True),
     (["pipeline.py"], None, "pipeline", True),
-])  # fmt: skip
+])
 def test_what_is_the_users_program(argv, orig, name, users):
     assert variables.program_name(argv, orig or ["python", *argv]) == name
     assert variables.users_program(name, {}) is users
@@ -100,7 +100,7 @@ def test_what_is_the_users_program(argv, orig, name, users):
 def test_a_bad_value_is_one_warning_line_and_the_program_runs(tmp_path):
     for name, value in (("POLYPROF_FLIGHT_RECORDER", "30,hang=2"), ("POLYPROF_TORCH_PROFILER", "maybe")):
         r = subprocess.run([sys.executable, "-c", "print('ran')"], env=_env(tmp_path, **{name: value}),
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and r.stdout == "ran\n"
         (line,) = r.stderr.splitlines()
         assert line.startswith(f"polyprof: {name}=") and "ignored in this process" in line, line
@@ -111,20 +111,20 @@ def test_a_bad_value_is_one_warning_line_and_the_program_runs(tmp_path):
     ("30,hang_s=120,slow_step=off", {"seconds": 30.0, "hang_s": 120.0, "slow_step": None}),
     ("12.5, max_captures=3, max_captures_mb=50, ops=all, job=off",
      {"seconds": 12.5, "max_captures": 3, "max_captures_mb": 50.0, "ops": "all", "job": False}),
-])  # fmt: skip
+])
 def test_the_flight_recorders_settings_from_the_variable(text, settings):
     assert variables.flight_settings(text) == settings
 
 
 @pytest.mark.parametrize("text", ["abc", "-3", "30,hang=1", "30,hang_s=-1", "30,max_captures=0", "30,ops=some",
-                                  "30,job=perhaps", "inf", "30,hang_s"])  # fmt: skip
+                                  "30,job=perhaps", "inf", "30,hang_s"])
 def test_bad_flight_recorder_settings_say_what_is_wrong(text):
     with pytest.raises(variables.BadSetting, match="POLYPROF_FLIGHT_RECORDER"):
         variables.flight_settings(text)
 
 
 @pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("ON", True), ("0", False), ("false", False),
-                                           ("off", False), ("no", False), (" ", False)])  # fmt: skip
+                                           ("off", False), ("no", False), (" ", False)])
 def test_yes_no_variables(value, on):
     assert variables.flag("X", {"X": value}) is on
 
@@ -138,7 +138,7 @@ def test_a_bad_value_is_said_once_when_torch_arms_the_rest(tmp_path):
     env = _env(tmp_path, POLYPROF_FLIGHT_RECORDER="abc", POLYPROF_ON_DEMAND="1")
     for _ in range(3):
         r = subprocess.run([sys.executable, "-c", "import torch"], env=env, cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+                           text=True, timeout=120)
         assert r.returncode == 0
         (line,) = r.stderr.splitlines()
         assert line.startswith("polyprof: POLYPROF_FLIGHT_RECORDER='abc'"), r.stderr
@@ -173,7 +173,7 @@ def _torchrun(tmp_path, ranks: int, mode: str, env: dict) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               str(script), mode, str(tmp_path / "flight")]  # fmt: skip
+               str(script), mode, str(tmp_path / "flight")]
     return subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -275,7 +275,7 @@ def test_a_segfault_keeps_the_operators_of_its_last_second(tmp_path, how):
     flight = tmp_path / "flight"
     if how.startswith("polyprof run"):
         command, env = [sys.executable, "-m", "polyprof", "run", "--flight-recorder", "5", "--flight-dir", str(flight),
-                        str(script)], _env(tmp_path)  # fmt: skip
+                        str(script)], _env(tmp_path)
     else:
         command, env = [sys.executable, str(script)], _env(tmp_path, POLYPROF_FLIGHT_RECORDER="5", POLYPROF_FLIGHT_DIR=str(flight))
     r = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
@@ -283,7 +283,7 @@ def test_a_segfault_keeps_the_operators_of_its_last_second(tmp_path, how):
     (spill,) = glob.glob(str(flight / "flight-pid*.spill"))
     recovered = tmp_path / "recovered.json.gz"
     run = subprocess.run([sys.executable, "-m", "polyprof", "recover", spill, "-o", recovered, "-q"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     trace = polyprof.load_trace(recovered)
     steps = sorted(int(a.name.split("#")[1]) for a in trace.activities if a.name.startswith("ProfilerStep#"))
@@ -299,7 +299,7 @@ def test_a_segfault_keeps_the_operators_of_its_last_second(tmp_path, how):
 
 def test_captures_beyond_the_cap_are_removed_oldest_first(tmp_path):
     recorder = polyprof.flight_recorder(seconds=2, out_dir=tmp_path, hang_s=None, signals=(), max_captures=2,
-                                        crash_spill=False, capturable=False, job=False)  # fmt: skip
+                                        crash_spill=False, capturable=False, job=False)
     try:
         mine = recorder.capture_to(str(tmp_path / "elsewhere" / "mine.pftrace"), 2.0)  # (capture --last -o)
         written = []
@@ -313,7 +313,7 @@ def test_captures_beyond_the_cap_are_removed_oldest_first(tmp_path):
     assert recorder.captures == [mine, *written[-2:]] and os.path.exists(mine), "a file asked for is not capped"
     assert sorted(glob.glob(str(tmp_path / "flight-manual-*"))) == sorted(written[-2:])
     tiny = polyprof.flight_recorder(seconds=2, out_dir=tmp_path / "mb", hang_s=None, signals=(), max_captures_mb=1e-6,
-                                    crash_spill=False, capturable=False, job=False)  # fmt: skip
+                                    crash_spill=False, capturable=False, job=False)
     try:
         for _ in range(2):
             tiny.capture("manual")
@@ -348,7 +348,7 @@ def test_the_recorders_memory_stays_flat_as_its_ring_wraps_again_and_again(tmp_p
     spill's generations rotate as often); RSS at the end is within 10% of RSS at 25 s."""
     env = _env(tmp_path, POLYPROF_FLIGHT_RECORDER="2", POLYPROF_FLIGHT_DIR=str(tmp_path / "flight"))
     r = subprocess.run([sys.executable, "-c", RSS_LOOP], env=env, cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     early, late = map(float, r.stdout.split())
     assert late <= early * 1.10, (early, late)
@@ -360,12 +360,12 @@ def test_polyprof_run_takes_the_recorders_settings_and_refuses_a_bad_one_before_
     run = [sys.executable, "-m", "polyprof", "run", "--flight-dir", str(tmp_path / "flight")]
     r = subprocess.run([*run, "--flight-recorder", "5", "--flight-recorder-option", "hang_s=off",
                         "--flight-recorder-option", "max_captures=3", str(script)], env=_env(tmp_path),
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout == "5.0,hang_s=off,max_captures=3\n", "what the script starts gets the same settings"
     r = subprocess.run([*run, "--flight-recorder", "5", "--flight-recorder-option", "hang=1", str(script)],
-                       env=_env(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == "" and "'hang=1' is not NAME=VALUE" in r.stderr
     r = subprocess.run([*run, "--flight-recorder-option", "hang_s=1", str(script)], env=_env(tmp_path),
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "needs --flight-recorder" in r.stderr

@@ -70,7 +70,7 @@ def test_other_tools_read_the_store_without_polyprof(stepped_trace, tmp_path):
         assert table.column_names == [*schema.names, "rank"], name
         assert set(table.column("rank").to_pylist()) <= {0}
     code = ("import duckdb; print(duckdb.sql(\"select count(*) from read_parquet('job.polyprof/activities/*/*.parquet', "
-            "hive_partitioning = true) where rank = 0\").fetchall()[0][0])")  # fmt: skip
+            "hive_partitioning = true) where rank = 0\").fetchall()[0][0])")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and int(r.stdout) == len(polyprof.load_trace(str(stepped_trace)).activities), r.stderr
 
@@ -95,14 +95,14 @@ def _rank(rank, collectives, offset_ns=0, uncertainty_ns=None, work=()):
     rows = [{"process_group": "0", "group_description": "default_pg", "seq": seq, "op": "allreduce",
              "name": "ncclDevKernel_AllReduce", "on_device": True, "synchronizing": True, "group_size": 4,
              "in_nelems": 1024, "out_nelems": 1024, "dtype": "Float", "bytes": 4096, "step": seq,
-             "entry_ns": entry, "exit_ns": leave} for seq, entry, leave in collectives]  # fmt: skip
+             "entry_ns": entry, "exit_ns": leave} for seq, entry, leave in collectives]
     acts = [{"step": 0, "kind": "cpu_op", "category": "cpu_op", "name": name, "device": "host", "device_type": "cpu",
              "resource": 1, "resource_name": "main", "training_thread": True, "level": 0, "start_ns": s, "end_ns": e,
              "dur_ns": e - s, "correlation": 0, "external_id": 0, "flow_id": 0, "flow_type": 0, "flow_start": False,
-             "collective": False} for name, s, e in work]  # fmt: skip
+             "collective": False} for name, s, e in work]
     ranks = [{"world_size": 4, "host": f"host{rank // 2}", "source": f"rank{rank}.json", "epoch_offset_ns": 0,
               "offset_ns": offset_ns, "offset_uncertainty_ns": uncertainty_ns, "window_start_ns": 0,
-              "window_end_ns": 10**12, "events": len(acts), "metadata": "{}"}]  # fmt: skip
+              "window_end_ns": 10**12, "events": len(acts), "metadata": "{}"}]
     tables = {"collectives": rows, "activities": acts, "ranks": ranks, "counters": [], "backends": []}
     return RankTables(rank, {n: pa.Table.from_pylist(v, schema=TABLES[n]) for n, v in tables.items()})
 
@@ -167,7 +167,7 @@ def test_blame_names_the_late_rank_and_what_it_was_doing_on_the_fitted_clock(tmp
 
 def _polyprof(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "polyprof", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)  # fmt: skip
+                          timeout=120, cwd=cwd)
 
 
 def test_store_sql_and_summary_commands(stepped_trace, tmp_path):
@@ -175,7 +175,7 @@ def test_store_sql_and_summary_commands(stepped_trace, tmp_path):
     r = _polyprof("store", stepped_trace, "-o", out)
     assert r.returncode == 0 and "1 rank into" in r.stderr and "\x1b[" not in r.stderr, r.stderr  # no bar when piped
     r = _polyprof("sql", out, "select name, count(*) as n from activities where name = 'decode' group by name",
-                  "--format", "json")  # fmt: skip
+                  "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout) == {"name": "decode", "n": 4 - 1}, r.stderr
     r = _polyprof("sql", out, "select count(*) as n from blame", "--format", "csv")
     assert r.returncode == 0 and r.stdout.splitlines() == ['"n"', "0"], r.stderr
@@ -239,7 +239,7 @@ def test_ranks_adding_themselves_at_once_keep_one_manifest(stepped_trace, tmp_pa
         path.write_text(json.dumps({**doc, "distributedInfo": {"rank": rank, "world_size": 4}}))
         paths.append(path)
     code = ("import sys, polyprof\nfrom polyprof.formats import write_trace\n"
-            "write_trace(polyprof.load_trace(sys.argv[1]), sys.argv[2])")  # fmt: skip
+            "write_trace(polyprof.load_trace(sys.argv[1]), sys.argv[2])")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(tmp_path / "job.polyprof")]) for p in paths]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     with store.open(tmp_path / "job.polyprof") as job:
@@ -318,7 +318,7 @@ def test_the_cli_names_every_view_writes_lists_as_json_in_csv_and_honours_view_o
     listed = r.stdout.replace("\n", " ")
     assert all(view in listed for view in ("blame", "overview", "rank_totals", "operators", "temporal", "launch"))
     r = subprocess.run([*run, "sql", str(path), "select list(rank order by rank) as ranks from ranks", "--format", "csv"],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stdout.splitlines()[1].strip('"').startswith("[0,"), r.stdout
     r = subprocess.run([*run, "summary", str(path), "--view", "steps"], capture_output=True, text=True, timeout=120)

@@ -44,9 +44,9 @@ def random_trace(seed: int, rank: int, n: int = 600) -> Trace:
         b.append(kind, kind.name.lower(), name, dev, resource, start, start + dur, correlation=i + 1, external_id=by)
         t[(dev, stream)] = start + dur
     devices = [Device("host", "cpu", 0, f"rank{rank} host"), Device("cuda:0", "gpu", 0, "GPU 0", label="GPU 0"),
-               Device("cuda:1", "gpu", 1, "GPU 1", label="GPU 1")]  # fmt: skip
+               Device("cuda:1", "gpu", 1, "GPU 1", label="GPU 1")]
     resources = [Resource(0, 100 + rank, "main thread"), Resource(1, 7, "stream 7"), Resource(1, 8, "stream 8"),
-                 Resource(2, 7, "stream 7"), Resource(2, 8, "stream 8"), Resource(0, 300, "loader")]  # fmt: skip
+                 Resource(2, 7, "stream 7"), Resource(2, 8, "stream 8"), Resource(0, 300, "loader")]
     return Trace(activities=b.freeze(), devices=devices, resources=resources, metadata={"distributedInfo": {"rank": rank}})
 
 
@@ -246,7 +246,7 @@ def test_polyprof_diff_of_two_stores_prints_what_changed(tmp_path):
         store.write_store([tmp_path / f"{name}.json"], tmp_path / f"{name}.polyprof")
     polyprof = [sys.executable, "-m", "polyprof", "diff", tmp_path / "before.polyprof"]
     run = subprocess.run([*polyprof, tmp_path / "after.polyprof"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+                         env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "mean step:" in run.stdout and "aten::relu" in run.stdout and "gemm_a" in run.stdout
     mixed = subprocess.run([*polyprof, tmp_path / "after.json"], capture_output=True, text=True, timeout=120)

@@ -29,19 +29,19 @@ def _args(seed=3, n=400):
         ("stream", "ratio", "label", "grid", "maybe", "Input Dims", "json"),
         (rng.integers(-5, 2**40, k), floats, [f'q"{i}\u00e9' for i in range(k)], [[i, [1, 2]] for i in range(k)],
          [None if i % 2 else i for i in range(k)], JSONColumn(dims),
-         JSONColumn([b'{"a":[1,2]}' if i % 4 else b"" for i in range(k)]))))  # fmt: skip
+         JSONColumn([b'{"a":[1,2]}' if i % 4 else b"" for i in range(k)]))))
     odd = np.arange(1, n, 4, dtype=np.int64)
     args.add_block(odd, ArgColumns(
         ("Input type", COLLECTIVE_KEY, "Process Group Name"),
         ([["float", ""]] * len(odd), ["allreduce" if i % 5 == 0 else None for i in range(len(odd))],
-         ["0"] * len(odd))))  # fmt: skip
+         ["0"] * len(odd))))
     for row in range(0, n, 10):  # in a block too: merged
         args.dicts[row] = {"extra": row, "Input type": ["int"]}
     args.dicts[n + 1] = {COLLECTIVE_KEY: "broadcast", "Input Dims": [[1]]}
     args.dicts[n + 2] = {}
     sparse = np.arange(n + 3, n + 9, dtype=np.int64)  # rows with no key but the shapes, or none
     args.add_block(sparse, ArgColumns(("Input Dims", "sparse"), (JSONColumn([b"[]"] * 6),
-                                                                 JSONColumn([b"", b"1", b"", b"", b"", b""]))))  # fmt: skip
+                                                                 JSONColumn([b"", b"1", b"", b"", b"", b""]))))
     return args, n + 9
 
 
@@ -55,7 +55,7 @@ def _check(args, n, out):
         assert (text is None) == (not values), row  # no args left: null, not {}
         assert (json.loads(text) if text is not None else {}) == orjson.loads(orjson.dumps(values, default=str)), row
     assert out.collective == {r: dict(args[r]) for r in args.rows().tolist()
-                              if args[r].get(COLLECTIVE_KEY) is not None}  # fmt: skip
+                              if args[r].get(COLLECTIVE_KEY) is not None}
 
 
 @pytest.mark.parametrize("path", ["c", "python"])

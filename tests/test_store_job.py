@@ -50,7 +50,7 @@ with pp.profile(activities=[pp.ProfilerActivity.CPU], schedule=pp.schedule(wait=
 
 def _standalone(folder, script, env):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--standalone",
-           "--nproc-per-node", "4", str(script), str(folder)]  # fmt: skip
+           "--nproc-per-node", "4", str(script), str(folder)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=folder)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -58,13 +58,13 @@ def _standalone(folder, script, env):
 def _two_hosts(folder, script, env, pair):
     (ns0, ns1), master, (if0, if1) = pair
     run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(folder / "torchrun"), "--nnodes", "2",
-           "--nproc-per-node", "2", "--master-addr", master, "--master-port", "29617"]  # fmt: skip
+           "--nproc-per-node", "2", "--master-addr", master, "--master-port", "29617"]
     shifted = ["--no-python", "env", f"LD_PRELOAD={FAKETIME}", f"FAKETIME=+{CLOCK_SHIFT_S}s",
-               "FAKETIME_DONT_FAKE_MONOTONIC=1", sys.executable]  # fmt: skip
+               "FAKETIME_DONT_FAKE_MONOTONIC=1", sys.executable]
     procs = [
         subprocess.Popen(["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={iface}", *run, "--node-rank", str(node),
                           *extra, str(script), str(folder)],
-                         env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                         env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node, ns, iface, extra in ((0, ns0, if0, []), (1, ns1, if1, shifted))
     ]
     errors = [p.communicate(timeout=300)[1] for p in procs]
@@ -113,7 +113,7 @@ def test_blame_names_the_rank_step_and_cause_of_the_injected_waits(job):
         blame = s.blame().to_pylist()
     loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
     injected = {(3, 2, loader): SLEEP_S * 1e9, (7, 2, loader): SLEEP_S * 1e9,
-                (5, 1, "aten::matmul"): _injected_matmul_ns(job["folder"])}  # fmt: skip
+                (5, 1, "aten::matmul"): _injected_matmul_ns(job["folder"])}
     for (step, rank, cause), delay in injected.items():
         rows = [r for r in blame if (r["step"], r["late_rank"]) == (step, rank)]
         waited = sum({(r["process_group"], r["seq"]): r["wait_ns"] for r in rows}.values())
@@ -146,7 +146,7 @@ def test_the_shifted_hosts_clock_is_within_its_recorded_uncertainty(job):
 
 def test_summary_of_the_store_names_who_made_everyone_wait(job):
     r = subprocess.run([sys.executable, "-m", "polyprof", "summary", str(job["store"])], capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "who made everyone wait" in r.stdout and "enumerate(DataLoader)" in r.stdout and "aten::matmul" in r.stdout
 
@@ -162,10 +162,10 @@ def test_the_traces_in_memory_give_the_stores_blame_and_the_summary_and_report_s
     assert in_memory.columns == tuple(on_disk.column_names)
     assert sorted(in_memory.rows, key=str) == sorted((tuple(r.values()) for r in on_disk.to_pylist()), key=str)
     r = subprocess.run([sys.executable, "-m", "polyprof", "summary", *map(str, traces)], capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+                       text=True, timeout=120)
     assert r.returncode == 0 and "who made everyone wait" in r.stdout and "aten::matmul" in r.stdout, r.stderr
     r = subprocess.run([sys.executable, "-m", "polyprof", "report", *map(str, traces), "-o", str(tmp_path / "r.html")],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     page = (tmp_path / "r.html").read_text()
     assert r.returncode == 0 and 'id="blame"' in page and "enumerate(DataLoader)" in page, r.stderr
 
@@ -195,14 +195,14 @@ def test_blame_names_an_unannotated_python_function_under_torchrun(tmp_path):
     env = {**os.environ, "POLYPROF_BACKENDS": "", "OMP_NUM_THREADS": "1"}
     run = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "torchrun"), "--standalone",
            "--nproc-per-node", "4", "-m", "polyprof", "run", "--no-summary", "--activities", "cpu,python",
-           "-o", "traces/rank{rank}.json.gz", "train.py"]  # fmt: skip
+           "-o", "traces/rank{rank}.json.gz", "train.py"]
     r = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     cli = [sys.executable, "-m", "polyprof"]
     r = subprocess.run([*cli, "store", "-q", "traces", "-o", "job.polyprof"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([*cli, "summary", "job.polyprof"], capture_output=True, text=True, cwd=tmp_path,
-                       env={**env, "COLUMNS": "250"})  # fmt: skip
+                       env={**env, "COLUMNS": "250"})
     assert r.returncode == 0 and "shuffle_shards" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
     from polyprof import store
 

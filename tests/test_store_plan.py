@@ -57,7 +57,7 @@ def test_batches_hold_ranks_in_order_within_the_rows_asked():
 
 def test_a_query_reads_the_analyses_it_names_not_its_own_expressions():
     assert plan.reads("with islands as (select * from activities) select * from islands join steps s on true") == {
-        "activities", "steps"}  # fmt: skip
+        "activities", "steps"}
 
 
 def test_an_error_in_a_batch_leaves_every_analysis_a_whole_store_view(job_store, monkeypatch):
@@ -85,7 +85,7 @@ def _odd_steps_trace() -> Trace:
     start, a host op across two steps' ends, rows before the first step and after the last."""
     b = ActivityBuilder()
     spans = [(1_000_000, 1_400_000), (1_500_000, 1_510_000), (1_505_000, 1_600_000), (2_000_000, 9_000_000),
-             (9_000_000, 9_000_500), (9_100_000, 9_300_000)]  # fmt: skip
+             (9_000_000, 9_000_500), (9_100_000, 9_300_000)]
     for n, (lo, hi) in enumerate(spans):
         b.append(K.USER_ANNOTATION, "user_annotation", f"ProfilerStep#{n}", 0, 0, lo, hi)
     b.append(K.KERNEL, "kernel", "long", 1, 2, 1_200_000, 2_500_000)

@@ -43,7 +43,7 @@ def test_spark_and_duckdb_give_the_same_analysis(tmp_path, spark, analysis):
 def test_spark_reads_a_real_traces_store_as_duckdb_does(tmp_path, spark, stepped_trace):  # noqa: F811
     store.write_store([stepped_trace], tmp_path / "job.polyprof")
     query = ("select rank, step, kind, name, level, count(*) as n, sum(dur_ns) as ns from activities "
-             "where name not like 'ProfilerStep#%' group by rank, step, kind, name, level")  # fmt: skip
+             "where name not like 'ProfilerStep#%' group by rank, step, kind, name, level")
     with store.open(tmp_path / "job.polyprof") as duck:
         expected = duck.table(query)
     got = store.open(tmp_path / "job.polyprof", spark).table(query)
@@ -52,7 +52,7 @@ def test_spark_reads_a_real_traces_store_as_duckdb_does(tmp_path, spark, stepped
 
 
 @pytest.mark.parametrize("analysis", ["kernels", "temporal", "idle", "overlap", "launch", "steps", "operators",
-                                      "rank_steps", "rank_totals", "overview"])  # fmt: skip
+                                      "rank_steps", "rank_totals", "overview"])
 def test_spark_and_duckdb_give_the_same_device_analyses(tmp_path_factory, spark, analysis):
     from test_store import _write
     from test_store_analyses import random_trace
@@ -103,7 +103,7 @@ def test_summary_on_spark_of_a_store_the_default_heap_cannot_hold(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
     on = {engine: subprocess.run([*cli, "summary", "-q", "job.polyprof", *args], cwd=tmp_path, capture_output=True,
                                  text=True, env={**env, "COLUMNS": "200"}, timeout=900)
-          for engine, args in (("duckdb", []), ("spark", ["--engine", "spark"]))}  # fmt: skip
+          for engine, args in (("duckdb", []), ("spark", ["--engine", "spark"]))}
     assert on["spark"].returncode == 0, on["spark"].stderr[-3000:]
     assert "Exception" not in on["spark"].stderr and "Traceback" not in on["spark"].stderr, on["spark"].stderr[-2000:]
     assert on["spark"].stdout == on["duckdb"].stdout and "(8 ranks)" in on["duckdb"].stdout

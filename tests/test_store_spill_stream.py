@@ -50,7 +50,7 @@ def _spill(trace, path, flushes=9, perfetto=False):
     counter_flush = np.searchsorted(edges, counters["ts"], side="left")
     writer = (PerfettoSpill if perfetto else SpillWriter).create(str(path), {"version": "0", "pid": 7, "epoch_offset_ns": trace.epoch_offset_ns,
                                             "activities": ["cpu", "cuda"], "flush_interval_s": 1.0,
-                                            "metadata": trace.metadata})  # fmt: skip
+                                            "metadata": trace.metadata})
     writer.append_window({"window_start": int(start.min()), "backends": ["torch", "cuda"], "flushing": ["torch", "cuda"]})
     for i in range(flushes):
         parts = []
@@ -60,7 +60,7 @@ def _spill(trace, path, flushes=9, perfetto=False):
             status = BackendStatus(backend, warnings=[f"flush {j}" for j in range(i + 1)])  # its counts so far
             parts.append(CollectedPart(backend, status, acts.take(np.flatnonzero(mask & (flush_of == i))),
                                        devices=tuple(trace.devices), resources=tuple(trace.resources),
-                                       counters=part_counters))  # fmt: skip
+                                       counters=part_counters))
         writer.append_parts(parts)
     writer.close(clean=False)
     return str(path)
@@ -74,12 +74,12 @@ def _settled(trace, late_every=4):
     kind, names = cols["kind"], acts.names()
     steps = np.sort(cols["start"][np.char.startswith(names.astype(str), "ProfilerStep#")])
     launch_at = {int(c): (int(s), int(e)) for c, s, e, k in zip(cols["correlation"], cols["start"], cols["end"], kind,
-                                                                  strict=True) if k == int(K.RUNTIME)}  # fmt: skip
+                                                                  strict=True) if k == int(K.RUNTIME)}
     step_ends = {int(s): int(e) for s, e, n in zip(cols["start"], cols["end"], names.astype(str), strict=True)
-                 if n.startswith("ProfilerStep#")}  # fmt: skip
+                 if n.startswith("ProfilerStep#")}
     kernels = np.flatnonzero(kind == int(K.KERNEL))
     launched_in = {int(row): np.searchsorted(steps, launch_at[int(cols["correlation"][row])][0], side="right") - 1
-                   for row in kernels}  # fmt: skip
+                   for row in kernels}
     last_of = {step: row for row, step in launched_in.items()}
     for row in kernels:
         launch_start, launch_end = launch_at[int(cols["correlation"][row])]
@@ -193,9 +193,9 @@ def test_a_spill_without_a_moment_to_cut_at_is_one_piece_and_still_the_same(tmp_
     train.update(kind=np.array([int(K.USER_ANNOTATION)], dtype=acts["kind"].dtype), start=np.array([first]),
                  end=np.array([last]), correlation=np.array([999_999]),
                  cat=np.array([acts.strings.intern("user_annotation")], dtype=np.int32),
-                 name=np.array([acts.strings.intern("train")], dtype=np.int32))  # fmt: skip
+                 name=np.array([acts.strings.intern("train")], dtype=np.int32))
     trace.activities = ActivityTable(acts.strings, {k: np.concatenate([v, train[k].astype(v.dtype)])
-                                                    for k, v in acts.columns.items()}, acts.args)  # fmt: skip
+                                                    for k, v in acts.columns.items()}, acts.args)
     spill = _spill(trace, tmp_path / "run.spill")
     assert [n for n in _pieces(spill, 10) if n] == [len(recover_trace(spill).activities)], "one piece of rows"
     _assert_streams_as_recovered(spill, tmp_path, rows=10)
@@ -252,10 +252,10 @@ def test_a_parts_args_come_back_from_the_spill_and_the_first_pass_skips_them():
     rows = np.arange(0, len(acts), 3, dtype=np.int64)
     block = ArgsBlock(rows, ("Sequence number", "Input Dims", "dtype"), [
         rows * 7, JSONArray.of([b'[[4,4],[]]' if r % 2 else b"" for r in rows], len(rows)),
-        np.array(["float" if r % 2 else None for r in rows] + [None], dtype=object)[:-1]])  # fmt: skip
+        np.array(["float" if r % 2 else None for r in rows] + [None], dtype=object)[:-1]])
     args = Args({1: {"a": [1, "b"]}}, [block])
     part = CollectedPart("torch", BackendStatus("torch"), ActivityTable(acts.strings, acts.columns, args),
-                         devices=tuple(trace.devices), resources=tuple(trace.resources))  # fmt: skip
+                         devices=tuple(trace.devices), resources=tuple(trace.resources))
     back = decode_part(encode_part(part)).activities
     assert [back.args.get(r, {}) for r in range(len(acts))] == [args.get(r, {}) for r in range(len(acts))]
     assert any(a.get("Input Dims") == [[4, 4], []] for a in back.args.values())

@@ -48,29 +48,29 @@ def _job_rank(seed=7, steps=12):
             thread = int(rng.integers(0, 2))
             start = t + int(rng.integers(0, 3)) * 1_000
             b.append(K.CPU_OP, "cpu_op", f"aten::op{op % 4}", 0, thread, start, start + 40_000,
-                             args={"Input Dims": [[4, 4]], "Input type": ["float"], "Sequence number": op})  # fmt: skip
+                             args={"Input Dims": [[4, 4]], "Input type": ["float"], "Sequence number": op})
             b.append(K.CPU_OP, "cpu_op", "aten::inner", 0, thread, start, start + int(rng.integers(0, 40_000)))
             b.append(K.CPU_OP, "cpu_op", "aten::zero", 0, thread, start + 5_000, start + 5_000)
             if rng.random() < 0.2:  # starts inside the op and ends after it: not nested
                 b.append(K.USER_ANNOTATION, "user_annotation", "overlap", 0, thread, start + 30_000, start + 60_000)
             b.append(K.RUNTIME, "cuda_runtime", "cudaLaunchKernel", 0, thread, start + 10_000, start + 12_000,
-                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G, flow_start=True)  # fmt: skip
+                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G, flow_start=True)
             late = int(rng.integers(0, 400_000))  # often after the step's end
             b.append(K.KERNEL, "kernel", "gemm", 1, 2, start + 20_000 + late, start + 30_000 + late,
-                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G)  # fmt: skip
+                     correlation=corr, external_id=corr, flow_id=corr, flow_type=FLOW_AC2G)
             if op % 5 == 4:
                 b.append(K.INSTANT, "instant", "mark", 0, thread, start + 1_000, start + 1_000, args={"op": op})
             corr += 1
             t += 50_000
         b.append(K.CPU_OP, "gloo", "gloo:all_reduce", 0, 0, t, t + 20_000,
                  args={"Collective name": "allreduce", "Process Group Name": "0", "In msg nelems": 256,
-                       "Out msg nelems": 256, "dtype": "Float", "Group size": 4})  # fmt: skip
+                       "Out msg nelems": 256, "dtype": "Float", "Group size": 4})
         t += 30_000
         b.append(K.USER_ANNOTATION, "user_annotation", f"ProfilerStep#{step}", 0, 0, step_start, t)
         t += 5_000
     trace = Trace(activities=b.freeze(),
                   devices=[Device("host", "cpu", 0, "host"), Device("cuda:0", "gpu", 0, "GPU 0")],
-                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader"), Resource(1, 7, "stream 7")])  # fmt: skip
+                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader"), Resource(1, 7, "stream 7")])
     for i in range(50):
         trace.counters.add("memory", 0, 1_000_000 + i * 30_000, float(i * 1024))
     trace.metadata["distributedInfo"] = {"rank": 2, "world_size": 4}
@@ -100,7 +100,7 @@ def traces(tmp_path_factory):
     path = str(folder / "torch.json")
     sched = torch.profiler.schedule(wait=0, warmup=1, active=3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, schedule=sched,
-                                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:  # fmt: skip
+                                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
         for _ in range(4):
             with torch.profiler.record_function("forward"):
                 loss = model(torch.randn(8, 32)).sum()
@@ -154,7 +154,7 @@ def test_a_rank_streamed_in_many_chunks_has_the_tables_of_the_loaded_trace(trace
         late = [r for r in acts if r["kind"] == "kernel" and r["step"] >= 0]
         assert want["collectives"].num_rows == 12 and want["counters"].num_rows == 50 and len(late) > 12
         assert any(r["start_ns"] >= max(s["end_ns"] for s in acts if s["name"] == f"ProfilerStep#{r['step']}")
-                   for r in late), "some kernels run after their launch's step ended and still count in it"  # fmt: skip
+                   for r in late), "some kernels run after their launch's step ended and still count in it"
 
 
 def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path, monkeypatch):
@@ -207,7 +207,7 @@ def test_the_store_streams_the_ranks_above_the_size_it_loads(traces, which, tmp_
     assert streamed == [os.path.basename(traces[which])]
     for name in TABLES:
         assert (_tables(tmp_path / "streamed.polyprof", 2)[name].to_pylist()
-                == _tables(tmp_path / "loaded.polyprof", 2)[name].to_pylist()), name  # fmt: skip
+                == _tables(tmp_path / "loaded.polyprof", 2)[name].to_pylist()), name
 
 
 @pytest.mark.parametrize("which", ["polyprof", "gzip", "pftrace"])
@@ -251,7 +251,7 @@ def _event(packet: bytes) -> dict[int, int]:
     if F.PACKET_TRACK_EVENT not in top:
         return {}
     return {"ts": top.get(F.PACKET_TIMESTAMP, 0), **{n: v for n, _, v in fields(top[F.PACKET_TRACK_EVENT])
-                                                     if isinstance(v, int)}}  # fmt: skip
+                                                     if isinstance(v, int)}}
 
 
 @pytest.fixture(scope="module")
@@ -268,13 +268,13 @@ def ties_pftrace(tmp_path_factory):
         b.append(K.CPU_OP, "cpu_op", "zero", 0, (i + 1) % 2, t, t)
     b.append(K.USER_ANNOTATION, "user_annotation", "never ended", 0, 0, 500, 9_999)
     trace = Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "host")],
-                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader")])  # fmt: skip
+                  resources=[Resource(0, 11, "main"), Resource(0, 12, "loader")])
     folder = tmp_path_factory.mktemp("ties")
     whole = str(folder / "whole.pftrace")
     polyprof.write_trace(trace, whole)
     packets = _packets(open(whole, "rb").read())
     [never] = [i for i, p in enumerate(packets) if _event(p).get(F.EVENT_TYPE) == F.TYPE_SLICE_END
-               and _event(p)["ts"] == 9_999]  # fmt: skip
+               and _event(p)["ts"] == 9_999]
     path = str(folder / "ties.pftrace")
     with open(path, "wb") as f:
         f.write(b"".join(p for i, p in enumerate(packets) if i != never))
@@ -289,11 +289,11 @@ def test_perfetto_chunks_order_their_rows_as_the_whole_file_is_read(ties_pftrace
     rows = [(int(s), int(e), c.trace.activities.strings.strings[int(n)], int(r), int(k))
             for c in got for s, e, n, r, k in zip(c.trace.activities["start"], c.trace.activities["end"],
                                                    c.trace.activities["name"], c.trace.activities["resource"],
-                                                   c.rows, strict=True)]  # fmt: skip
+                                                   c.rows, strict=True)]
     rows.sort(key=lambda row: (row[0], -row[1], row[4]))
     loaded = polyprof.load_trace(ties_pftrace).activities
     want = [(int(s), int(e), loaded.strings.strings[int(n)], int(r))
-            for s, e, n, r in zip(loaded["start"], loaded["end"], loaded["name"], loaded["resource"], strict=True)]  # fmt: skip
+            for s, e, n, r in zip(loaded["start"], loaded["end"], loaded["name"], loaded["resource"], strict=True)]
     assert [row[:4] for row in rows] == want
     last = got[-1].trace.activities
     [never] = np.flatnonzero(last["start"] == 500).tolist()  # the slice never ended comes last
@@ -335,7 +335,7 @@ def test_a_chunks_string_table_holds_the_strings_its_rows_name(tmp_path, suffix,
         b.append(K.CPU_OP, "cpu_op", f"fn{i}", 0, 0, 1_000 * i, 1_000 * i + 500)
     path = str(tmp_path / f"calls{suffix}")
     polyprof.write_trace(Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "host")],
-                               resources=[Resource(0, 1, "main")]), path)  # fmt: skip
+                               resources=[Resource(0, 1, "main")]), path)
     if suffix == ".json":
         chunks = list(scan.scan_chunks(path, 100))
     else:

@@ -67,7 +67,7 @@ def _a_trace(tmp_path, events=400):
         ] + [{"ph": "C", "name": "mem", "pid": 1, "ts": 12, "args": {"bytes": 3}}],
         "traceName": "after the events",
         "distributedInfo": {"rank": 3},
-    }  # fmt: skip
+    }
     path = tmp_path / "t.json"
     path.write_bytes(json.dumps(doc).encode())
     return path
@@ -141,7 +141,7 @@ def test_streaming_holds_the_trace_not_the_file(tmp_path):
     """The reference reader (no C extension) on a 30 MB trace: streamed, its peak memory is well under
     reading the bytes and every event's dict at once."""
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op_{i % 50}", "pid": 1, "tid": 2, "ts": 10.5 + i,
-               "dur": 0.5, "args": {"External id": i, "Sequence number": i}} for i in range(150_000)]  # fmt: skip
+               "dur": 0.5, "args": {"External id": i, "Sequence number": i}} for i in range(150_000)]
     path = tmp_path / "big.json"
     path.write_bytes(json.dumps({"schemaVersion": 1, "traceEvents": events}).encode())
     del events

@@ -95,7 +95,7 @@ def test_no_module_takes_another_modules_private_names():
         for target, imported in _imports(name, path)
         if imported and imported.startswith("_") and not imported.startswith("__") and imported not in INTERNAL
         and target != name
-    ]  # fmt: skip
+    ]
     assert private == []
 
 

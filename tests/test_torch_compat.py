@@ -82,7 +82,7 @@ def test_torch_sees_a_kineto_profiler_while_polyprof_records():
 def test_record_function_fast_ranges_and_their_kwargs_as_kineto_writes_them(tmp_path):
     x, y = torch.rand(4, 4), torch.rand(4, 4)
     kwargs = {"stream": 0, "grid": "lambda x : x + 1", "debug": 'de"bug', "flag": True, "names": ["a", "b"],
-              "ints": [1, 2], "path": "a\\b\nc"}  # fmt: skip
+              "ints": [1, 2], "path": "a\\b\nc"}
     with profile(record_shapes=True) as prof:
         with torch._C._profiler._RecordFunctionFast("fast_rf", [x, y], kwargs):
             x.add(y)

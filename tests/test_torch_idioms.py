@@ -22,13 +22,13 @@ def clean_env(**extra: str) -> dict:
 
 
 def run_script(tmp_path, source: str, *, env: dict | None = None, polyprof_run: list[str] | None = None,
-               timeout: int = 300) -> subprocess.CompletedProcess:  # fmt: skip
+               timeout: int = 300) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
     command = [sys.executable, "-m", "polyprof", "run", *polyprof_run, str(script)] if polyprof_run is not None else [
-        sys.executable, str(script)]  # fmt: skip
+        sys.executable, str(script)]
     return subprocess.run(command, cwd=tmp_path, env=env or clean_env(POLYPROF_TORCH_PROFILER="1"), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+                          text=True, timeout=timeout)
 
 
 def last_json(r: subprocess.CompletedProcess) -> dict:
@@ -100,7 +100,7 @@ def test_the_event_tree_carries_torchs_op_and_allocation_fields(options):
             f = node.extra_fields
             if node.name == "[memory]":
                 out.append(("alloc", type(f).__mro__[1 if f.__class__.__module__ != "torch._C._profiler" else 0].__name__,
-                            f.alloc_size, f.total_reserved, f.id, f.allocation_id, str(f.device)))  # fmt: skip
+                            f.alloc_size, f.total_reserved, f.id, f.allocation_id, str(f.device)))
             else:
                 base = next(c for c in type(f).__mro__ if c.__module__ == "torch._C._profiler")
                 out.append(("op", base.__name__, f.name, str(f.scope), f.sequence_number, [_input(i) for i in f.inputs]))
@@ -161,7 +161,7 @@ def test_the_switch_variable_takes_what_users_write_and_0_turns_off_polyprof_run
 
 
 @pytest.mark.parametrize("table", ['[tool.polyprof]\nactivities = 5\n', '[tool.polyprof\nactivities = "+cpu"\n',
-                                   '[tool.polyprof]\nactivities = "+nosuch"\n'], ids=["not a list", "not TOML", "unknown group"])  # fmt: skip
+                                   '[tool.polyprof]\nactivities = "+nosuch"\n'], ids=["not a list", "not TOML", "unknown group"])
 def test_a_broken_configuration_file_is_one_line_and_the_frameworks_profiler_runs(tmp_path, table):
     (tmp_path / "pyproject.toml").write_text(table)
     r = run_script(tmp_path, """
@@ -203,7 +203,7 @@ def test_the_flight_recorder_steps_aside_for_the_scripts_profiler_and_records_ag
         print(json.dumps({"ops": ops, "aside": recorder.stepped_aside, "captures": recorder.captures,
                           "failures": recorder.failures, "recording_after": recorder.profile is None}))
     """, env=clean_env(POLYPROF_FLIGHT_RECORDER="30", POLYPROF_TORCH_PROFILER=switch,
-                       POLYPROF_FLIGHT_DIR=str(tmp_path / "flight")))  # fmt: skip
+                       POLYPROF_FLIGHT_DIR=str(tmp_path / "flight")))
     found = last_json(r)
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert found["ops"] == 2, "the script's profiler records its two active steps whole"

@@ -774,7 +774,7 @@ def test_with_modules_in_eager_mode_writes_torchscripts_hierarchy_from_the_frame
     ]
     # one code path, three modules: each layer by its own index
     assert got["aten::addmm"] == ["TOP(C)::forward.layers(Sequential)::forward.0(Linear)::forward.",
-                                  "TOP(C)::forward.layers(Sequential)::forward.2(Linear)::forward."]  # fmt: skip
+                                  "TOP(C)::forward.layers(Sequential)::forward.2(Linear)::forward."]
     assert got["aten::relu"] == ["TOP(C)::forward.layers(Sequential)::forward.1(ReLU)::forward."]
     assert not any("Call stack" in a.args for a in prof.trace.activities), "stacks only with with_stack"
 
@@ -849,7 +849,7 @@ def test_a_profiles_first_ops_write_into_chunks_faulted_in_at_its_start(record_s
         out = subprocess.run(
             [sys.executable, "-c", FIRST_OPS_FAULTS, "1" if record_shapes else "0", mode],
             capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.splitlines()[-1])
 

@@ -261,7 +261,7 @@ def test_polyprof_run_says_what_it_does_with_a_spill_that_is_not_yours(tmp_path)
     (tmp_path / ".t.json.spill").symlink_to(victim)
     (tmp_path / "s.py").write_text("pass\n")
     r = subprocess.run([sys.executable, "-m", "polyprof", "run", "--no-summary", "-o", str(tmp_path / "t.json"),
-                        str(tmp_path / "s.py")], capture_output=True, text=True, timeout=120)  # fmt: skip
+                        str(tmp_path / "s.py")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "is not a file of yours (a link): replaced by this run's spill (a link's target is left alone)" in r.stderr
     assert victim.read_text() == "precious\n"

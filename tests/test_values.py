@@ -18,10 +18,10 @@ from polyprof.sink import Sink
 
 names = st.one_of(st.text(), st.integers(), st.builds(object), st.binary())
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(), st.binary(),
-                    st.builds(object), st.tuples(st.integers()))  # fmt: skip
+                    st.builds(object), st.tuples(st.integers()))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                       st.dictionaries(st.one_of(st.text(), st.integers(), st.tuples(st.text())), inner, max_size=3)),
-                      max_leaves=8)  # fmt: skip
+                      max_leaves=8)
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 pytestmark = pytest.mark.filterwarnings("ignore::polyprof.PolyprofWarning")  # the rejections are counted
 
@@ -47,7 +47,7 @@ def load_trace_from(data: bytes):
 @seed(20261201)
 @SETTINGS
 @given(name=names, args=values, instant_args=values, counter=st.one_of(st.integers(), st.floats(), st.text()),
-       key=st.text(), meta=values)  # fmt: skip
+       key=st.text(), meta=values)
 def test_user_values_never_cost_the_trace(name, args, instant_args, counter, key, meta):
     with polyprof.profile(["cpu"]) as prof:
         with polyprof.record_function(name, args if isinstance(args, (dict, str)) or args is None else {"v": args}):
@@ -64,7 +64,7 @@ def test_user_values_never_cost_the_trace(name, args, instant_args, counter, key
 @seed(20261202)
 @SETTINGS
 @given(ints=st.lists(st.integers(min_value=-(2**70), max_value=2**70), min_size=1, max_size=6),
-       name=st.text(), props=values, args=values)  # fmt: skip
+       name=st.text(), props=values, args=values)
 def test_backend_columns_and_values_are_rejected_per_row_or_made_safe(ints, name, props, args):
     sink = Sink("b")
     host = sink.host_device()
@@ -75,7 +75,7 @@ def test_backend_columns_and_values_are_rejected_per_row_or_made_safe(ints, name
         {"kind": np.zeros(n, np.int64), "name": [name] * n, "device": [host] * n, "resource": [t] * n,
          "start": [1000 + i for i in range(n)], "end": [2000 + i for i in range(n)], "correlation": ints},
         {0: {"a": args}},
-    )  # fmt: skip
+    )
     fits = sum(-(2**63) <= i < 2**63 for i in ints)
     assert kept == fits
     part = sink.seal(BackendStatus("b"))

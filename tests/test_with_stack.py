@@ -181,6 +181,6 @@ def test_threads_started_while_recording_are_not_traced_and_earlier_ones_are():
         release.set()
         early.join()
     tids = {n.start_tid for n in prof.profiler.kineto_results.experimental_event_tree()
-            if isinstance(n.extra_fields, _ExtraFields_PyCall)}  # fmt: skip
+            if isinstance(n.extra_fields, _ExtraFields_PyCall)}
     assert early.native_id in tids and threading.get_native_id() in tids
     assert late.native_id not in tids

@@ -41,7 +41,7 @@ from polyprof import _native, correlation
 from polyprof._native import COUNTER, FIELDS, GC, INSTANT, SPAN
 
 __all__ = ["COUNTER", "FIELDS", "GC", "INSTANT", "SPAN", "FrameworkBridge", "counter", "instant",
-           "record_function", "recorder", "set_framework_bridge", "snapshot"]  # fmt: skip
+           "record_function", "recorder", "set_framework_bridge", "snapshot"]
 
 
 class Routed(NamedTuple):
@@ -192,7 +192,7 @@ _DOC = """A named span on the host timeline (`user_annotation`), usable as conte
 _native.configure(
     correlation.current, recorder.register, correlation.push, correlation.pop, correlation.KIND_ANNOTATION,
     _decorate, _DOC,
-)  # fmt: skip
+)
 #: the recorder's type itself (C or its Python twin): no subclass to go through
 record_function = _native.RecordFunction
 instant = _native.instant

@@ -82,6 +82,6 @@ def warn_user(message: str, category: type[Warning] = PolyprofWarning) -> None:
     torch.profiler's lifecycle methods, which polyprof's profile runs), however deep the call."""
     frame, level = sys._getframe(1), 2
     while frame is not None and (frame.f_code.co_filename.startswith(_OWN_FILES)
-                                 or frame.f_code.co_filename.endswith(_TORCH_LIFECYCLE)):  # fmt: skip
+                                 or frame.f_code.co_filename.endswith(_TORCH_LIFECYCLE)):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

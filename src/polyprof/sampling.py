@@ -36,7 +36,7 @@ def sampling_interval_s(options: dict[str, Any]) -> float:
 
 class CounterSampler:
     def __init__(self, thread_name: str, interval_s: float, read: Callable[[], Iterable[Sample]],
-                 rates: Iterable[str] = ()) -> None:  # fmt: skip
+                 rates: Iterable[str] = ()) -> None:
         self.thread_name = thread_name
         self.interval_s = interval_s
         self.read = read
@@ -103,7 +103,7 @@ class DeviceCounters:
     counter for that device (it does not support it), named with `why(exc)` in `unsupported`."""
 
     def __init__(self, devices: list[tuple[int, Any]], counters: Callable[[], list[tuple[str, Read]]],
-                 errors: tuple[type[BaseException], ...], why: Callable[[BaseException], str]) -> None:  # fmt: skip
+                 errors: tuple[type[BaseException], ...], why: Callable[[BaseException], str]) -> None:
         self.devices = devices
         self.live = {i: counters() for i, _ in devices}
         self.errors, self.why = errors, why
@@ -186,7 +186,7 @@ class DeviceCounterSession:
         samples = self.sampler.take(self.ctx.window_end)
         p = self.device_prefix
         devices = {i: sink.device(f"{p}:{i}", type=p, index=i, name=name, pid=i, label=f"GPU {i}")
-                   for i, name in self.names.items()}  # fmt: skip
+                   for i, name in self.names.items()}
         for i, ts, track, value in samples:
             sink.counter(track, value, ts=ts, device=devices[i])
         self.ctx.report.detail("samples", len(samples))

@@ -198,7 +198,7 @@ class Sink:
         self._pending.append(
             (kind, cat, name, device, resource, start, end, correlation, external_id, flow_id, flow_type,
              flow_start, args)
-        )  # fmt: skip
+        )
         if len(self._pending) >= _PENDING_ROWS:
             self._flush_pending()
 

@@ -146,7 +146,7 @@ def columns_of_rows(rows: list[tuple], rejected: Counter[str]) -> tuple[dict[str
 def checked_columns(
     columns: Mapping[str, Any], args: Mapping[int, dict] | None, arg_columns: ArgColumns | None,
     devices: int, resources: Sequence[Resource], rejected: Counter[str], misuse: Callable[[str], Any],
-) -> tuple[dict[str, Any], Mapping[int, dict] | None, ArgColumns | None] | None:  # fmt: skip
+) -> tuple[dict[str, Any], Mapping[int, dict] | None, ArgColumns | None] | None:
     """The rows of `columns` that pass the checks, in the stored form (int64 columns, flows completed,
     categories filled in), with their args: ``(columns, args, arg_columns)``, or None when no row is
     kept. A row that is wrong is counted in `rejected` by reason; a call that cannot be understood (an

@@ -35,7 +35,7 @@ def arm(when: str) -> None:
         _said_if_it_fails("the configuration", "profiles made in this process will refuse it", _check_configuration)
     if found["torch_profiler"] and torch_ready:
         _once("torch_profiler", variables.TORCH_PROFILER, "torch.profiler could not be switched to polyprof",
-              _behind_torch_profiler)  # fmt: skip
+              _behind_torch_profiler)
     if found["on_demand"]:
         _once("on_demand", variables.ON_DEMAND, "this process cannot be made capturable", _listen)
     if found["flight"] and torch_ready:

@@ -46,7 +46,7 @@ class BackendTraits:
 
     def problems(self) -> list[str]:
         out = [f"traits.{f.name} must be True or False, got {getattr(self, f.name)!r}"
-               for f in fields(self) if f.type == "bool" and not isinstance(getattr(self, f.name), bool)]  # fmt: skip
+               for f in fields(self) if f.type == "bool" and not isinstance(getattr(self, f.name), bool)]
         if not isinstance(self.facilities, frozenset) or not all(isinstance(f, str) and f for f in self.facilities):
             out.append(f"traits.facilities must be a frozenset of names, got {self.facilities!r}")
         return out
@@ -79,7 +79,7 @@ class SessionTraits:
 
     def problems(self) -> list[str]:
         return [f"traits.{f.name} must be True or False, got {getattr(self, f.name)!r}"
-                for f in fields(self) if not isinstance(getattr(self, f.name), bool)]  # fmt: skip
+                for f in fields(self) if not isinstance(getattr(self, f.name), bool)]
 
 
 def _problems(obj: Any, kind: type) -> list[str]:

@@ -12,7 +12,7 @@ from accelerate.utils import ProfileKwargs
 def main(out: str) -> None:
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(activities=["cpu"], record_shapes=True,
-                                                                        output_trace_dir=out)])  # fmt: skip
+                                                                        output_trace_dir=out)])
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -50,10 +50,10 @@ def fit(out: str, accelerator: str = "cpu", opencl: bool = True) -> None:
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     profiler = PyTorchProfiler(dirpath=out, filename="fit", export_to_chrome=True,
-                               schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))  # fmt: skip
+                               schedule=torch.profiler.schedule(wait=1, warmup=1, active=2))
     trainer = L.Trainer(max_epochs=1, limit_train_batches=8, profiler=profiler, accelerator=accelerator, devices=1,
                         enable_checkpointing=False, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
+                        enable_model_summary=False)
     trainer.fit(Model(opencl), torch.utils.data.DataLoader(data, batch_size=8))
 
 

@@ -29,10 +29,10 @@ class ProfilerStep(TrainerCallback):
 def main(out: str) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32,
-                                       bos_token_id=0, eos_token_id=0))  # fmt: skip
+                                       bos_token_id=0, eos_token_id=0))
     args = TrainingArguments(output_dir=os.path.join(out, "run"), per_device_train_batch_size=4, max_steps=4,
                              report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                             disable_tqdm=True)  # fmt: skip
+                             disable_tqdm=True)
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1),

@@ -476,7 +476,7 @@ def h_flight(out):
 
     folder = os.path.join(os.path.dirname(out), "flight")
     recorder = polyprof.flight_recorder(seconds=10, out_dir=folder, activities=["cpu", "cuda"], hang_s=None,
-                                        signals=(), capturable=False)  # fmt: skip
+                                        signals=(), capturable=False)
     model = torch.nn.Linear(1024, 1024).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(40):
@@ -502,9 +502,9 @@ def h_flight(out):
         kernels = [a for a in trace.activities if a.kind == polyprof.ActivityKind.KERNEL]
         captures[flight["trigger"]] = {"evidence": flight["evidence"], "kernels": len(kernels),
                                        "rows": len(trace.activities), "cuda": trace.backends.get("cuda").to_json()
-                                       if "cuda" in trace.backends else None}  # fmt: skip
+                                       if "cuda" in trace.backends else None}
     return {"oom_raised": oom, "captures": captures, "failures": recorder.failures,
-            "write_s": recorder.write_seconds}  # fmt: skip
+            "write_s": recorder.write_seconds}
 
 
 FLIGHT_BY_VARIABLE = """
@@ -531,10 +531,10 @@ def h_flight_variable(out):
     folder = os.path.join(os.path.dirname(out), "flight-variable")
     env = {**os.environ, "POLYPROF_FLIGHT_RECORDER": "10,hang_s=off", "POLYPROF_FLIGHT_DIR": folder}
     run = subprocess.run([sys.executable, "-c", FLIGHT_BY_VARIABLE], env=env, capture_output=True, text=True,
-                         timeout=PART_TIMEOUT_S)  # fmt: skip
+                         timeout=PART_TIMEOUT_S)
     captures = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     return {"returncode": run.returncode, "stdout": run.stdout[-500:], "stderr": run.stderr[-2000:],
-            "captures": captures}  # fmt: skip
+            "captures": captures}
 
 
 @part
@@ -783,7 +783,7 @@ def f_annotations(out):
     for k in (a for a in acts if a.kind == ActivityKind.KERNEL):
         launch = launch_of.get(k.correlation)
         around = [s for s in spans if launch is not None and s.resource == launch.resource
-                  and s.start <= launch.start <= s.end]  # fmt: skip
+                  and s.start <= launch.start <= s.end]
         for s in around:
             under[s.name] += 1
     return {

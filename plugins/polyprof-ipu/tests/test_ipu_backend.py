@@ -27,7 +27,7 @@ def fake_pva(runs):
         opened.append(path)
         return NS(poplarVersion=NS(string="3.4.0 (stand-in)"),
                   compilation=NS(target=NS(clockFrequency=1.85e9, numTiles=1472)),
-                  execution=NS(runs=runs() if callable(runs) else runs))  # fmt: skip
+                  execution=NS(runs=runs() if callable(runs) else runs))
 
     m.openReport = openReport
     m.opened = opened
@@ -52,7 +52,7 @@ def test_runs_and_steps_land_on_each_ipu_at_their_host_time(monkeypatch):
         return [NS(name="run 0", microseconds=NS(start=start_us, end=start_us + 5000),
                    steps=[step("StreamCopy", 1850, 925), step("Execute", 3_700_000, 1_850_000)]),
                 NS(name="run 1", microseconds=NS(start=start_us + 10_000, end=start_us + 15_000),
-                   steps=[step("Execute", 1_850_000, 1_850_000)])]  # fmt: skip
+                   steps=[step("Execute", 1_850_000, 1_850_000)])]
 
     pva = fake_pva(runs)
     monkeypatch.setitem(sys.modules, "pva", pva)

@@ -58,7 +58,7 @@ def test_tracepoints_events_and_samples_reach_both_libpvti_and_the_trace(pvti):
     assert pvti.calls == [("begin", "MNIST Application", "Epoch:0"), ("begin", "MNIST Application", "batch"),
                           ("sample", "Training Loss", 0.5), ("end", "MNIST Application", "batch"),
                           ("event", "MNIST Application", "checkpoint"), ("end", "MNIST Application", "Epoch:0"),
-                          ("begin", "Early", "loader"), ("end", "Early", "loader")]  # fmt: skip
+                          ("begin", "Early", "loader"), ("end", "Early", "loader")]
     acts = {a.name: a for a in trace.activities}
     epoch, batch, loader = acts["Epoch:0"], acts["batch"], acts["loader"]
     assert epoch.kind == batch.kind == ActivityKind.USER_ANNOTATION and epoch.cat == "pvti:MNIST Application"
@@ -85,7 +85,7 @@ def test_without_libpvti_it_says_where_it_comes_from():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True)
     assert "libpvti is not imported here" in r.stdout and "Poplar SDK" in r.stdout
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True,
-                       env={**env, "PVTI_OPTIONS": '{"enable":"true"}'})  # fmt: skip
+                       env={**env, "PVTI_OPTIONS": '{"enable":"true"}'})
     assert "libpvti is not imported here" in r.stdout, "PVTI_OPTIONS set, but no libpvti to import"
 
 

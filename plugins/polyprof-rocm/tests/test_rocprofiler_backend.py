@@ -34,7 +34,7 @@ def profile(workload, **kw):
 
 def test_ctypes_layouts_have_the_c_sizes(rocprof):
     for which, struct in enumerate((abi.ApiRecord, abi.MemoryCopyRecord, abi.KernelDispatchRecord, abi.CallbackRecord,
-                                     abi.KernelSymbolRegister, abi.Agent, abi.RecordHeader)):  # fmt: skip
+                                     abi.KernelSymbolRegister, abi.Agent, abi.RecordHeader)):
         assert ctypes.sizeof(struct) == rocprof.lib.fake_record_size(which), struct.__name__
     assert ctypes.sizeof(abi.KernelDispatchInfo) == 128, "the SDK's static_assert"
 
@@ -115,7 +115,7 @@ def test_records_the_sdk_dropped_and_records_of_an_older_layout_are_counted_not_
     assert not [a for a in trace.activities if a.kind == ActivityKind.KERNEL]
     dropped = trace.backends["rocm"].dropped
     assert dropped == {"hip_runtime records (a layout older than polyprof-rocm reads)": 1,
-                       "kernel records (a layout older than polyprof-rocm reads)": 1}, dropped  # fmt: skip
+                       "kernel records (a layout older than polyprof-rocm reads)": 1}, dropped
 
 
 def test_conformance_kit(rocprof):
@@ -137,7 +137,7 @@ print(json.dumps(RocprofilerBackend().probe().reason))
         ({"FAKE_ROCPROFILER_VERSION": "0.4.0"}, "polyprof-rocm reads the record layouts of 0.5"),
         ({"FAKE_ROCPROFILER_GPUS": "0"}, "sees no AMD GPU"),
     ],
-)  # fmt: skip
+)
 def test_unavailable_with_a_reason_a_user_can_act_on(fake_rocprofiler_path, env, reason):
     full = {**os.environ, "POLYPROF_ROCPROFILER_LIBRARY": fake_rocprofiler_path, **env}
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=full, check=True)

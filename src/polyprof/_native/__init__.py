@@ -49,7 +49,7 @@ from polyprof._native.shared import (
     SIDE_NAMES,
     SPAN,
     NeedsExtension,
-)  # fmt: skip
+)
 
 if load.extension is not None:
     try:
@@ -83,4 +83,4 @@ __all__ = [
     "BUILT_HERE", "COUNTER", "DECLINED", "FIELDS", "GC", "INSTANT", "SPAN", "NeedsExtension",
     "RECORDER_NAMES", "SIDE_NAMES",
     "description", "extension", "extension_missing", "unavailable", "why_pure", *SIDE_NAMES,
-]  # fmt: skip
+]

@@ -25,7 +25,7 @@ RECORDER_NAMES = (
     "EventBuffer", "RecordFunction", "SpanCall", "configure", "counter", "current_external_id",
     "external_id_reader", "instant", "new_ids", "next_id", "set_active", "set_bridge", "set_has_targets",
     "thread_buffer", "thread_context_fast",
-)  # fmt: skip
+)
 #: ...the column helpers (Python twins)...
 COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_levels")
 #: ...the accelerators (None, or DECLINED, without the extension)...
@@ -33,13 +33,13 @@ ACCELERATOR_NAMES = (
     "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "format_activities",
     "format_arg_objects", "slice_events", "encode_events", "encode_json_args", "events_array_start",
     "scan_events", "scan_packets", "packet_scanner", "scan_packets_feed", "scan_packets_result", "scan_packets_take", "scan_packets_counts", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
-)  # fmt: skip
+)
 #: ...and the runtime (the clock, row chunks, the Python call tracer)
 RUNTIME_NAMES = (
     "clock_ns", "clock_source", "tsc_clock_addresses", "row_chunk_functions", "warm_row_chunks",
     "row_chunks_stats", "pytrace_start", "pytrace_stop", "pytrace_thread_hook", "pytrace_mon_py_start",
     "pytrace_mon_py_end", "pytrace_mon_call", "pytrace_mon_c_end", "crash_rows_arm", "crash_rows_disarm",
-)  # fmt: skip
+)
 SIDE_NAMES = RECORDER_NAMES + COLUMN_NAMES + ACCELERATOR_NAMES + RUNTIME_NAMES
 
 

@@ -135,9 +135,9 @@ def kernel_breakdown(trace: Trace, top: int | None = None, work: DeviceWork | No
         order = np.argsort(-sums, kind="stable")[:top]
         for i in order.tolist():
             rows.append((work.heading(d), names[int(uniq[i])], work.type[int(first[i])], int(counts[i]), int(sums[i]),
-                         float(sums[i] / counts[i]), int(mins[i]), int(maxs[i]), float(sums[i] / total)))  # fmt: skip
+                         float(sums[i] / counts[i]), int(mins[i]), int(maxs[i]), float(sums[i] / total)))
     return Table.of(("device", "kernel", "kind", "calls", "total_ns", "mean_ns", "min_ns", "max_ns", "share"),
-                    rows, "Kernels, copies and fills by total time")  # fmt: skip
+                    rows, "Kernels, copies and fills by total time")
 
 
 def temporal_breakdown(trace: Trace, work: DeviceWork | None = None) -> Table:
@@ -155,7 +155,7 @@ def temporal_breakdown(trace: Trace, work: DeviceWork | None = None) -> Table:
         idle = span - busy
         rows.append((work.heading(d), span, idle, compute, busy - compute, idle / (span or 1), compute / (span or 1)))
     return Table.of(("device", "span_ns", "idle_ns", "compute_ns", "non_compute_ns", "idle_share", "compute_share"),
-                    rows, "Temporal breakdown of device time")  # fmt: skip
+                    rows, "Temporal breakdown of device time")
 
 
 def _launch_starts(trace: Trace, work: DeviceWork) -> np.ndarray:
@@ -171,7 +171,7 @@ def launch_starts(trace: Trace, rows: np.ndarray, correlation: np.ndarray) -> np
         return out
     kinds = acts["kind"]
     launch = np.flatnonzero(((kinds == int(ActivityKind.RUNTIME)) | (kinds == int(ActivityKind.DRIVER)))
-                            & (acts["correlation"] != 0))  # fmt: skip
+                            & (acts["correlation"] != 0))
     if not len(launch):
         return out
     corr = acts["correlation"][launch]
@@ -229,9 +229,9 @@ def launch_latency(trace: Trace, work: DeviceWork | None = None) -> tuple[Table,
         samples[heading] = lat
         p50, p90, p99 = np.percentile(lat, [50, 90, 99])
         rows.append((heading, len(lat), float(lat.mean()), float(p50), float(p90), float(p99), int(lat[worst]),
-                     names[int(work.name[np.flatnonzero(m)[worst]])]))  # fmt: skip
+                     names[int(work.name[np.flatnonzero(m)[worst]])]))
     table = Table.of(("device", "launches", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "worst"),
-                     rows, "Launch latency (launch call start to device start)")  # fmt: skip
+                     rows, "Launch latency (launch call start to device start)")
     return table, samples
 
 
@@ -248,7 +248,7 @@ def overlap(trace: Trace, work: DeviceWork | None = None) -> Table:
         both = overlap_ns((work.start[comm], work.end[comm]), (work.start[comp], work.end[comp]))
         rows.append((work.heading(d), comm_ns, both, both / (comm_ns or 1)))
     return Table.of(("device", "communication_ns", "overlapped_ns", "overlap_share"), rows,
-                    "Communication hidden under computation")  # fmt: skip
+                    "Communication hidden under computation")
 
 
 def utilisation(trace: Trace, bins: int = 200, work: DeviceWork | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -26,7 +26,7 @@ from polyprof.model import ActivityKind, Trace
 
 OP_KINDS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 HOST_KINDS = (*OP_KINDS, int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER), int(ActivityKind.SYNC),
-              int(ActivityKind.PYTHON_FUNCTION), int(ActivityKind.OVERHEAD))  # fmt: skip
+              int(ActivityKind.PYTHON_FUNCTION), int(ActivityKind.OVERHEAD))
 COLUMNS = ("op", "input_dims", "calls", "total_ns", "self_ns", "mean_ns", "device_ns", "device_total_ns")
 
 
@@ -77,7 +77,7 @@ def operator_table(trace: Trace, by_shape: bool = False, top: int | None = None)
     ext_host = acts["external_id"][host].tolist()
     is_op = np.isin(kinds[host], OP_KINDS)
     own_device = np.array([by_ext.get(e, 0) if e and op else 0 for e, op in zip(ext_host, is_op.tolist(), strict=True)],
-                          dtype=np.int64)  # fmt: skip
+                          dtype=np.int64)
     device_of = np.zeros(len(acts), np.int64)
     device_of[host] = own_device
     self_ns = np.zeros(len(acts), np.int64)
@@ -108,6 +108,6 @@ def operator_table(trace: Trace, by_shape: bool = False, top: int | None = None)
         m = np.asarray(members)
         total = int((acts["end"][m] - acts["start"][m]).sum())
         rows.append((names[code], shape, len(m), total, int(self_ns[m].sum()), total / len(m),
-                     int(device_of[m].sum()), int(dev_total[m].sum())))  # fmt: skip
+                     int(device_of[m].sum()), int(dev_total[m].sum())))
     rows.sort(key=lambda r: (-r[3], r[0]))
     return Table.of(COLUMNS, rows[:top] if top else rows, "Operators")

@@ -73,7 +73,7 @@ def overview(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None
         backends=_tagged([backends_table(t) for t in items], ranks),
         counters=_tagged([counters_table(t) for t in items], ranks),
         counter_series=counter_series(first), utilisation=dev.utilisation(first, work=works[0]),
-    )  # fmt: skip
+    )
     if len(items) > 1:
         from polyprof.analysis.ranks import rank_view
 
@@ -110,7 +110,7 @@ def findings(ov: Overview) -> list[str]:
         if by_cause and sum(by_cause.values()):
             top = max(by_cause, key=lambda k: by_cause[k])
             why = {"host wait": ", mostly waiting on the host", "kernel wait": ", mostly in gaps between kernels",
-                   "other": ", mostly waiting on something other than the host (syncs, other streams)"}[top]  # fmt: skip
+                   "other": ", mostly waiting on something other than the host (syncs, other streams)"}[top]
         host_only = sum(s["host_only_ns"] for s in mine) / span
         if idle + host_only >= 0.2:
             split = f" ({_pct(host_only)} while the host runs code, {_pct(idle)} with neither busy)" if host_only >= 0.05 else ""
@@ -132,7 +132,7 @@ def findings(ov: Overview) -> list[str]:
     if ops:
         top_op = max(ops, key=lambda o: o["self_ns"])
         out.append(f"The largest host op by self time is {top_op['op']}: {_pct(top_op['self_ns'] / total_self)} of all ops' "
-                   f"self time ({top_op['calls']} calls, {_ms(top_op['self_ns'])})")  # fmt: skip
+                   f"self time ({top_op['calls']} calls, {_ms(top_op['self_ns'])})")
     for r in ov.launch.dicts():
         if r["p99_ns"] >= 1e6:
             out.append(f"Launches on {r['device']} wait long: p99 {_ms(r['p99_ns'])} from launch call to start (worst {r['worst']})")
@@ -143,7 +143,7 @@ def findings(ov: Overview) -> list[str]:
         slow = ov.rank_view.slowest_rank
         lag = [s.behind_ns for s in ov.rank_view.steps if s.slowest == slow]
         out.append(f"Rank {slow} is the slowest in {len(lag)} of {len(ov.rank_view.steps)} steps, by {_ms(float(np.median(lag)))} "
-                   "(median, busy time above the ranks' median)")  # fmt: skip
+                   "(median, busy time above the ranks' median)")
     for b in ov.backends.dicts():
         if b["state"] == "failed" or b["errors"]:
             out.append(f"Backend {b['backend']} {b['state']}: {b['errors'] or b['reason']}")

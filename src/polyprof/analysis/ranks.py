@@ -113,7 +113,7 @@ def rank_view(traces: Iterable[Any]) -> RankView:
             durations.append(hi - lo)
         view.ranks.append(
             RankRow(rank, source, len(durations), statistics.fmean(durations) if durations else 0.0,
-                    union_ns(c_start, c_end) if len(acts) else 0)  # fmt: skip
+                    union_ns(c_start, c_end) if len(acts) else 0)
         )
     least = min((r.collective_ns for r in view.ranks), default=0)
     for r in view.ranks:
@@ -123,5 +123,5 @@ def rank_view(traces: Iterable[Any]) -> RankView:
         work = busy[step]
         slowest = max(work, key=lambda k: work[k])
         view.steps.append(StepRow(step, dict(sorted(per_step[step].items())), dict(sorted(work.items())), slowest,
-                                  int(work[slowest] - statistics.median(work.values()))))  # fmt: skip
+                                  int(work[slowest] - statistics.median(work.values()))))
     return view

@@ -30,9 +30,9 @@ def backends_table(trace: Trace) -> Table:
     for name, st in trace.backends.items():
         dropped = ", ".join(f"{k} {v}" for k, v in st.dropped.items())
         rows.append((name, st.state, st.activities, dropped, st.rejected, "; ".join(st.errors), "; ".join(st.warnings),
-                     st.reason, _clock_uncertainty(st.clock)))  # fmt: skip
+                     st.reason, _clock_uncertainty(st.clock)))
     return Table.of(("backend", "state", "activities", "dropped", "rejected", "errors", "warnings", "reason", "clock"),
-                    rows, "Backends")  # fmt: skip
+                    rows, "Backends")
 
 
 def counter_series(trace: Trace) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -32,9 +32,9 @@ from polyprof.model import ActivityKind, Trace
 HOST = "host"
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 COLUMNS = ("rank", "step", "device", "step_ns", "compute_ns", "communication_ns", "memory_ns", "other_ns",
-           "host_only_ns", "idle_ns")  # fmt: skip
+           "host_only_ns", "idle_ns")
 HOST_WORK = (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.RUNTIME, ActivityKind.DRIVER,
-             ActivityKind.SYNC, ActivityKind.PYTHON_FUNCTION)  # fmt: skip
+             ActivityKind.SYNC, ActivityKind.PYTHON_FUNCTION)
 
 
 def step_rows(trace: Trace) -> dict[int, int]:
@@ -60,7 +60,7 @@ def steps_of(trace: Trace) -> dict[int, tuple[int, int]]:
 
 
 def step_breakdown(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None,
-                   works: Sequence[DeviceWork] | None = None) -> Table:  # fmt: skip
+                   works: Sequence[DeviceWork] | None = None) -> Table:
     """The breakdown of every step of every trace given (one per rank; `works`: their DeviceWork, when
     the caller has it already)."""
     items = [traces] if isinstance(traces, Trace) else list(traces)
@@ -91,7 +91,7 @@ def step_breakdown(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None 
                     taken = both
                 idle = span - sum(parts.values())
                 rows.append((rank, step, work.heading(d) if d is not None else "host", span, parts[COMPUTATION],
-                             parts[COMMUNICATION], parts[MEMORY], parts[OTHER], parts[HOST], idle))  # fmt: skip
+                             parts[COMMUNICATION], parts[MEMORY], parts[OTHER], parts[HOST], idle))
     return Table.of(COLUMNS, rows, "Step time breakdown")
 
 

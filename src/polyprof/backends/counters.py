@@ -42,7 +42,7 @@ class ProcessCounters:
         p = self.process
         with p.oneshot():
             values = [("host", "process cpu %", p.cpu_percent(None)), ("host", "process rss (MB)", p.memory_info().rss / MB),
-                      ("host", "process threads", float(p.num_threads()))]  # fmt: skip
+                      ("host", "process threads", float(p.num_threads()))]
         if self.io:
             try:
                 c = p.io_counters()
@@ -50,7 +50,7 @@ class ProcessCounters:
             except (AttributeError, OSError, self.psutil.Error):
                 self.io = False  # not counted here (macOS, some containers)
         values += [("host", "system cpu %", self.psutil.cpu_percent(None)),
-                   ("host", "system memory used %", self.psutil.virtual_memory().percent)]  # fmt: skip
+                   ("host", "system memory used %", self.psutil.virtual_memory().percent)]
         return values
 
 

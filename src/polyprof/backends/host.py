@@ -97,7 +97,7 @@ def _open_states(spans: list[Any]) -> list[tuple]:
     """(name, args, start, id, parent) of each span open in a live buffer: C's buffer lists the span
     objects (their ``open_state``: None once no longer open), the Python twin's the tuples themselves."""
     return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state) for span in spans
-            if isinstance(span, tuple) or span.open_state is not None]  # fmt: skip
+            if isinstance(span, tuple) or span.open_state is not None]
 
 
 class HostSession:

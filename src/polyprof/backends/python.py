@@ -99,10 +99,10 @@ class Monitoring:
         e = self.mon.events
         self.callbacks = {e.PY_START: tracer.pytrace_mon_py_start, e.PY_RESUME: tracer.pytrace_mon_py_start,
                           e.PY_THROW: tracer.pytrace_mon_py_start, e.PY_RETURN: tracer.pytrace_mon_py_end,
-                          e.PY_YIELD: tracer.pytrace_mon_py_end, e.PY_UNWIND: tracer.pytrace_mon_py_end}  # fmt: skip
+                          e.PY_YIELD: tracer.pytrace_mon_py_end, e.PY_UNWIND: tracer.pytrace_mon_py_end}
         if c_calls:
             self.callbacks.update({e.CALL: tracer.pytrace_mon_call, e.C_RETURN: tracer.pytrace_mon_c_end,
-                                   e.C_RAISE: tracer.pytrace_mon_c_end})  # fmt: skip
+                                   e.C_RAISE: tracer.pytrace_mon_c_end})
 
     def on(self) -> None:
         self.mon.use_tool_id(self.tool, "polyprof")
@@ -152,7 +152,7 @@ class PythonSession:
         self.tracer.pytrace_start(int(float(o.get("min_duration_us") or 0) * 1000), int(o.get("max_depth") or 128),
                                     c_calls, fold, (POLYPROF_FILES,), _thread_name,
                                     {t.native_id: t.name for t in threading.enumerate() if t.native_id},
-                                    self.monitor is not None, torch_style, module_code)  # fmt: skip
+                                    self.monitor is not None, torch_style, module_code)
         self.running = True
 
     def stop(self) -> None:
@@ -178,7 +178,7 @@ class PythonSession:
                 self.ctx.report.attach(python_calls.ATTACHMENT, table)
         else:
             lost = sum(_hand_over(sink, tid, name, code, start, end, objects, include, exclude)
-                       for tid, name, code, start, end, _depth, _kind, objects, *_ in taken)  # fmt: skip
+                       for tid, name, code, start, end, _depth, _kind, objects, *_ in taken)
             if lost:
                 self.ctx.report.filtered_records(lost, "python calls whose code object the tracer did not keep")
         short, deep = sum(t[8] for t in taken), sum(t[9] for t in taken)
@@ -192,7 +192,7 @@ class PythonSession:
 
 
 def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: bytes, objects: Any,
-               include: list[str], exclude: list[str]) -> int:  # fmt: skip
+               include: list[str], exclude: list[str]) -> int:
     """One thread's rows, polyprof's own style: named ``file.py(12): qualname``, filtered by include/exclude.
     `objects`: the tracer's, address -> object. Returns how many rows were left out because their code
     object is not among those the tracer kept (it can no longer be named; none is expected)."""
@@ -222,7 +222,7 @@ def _hand_over(sink: Sink, tid: int, name: Any, code: bytes, start: bytes, end: 
         "resource": np.full(len(rows), sink.host_thread(int(tid), name)),
         "start": starts[rows],
         "end": ends[rows],
-    })  # fmt: skip
+    })
     return lost
 
 

@@ -56,7 +56,7 @@ class PythonCallTable:
     """Each recorded call's kind, callsite, caller and module, by its ``Python id`` (1-based)."""
 
     def __init__(self, kinds: np.ndarray, callsites: np.ndarray, callers: np.ndarray, sites: list[Site],
-                 modules: dict[int, Module]) -> None:  # fmt: skip
+                 modules: dict[int, Module]) -> None:
         self._kinds, self._callsites, self._callers, self._sites, self._modules = kinds, callsites, callers, sites, modules
 
     def __len__(self) -> int:
@@ -120,7 +120,7 @@ class _Namer:
         line = table.get(lasti)
         if line is None:
             line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end and ln is not None),
-                        code.co_firstlineno)  # fmt: skip
+                        code.co_firstlineno)
             table[lasti] = line
         return int(line)
 
@@ -137,7 +137,7 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
         return None
     by_id: dict[int, Any] = {}
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("target", "start", "end", "kind", "lasti", "caller",
-                                                         "caller_lasti", "ordinal", "parent", "row")}  # fmt: skip
+                                                         "caller_lasti", "ordinal", "parent", "row")}
     base = 0
     for tid, name, code, start, end, _depth, is_c, objects, _s, _d, calls in threads:
         by_id.update(objects)  # the tracer's: address -> object
@@ -174,7 +174,7 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
     # one label per distinct (object, offset): a module call's object is its module, so it has its own
     pairs, inverse = _unique_pairs(c["target"], np.where(kinds == PY_CALL, c["lasti"], -2))
     labels = [_label(by_id.get(ptr), kind, lasti, namer, modules.get(ptr)) for (ptr, lasti), kind in
-              zip(pairs, kinds[_first_of(inverse, len(pairs))].tolist(), strict=True)]  # fmt: skip
+              zip(pairs, kinds[_first_of(inverse, len(pairs))].tolist(), strict=True)]
     sites: list[Site] = []
     site_index: dict[tuple[int, int], int] = {}
 
@@ -215,14 +215,14 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
         (keep_rows & (parent_ids > 0) & ~is_module, ("Python parent id", "Python id"), (parent_ids, ids)),
         (keep_rows & (parent_ids > 0) & is_module, ("Python parent id", "Python id", "Python module id"),
          (parent_ids, ids, module_ids)),
-    ):  # fmt: skip
+    ):
         chosen = np.flatnonzero(rows)
         if not len(chosen):
             continue
         args = tuple(np.full(len(chosen), None, dtype=object) if v is None else v[chosen] for v in values)
         sink.activities({k: _rows(v, chosen) for k, v in columns.items()}, None, ArgColumns(keys, args))
     table_modules = {int(i) + 1: modules[int(ptr)] for i, ptr in zip(np.flatnonzero(is_module).tolist(),
-                                                                      c["target"][is_module].tolist(), strict=True)}  # fmt: skip
+                                                                      c["target"][is_module].tolist(), strict=True)}
     return PythonCallTable(kinds.copy(), callsites, callers, sites, table_modules)
 
 

@@ -126,21 +126,21 @@ def backends() -> None:
 @click.option("--exclude-kind", multiple=True, metavar="KIND", help="Drop activities of this kind, e.g. cpu_op, kernel (repeatable).")
 @click.option("--max-events", type=int, default=None, help="Keep each backend's earliest N activities; the rest are counted.")
 @click.option("--on-demand", is_flag=True, help="Record nothing now: run SCRIPT capturable on demand "
-              "(polyprof ps, polyprof capture PID), as POLYPROF_ON_DEMAND=1 does.")  # fmt: skip
+              "(polyprof ps, polyprof capture PID), as POLYPROF_ON_DEMAND=1 does.")
 @click.option("--flight-recorder", "flight_seconds", type=float, default=None, metavar="SECONDS",
               help="Record nothing to a trace now: keep the last SECONDS always (steps, annotations, top-level "
               "ops, collectives) and write them to --flight-dir when a step is slow, the script hangs, fails "
-              "or is signalled (POLYPROF_FLIGHT_RECORDER=SECONDS, which torchrun's ranks inherit).")  # fmt: skip
+              "or is signalled (POLYPROF_FLIGHT_RECORDER=SECONDS, which torchrun's ranks inherit).")
 @click.option("--flight-dir", default="flight", show_default=True, help="Where --flight-recorder writes.")
 @click.option("--flight-recorder-option", "flight_options", multiple=True, metavar="NAME=VALUE",
               help="One of the flight recorder's settings, e.g. hang_s=120, slow_step=off, max_captures=10 "
-              "(repeatable; the table in docs/flight-recorder.md).")  # fmt: skip
+              "(repeatable; the table in docs/flight-recorder.md).")
 @click.option("--torch-profiler/--no-torch-profiler", default=None,
               help="Put polyprof behind torch.profiler in SCRIPT and what it starts (the default, unless "
               "POLYPROF_TORCH_PROFILER=0 is set): "
               "profilers that SCRIPT or its framework make are polyprof's; when one starts recording, this "
               "run's own trace ends there and is written. --no-torch-profiler leaves torch.profiler torch's "
-              "own, which cannot start while this run records the script's ops (one profiler at a time).")  # fmt: skip
+              "own, which cannot start while this run records the script's ops (one profiler at a time).")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -235,7 +235,7 @@ def run(
         only one profile records ops at a time, so this run's trace ends here and is written now."""
         whose = "polyprof behind it" if hasattr(other, "step_num") else "torch's own"
         click.echo(f"polyprof: the script started its own profiler (torch.profiler, {whose}): this run's trace "
-                   "ends here; the script's profiler writes its own traces", err=True)  # fmt: skip
+                   "ends here; the script's profiler writes its own traces", err=True)
         prof.add_metadata("polyprofRun", {"ended": "the script started its own profiler", "step": getattr(other, "step_num", None)})
         finish()
 
@@ -248,7 +248,7 @@ def run(
         """Start the window (and its --duration alarm), and the step spans."""
         if synced is not None:
             prof.add_metadata("polyprofRun", {"started_after_optimizer_step": synced.agreed_step,
-                                              "agreed_through": "the job's store", "problem": synced.problem})  # fmt: skip
+                                              "agreed_through": "the job's store", "problem": synced.problem})
         prof.start()
         step_spans.install()
         if duration is not None:
@@ -341,7 +341,7 @@ def _behind_torch_profiler(wanted: bool | None) -> None:
 
 
 def _run_flight_recorder(seconds: float, folder: str, options: tuple[str, ...], script: str,
-                         script_args: tuple[str, ...]) -> None:  # fmt: skip
+                         script_args: tuple[str, ...]) -> None:
     """`polyprof run --flight-recorder SECONDS`: the script runs as under python, the flight recorder on
     (and on in what it starts, through the environment, with the same settings)."""
     from polyprof.flight.environment import FOLDER, VARIABLE, settings_from, start_from_environment
@@ -359,7 +359,7 @@ def _run_flight_recorder(seconds: float, folder: str, options: tuple[str, ...], 
     except PolyprofError as exc:
         fail(str(exc))
     click.echo(f"polyprof: flight recorder on: the last {seconds:g} s written to {recorder.out_dir} when "
-               "something goes wrong (SIGUSR2: now)", err=True)  # fmt: skip
+               "something goes wrong (SIGUSR2: now)", err=True)
     _run_script(script, script_args)
 
 
@@ -419,7 +419,7 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
         what = "a link" if stat.S_ISLNK(st.st_mode) else f"owner uid {st.st_uid}"
         done = ("replaced by this run's spill (a link's target is left alone), not offered for recovery"
-                if _removable(spill_file, st) else "left alone: this run records without a spill")  # fmt: skip
+                if _removable(spill_file, st) else "left alone: this run records without a spill")
         click.echo(f"polyprof: {spill_file} is not a file of yours ({what}): {done}", err=True)
         return
     keep = f"{spill_file}.{os.getpid()}.left"
@@ -509,12 +509,12 @@ VIEWS = ("top", "steps", "kernels", "ops", "idle", "ranks", "backends", "launch"
 @click.option("--view", type=click.Choice(VIEWS), default=None,
               help="One analysis, with the numbers the report shows: steps (breakdown), kernels, ops, idle, ranks, "
               "backends, launch (latency), devices (temporal breakdown and kinds of work); default: the top activities, "
-              "or the rank view for several traces.")  # fmt: skip
+              "or the rank view for several traces.")
 @click.option("--engine", default=None, help="For a store: duckdb (default), spark (local mode) or spark://HOST:PORT.")
 @MEMORY
 @QUIET
 def summary(trace_files: tuple[str, ...], top: int, view: str | None, engine: str | None, memory_limit: str | None,
-            quiet: bool) -> None:  # fmt: skip
+            quiet: bool) -> None:
     """Top activities by total time per kind and device, from a trace file (.json, .pftrace, either .gz);
     with several ranks' traces (or a folder of them): step times per rank, the slowest rank of each step,
     time in collectives and who waited; for a store (polyprof store): its clocks and who made everyone
@@ -581,7 +581,7 @@ def _print_view(trace_files: tuple[str, ...], view: str, limit: int) -> None:
         console.print("one trace: no ranks to compare (give several ranks' traces, or a folder of them)")
         return
     tables = {"steps": [ov.steps], "kernels": [ov.kernels], "ops": [ov.operators], "idle": [ov.idle],
-              "backends": [ov.backends], "launch": [ov.launch], "devices": [ov.temporal, ov.kernel_types, ov.overlap]}[view]  # fmt: skip
+              "backends": [ov.backends], "launch": [ov.launch], "devices": [ov.temporal, ov.kernel_types, ov.overlap]}[view]
     for table in tables:
         if table.rows:
             console.print(analysis_table(table, limit=limit))
@@ -664,7 +664,7 @@ def diff_command(before: str, after: str, top: int, output: str | None) -> None:
 @click.argument("input_file", type=click.Path(dir_okay=False))
 @click.argument("output_file", type=click.Path(dir_okay=False))
 @click.option("--format", "out_format", type=click.Choice(["json", "perfetto"]), default=None,
-              help="Output format (default: from OUTPUT_FILE's suffix: .pftrace/.perfetto-trace is Perfetto).")  # fmt: skip
+              help="Output format (default: from OUTPUT_FILE's suffix: .pftrace/.perfetto-trace is Perfetto).")
 @QUIET
 def convert(input_file: str, output_file: str, out_format: str | None, quiet: bool) -> None:
     """Convert a trace: Kineto/torch.profiler or polyprof JSON to Perfetto protobuf (streaming: a trace

@@ -51,9 +51,9 @@ def ps(as_json: bool) -> None:
         steps = f"{proc.get('steps', 0)} ({', '.join(proc.get('step_sources') or [])})" if proc.get("step_sources") else "none seen (--duration only)"
         cap = proc.get("capture")
         running = "error: " + proc["error"] if "error" in proc else (
-            ("recording" if cap.get("recording") else "waiting for its step") + f" -> {cap.get('output')}" if cap else "-")  # fmt: skip
+            ("recording" if cap.get("recording") else "waiting for its step") + f" -> {cap.get('output')}" if cap else "-")
         table.add_row(str(proc["pid"]), markup_safe(_short_command(str(proc.get("command", "")))), rank, steps,
-                      markup_safe(running))  # fmt: skip
+                      markup_safe(running))
     new_console().print(table)
 
 
@@ -69,18 +69,18 @@ def _short_command(command: str) -> str:
 @click.option("--steps", type=int, default=None, help="Record this many training steps, from the next step boundary.")
 @click.option("--last", "last_s", type=float, default=None, metavar="SECONDS",
               help="Write the last SECONDS its flight recorder holds, now (polyprof run --flight-recorder, "
-              "POLYPROF_FLIGHT_RECORDER).")  # fmt: skip
+              "POLYPROF_FLIGHT_RECORDER).")
 @click.option("--activities", default=None, help="Comma-separated activity groups (e.g. cpu,cuda); default: all available.")
 @click.option("-o", "--output", default=None, help="Trace to write (default polyprof-capture-PID.json.gz here); "
-              "for --job / --all, the merged trace, each process's own beside it.")  # fmt: skip
+              "for --job / --all, the merged trace, each process's own beside it.")
 @click.option("--job", is_flag=True, help="Capture every rank of PID's torch.distributed job, the same steps on each, and merge them.")
 @click.option("--all", "everyone", is_flag=True, help="Capture every capturable process of this user, and merge them.")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
-              help="How long a steps capture waits for its first step (a job: for its ranks to report).")  # fmt: skip
+              help="How long a steps capture waits for its first step (a job: for its ranks to report).")
 @click.option("--summary/--no-summary", default=True, show_default=True, help="Print the top activities when done.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows per kind and device in the summary.")
 def capture(pid: int | None, duration: float | None, steps: int | None, last_s: float | None, activities: str | None,
-            output: str | None, job: bool, everyone: bool, timeout: float, summary: bool, top: int) -> None:  # fmt: skip
+            output: str | None, job: bool, everyone: bool, timeout: float, summary: bool, top: int) -> None:
     """Capture a running process PID (see polyprof ps) for --duration seconds or --steps steps: it
     records, writes the trace itself, and this prints the summary. Ctrl-C here leaves the capture to
     finish in the target."""
@@ -103,7 +103,7 @@ def capture(pid: int | None, duration: float | None, steps: int | None, last_s: 
         fail(f"cannot write the trace to {output}: folder {os.path.dirname(output)} does not exist; create it first")
     request: dict[str, Any] = {"op": "capture", "output": output, "timeout_s": timeout}
     request.update({"duration_s": duration} if duration is not None else
-                   {"steps": steps} if steps is not None else {"last_s": last_s})  # fmt: skip
+                   {"steps": steps} if steps is not None else {"last_s": last_s})
     if activities:
         request["activities"] = [a.strip() for a in activities.split(",") if a.strip()]
     if everyone:
@@ -119,11 +119,11 @@ def _capture_one(pid: int, request: dict[str, Any]) -> list[str]:
 
     def accepted(info: dict[str, Any]) -> None:
         how = (f"{info['steps']} steps" if info.get("steps") else f"the last {info['last_s']:g} s" if info.get("last_s")
-               else f"{info.get('duration_s')} s")  # fmt: skip
+               else f"{info.get('duration_s')} s")
         where = info.get("job") or {}
         if where:
             click.echo(f"polyprof: capturing {how} on all {where['world_size']} ranks of pid {pid}'s job, from step "
-                       f"{where['start_step']} -> {where['output']}", err=True)  # fmt: skip
+                       f"{where['start_step']} -> {where['output']}", err=True)
         else:
             note = f" ({info['note']})" if info.get("note") else ""
             click.echo(f"polyprof: capturing {how} of pid {pid} -> {info.get('output')}{note}", err=True)
@@ -152,7 +152,7 @@ def _rank_trace(path: object) -> str:
     except OSError as exc:
         fail(f"a rank reported {path!r} as its trace: {exc.strerror or exc}")
     if not (isinstance(path, str) and path.endswith(TRACE_SUFFIXES) and stat.S_ISREG(st.st_mode)
-            and st.st_uid == os.getuid()):  # fmt: skip
+            and st.st_uid == os.getuid()):
         fail(f"a rank reported {path!r} as its trace, which is not a trace file of yours (uid {os.getuid()}): not read")
     return path
 

@@ -37,9 +37,9 @@ def shown(quiet: bool = False) -> Iterator[None]:
         yield
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("left"), TimeRemainingColumn())  # fmt: skip
+               TextColumn("left"), TimeRemainingColumn())
     byte_columns = (TextColumn("{task.description}"), BarColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
-                    TextColumn("left"), TimeRemainingColumn())  # fmt: skip
+                    TextColumn("left"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
 
         def make_task(description: str, total: float) -> progress.Advance:

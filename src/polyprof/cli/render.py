@@ -104,7 +104,7 @@ def print_rank_view(view: object, console: Console) -> None:
         ranks.add_column(col, justify="left" if col == "Trace" else "right", overflow="fold")
     for r in view.ranks:  # type: ignore[attr-defined]
         ranks.add_row(str(r.rank), str(r.steps), format_ns(r.mean_step_ns), format_ns(r.collective_ns),
-                      format_ns(r.waited_ns), markup_safe(r.source))  # fmt: skip
+                      format_ns(r.waited_ns), markup_safe(r.source))
     console.print(ranks)
     if not view.steps:  # type: ignore[attr-defined]
         console.print("no ProfilerStep#N spans: call prof.step() once per step to compare ranks by step")
@@ -138,7 +138,7 @@ def analysis_table(table: object, title: str | None = None, limit: int = 30) -> 
     for c in cols:
         out.add_column(c.replace("_ns", "").replace("_", " "), justify="left" if c in ("device", "kernel", "op", "name",
                        "stream", "cause", "kind", "backend", "state", "worst", "input_dims", "counter") else "right",
-                       overflow="fold")  # fmt: skip
+                       overflow="fold")
     for row in table.rows[:limit]:  # type: ignore[attr-defined]
         cells = []
         for c, v in zip(cols, row, strict=True):

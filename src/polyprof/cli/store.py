@@ -25,7 +25,7 @@ from polyprof.errors import PolyprofError, TraceFormatError
 ENGINE_HELP = "duckdb (default, in this process), spark (local mode) or spark://HOST:PORT."
 #: `--memory-limit` of the commands that query a store
 MEMORY = click.option("--memory-limit", default=None, help="For a store on DuckDB: its memory, e.g. 2GB (default: "
-                      "polyprof's, docs/store.md; 'none': DuckDB's own, 80% of RAM); past it, it spills to a temporary folder.")  # fmt: skip
+                      "polyprof's, docs/store.md; 'none': DuckDB's own, 80% of RAM); past it, it spills to a temporary folder.")
 
 
 def memory_option(text: str | None) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def engine_failure(what: str, exc: BaseException) -> str:
     text = str(exc)
     if "OutOfMemoryError" in text or "Not enough memory" in text:
         return (f"{what} failed: Spark ran out of memory; give its JVM more before it starts, e.g. "
-                "PYSPARK_SUBMIT_ARGS='--driver-memory 8g pyspark-shell' (local mode), or size the cluster's executors")  # fmt: skip
+                "PYSPARK_SUBMIT_ARGS='--driver-memory 8g pyspark-shell' (local mode), or size the cluster's executors")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     cause = next((line for line in lines if line.startswith(("Caused by:", "org.apache.spark."))), lines[0] if lines else "")
     return f"{what} failed: {cause or type(exc).__name__}"
@@ -87,7 +87,7 @@ def store_command(traces: tuple[str, ...], output: str, jobs: int | None, overwr
 @MEMORY
 @QUIET
 def sql_command(store: str, query: str, engine: str, out_format: str, limit: int, memory_limit: str | None,
-                quiet: bool) -> None:  # fmt: skip
+                quiet: bool) -> None:
     """Run QUERY (DuckDB's SQL; translated for Spark) on STORE (see the views below)."""
     from polyprof import store as polystore
 
@@ -131,7 +131,7 @@ def _views() -> str:
 
 
 sql_command.help = (f"Run QUERY (DuckDB's SQL; translated for Spark) on STORE. Tables: activities, collectives, "
-                    f"counters, backends, ranks; the analyses are views: {_views()} (docs: store.md).")  # fmt: skip
+                    f"counters, backends, ranks; the analyses are views: {_views()} (docs: store.md).")
 
 
 def _csv_ready(table: Any) -> Any:
@@ -148,7 +148,7 @@ def _csv_ready(table: Any) -> Any:
 
 #: `polyprof summary STORE --view V`: the store's analyses that answer it
 STORE_VIEWS = {"steps": ("steps",), "kernels": ("kernels",), "ops": ("operators",), "idle": ("idle",),
-               "launch": ("launch",), "devices": ("temporal", "overlap"), "ranks": ("overview",)}  # fmt: skip
+               "launch": ("launch",), "devices": ("temporal", "overlap"), "ranks": ("overview",)}
 
 
 def print_store_view(path: str, engine: str | None, view: str, limit: int, memory: str | None = None) -> None:
@@ -168,7 +168,7 @@ def print_store_view(path: str, engine: str | None, view: str, limit: int, memor
     console = new_console()
     for name, table in tables:
         print_rows(console, table, limit, more=f'polyprof sql {path} "select * from {name}"',
-                   title=f"{name} ({table.num_rows:,} rows)")  # fmt: skip
+                   title=f"{name} ({table.num_rows:,} rows)")
 
 
 def print_store_summary(path: str, engine: str | None, memory: str | None = None) -> None:
@@ -192,7 +192,7 @@ def print_store_summary(path: str, engine: str | None, memory: str | None = None
                    format_ns(r["recorded_uncertainty_ns"]) if r["recorded_uncertainty_ns"] is not None else "-",
                    format_ns(r["fitted_correction_ns"] or 0),
                    format_ns(r["fitted_uncertainty_ns"]) if r["fitted_uncertainty_ns"] is not None else "-",
-                   format_ns(r["applied_correction_ns"]))  # fmt: skip
+                   format_ns(r["applied_correction_ns"]))
     console.print(ct)
     print_blame(blame, console)
 
@@ -203,12 +203,12 @@ def print_overview(rows: list[dict], console: Any, top: int = 16) -> None:
     shown = sorted(rows, key=lambda r: -(r["mean_step_ns"] or 0))[:top]
     title = "ranks" if len(shown) == len(rows) else f"the {len(shown)} ranks of {len(rows)} with the longest steps"
     t = Table("rank", "steps", "mean step", "compute", "comm.", "memory", "host only", "idle", "top kernel",
-              "top op (self)", "waited", "made others wait", title=title)  # fmt: skip
+              "top op (self)", "waited", "made others wait", title=title)
     for r in shown:
         t.add_row(str(r["rank"]), str(r["steps"]), format_ns(r["mean_step_ns"] or 0), share(r["compute_share"]),
                   share(r["communication_share"]), share(r["memory_share"]), share(r["host_only_share"]),
                   share(r["idle_share"]), markup_safe(r["top_kernel"] or "-"), markup_safe(r["top_op"] or "-"),
-                  format_ns(r["waited_ns"]), format_ns(r["made_others_wait_ns"]))  # fmt: skip
+                  format_ns(r["waited_ns"]), format_ns(r["made_others_wait_ns"]))
     console.print(t)
 
 
@@ -229,7 +229,7 @@ def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
         rank, ns = max(late.items(), key=lambda kv: kv[1])
         console.print(f"set-up, before the first step (DDP's construction, the first all-gathers): others waited "
                       f"{format_ns(sum(late.values()))} in all, {format_ns(ns)} of it for rank {rank}; not counted below",
-                      highlight=False)  # fmt: skip
+                      highlight=False)
         if not rows:
             return
     by_rank: dict[int, list] = {}

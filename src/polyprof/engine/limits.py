@@ -144,7 +144,7 @@ def cap_per_backend(parts: Sequence[CollectedPart], keeps: list[np.ndarray | Non
 
 
 def limits_from_cli(min_span_us: float | None, include: Iterable[str], exclude: Iterable[str], exclude_kind: Iterable[str],
-                    max_events: int | None) -> Limits | None:  # fmt: skip
+                    max_events: int | None) -> Limits | None:
     """The Limits of `polyprof run`'s options (None when none is given)."""
     if min_span_us is None and not include and not exclude and not exclude_kind and max_events is None:
         return None

@@ -41,7 +41,7 @@ def process_identity() -> dict[str, Any]:
 def listeners_for(
     spill_path: str | None, ring_s: float | None, spill_header: Callable[[], dict[str, Any]],
     warn: Callable[[str], None], ring_mb: float | None = None,
-) -> list[WindowListener]:  # fmt: skip
+) -> list[WindowListener]:
     """The listeners a profile's options ask for: the spill, the ring, both or none."""
     listeners: list[WindowListener] = []
     if spill_path is not None and ring_s is not None:
@@ -113,7 +113,7 @@ class SpillListener(WindowListener):
         except OSError as exc:
             self.spill = None
             self.warn(f"polyprof: the spill {self.path} cannot be written ({exc.strerror or exc}); recording "
-                      "goes on without it")  # fmt: skip
+                      "goes on without it")
 
     def on_parts(self, parts: list[CollectedPart], sessions: Any) -> None:
         if self.spill is not None:
@@ -184,7 +184,7 @@ class RingSpillListener(SpillListener):
             os.replace(self.path, self.path + PREVIOUS)
         except OSError as exc:
             self.warn(f"polyprof: the spill {self.path} cannot be written ({exc.strerror or exc}); recording "
-                      "goes on without it")  # fmt: skip
+                      "goes on without it")
             return
         self._started_ns = host_ns()
         if self._window is not None:
@@ -237,7 +237,7 @@ class RingListener(WindowListener):
 
         self._sizes = {id(p): size(p) for h in handles for p in h.parts}  # (the parts let go are forgotten)
         held = [(int(p.activities["start"].min()) if len(p.activities) else 0, self._sizes[id(p)][1], h, p)
-                for h in handles for p in h.parts]  # fmt: skip
+                for h in handles for p in h.parts]
         total = sum(size for _, size, _, _ in held)
         newest = {id(h.parts[-1]) for h in handles if h.parts}
         for _, size, h, p in sorted(held, key=lambda x: x[0]):

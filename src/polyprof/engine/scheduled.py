@@ -73,7 +73,7 @@ class Profile:
     anything starts."""
 
     def __init__(self, activities: Iterable[Any] | None = None, *, options: ProfileOptions | None = None,
-                 **keywords: Any) -> None:  # fmt: skip
+                 **keywords: Any) -> None:
         self.options = options = ProfileOptions.of(options, keywords)
         self._signals = CleanStop() if options.handle_signals else None
         #: the spill and the ring: what a window tells besides its recording (engine/listeners.py)
@@ -250,7 +250,7 @@ class Profile:
         if window is None or not window.recording:
             raise PolyprofError("dump() needs a recording window: nothing is being recorded now")
         trace = window.dump({**self._window_metadata(), **(metadata or {})}, self.config.activities,
-                            self.options.limits, last_s)  # fmt: skip
+                            self.options.limits, last_s)
         return write_trace(trace, path)
 
     def add_metadata(self, key: str, value: Any) -> None:
@@ -299,7 +299,7 @@ class Profile:
         if self._window is not None:
             return
         self._window = Window.prepared(self._selection, self.config, self._backend_options, self.options.call_timeout_s,
-                                       self._abandoned)  # fmt: skip
+                                       self._abandoned)
 
     def _start_recording(self) -> None:
         try:
@@ -319,7 +319,7 @@ class Profile:
     def _spill_header(self) -> dict[str, Any]:
         epoch = self._window.epoch if self._window is not None else None
         return {"activities": sorted(self.config.activities), "epoch_offset_ns": epoch.offset_ns if epoch else 0,
-                "flush_interval_s": self.options.flush_every_s, "metadata": self._window_metadata()}  # fmt: skip
+                "flush_interval_s": self.options.flush_every_s, "metadata": self._window_metadata()}
 
     def close_spill(self, remove: bool = True) -> None:
         """End the spill cleanly; with `remove` (a trace has been written), delete it."""
@@ -347,7 +347,7 @@ class Profile:
 
         def run(job: Job) -> Trace:
             trace = ending.finish(meta, self.options.call_timeout_s, on_collected=job.collected.set, paused=paused,
-                                  kind_filters=self._kind_filters, limits=self.options.limits, warnings=self._jobs.warnings)  # fmt: skip
+                                  kind_filters=self._kind_filters, limits=self.options.limits, warnings=self._jobs.warnings)
             self._abandoned.update(ending.sessions.abandoned())
             trace.timings_ms["window_end_call"] = blocked_ms
             self._jobs.warnings.extend(status_problems(trace.backends.values()))

@@ -131,7 +131,7 @@ class SessionSet:
             outcome = guarded_call(
                 status, "create_session", entry.backend.create_session, config, ctx,
                 timeout_s=None if direct else call_timeout_s,
-            )  # fmt: skip
+            )
             if outcome.ok:
                 missing = [m for m in REQUIRED_SESSION_METHODS if not callable(getattr(outcome.value, m, None))]
                 problems = session_trait_problems(outcome.value)

@@ -95,7 +95,7 @@ class Window:
     def prepared(
         cls, selection: Any, config: ProfileConfig, options: Mapping[str, Mapping[str, Any]], call_timeout_s: float,
         abandoned: Mapping[str, str],
-    ) -> Window:  # fmt: skip
+    ) -> Window:
         """A window whose sessions are made and prepared (a schedule's warm-up), not yet recording."""
         sessions = SessionSet.create(selection, config, options, call_timeout_s, abandoned)
         sessions.prepare()
@@ -131,7 +131,7 @@ class Window:
             self.flusher = Flusher(self.sessions, flush_interval_s, on_parts if wanting else None)
 
     def dump(self, metadata: Mapping[str, Any], activities: Iterable[str], limits: Any,
-             last_s: float | None = None) -> Trace:  # fmt: skip
+             last_s: float | None = None) -> Trace:
         """A trace of what the recording window holds now (a flush first; its parts reach the listeners,
         and the ring lets go of parts as flushes come, not here), of its last `last_s` seconds where
         given. Backends that hand rows over only at the window's end are named in the trace's
@@ -154,7 +154,7 @@ class Window:
             "covered_epoch_ns": [start + offset, now + offset],
             "backends_flushed": flushed,
             "not_in_it": sorted({h.name for h in self.sessions.handles if h.name not in flushed}),
-        })  # fmt: skip
+        })
         return merge(parts, window=(start, now), epoch_offset_ns=offset, limits=limits, metadata=meta)
 
     def stop(self, ring_s: float | None = None) -> int:

@@ -190,7 +190,7 @@ class JobLink:
     def put_answers_later(self, number: int, written: str, wait_s: float, failures: list[str]) -> None:
         """:meth:`put_answers` on a thread of its own (:meth:`join_reports` waits for them)."""
         thread = threading.Thread(target=self.put_answers, args=(number, written, wait_s, failures),
-                                  name="polyprof-flight-answers", daemon=True)  # fmt: skip
+                                  name="polyprof-flight-answers", daemon=True)
         self._reports = [t for t in self._reports if t.is_alive()] + [thread]
         thread.start()
 

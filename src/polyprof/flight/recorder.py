@@ -116,7 +116,7 @@ class FlightRecorder:
         self._slow = SlowSteps(slow_step, slow_step_s, self._trigger)
         self._hang = HangWatchdog(hang_s, self._trigger) if hang_s else None
         self._signals = SignalTriggers(tuple(signals), self._trigger_now, before_ending=self._before_ending,
-                                       busy=lambda: self._main_writing, capture_later=self._signalled)  # fmt: skip
+                                       busy=lambda: self._main_writing, capture_later=self._signalled)
         self._main_writing = False  # the main thread is writing a capture (a signal then waits for it)
         self._exit = ExitHooks(self._trigger_now) if on_exception else None
         self._oom = CudaOutOfMemory(self._trigger)
@@ -185,7 +185,7 @@ class FlightRecorder:
         from polyprof.engine.scheduled import Profile
 
         profile = Profile(self._activities, ring_s=self.seconds, record_steps=True, spill=self.spill_path,
-                          extra={"torch_ops": self.ops, "fwdbwd_carry_s": self.seconds + self.after_s + 10}, **self._profile_options)  # fmt: skip
+                          extra={"torch_ops": self.ops, "fwdbwd_carry_s": self.seconds + self.after_s + 10}, **self._profile_options)
         profile.yield_to = self._step_aside
         profile.start()
         return profile
@@ -357,7 +357,7 @@ class FlightRecorder:
             self.stop(wait=False)
 
     def _publish_and_write(self, trigger: str, evidence: dict[str, Any], wall: float, not_before: float = 0.0,
-                           answers_here_s: float | None = None) -> str | None:  # fmt: skip
+                           answers_here_s: float | None = None) -> str | None:
         """This rank's trigger: published to the other ranks (they start on it at once), written here
         (not before `not_before`, monotonic), and the ranks' answers put into it (on a thread of its
         own, or here, waiting at most `answers_here_s`)."""
@@ -434,7 +434,7 @@ class FlightRecorder:
         return self.seconds + self.after_s + float(evidence.get("step_s") or evidence.get("silent_s") or 0.0)
 
     def _write(self, trigger: str, evidence: dict[str, Any], wall: float, *, job: dict[str, Any] | None = None,
-               last_s: float | None = None, path: str | None = None) -> str | None:  # fmt: skip
+               last_s: float | None = None, path: str | None = None) -> str | None:
         profile = self.profile
         if profile is None:
             return None
@@ -443,7 +443,7 @@ class FlightRecorder:
         path = path or os.path.join(self.out_dir, f"flight-{safe_name(trigger)}-{_who()}-{stamp}{self.suffix}")
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
                              "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
-                             **({"job": job} if job else {})}}  # fmt: skip
+                             **({"job": job} if job else {})}}
         started = time.perf_counter()
         try:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -523,7 +523,7 @@ def _ending(trigger: str, evidence: Mapping[str, Any]) -> bool:
 
 
 def _check_options(ops: str, format: str, seconds: Any, after_s: Any, max_captures: Any = None,
-                   max_captures_mb: Any = None) -> None:  # fmt: skip
+                   max_captures_mb: Any = None) -> None:
     if max_captures is not None and (not isinstance(max_captures, int) or max_captures < 1):
         raise ConfigError(f"flight_recorder(max_captures={max_captures!r}): a whole number, at least 1 (None: no cap)")
     if max_captures_mb is not None and (not isinstance(max_captures_mb, (int, float)) or not max_captures_mb > 0):

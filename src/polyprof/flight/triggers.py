@@ -59,7 +59,7 @@ class SlowSteps:
             limits.append(self.absolute_s)
         if limits and took > min(limits):
             self.fire("slow_step", {"step": step, "step_s": round(took, 6), "threshold_s": round(min(limits), 6),
-                                    "median_s": None if median is None else round(median, 6)})  # fmt: skip
+                                    "median_s": None if median is None else round(median, 6)})
 
 
 class HangWatchdog:
@@ -131,7 +131,7 @@ class HangWatchdog:
         if self.steps and silent >= self.after_s and not self.fired:
             self.fired = True
             self.fire("hang", {"silent_s": round(silent, 3), "steps_before": self.steps,
-                               "threshold_s": self.after_s, **said})  # fmt: skip
+                               "threshold_s": self.after_s, **said})
 
     @staticmethod
     def write_stacks(trace_path: str) -> str | None:
@@ -152,7 +152,7 @@ class SignalTriggers:
     signal)."""
 
     def __init__(self, names: tuple[str, ...], capture_now: Fire, before_ending: Callable[[], Any] | None = None,
-                 busy: Callable[[], bool] | None = None, capture_later: Fire | None = None) -> None:  # fmt: skip
+                 busy: Callable[[], bool] | None = None, capture_later: Fire | None = None) -> None:
         self.names, self.capture_now, self.before_ending, self.busy = names, capture_now, before_ending, busy
         self.capture_later = capture_later
         self.previous: dict[int, Any] = {}
@@ -213,7 +213,7 @@ class SignalTriggers:
         self._pipe = (read_end, write_end)
         self._began = threading.Event()
         threading.Thread(target=self._read_wakeups, args=(read_end, stopping), name="polyprof-flight-signals",
-                         daemon=True).start()  # fmt: skip
+                         daemon=True).start()
 
     def _read_wakeups(self, read_end: int, stopping: set[int]) -> None:
         try:
@@ -465,4 +465,4 @@ class CudaOutOfMemory:
     def _observed(self, device: int, asked: int, allocated: int, free: int) -> None:
         if self._on:
             self.fire("oom", {"device": device, "bytes_asked": asked, "device_allocated": allocated,
-                              "device_free": free})  # fmt: skip
+                              "device_free": free})

@@ -117,7 +117,7 @@ def refuse_spill(data: bytes, path: str) -> None:
 
     if data.startswith(FILE_MAGIC):
         raise TraceFormatError(f"{path}: a polyprof spill (what a run killed before it wrote its trace leaves), "
-                               f"not a trace: `polyprof recover {path}` writes its trace")  # fmt: skip
+                               f"not a trace: `polyprof recover {path}` writes its trace")
 
 
 def _perfetto_file(path: str, pieces: Iterator[bytes], limit: int) -> Any:

@@ -118,4 +118,4 @@ class Counters:
                 c["name"].tolist(), c["device"].tolist(), c["resource"].tolist(), c["ts"].tolist(),
                 c["value"].tolist(), strict=True,
             )
-        ]  # fmt: skip
+        ]

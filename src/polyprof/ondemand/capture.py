@@ -34,7 +34,7 @@ Reply = Callable[[dict[str, Any]], None]
 
 class Capture:
     def __init__(self, request: CaptureRequest, output: str, done: Reply, *, start_step: int | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 metadata: dict[str, Any] | None = None) -> None:
         from polyprof.engine.scheduled import Profile
         from polyprof.formats.spill.file import spill_path
 
@@ -60,7 +60,7 @@ class Capture:
 
     def describe(self) -> dict[str, Any]:
         return {**self.request.describe(), "output": self.output, "recording": self.running,
-                "start_step": self.start_step, "first_step": self.first_step}  # fmt: skip
+                "start_step": self.start_step, "first_step": self.first_step}
 
     def begin(self) -> None:
         """Start now (by duration, no step agreed) or arm for the step boundary."""
@@ -115,7 +115,7 @@ class Capture:
         self.profile.start()
         self.started_at = time.time()
         self.profile.add_metadata("polyprofCaptureStart", {"after_step": tracker.step if step is None else step,
-                                                           "unix_time": round(self.started_at, 6)})  # fmt: skip
+                                                           "unix_time": round(self.started_at, 6)})
         if self.request.duration_s is not None:
             self._after(self.request.duration_s, self.finish)
 
@@ -167,18 +167,18 @@ class Capture:
             written = self.profile.export_chrome_trace(self.output)
             trace = self.profile.trace
             steps = sorted(int(n[13:]) for n in set(trace.activities.names())
-                           if isinstance(n, str) and n.startswith("ProfilerStep#") and n[13:].isdigit())  # fmt: skip
+                           if isinstance(n, str) and n.startswith("ProfilerStep#") and n[13:].isdigit())
             self._reply({"ok": True, "done": {
                 "path": written, "activities": len(trace.activities), "notes": self.notes,
                 "steps": [steps[0], steps[-1]] if steps else None,
                 "seconds": round(time.time() - (self.started_at or time.time()), 3),
-            }})  # fmt: skip
+            }})
         except Exception as exc:  # said in one line here, and to the CLI: never a traceback in the target
             log.error("polyprof on-demand: the capture's trace was not written to %s: %s: %s", self.output,
-                      type(exc).__name__, exc)  # fmt: skip
+                      type(exc).__name__, exc)
             spill = self.profile.spill_path
             self._reply(error_reply(f"the trace was not written: {type(exc).__name__}: {exc} (what was recorded "
-                                    f"is kept, readable by you only: polyprof recover {spill})"))  # fmt: skip
+                                    f"is kept, readable by you only: polyprof recover {spill})"))
 
     def _reply(self, message: dict[str, Any]) -> None:
         try:

@@ -68,7 +68,7 @@ def _check_private(folder: str, uid: int) -> None:
         else f"belongs to uid {st.st_uid}, not to this user ({uid})" if st.st_uid != uid
         else f"is open to others (mode {stat.S_IMODE(st.st_mode):o}, must be 700)" if st.st_mode & 0o077
         else ""
-    )  # fmt: skip
+    )
     if why:
         raise ConfigError(
             f"polyprof on-demand: the socket folder {folder} {why}; remove it (polyprof creates it 0700) "

@@ -90,7 +90,7 @@ class JobLink:
         dist = _dist()
         if dist is None:
             raise RuntimeError("this process is not a rank of a torch.distributed job (init_process_group has not run): "
-                               "capture it without --job")  # fmt: skip
+                               "capture it without --job")
         per_step = tracker.seconds_per_step or 1.0
         lead = max(3, min(10_000, math.ceil(3 * POLL_INTERVAL_S / per_step)))  # every rank polls in time
         start = tracker.step + lead
@@ -98,14 +98,14 @@ class JobLink:
         capture_id = uuid.uuid4().hex
         message = {"id": capture_id, "start_step": start, "steps": request.steps, "duration_s": request.duration_s,
                    "activities": list(request.activities or []), "output": rank_template(request.output),
-                   "timeout_s": request.timeout_s, "asked_by": dist.get_rank()}  # fmt: skip
+                   "timeout_s": request.timeout_s, "asked_by": dist.get_rank()}
         store = job_store(STORE_TIMEOUT_S)
         if store is None:
             raise RuntimeError("the job's store cannot be reached: MASTER_ADDR/MASTER_PORT are not set")
         store.set(REQUEST_KEY, seal(message))
         expected = (lead + (request.steps or 0)) * per_step + (request.duration_s or 0.0)
         waiter = threading.Thread(target=self._collect, args=(store, capture_id, world, expected + request.timeout_s, reply),
-                                  name="polyprof-capture-job", daemon=True)  # fmt: skip
+                                  name="polyprof-capture-job", daemon=True)
         waiter.start()
         return {"job": {"id": capture_id, "world_size": world, "start_step": start, "output": message["output"]}}
 
@@ -121,10 +121,10 @@ class JobLink:
                     f"rank {rank}'s report is not one (not sealed with the job's secret, POLYPROF_JOB_SECRET?)")
             except Exception:
                 ranks[str(rank)] = error_reply(f"rank {rank} did not report within {timeout_s:.0f} s (is it started "
-                                               "with POLYPROF_ON_DEMAND=1, and does it make optimizer steps?)")  # fmt: skip
+                                               "with POLYPROF_ON_DEMAND=1, and does it make optimizer steps?)")
         ok = all(r.get("ok") for r in ranks.values())
         reply({"ok": ok, "done": {"ranks": ranks}} if ok else {"ok": False, "error": "not every rank wrote its trace",
-                                                                "done": {"ranks": ranks}})  # fmt: skip
+                                                                "done": {"ranks": ranks}})
 
     # -- every rank, at its step boundaries ----------------------------------------------------------
     def on_step(self, step: int) -> None:
@@ -173,7 +173,7 @@ class JobLink:
                 lambda done: Capture(request, output, done, start_step=int(message["start_step"]),
                                      metadata={"job": {"id": capture_id, "asked_by": message.get("asked_by")}}),
                 report,
-            )  # fmt: skip
+            )
             capture.begin()
         except Exception as exc:
             log.warning("polyprof on-demand: rank %d cannot join capture %s: %s", rank, capture_id, exc)

@@ -135,12 +135,12 @@ class Listener:
             if not channel.peer_allowed(uid):
                 self.refused += 1
                 log.warning("polyprof on-demand: refused a request from uid %d (pid %d): only uid %d or root may "
-                            "capture this process", uid, peer_pid, os.getuid())  # fmt: skip
+                            "capture this process", uid, peer_pid, os.getuid())
                 self._reply_and_close(conn, error_reply("refused: this process belongs to another user"))
                 return
             if len(pending) >= channel.MAX_PENDING:
                 self._reply_and_close(conn, error_reply(f"busy: {channel.MAX_PENDING} requests are being read; "
-                                                        "try again"))  # fmt: skip
+                                                        "try again"))
                 return
             conn.setblocking(False)
             selector.register(conn, selectors.EVENT_READ, "read")
@@ -176,7 +176,7 @@ class Listener:
         for conn in [c for c, (_, deadline) in pending.items() if deadline <= now]:
             self._done_reading(conn, selector, pending)
             self._reply_and_close(conn, error_reply(f"bad request: it did not end within {channel.READ_TIMEOUT_S:g} s "
-                                                    "(one line of JSON, ending in a newline)"))  # fmt: skip
+                                                    "(one line of JSON, ending in a newline)"))
 
     @staticmethod
     def _done_reading(conn: socket.socket, selector: selectors.BaseSelector, pending: dict) -> None:
@@ -267,7 +267,7 @@ class Listener:
         try:
             if recorder is None:
                 raise RuntimeError("no flight recorder runs in this process (POLYPROF_FLIGHT_RECORDER=SECONDS, "
-                                   "polyprof run --flight-recorder, polyprof.flight_recorder() start one)")  # fmt: skip
+                                   "polyprof run --flight-recorder, polyprof.flight_recorder() start one)")
             output = check_output_path(request.output)
             conn.settimeout(10.0)
             channel.send(conn, {"ok": True, "accepted": {**request.describe(), "output": output}})

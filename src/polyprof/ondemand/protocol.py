@@ -40,7 +40,7 @@ class CaptureRequest:
 
     def describe(self) -> dict[str, Any]:
         how = ({"steps": self.steps} if self.steps is not None else
-               {"last_s": self.last_s} if self.last_s is not None else {"duration_s": self.duration_s})  # fmt: skip
+               {"last_s": self.last_s} if self.last_s is not None else {"duration_s": self.duration_s})
         return {**how, "output": self.output, "activities": list(self.activities or []) or "all", "job": self.job}
 
 

@@ -131,7 +131,7 @@ def install_when_torch_is_imported() -> None:
             install_torch_profiler()
         except Exception as exc:
             print(f"polyprof: {ENV} is set but torch.profiler could not be switched to polyprof: {exc}",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
 
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "profiler"):
         install()

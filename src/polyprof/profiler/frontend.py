@@ -95,7 +95,7 @@ def add_event_indices(trace: Any) -> None:
     from polyprof.model import ActivityKind, ArgColumns
 
     kinds = [int(k) for k in (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.INSTANT,
-                              ActivityKind.PYTHON_FUNCTION)]  # fmt: skip
+                              ActivityKind.PYTHON_FUNCTION)]
     rows = np.flatnonzero(np.isin(trace.activities["kind"], kinds))
     trace.activities.args.add_block(rows, ArgColumns(("Ev Idx",), (np.arange(len(rows), dtype=np.int64),)))
 

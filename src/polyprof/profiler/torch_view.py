@@ -117,7 +117,7 @@ class TraceEvent:
     )
 
     def __init__(self, name, overload, start, end, tid, device_type, device_index, resource, correlation,
-                 linked, external, kind, cat, args, flow) -> None:  # fmt: skip
+                 linked, external, kind, cat, args, flow) -> None:
         self._name = name
         self._overload = overload
         self._start = start
@@ -277,7 +277,7 @@ class TreeNode:
     or ``_ExtraFields_PyCCall``, see :func:`python_fields`)."""
 
     __slots__ = ("name", "start_time_ns", "end_time_ns", "start_tid", "children", "parent", "extra_fields", "tag",
-                 "id", "correlation_id", "overload_name", "event", "unfinished", "finished")  # fmt: skip
+                 "id", "correlation_id", "overload_name", "event", "unfinished", "finished")
 
     def __init__(self, event: TraceEvent, ident: int) -> None:
         self.event = event
@@ -338,7 +338,7 @@ class TraceResult:
         if self._roots is None:
             cpu = _cpu()
             self._roots = build_tree([e for e in self.events() if e.device_type() == cpu],
-                                     self.trace.attachments.get(PYTHON_CALLS))  # fmt: skip
+                                     self.trace.attachments.get(PYTHON_CALLS))
             if self.python_stacks:
                 _set_python_stacks(self._roots)
         return self._roots
@@ -399,7 +399,7 @@ def _events(trace: Trace) -> list[TraceEvent]:
             dindex = int(args.get("Device Id", 0))
         out.append(
             TraceEvent(name, overload, start[i], end[i], tid, dtype, dindex, res, corr[i], linked, ext[i],
-                       int(kind[i]), cats[i], args, flow[i])  # fmt: skip
+                       int(kind[i]), cats[i], args, flow[i])
         )
     return out
 
@@ -511,7 +511,7 @@ class _Fields:
         python_id = e.python_id()
         calls = self.calls
         kind = calls.kind(python_id) if calls is not None and 0 < python_id <= len(calls) else (
-            PY_C_CALL if e._name.startswith("<built-in") else PY_CALL)  # fmt: skip
+            PY_C_CALL if e._name.startswith("<built-in") else PY_CALL)
         if kind == PY_C_CALL:
             node.tag = self.types.PyCCall
             node.extra_fields = self.py_c_call.of(calls.caller(python_id) if calls is not None else None)
@@ -605,7 +605,7 @@ def op_fields() -> tuple[Any, Any]:
 
         class TensorFields(_TensorMetadata):
             __slots__ = ("sizes", "strides", "dtype", "dim", "layout", "device", "impl_ptr", "storage_data_ptr",
-                         "id", "allocation_id")  # fmt: skip
+                         "id", "allocation_id")
 
             @classmethod
             def of(cls, sizes: list, strides: Any, dtype_name: str) -> Any:
@@ -631,7 +631,7 @@ def op_fields() -> tuple[Any, Any]:
                 stride = strides[i] if i < len(strides) else []
                 if kind == "TensorList" and isinstance(shape, list):
                     out.append([TensorFields.of(s, stride[j] if j < len(stride) else [], "")
-                                for j, s in enumerate(shape)])  # fmt: skip
+                                for j, s in enumerate(shape)])
                 elif kind in _DTYPES:
                     out.append(TensorFields.of(shape if isinstance(shape, list) else [], stride, kind))
                 elif kind == "Scalar":
@@ -684,7 +684,7 @@ _DTYPES = {
     "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
     "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8", "unsigned char": "uint8",
     "bool": "bool", "c10::complex<float>": "complex64", "c10::complex<double>": "complex128",
-}  # fmt: skip
+}
 
 
 def _allocation_device(torch: Any, args: dict) -> Any:

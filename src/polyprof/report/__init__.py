@@ -60,22 +60,22 @@ def build_report(items: Sequence[Any], baseline: Any = None, top: int = 200) -> 
     page.section("look", "What to look at", f'<ul class="findings">{items_html}</ul>')
     step_note = ('<p class="note">Each step (a <code>ProfilerStep#N</code> span) split per device: computation, then '
                  "communication and memory work not hidden under it, other device work, host-side only (the device has "
-                 "nothing to do while the step's thread runs host code), and idle (neither runs).</p>")  # fmt: skip
+                 "nothing to do while the step's thread runs host code), and idle (neither runs).</p>")
     page.section("steps", "Steps", step_note, page.chart(charts.step_bars(ov)), page.table(ov.steps))
     page.section("devices", "Devices", page.chart(charts.utilisation_strip(ov)), page.table(ov.kernel_types),
-                 page.table(ov.temporal), page.table(ov.overlap))  # fmt: skip
+                 page.table(ov.temporal), page.table(ov.overlap))
     page.section("kernels", "Kernels", page.chart(charts.kernel_bars(ov)), page.table(ov.kernels))
     page.section("ops", "Operators", '<p class="note">Self and total host time; device time of the work each op launched '
-                 "(through External id), and with the ops nested in it (device total).</p>", page.table(ov.operators))  # fmt: skip
+                 "(through External id), and with the ops nested in it (device total).</p>", page.table(ov.operators))
     page.section("launch", "Launch latency", page.chart(charts.latency_histogram(ov)), page.table(ov.launch))
     page.section("idle", "Idle time", '<p class="note">Gaps between consecutive device rows on each stream: host wait '
-                 "(the launch call came after the previous row ended), kernel wait (under 30 us), other.</p>", page.table(ov.idle))  # fmt: skip
+                 "(the launch call came after the previous row ended), kernel wait (under 30 us), other.</p>", page.table(ov.idle))
     if ov.rank_view is not None:
         from polyprof.analysis.table import Table
 
         rv = ov.rank_view
         ranks_table = Table.of(("rank", "steps", "mean_step_ns", "collective_ns", "waited_ns"),
-                               [(r.rank, r.steps, r.mean_step_ns, r.collective_ns, r.waited_ns) for r in rv.ranks])  # fmt: skip
+                               [(r.rank, r.steps, r.mean_step_ns, r.collective_ns, r.waited_ns) for r in rv.ranks])
         steps_table = Table.of(("step", "slowest_rank", "behind_ns"), [(s.step, s.slowest, s.behind_ns) for s in rv.steps])
         page.section("ranks", "Ranks", page.chart(charts.rank_bars(ov)), page.table(ranks_table), page.table(steps_table))
         page.section("blame", "Who made everyone wait", *_blame_parts(page, traces, ranks))
@@ -99,7 +99,7 @@ def _blame_parts(page: Any, traces: Sequence[Any], ranks: Sequence[int]) -> list
     was doing while the others waited (needs pyarrow and duckdb; a note says so when they are missing)."""
     note = ('<p class="note">For each collective every rank must enter before any leaves (all-reduce, all-gather, '
             "...), the last rank in is blamed for the wait each other rank paid; the cause is what that rank's "
-            "training thread was doing meanwhile, on the job's clock.</p>")  # fmt: skip
+            "training thread was doing meanwhile, on the job's clock.</p>")
     from polyprof.extras import install_hint, missing
 
     if missing("store"):

@@ -12,12 +12,12 @@ from polyprof.analysis.overview import Overview
 MAX_POINTS = 2000  # per counter line
 PARTS = (("compute_ns", "computation", "#4c78a8"), ("communication_ns", "communication", "#f58518"),
          ("memory_ns", "memory (copies, fills)", "#54a24b"), ("other_ns", "other device work", "#b279a2"),
-         ("host_only_ns", "host-side only", "#e45756"), ("idle_ns", "idle", "#bab0ac"))  # fmt: skip
+         ("host_only_ns", "host-side only", "#e45756"), ("idle_ns", "idle", "#bab0ac"))
 
 
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     return {"title": {"text": title, "x": 0}, "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 360,
-            "legend": {"orientation": "h", "y": -0.2}, **extra}  # fmt: skip
+            "legend": {"orientation": "h", "y": -0.2}, **extra}
 
 
 def step_bars(ov: Overview) -> dict[str, Any] | None:
@@ -42,7 +42,7 @@ def kernel_bars(ov: Overview, top: int = 15) -> dict[str, Any] | None:
     return {"data": [{"type": "bar", "orientation": "h", "y": names, "x": [r["total_ns"] / 1e6 for r in rows][::-1],
                       "marker": {"color": "#4c78a8"}, "name": "total"}],
             "layout": _layout(f"Top {len(rows)} kernels, copies and fills by total time (ms)",
-                              height=max(300, 26 * len(rows) + 80), margin={"l": 360, "r": 20, "t": 40, "b": 40})}  # fmt: skip
+                              height=max(300, 26 * len(rows) + 80), margin={"l": 360, "r": 20, "t": 40, "b": 40})}
 
 
 def utilisation_strip(ov: Overview) -> dict[str, Any] | None:
@@ -55,7 +55,7 @@ def utilisation_strip(ov: Overview) -> dict[str, Any] | None:
                       "zmin": 0, "zmax": 1, "colorscale": "Blues", "reversescale": True,
                       "colorbar": {"title": "busy"}}],
             "layout": _layout("Device utilisation over time (ms from the first device work)",
-                              height=140 + 40 * len(shares), xaxis={"title": "ms"}, margin={"l": 300, "r": 20, "t": 40, "b": 50})}  # fmt: skip
+                              height=140 + 40 * len(shares), xaxis={"title": "ms"}, margin={"l": 300, "r": 20, "t": 40, "b": 50})}
 
 
 def latency_histogram(ov: Overview, bins: int = 50) -> dict[str, Any] | None:
@@ -67,7 +67,7 @@ def latency_histogram(ov: Overview, bins: int = 50) -> dict[str, Any] | None:
         centers = (edges[:-1] + edges[1:]) / 2
         data.append({"type": "bar", "name": name, "x": centers.round(3).tolist(), "y": counts.tolist(), "opacity": 0.75})
     return {"data": data, "layout": _layout("Launch latency (us, launch call start to device start)", barmode="overlay",
-                                            xaxis={"title": "us"}, yaxis={"title": "launches"})}  # fmt: skip
+                                            xaxis={"title": "us"}, yaxis={"title": "launches"})}
 
 
 def counter_lines(ov: Overview) -> dict[str, Any] | None:
@@ -78,7 +78,7 @@ def counter_lines(ov: Overview) -> dict[str, Any] | None:
     for name, (ts, values) in ov.counter_series.items():
         step = max(1, len(ts) // MAX_POINTS)
         data.append({"type": "scatter", "mode": "lines", "name": name, "x": ((ts[::step] - t0) / 1e6).round(3).tolist(),
-                     "y": values[::step].tolist(), "line": {"shape": "hv"}})  # fmt: skip
+                     "y": values[::step].tolist(), "line": {"shape": "hv"}})
     return {"data": data, "layout": _layout("Counters over time (ms from the first sample)", xaxis={"title": "ms"})}
 
 
@@ -89,5 +89,5 @@ def rank_bars(ov: Overview) -> dict[str, Any] | None:
     data = []
     for rank in sorted({r for s in view.steps for r in s.busy_ns}):
         data.append({"type": "bar", "name": f"rank {rank}", "x": [f"step {s.step}" for s in view.steps],
-                     "y": [s.busy_ns.get(rank, 0) / 1e6 for s in view.steps]})  # fmt: skip
+                     "y": [s.busy_ns.get(rank, 0) / 1e6 for s in view.steps]})
     return {"data": data, "layout": _layout("Busy time per step and rank (ms; step less collectives)", barmode="group")}

@@ -68,10 +68,10 @@ def table_html(table: Table, table_id: str, filterable: bool = True) -> str:
         return '<p class="note">Nothing to show.</p>'
     head = "".join(f"<th>{html.escape(c.replace('_ns', '').replace('_', ' '))}</th>" for c in table.columns)
     body = "".join("<tr>" + "".join(_cell(c, v) for c, v in zip(table.columns, row, strict=True)) + "</tr>"
-                   for row in table.rows[:MAX_ROWS])  # fmt: skip
+                   for row in table.rows[:MAX_ROWS])
     more = f'<p class="note">The first {MAX_ROWS} of {len(table.rows)} rows.</p>' if len(table.rows) > MAX_ROWS else ""
     box = (f'<input class="filter" placeholder="filter…" data-table="{table_id}"><span class="note"></span>'
-           if filterable and len(table.rows) > 10 else "")  # fmt: skip
+           if filterable and len(table.rows) > 10 else "")
     return f'{box}<div class="wrap"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}'
 
 
@@ -90,7 +90,7 @@ class Page:
         self._charts += 1
         data = json.dumps(spec, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
         return (f'<script type="application/json" id="spec{self._charts}">{data}</script>'
-                f'<div class="chart" data-spec="spec{self._charts}"></div>')  # fmt: skip
+                f'<div class="chart" data-spec="spec{self._charts}"></div>')
 
     def table(self, table: Table) -> str:
         self._tables += 1

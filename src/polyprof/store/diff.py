@@ -17,7 +17,7 @@ from typing import Any
 from polyprof.analysis.diff import Diff, compare_totals
 
 _STEPS = ("select cast(coalesce(sum(steps), 0) as bigint) as n, cast(coalesce(sum(mean_step_ns * steps), 0) as double) "
-          "as ns from rank_totals")  # fmt: skip
+          "as ns from rank_totals")
 _OPS = "select op as name, cast(sum(total_ns) as double) as ns from operators group by op"
 _KERNELS = "select kernel as name, cast(sum(total_ns) as double) as ns from kernels group by kernel"
 
@@ -39,4 +39,4 @@ def diff(before: Any, after: Any, top: int = 30) -> Diff:
                                  f"Ops whose host time changed most ({unit})", top),
         kernels=compare_totals(_totals(before, _KERNELS, scale_b), _totals(after, _KERNELS, scale_a),
                                f"Kernels whose device time changed most ({unit})", top),
-    )  # fmt: skip
+    )

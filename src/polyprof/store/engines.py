@@ -50,7 +50,7 @@ class DuckDBEngine:
         self.scratch = tempfile.mkdtemp(prefix="polyprof-duckdb-")
         self._remove_scratch = weakref.finalize(self, shutil.rmtree, self.scratch, True)  # at close, or at exit
         config = {k: v for k, v in (("memory_limit", memory_limit), ("threads", threads), ("temp_directory", self.scratch))
-                  if v is not None}  # fmt: skip
+                  if v is not None}
         try:
             self.con = duckdb.connect(config=config)
         except duckdb.Error as exc:
@@ -100,7 +100,7 @@ class SparkEngine:
         if session is None:
             builder = (SparkSession.builder.master(master).appName("polyprof")
                        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-                       .config("spark.ui.showConsoleProgress", "false").config("spark.log.level", "ERROR"))  # fmt: skip
+                       .config("spark.ui.showConsoleProgress", "false").config("spark.log.level", "ERROR"))
             if driver_memory is not None:  # read when this process starts its JVM (not if one runs already)
                 builder = builder.config("spark.driver.memory", driver_memory)
             session = builder.getOrCreate()
@@ -148,7 +148,7 @@ def local_spark_memory(activity_rows: int) -> str | None:
     on an 8-rank store of 112 k rows a rank: building a broadcast join's table). None where the user
     sized it already (``--driver-memory`` in ``PYSPARK_SUBMIT_ARGS``): theirs stands."""
     if "driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", "") or "spark.driver.memory" in os.environ.get(
-            "PYSPARK_SUBMIT_ARGS", ""):  # fmt: skip
+            "PYSPARK_SUBMIT_ARGS", ""):
         return None
     wanted = 2048 + 128 * activity_rows // 1_000_000
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20

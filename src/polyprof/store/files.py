@@ -54,10 +54,10 @@ def own_folder(path: str) -> str:
         raise ConfigError(f"{path} is a file, not a store: choose another path (a .polyprof folder)")
     if st.st_uid != os.getuid():
         raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): a store is written only "
-                          "into a folder of yours; choose another path")  # fmt: skip
+                          "into a folder of yours; choose another path")
     if st.st_mode & stat.S_IWOTH:
         raise ConfigError(f"{path} may be written by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod o-w it, or "
-                          "choose another path")  # fmt: skip
+                          "choose another path")
     return path
 
 
@@ -120,7 +120,7 @@ def write_manifest(out: str, stats: StoreStats, rows_by_rank: dict[str, dict[str
     rows per table (and per rank, where ranks add themselves), each rank's source."""
     manifest = {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "written_by": f"polyprof {__version__}",
                 "tables": sorted(TABLES), "ranks": stats.ranks, "rows": stats.rows,
-                "sources": {str(r): s for r, s in sorted(stats.sources.items())}}  # fmt: skip
+                "sources": {str(r): s for r, s in sorted(stats.sources.items())}}
     if rows_by_rank is not None:
         manifest["rows_by_rank"] = rows_by_rank
     with atomic_output(os.path.join(out, MANIFEST)) as f:

@@ -24,7 +24,7 @@ from polyprof import progress
 
 #: the analyses whose rows of a rank read that rank's activities only, in the order they read each other
 RANK_LOCAL = ("step_spans", "collective_ops", "islands", "launches", "outer_rows", "kernels", "temporal", "idle",
-              "overlap", "launch", "steps", "operators")  # fmt: skip
+              "overlap", "launch", "steps", "operators")
 #: activities a batch holds: one rank of a large trace, or many small ones (a query's cost per batch is
 #: ~10 ms whatever its size, so a thousand ranks of 20 k rows go ~50 at a time)
 BATCH_ROWS = 1_000_000
@@ -63,7 +63,7 @@ class RankPlan:
     Afterwards each analysis computed is a view of its kept table, and ``activities`` the whole store's."""
 
     def __init__(self, con: Any, activities_of: Callable[[list[int]], str], view_sql: Callable[[str], str],
-                 analyses: Sequence[str], rows_by_rank: list[tuple[int, int]]) -> None:  # fmt: skip
+                 analyses: Sequence[str], rows_by_rank: list[tuple[int, int]]) -> None:
         self.con, self.activities_of, self.view_sql = con, activities_of, view_sql
         self.analyses = tuple(analyses)
         self.rows_by_rank = rows_by_rank
@@ -106,7 +106,7 @@ class RankPlan:
         try:
             for i, ranks in enumerate(batches(self.rows_by_rank)):
                 con.execute(f"create or replace temp table _batch_activities as "
-                            f"select * exclude ({', '.join(UNREAD)}) from ({self.activities_of(ranks)})")  # fmt: skip
+                            f"select * exclude ({', '.join(UNREAD)}) from ({self.activities_of(ranks)})")
                 con.execute("create or replace view activities as select * from _batch_activities")
                 for name in names:  # in order: each reads the batch's tables of those before it
                     con.execute(f"create or replace temp table _batch_{name} as {self.view_sql(name)}")

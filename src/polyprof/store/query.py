@@ -28,7 +28,7 @@ from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
 ANALYSES = ("step_spans", "collective_ops", "clock", "islands", "launches", "outer_rows", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
-            "operators", "rank_steps", "rank_totals", "overview")  # fmt: skip
+            "operators", "rank_steps", "rank_totals", "overview")
 
 
 @cache
@@ -57,7 +57,7 @@ def read_manifest(path: str) -> dict[str, Any]:
         raise ConfigError(f"{file} is not a polyprof store's manifest")
     if manifest["version"] > SCHEMA_VERSION:
         raise ConfigError(f"{path} is a store of schema version {manifest['version']}; this polyprof reads up to "
-                          f"{SCHEMA_VERSION}: upgrade polyprof")  # fmt: skip
+                          f"{SCHEMA_VERSION}: upgrade polyprof")
     return manifest
 
 
@@ -98,7 +98,7 @@ class Store:
 
         rows = [(rank, pq.read_metadata(f).num_rows) for rank in self.ranks for f in rank_files(self.path, "activities", [rank])]
         return RankPlan(self.engine.con, lambda ranks: self.engine.parquet_sql(rank_files(self.path, "activities", ranks)),
-                        analysis_sql, ANALYSES, rows)  # fmt: skip
+                        analysis_sql, ANALYSES, rows)
 
     @classmethod
     def of_traces(cls, traces: Any, ranks: Any = None) -> Store:
@@ -113,10 +113,10 @@ class Store:
                 tables.rank = rank
         for name in TABLES:
             parts = [t.tables[name].append_column("rank", pa.array([t.rank] * t.tables[name].num_rows, pa.int64()))
-                     for t in per_rank]  # fmt: skip
+                     for t in per_rank]
             engine.register_arrow(name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
         return cls("<memory>", engine, {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION,
-                                        "ranks": sorted(t.rank for t in per_rank)})  # fmt: skip
+                                        "ranks": sorted(t.rank for t in per_rank)})
 
     @property
     def ranks(self) -> list[int]:
@@ -162,7 +162,7 @@ class Store:
 
 
 def open(path: str | os.PathLike, engine: str | Any | None = None,  # noqa: A001 - the store's verb
-         memory_limit: str | None = DEFAULT_MEMORY_LIMIT, by_ranks: bool = True) -> Store:  # fmt: skip
+         memory_limit: str | None = DEFAULT_MEMORY_LIMIT, by_ranks: bool = True) -> Store:
     """Open the store at `path` on `engine` (see :func:`engine_for`, or an engine object); DuckDB's
     `memory_limit` ("2GB"; None: DuckDB's own default). On DuckDB the per-rank analyses run a batch of
     ranks at a time (:mod:`polyprof.store.plan`); `by_ranks` False: as one query over the whole store."""

@@ -60,7 +60,7 @@ SCRATCH = pa.schema([
     ("correlation", pa.int64()), ("external_id", pa.int64()), ("flow_id", pa.int64()), ("flow_type", pa.int8()),
     ("flow_start", pa.bool_()), ("collective", pa.bool_()), ("work", pa.string()), ("input_dims", pa.string()),
     ("input_types", pa.string()), ("args", pa.string()), ("skip", pa.bool_()), ("on_device", pa.bool_()),
-])  # fmt: skip
+])
 
 
 @dataclass
@@ -78,7 +78,7 @@ class _Facts:
 
 def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int | None = None,
                 memory_mb: int = ENGINE_MEMORY_MB, on_read: Callable[[int], None] | None = None
-                ) -> tuple[int, dict[str, int]]:  # fmt: skip
+                ) -> tuple[int, dict[str, int]]:
     """`source` (one rank's Chrome JSON or Perfetto trace, gzip or not) into the store folder
     `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
     disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
@@ -99,7 +99,7 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
             "collectives": rt.collectives_table(facts.collectives, steps, shift),
             "backends": rt.backends_table(head),
             "ranks": rt.rank_row(head, os.path.abspath(source), shift, offset, uncertainty, events=facts.rows),
-        })  # fmt: skip
+        })
         written.update(write_rank(small, out))
         return rank, {name: written[name] for name in TABLES}
     finally:
@@ -107,7 +107,7 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
 
 
 def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int], None] | None
-          ) -> tuple[_Facts, Trace]:  # fmt: skip
+          ) -> tuple[_Facts, Trace]:
     """Every chunk's rows into the scratch files; the facts, and the file's head (its metadata, devices
     and threads, with no rows). A JSON file is read by the C scanner, else by the reference reader (the
     file read again from its start)."""
@@ -126,14 +126,14 @@ def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int],
 
 
 def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None, tuple[int, int] | None]], scratch: str
-                 ) -> tuple[_Facts, Trace]:  # fmt: skip
+                 ) -> tuple[_Facts, Trace]:
     """`chunks`: each partial trace, with its rows' keys in the file's row order where they are not the
     order the chunks come in, and the window the file records (None: the rows' extent)."""
     facts = _Facts()
     last: Trace | None = None
     with pq.ParquetWriter(os.path.join(scratch, "rows.parquet"), SCRATCH) as rows, \
             pq.ParquetWriter(os.path.join(scratch, "counters.parquet"), _COUNTER_SCRATCH) as counters, \
-            ThreadPoolExecutor(1) as writer:  # fmt: skip
+            ThreadPoolExecutor(1) as writer:
         written: Future | None = None  # a chunk's write (GIL released) while the next one is read
         recorded: tuple[int, int] | None = None  # the window the file records (the last chunk's say)
         for chunk, keys, recorded in chunks:  # noqa: B007 - read after the loop
@@ -181,11 +181,11 @@ def _chunk_rows(trace: Trace, facts: _Facts, keys: np.ndarray | None) -> pa.Tabl
         **rt.row_columns(trace, args),
         "skip": rt.not_nested(trace),
         "on_device": rt.on_device(kind),
-    }, schema=SCRATCH)  # fmt: skip
+    }, schema=SCRATCH)
 
 
 _COUNTER_SCRATCH = pa.schema([("row", pa.int64()), ("name", pa.string()), ("device", pa.string()),
-                              ("resource", pa.int64()), ("ts", pa.int64()), ("value", pa.float64())])  # fmt: skip
+                              ("resource", pa.int64()), ("ts", pa.int64()), ("value", pa.float64())])
 
 
 def _chunk_counters(trace: Trace, facts: _Facts) -> pa.Table:
@@ -193,7 +193,7 @@ def _chunk_counters(trace: Trace, facts: _Facts) -> pa.Table:
     first, facts.counters = facts.counters, facts.counters + table.num_rows
     return pa.table({"row": np.arange(first, facts.counters, dtype=np.int64), "name": table["name"].cast(pa.string()),
                      "device": table["device"].cast(pa.string()), "resource": table["resource"],
-                     "ts": table["ts_ns"], "value": table["value"]}, schema=_COUNTER_SCRATCH)  # fmt: skip
+                     "ts": table["ts_ns"], "value": table["value"]}, schema=_COUNTER_SCRATCH)
 
 
 def _steps(facts: _Facts) -> tuple:
@@ -201,7 +201,7 @@ def _steps(facts: _Facts) -> tuple:
     spans = [facts.steps[n] for n in numbers]
     return rt.steps_by_start(np.array(numbers, dtype=np.int64), np.array([s[1] for s in spans], dtype=np.int64),
                              np.array([s[2] for s in spans], dtype=np.int64),
-                             np.array([s[3] for s in spans], dtype=np.int64))  # fmt: skip
+                             np.array([s[3] for s in spans], dtype=np.int64))
 
 
 def _training_thread(facts: _Facts, steps: tuple) -> int:
@@ -226,20 +226,20 @@ def _parquet(path: str) -> str:
 
 
 def _write_activities(scratch: str, out: str, rank: int, head: Trace, facts: _Facts, steps: tuple, shift: int,
-                      memory_mb: int) -> int:  # fmt: skip
+                      memory_mb: int) -> int:
     rows, levels = os.path.join(scratch, "rows.parquet"), os.path.join(scratch, "levels.parquet")
     con = _engine(scratch, memory_mb)
     try:
         by_thread = con.sql(f'select row, resource, start, "end", skip from {_parquet(rows)} '
-                                'order by resource, start, "end" desc, row')  # fmt: skip
+                                'order by resource, start, "end" desc, row')
         with pq.ParquetWriter(levels, pa.schema([("row", pa.int64()), ("own_step", pa.int64()),
-                                                 ("level", pa.int32())])) as writer:  # fmt: skip
+                                                 ("level", pa.int32())])) as writer:
             stack: tuple[int, np.ndarray] | None = None
             for batch in by_thread.to_arrow_reader(ENGINE_BATCH_ROWS):
                 level, stack = _batch_levels(batch, stack)
                 start = batch.column("start").to_numpy()
                 writer.write_table(pa.table({"row": batch.column("row"), "own_step": rt.step_at(steps, start),
-                                             "level": level}))  # fmt: skip
+                                             "level": level}))
         ordered = con.sql(f"""
             with own as (select * from {_parquet(rows)} as r join {_parquet(levels)} as l using (row)),
             launch as (select correlation, arg_max(own_step, row) as launch_step from own
@@ -287,7 +287,7 @@ def _write_sorted(batches: Any, out: str, rank: int, head: Trace, facts: _Facts,
             placed = places.columns(*(b.column(c).to_numpy() for c in ("kind", "device", "resource", "start", "end")))
             w.write_table(pa.table({"step": b.column("step"), **placed, "level": b.column("level"),
                                     **{c: b.column(c) for c in rt.ROW_COLUMNS}}, schema=ACTIVITIES),
-                          row_group_size=ROW_GROUP_ROWS)  # fmt: skip
+                          row_group_size=ROW_GROUP_ROWS)
             written += b.num_rows
     return written
 
@@ -301,6 +301,6 @@ def _write_counters(scratch: str, out: str, rank: int, steps: tuple, shift: int)
             w.write_table(pa.table({"name": b.column("name"), "device": b.column("device"),
                                     "resource": b.column("resource"), "ts_ns": ts + shift,
                                     "value": b.column("value"), "step": rt.step_at(steps, ts)}).cast(COUNTERS),
-                          row_group_size=ROW_GROUP_ROWS)  # fmt: skip
+                          row_group_size=ROW_GROUP_ROWS)
             written += b.num_rows
     return written

@@ -26,20 +26,20 @@ from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, R
 
 WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
 DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
-                ActivityKind.COLLECTIVE_COMM)  # fmt: skip
+                ActivityKind.COLLECTIVE_COMM)
 #: bytes per element by the dtype names torch writes ("Float", "c10::Half", "BFloat16", ...)
 DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "long": 8, "int": 4, "short": 2, "char": 1,
-               "byte": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}  # fmt: skip
+               "byte": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "float8_e4m3fn": 1, "float8_e5m2": 1}
 #: collectives that no rank leaves before every rank of the group has entered (a broadcast's root, a
 #: send, a reduce's non-roots may leave first): the ones that say who made everyone wait
 SYNCHRONIZING = {"allreduce", "all_reduce", "allgather", "all_gather", "allgather_into_tensor", "_allgather_base",
                  "allgather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base",
-                 "alltoall", "all_to_all", "alltoall_base", "barrier", "allreduce_coalesced"}  # fmt: skip
+                 "alltoall", "all_to_all", "alltoall_base", "barrier", "allreduce_coalesced"}
 #: the ``kind`` column's names, by ActivityKind's value
 KIND_NAMES = [k.name.lower() for k in sorted(ActivityKind)]
 #: the activities columns a row's own fields give (:func:`row_columns`)
 ROW_COLUMNS = ("category", "name", "correlation", "external_id", "flow_id", "flow_type", "flow_start", "collective",
-               "work", "input_dims", "input_types", "args")  # fmt: skip
+               "work", "input_dims", "input_types", "args")
 
 
 @dataclass
@@ -84,11 +84,11 @@ def counters_table(trace: Trace, steps: Any, shift: int) -> pa.Table:
         "ts_ns": counters["ts"] + shift,
         "value": counters["value"],
         "step": step_at(steps, counters["ts"]),
-    }, schema=COUNTERS)  # fmt: skip
+    }, schema=COUNTERS)
 
 
 def rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncertainty: int | None,
-             events: int | None = None) -> pa.Table:  # fmt: skip
+             events: int | None = None) -> pa.Table:
     """The rank's one row; `events` where the trace is the file's head, its rows streamed."""
     info = trace.metadata.get("distributedInfo")
     return pa.Table.from_pylist([{
@@ -102,7 +102,7 @@ def rank_row(trace: Trace, source: str, shift: int, offset: int | None, uncertai
         "window_end_ns": trace.window[1] + shift,
         "events": len(trace.activities) if events is None else events,
         "metadata": encode(trace.metadata),
-    }], schema=RANKS)  # fmt: skip
+    }], schema=RANKS)
 
 
 def _steps(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -138,13 +138,13 @@ def _levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.n
 
 
 def sorted_levels(resource: np.ndarray, start: np.ndarray, end: np.ndarray, skip: np.ndarray,
-                  order: np.ndarray) -> np.ndarray:  # fmt: skip
+                  order: np.ndarray) -> np.ndarray:
     """Each row's nesting level on its resource, `order` being the rows by (resource, start, longest
     first): a stack of ends, popped while its top has ended."""
     level = np.zeros(len(start), dtype=np.int32)
     as_int64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
     _native.nesting_levels(order.astype(np.int64), as_int64(resource), as_int64(start), as_int64(end),
-                           np.ascontiguousarray(skip, dtype=np.uint8), level)  # fmt: skip
+                           np.ascontiguousarray(skip, dtype=np.uint8), level)
     return level
 
 
@@ -179,7 +179,7 @@ def _activities(trace: Trace, steps: Any, shift: int, args: ArgColumns) -> pa.Ta
         **places.columns(kind, acts["device"], resource, start, end),
         "level": _levels(resource, start, end, not_nested(trace)),
         **row_columns(trace, args),
-    }, schema=ACTIVITIES)  # fmt: skip
+    }, schema=ACTIVITIES)
     return table.take(np.lexsort((-end, start, step)))  # of one start, the outer row first
 
 
@@ -237,10 +237,10 @@ class RankPlaces:
                     pa.array([d.type for d in devices] or [""], pa.string()),
                     pa.array([device_heading(trace, i) for i in range(len(devices))] or [""], pa.string())),
                    np.array([r.id for r in trace.resources] or [0], dtype=np.int64),
-                   pa.array([r.name for r in trace.resources] or [""], pa.string()), training, shift)  # fmt: skip
+                   pa.array([r.name for r in trace.resources] or [""], pa.string()), training, shift)
 
     def columns(self, kind: np.ndarray, device: np.ndarray, resource: np.ndarray, start: np.ndarray,
-                end: np.ndarray) -> dict[str, Any]:  # fmt: skip
+                end: np.ndarray) -> dict[str, Any]:
         key, type_, heading = self.devices
         return {
             "kind": pa.DictionaryArray.from_arrays(kind.astype(np.int32), pa.array(KIND_NAMES)).cast(pa.string()),
@@ -287,7 +287,7 @@ def collective_rows(trace: Trace, collective: dict[int, dict]) -> list[Collectiv
     names = acts.strings.strings
     device_kinds = [int(k) for k in DEVICE_KINDS]
     return [CollectiveRow(collective[row], names[int(acts["name"][row])], int(acts["kind"][row]) in device_kinds,
-                          int(acts["start"][row]), int(acts["end"][row])) for row in sorted(collective)]  # fmt: skip
+                          int(acts["start"][row]), int(acts["end"][row])) for row in sorted(collective)]
 
 
 def collectives_table(candidates: list[CollectiveRow], steps: Any, shift: int) -> pa.Table:
@@ -326,7 +326,7 @@ def collectives_table(candidates: list[CollectiveRow], steps: Any, shift: int) -
             "step": int(step[i]),
             "entry_ns": row.start + shift,
             "exit_ns": row.end + shift,
-        })  # fmt: skip
+        })
     return pa.Table.from_pylist(out, schema=COLLECTIVES)
 
 

@@ -57,7 +57,7 @@ ACTIVITIES = pa.schema([
     ("input_dims", pa.string()),    # JSON, where shapes were recorded
     ("input_types", pa.string()),
     ("args", pa.string()),          # the row's other args, JSON; null when none
-])  # fmt: skip
+])
 
 COLLECTIVES = pa.schema([
     ("process_group", pa.string()),  # "Process Group Name" ("0": the default group)
@@ -75,7 +75,7 @@ COLLECTIVES = pa.schema([
     ("step", pa.int64()),
     ("entry_ns", pa.int64()),        # when this rank entered it, on the job's clock
     ("exit_ns", pa.int64()),
-])  # fmt: skip
+])
 
 COUNTERS = pa.schema([
     ("name", _string),
@@ -84,7 +84,7 @@ COUNTERS = pa.schema([
     ("ts_ns", pa.int64()),
     ("value", pa.float64()),
     ("step", pa.int64()),
-])  # fmt: skip
+])
 
 BACKENDS = pa.schema([
     ("backend", pa.string()),
@@ -96,7 +96,7 @@ BACKENDS = pa.schema([
     ("errors", pa.string()),         # JSON list
     ("warnings", pa.string()),
     ("status", pa.string()),         # the whole status, JSON
-])  # fmt: skip
+])
 
 RANKS = pa.schema([
     ("world_size", pa.int64()),
@@ -109,7 +109,7 @@ RANKS = pa.schema([
     ("window_end_ns", pa.int64()),
     ("events", pa.int64()),
     ("metadata", pa.string()),       # the trace's metadata, JSON (distributedInfo, ...)
-])  # fmt: skip
+])
 
 #: table name -> schema (without the ``rank`` partition column)
 TABLES: dict[str, pa.Schema] = {

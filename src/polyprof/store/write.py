@@ -28,7 +28,7 @@ STREAM_ABOVE_BYTES = 64 << 20
 
 
 def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
-             ) -> tuple[int, dict[str, int], str]:  # fmt: skip
+             ) -> tuple[int, dict[str, int], str]:
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
     large JSON or Perfetto rank streams through (:mod:`polyprof.store.rank_stream`), reporting the
     file's bytes read to `advance` as it goes, and so does a large spill; a ring's spill with its older
@@ -114,11 +114,11 @@ def replaceable_store(path: str) -> None:
 
     if os.path.islink(path) or not os.path.isdir(path):
         raise ConfigError(f"{path} is not a store folder (a {'link' if os.path.islink(path) else 'file'}): --overwrite "
-                          "replaces only a store; remove it yourself, or choose another path")  # fmt: skip
+                          "replaces only a store; remove it yourself, or choose another path")
     own_folder(path)
     if not os.path.isfile(os.path.join(path, MANIFEST)) or os.path.islink(os.path.join(path, MANIFEST)):
         raise ConfigError(f"{path} is not a polyprof store (no {MANIFEST}): --overwrite replaces only a store; remove "
-                          "it yourself, or choose another path")  # fmt: skip
+                          "it yourself, or choose another path")
 
 
 def write_store(
@@ -158,7 +158,7 @@ def write_store(
             pool = stack.enter_context(ProcessPoolExecutor(workers)) if workers > 1 else None
             read = _Read(advance)  # in this process, a streamed rank reports its bytes as it reads them
             converted = (pool.map(_convert, files, range(len(files)), itertools.repeat(staging)) if pool else
-                         map(_convert, files, range(len(files)), itertools.repeat(staging), map(read.of, files)))  # fmt: skip
+                         map(_convert, files, range(len(files)), itertools.repeat(staging), map(read.of, files)))
             for result, size in zip(converted, sizes, strict=True):
                 results.append(result)
                 read.done(result[2], size)

@@ -82,7 +82,7 @@ class _Columns:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: np.frombuffer(getattr(self, name), dtype=np.dtype(code)) if len(getattr(self, name)) else
-                np.zeros(0, dtype=np.dtype(code)) for name, code in zip(self.NAMES, self.CODES, strict=True)}  # fmt: skip
+                np.zeros(0, dtype=np.dtype(code)) for name, code in zip(self.NAMES, self.CODES, strict=True)}
 
 
 def _ts(value: Any, src: str, n: int, what: str = "") -> int:
@@ -195,7 +195,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
             if isinstance(top.get("deviceProperties"), list) else [],
             epoch_offset_ns=base, base_time_ns=base,
             window=(int(cols["start"].min()), int(cols["end"].max())) if len(cols["start"]) else (0, 0),
-        )  # fmt: skip
+        )
         stats.events = len(cols["start"])
         with trace_output(dst) as out:
             _write_packets(out, trace, interned, names, cats, bodies.fileno(), cols, loose)
@@ -220,7 +220,7 @@ def _bodies(fd: int, offset: np.ndarray, length: np.ndarray) -> list[bytes | Non
 
 
 def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cats: dict, fd: int,
-                   c: dict[str, np.ndarray], loose: list) -> None:  # fmt: skip
+                   c: dict[str, np.ndarray], loose: list) -> None:
     start, end, row_of = c["start"], c["end"], c["row"].astype(np.int64)
     tracks = W._Tracks(trace)
     out.write(W.header(trace, [(i, s) for s, i in names.items()], [(i, s) for s, i in cats.items()]))

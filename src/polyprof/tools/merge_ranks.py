@@ -104,7 +104,7 @@ def _placed(trace: Trace, rank: RankInput, base: int) -> Trace:
             name=" · ".join(x for x in (f"rank {r}", rank.host, d.label or d.name) if x),
         )
         for i, d in enumerate(trace.devices)
-    ]  # fmt: skip
+    ]
     acts = trace.activities
     cols = dict(acts.columns)
     for name in ("flow_id", "correlation", "external_id"):
@@ -186,7 +186,7 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
 
         written = write_store(paths, output, overwrite=True)
         return MergeStats(output=written.path, events=written.rows.get("activities", 0),
-                          ranks=[RankInput(written.sources[r], r, "", None, None) for r in written.ranks])  # fmt: skip
+                          ranks=[RankInput(written.sources[r], r, "", None, None) for r in written.ranks])
     files = trace_files([os.fspath(p) for p in paths])
     output = check_output_path(output)
     if output in {os.path.abspath(f) for f in files}:
@@ -247,7 +247,7 @@ def _rank_metadata(rank: RankInput, metadata: dict[str, Any]) -> dict[str, Any]:
             "clock_uncertainty_ns": rank.uncertainty_ns,
             "clock": "shifted onto rank 0's by the recorded offset" if rank.offset_ns is not None
             else "its own epoch (no offset recorded: merged as written)",
-            "metadata": metadata}  # fmt: skip
+            "metadata": metadata}
 
 
 def _json_head(out: IO[bytes], base: int) -> None:
@@ -282,7 +282,7 @@ def _write_json(out: IO[bytes], files: list[str], stats: MergeStats, order: list
 def _write_perfetto(
     out: IO[bytes], files: list[str], stats: MergeStats, order: list[int], base: int, t0: int,
     as_they_are: list[Trace | None],
-) -> None:  # fmt: skip
+) -> None:
     """One clock snapshot, then each rank on packet sequences of its own: its packets rewritten where
     they can be (`as_they_are`), else its trace read into the model and written."""
     from polyprof.formats import load_trace

@@ -59,7 +59,7 @@ class Recovery:
 
     @classmethod
     def of(cls, path: str, spill: Any, statuses: dict[str, BackendStatus], crash: Any, starts: list[int],
-           ends: list[int]) -> Recovery:  # fmt: skip
+           ends: list[int]) -> Recovery:
         """From the spill's header and windows, its backends' statuses, the crash's rows (or None) and
         the parts' first starts and last ends."""
         header = spill.header
@@ -83,10 +83,10 @@ class Recovery:
                        f"what was recorded after the last flush (every {header.get('flush_interval_s', '?')} s)"
                        + (", but for the spans, instants and operators written at the crash (without their args)"
                           if crash else ""),
-        }  # fmt: skip
+        }
         if crash is not None:
             partial["crash"] = {"at_epoch_ns": crash.at_ns + epoch, "rows": crash.rows, "threads": len(crash.threads),
-                                "whole": crash.whole}  # fmt: skip
+                                "whole": crash.whole}
         metadata = dict(header.get("metadata") or {})
         metadata["polyprof"] = {
             "version": __version__,
@@ -179,7 +179,7 @@ def _recover_perfetto(path: str, data: bytes) -> Trace:
         trace = read_with(reader, data)
         packets, sequences, torn = reader.packet, len(reader.sequences), reader.torn_bytes
     trace.metadata["polyprof"] = perfetto_partial(trace.metadata, path, trace.window, trace.epoch_offset_ns,
-                                                  (packets, sequences, torn))  # fmt: skip
+                                                  (packets, sequences, torn))
     return trace
 
 
@@ -194,7 +194,7 @@ def _told(data: memoryview, what: str, piece: int = 4 << 20) -> Iterator[memoryv
 
 
 def perfetto_partial(metadata: dict[str, Any], path: str, window: tuple[int, int], epoch_offset_ns: int,
-                     scanned: tuple[int, int, int]) -> dict[str, Any]:  # fmt: skip
+                     scanned: tuple[int, int, int]) -> dict[str, Any]:
     """The ``polyprof`` metadata of a Perfetto spill's trace (its `metadata` as read, its `window`), from
     what its read `scanned`: (packets, packet sequences, bytes of a torn last packet left out)."""
     packets, sequences, torn = scanned

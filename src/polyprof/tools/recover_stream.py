@@ -113,7 +113,7 @@ class _Facts:
         if has.any():
             ids = fid[has]
             self.flows.append((part.backend, ids * 4 + acts["flow_type"][has], acts["flow_start"][has] != 0,
-                               start[has].copy()))  # fmt: skip
+                               start[has].copy()))
             known = self.flow_ids.setdefault(part.backend, [])
             self.flow_ids[part.backend] = [min(known + [int(ids.min())]), max(known + [int(ids.max())])]
 
@@ -176,7 +176,7 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
     size = os.path.getsize(path)
     facts = _Facts()
     spill = read_spill(path, on_part=lambda part, offset, length: (
-        facts.add(part, (offset, length)), on_read and on_read((offset + length) // 2)))  # fmt: skip
+        facts.add(part, (offset, length)), on_read and on_read((offset + length) // 2)))
     statuses = latest_statuses([p.shell for p in facts.parts])
     crash = read_crash_beside(path)
     if crash is not None:
@@ -185,14 +185,14 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
         for part in crash_parts(crash, statuses):
             facts.add(part, None)
     recovery = Recovery.of(path, spill, statuses, crash, [p.first for p in facts.parts if p.rows],
-                           [p.end for p in facts.parts if p.rows])  # fmt: skip
+                           [p.end for p in facts.parts if p.rows])
     in_order = dict.fromkeys(p.shell.backend for p in facts.parts)  # as the merge takes them
     offsets = backend_flow_offsets({b: np.array(facts.flow_ids.get(b, []), dtype=np.int64) for b in in_order})
     report, context = MergeReport(), MergeContext.of([p.shell for p in facts.parts])
 
     def merged(parts: list[CollectedPart]) -> Piece:
         trace = merge(parts, window=recovery.window, epoch_offset_ns=recovery.epoch_offset_ns,
-                      metadata=recovery.metadata, report=report, flow_offsets=offsets, context=context)  # fmt: skip
+                      metadata=recovery.metadata, report=report, flow_offsets=offsets, context=context)
         return Piece(trace, recovery.window)
 
     bounds = [-_NEVER, *facts.cuts(rows, offsets), _NEVER]
@@ -214,7 +214,7 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
         held.clear()
         for group in _counter_groups(facts.parts, rows):
             yield merged([dataclasses.replace(facts.parts[i].shell, counters=(facts.parts[i].loaded
-                                              or _read(f, facts.parts[i])).counters) for i in sorted(group)])  # fmt: skip
+                                              or _read(f, facts.parts[i])).counters) for i in sorted(group)])
 
 
 def _read(f: BinaryIO, seen: _Part) -> CollectedPart:

@@ -114,7 +114,7 @@ class NvmlBackend(CounterBackend):
         if not count:
             return Availability.no("NVML sees no GPU")
         return Availability.yes(devices=[f"GPU {i}: {n}" for i, n in enumerate(names)],
-                                driver=driver.decode() if isinstance(driver, bytes) else str(driver))  # fmt: skip
+                                driver=driver.decode() if isinstance(driver, bytes) else str(driver))
 
 
 

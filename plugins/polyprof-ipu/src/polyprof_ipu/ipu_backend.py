@@ -85,7 +85,7 @@ class IpuSession:
 
     def _report_file(self) -> str | None:
         found = [p for p in glob.glob(os.path.join(self.report_dir, "**", "profile.pop"), recursive=True)
-                 if os.path.getmtime(p) >= self.started_wall - 1]  # fmt: skip
+                 if os.path.getmtime(p) >= self.started_wall - 1]
         return max(found, key=os.path.getmtime) if found else None
 
     def collect(self, sink: Sink) -> None:
@@ -93,7 +93,7 @@ class IpuSession:
         self.ctx.report.detail("timeline", "read from profile.pop after the run; runs placed at their host timestamps")
         if path is None:
             self.ctx.report.warning(f"Poplar wrote no profile.pop in {self.report_dir} during the profile "
-                                    "(did the program run a Poplar engine in it?)")  # fmt: skip
+                                    "(did the program run a Poplar engine in it?)")
             return
         report = _import_pva().openReport(path)
         self.ctx.report.detail("report", path if self.made_dir is None else
@@ -110,7 +110,7 @@ class IpuSession:
                 for ipu_index, ipu in enumerate(step.ipus):
                     if ipu_index not in devices:
                         dev = sink.device(f"ipu:{ipu_index}", type="ipu", index=ipu_index, name=f"IPU {ipu_index}",
-                                          label=f"IPU {ipu_index}")  # fmt: skip
+                                          label=f"IPU {ipu_index}")
                         devices[ipu_index] = (dev, sink.resource(dev, 0, "programs"))
                     dev, row = devices[ipu_index]
                     begin = cursor.get(ipu_index, start_ns)
@@ -118,7 +118,7 @@ class IpuSession:
                     end = begin + int(cycles / hz * 1e9)
                     cursor[ipu_index] = end
                     sink.activity(ActivityKind.KERNEL, name, device=dev, resource=row, start=begin, end=end, cat="ipu_program",
-                                  args={"cycles": cycles, "run": str(getattr(run, "name", run_index)), "step": step_index})  # fmt: skip
+                                  args={"cycles": cycles, "run": str(getattr(run, "name", run_index)), "step": step_index})
 
     def close(self) -> None:
         if self.set_by_us:
@@ -136,7 +136,7 @@ class IpuBackend:
     options = OptionSchema(
         Option("report_dir", str, default="",
                help="where Poplar writes profile.pop, kept there (default: a temporary folder, removed at the end)")
-    )  # fmt: skip
+    )
     traits = BackendTraits(in_process=True)
 
     def probe(self) -> Availability:
@@ -144,7 +144,7 @@ class IpuBackend:
             pva = _import_pva()
         except ImportError:
             return Availability.no("needs the PopVision Analysis library (the pva module of a Poplar SDK: source its "
-                                   "enable.sh); the Poplar SDK is legacy, its last releases are from 2023")  # fmt: skip
+                                   "enable.sh); the Poplar SDK is legacy, its last releases are from 2023")
         version = str(getattr(pva, "__version__", ""))
         return Availability.yes(devices=["IPUs, read from profile.pop after the run"], pva=version)
 

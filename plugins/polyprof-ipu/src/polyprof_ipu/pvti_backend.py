@@ -195,10 +195,10 @@ class PvtiSession:
 
         for start, end, tid, channel, label in spans:
             sink.activity(ActivityKind.USER_ANNOTATION, label, device=host, resource=row(tid), start=start, end=end,
-                          cat=f"pvti:{channel}")  # fmt: skip
+                          cat=f"pvti:{channel}")
         for ts, tid, channel, label in instants:
             sink.activity(ActivityKind.INSTANT, label, device=host, resource=row(tid), start=ts, end=ts,
-                          cat=f"pvti:{channel}")  # fmt: skip
+                          cat=f"pvti:{channel}")
         for ts, name, value in samples:
             sink.counter(name, value, ts=ts, device=host)
 

@@ -11,10 +11,10 @@ from polyprof.plugin import ActivityKind
 KERNEL, MEMCPY, MEMSET, MAP, UNMAP = "kernel", "memcpy", "memset", "map", "unmap"
 #: device-side kind of each category (map/unmap are copies: HTA types device rows named Memcpy as memory)
 DEVICE_KIND = {KERNEL: ActivityKind.KERNEL, MEMCPY: ActivityKind.GPU_MEMCPY, MEMSET: ActivityKind.GPU_MEMSET,
-               MAP: ActivityKind.GPU_MEMCPY, UNMAP: ActivityKind.GPU_MEMCPY}  # fmt: skip
+               MAP: ActivityKind.GPU_MEMCPY, UNMAP: ActivityKind.GPU_MEMCPY}
 DEVICE_NAME = {"HtoD": "Memcpy HtoD (Host -> Device)", "DtoH": "Memcpy DtoH (Device -> Host)",
                "DtoD": "Memcpy DtoD (Device -> Device)", "SVM": "Memcpy SVM", "map": "Memcpy Map",
-               "unmap": "Memcpy Unmap", MEMSET: "Memset (Fill)"}  # fmt: skip
+               "unmap": "Memcpy Unmap", MEMSET: "Memset (Fill)"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _copy_bytes(args: tuple, kwargs: dict) -> int | None:
         return count
     src, dst = arg(args, kwargs, 1, "src"), arg(args, kwargs, 2, "dst")
     return min(int(src.size) - int(arg(args, kwargs, 4, "src_offset", 0)),
-               int(dst.size) - int(arg(args, kwargs, 5, "dst_offset", 0)))  # fmt: skip
+               int(dst.size) - int(arg(args, kwargs, 5, "dst_offset", 0)))
 
 
 def _region_bytes(args: tuple, kwargs: dict) -> int | None:

@@ -10,7 +10,7 @@ from typing import Any
 PROPERTIES = {"vendor": "vendor", "version": "version", "driverVersion": "driver_version",
               "computeUnits": "max_compute_units", "totalGlobalMem": "global_mem_size",
               "localMemSize": "local_mem_size", "maxWorkGroupSize": "max_work_group_size",
-              "maxClockFrequency": "max_clock_frequency", "profilingTimerResolution": "profiling_timer_resolution"}  # fmt: skip
+              "maxClockFrequency": "max_clock_frequency", "profilingTimerResolution": "profiling_timer_resolution"}
 
 
 @dataclass

@@ -63,12 +63,12 @@ def _c_records() -> bool:
 
 def interceptor(original: Callable, spec: Any, columns: CallColumns, *, mode: int, fallback: Callable,
                 pos: int = 0, kw_name: str | None = None, handle_type: type | None = None,
-                plain_event: Callable | None = None, retain_address: int = 0) -> Callable | None:  # fmt: skip
+                plain_event: Callable | None = None, retain_address: int = 0) -> Callable | None:
     """The C interceptor of `original` (None when it is not built or POLYPROF_PURE_PYTHON is set)."""
     if not _c_records():
         return None
     return _intercept.Interceptor(original, spec, columns.holder, mode, pos, kw_name, fallback, handle_type,
-                                  plain_event or (lambda *a: None), retain_address)  # fmt: skip
+                                  plain_event or (lambda *a: None), retain_address)
 
 
 recorder = CallColumns()
@@ -97,7 +97,7 @@ def _wrap(original: Callable, spec: CommandSpec, c_records: bool) -> Callable:
     elif spec.nbytes is hostbuf_bytes:
         mode, pos, kw_name = MODE_NBYTES_OF_ARG, 2, "hostbuf"
     fast = interceptor(original, spec, recorder, mode=mode, pos=pos, kw_name=kw_name, fallback=_payload(spec),
-                       handle_type=_nanny["type"], plain_event=_nanny["plain"], retain_address=_nanny["retain"]) if c_records else None  # fmt: skip
+                       handle_type=_nanny["type"], plain_event=_nanny["plain"], retain_address=_nanny["retain"]) if c_records else None
     return fast if fast is not None else _python_wrapper(original, spec, _payload(spec))
 
 
@@ -119,7 +119,7 @@ def _python_wrapper(original: Callable, spec: CommandSpec, payload: Callable, qu
         finally:
             event = _own_handle(result[1] if type(result) is tuple else result)
             row = (spec, arg(args, kwargs, queue_at, "queue"), event, start, host_ns(), threading.get_native_id(),
-                   _current_external_id(), error, *payload(args, kwargs))  # fmt: skip
+                   _current_external_id(), error, *payload(args, kwargs))
             columns.append(row)
 
     wrapper.__polyprof_original__ = original  # type: ignore[attr-defined]
@@ -168,7 +168,7 @@ class Patches:
                 return
             _cl = cl._cl
             _nanny.update(type=getattr(_cl, "NannyEvent", None), plain=_cl.Event.from_int_ptr,
-                          retain=cl_retain_event_address())  # fmt: skip
+                          retain=cl_retain_event_address())
             for spec in COMMANDS:
                 original = getattr(_cl, spec.attr, None)
                 if original is not None:

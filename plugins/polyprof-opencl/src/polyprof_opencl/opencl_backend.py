@@ -52,7 +52,7 @@ class OpenCLBackend:
                 return Availability.no(
                     f"the OpenCL ICD loader found no platform ({exc}): no OpenCL driver is installed or "
                     f"registered (OCL_ICD_VENDORS, /etc/OpenCL/vendors): {INSTALL_HINT}", **versions
-                )  # fmt: skip
+                )
             return Availability.no(f"listing OpenCL platforms failed: {exc}", **versions)
         if not devices:
             platforms = ", ".join(p.name for p in cl.get_platforms())

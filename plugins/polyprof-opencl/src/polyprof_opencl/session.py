@@ -70,7 +70,7 @@ class OpenCLSession(SessionBase):
             sink.activity(ActivityKind.RUNTIME, spec.api, device=sink.host_device(), resource=sink.host_thread(tid),
                           start=start, end=end, cat=RUNTIME_CAT, correlation=corr, external_id=ext,
                           flow_id=corr if row and row[0] is not None else 0, flow_start=True,
-                          args={"command": name, **({"error": error} if error else {})})  # fmt: skip
+                          args={"command": name, **({"error": error} if error else {})})
             if row is None:
                 continue
             if row[0] is None:
@@ -87,9 +87,9 @@ class OpenCLSession(SessionBase):
             host_start, host_end = mappings[info.index].span_to_host(t0, t1)
             args = {"device": info.index, "stream": number, "queue": number, "correlation": corr,
                     "queued": (t0 - queued) / 1000.0, "submitted": (t0 - submit) / 1000.0,  # us, as Kineto's
-                    **_command_args(spec, a, b, c, t1 - t0)}  # fmt: skip
+                    **_command_args(spec, a, b, c, t1 - t0)}
             sink.activity(DEVICE_KIND[spec.category], name, device=handle, resource=resource, start=host_start,
-                          end=host_end, correlation=corr, external_id=ext, flow_id=corr, args=args)  # fmt: skip
+                          end=host_end, correlation=corr, external_id=ext, flow_id=corr, args=args)
         for number, count in untimed.items():
             self.ctx.report.warning(
                 f"queue {number} was created without PROFILING_ENABLE (before the profile started) or is on a "

@@ -40,7 +40,7 @@ def counters_of(smi: Any) -> list[tuple[str, Callable[[Any], float]]]:
         ("GFX clock (MHz)", lambda h: float(smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.GFX)["clk"])),
         ("temperature (C)", lambda h: float(smi.amdsmi_get_temp_metric(h, smi.AmdSmiTemperatureType.EDGE,
                                                                          smi.AmdSmiTemperatureMetric.CURRENT))),
-    ]  # fmt: skip
+    ]
 
 
 def _names(smi: Any) -> list[tuple[Any, str]]:

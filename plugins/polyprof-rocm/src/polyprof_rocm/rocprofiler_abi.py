@@ -186,7 +186,7 @@ class Agent(Structure):
             "num_gws", "wave_front_size", "num_xcc", "cu_count", "array_count", "num_shader_banks",
             "simd_arrays_per_engine", "cu_per_simd_array", "simd_per_cu", "max_slots_scratch_cu",
             "gfx_target_version",
-        )),  # fmt: skip
+        )),
         ("vendor_id", c_uint16),
         ("device_id", c_uint16),
         *((name, c_uint32) for name in (
@@ -194,7 +194,7 @@ class Agent(Structure):
             "num_sdma_queues_per_engine", "num_cp_queues", "max_engine_clk_ccompute", "max_engine_clk_fcompute",
             "sdma_fw_version", "fw_version", "capability", "cu_per_engine", "max_waves_per_cu", "family_id",
             "workgroup_max_size", "grid_max_size",
-        )),  # fmt: skip
+        )),
         ("local_mem_size", c_uint64),
         ("hive_id", c_uint64),
         ("gpu_id", c_uint64),
@@ -252,7 +252,7 @@ PROTOTYPES = {
     "rocprofiler_query_available_agents": (c_int, [c_int, AgentsCallback, c_size_t, c_void_p]),
     "rocprofiler_push_external_correlation_id": (c_int, [Handle, c_uint64, UserData]),
     "rocprofiler_pop_external_correlation_id": (c_int, [Handle, c_uint64, POINTER(UserData)]),
-}  # fmt: skip
+}
 
 #: record kind -> (its struct, the fields the session keeps, in order)
 RECORDS = {

@@ -109,7 +109,7 @@ class Library:
                         "wave_front_size": int(a.wave_front_size), "gfx_target_version": int(a.gfx_target_version),
                         "logical_node_type_id": int(a.logical_node_type_id),
                         "device_id": int(a.device_id), "local_mem_size": int(a.local_mem_size),
-                    })  # fmt: skip
+                    })
             except Exception:  # noqa: BLE001 - never into C; what was read is kept
                 pass
             return abi.STATUS_SUCCESS
@@ -212,13 +212,13 @@ class Tool:
             lib.check(
                 c.rocprofiler_configure_callback_tracing_service(self.names_ctx, abi.CALLBACK_TRACING_CODE_OBJECT, ops, 1, self._names_cb, None),
                 "rocprofiler_configure_callback_tracing_service(code objects)",
-            )  # fmt: skip
+            )
             lib.check(c.rocprofiler_create_context(ctypes.byref(self.trace_ctx)), "rocprofiler_create_context")
             lib.check(
                 c.rocprofiler_create_buffer(self.trace_ctx, BUFFER_BYTES, WATERMARK_BYTES, abi.BUFFER_POLICY_LOSSLESS,
                                             self._buffer_cb, None, ctypes.byref(self.buffer)),
                 "rocprofiler_create_buffer",
-            )  # fmt: skip
+            )
             for kind in self.kinds:
                 code = c.rocprofiler_configure_buffer_tracing_service(self.trace_ctx, kind, None, 0, self.buffer)
                 if code == abi.STATUS_SUCCESS:

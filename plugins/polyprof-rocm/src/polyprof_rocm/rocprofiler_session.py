@@ -44,7 +44,7 @@ _FIELDS = {
         r.operation, r.correlation_id.internal, r.correlation_id.external.value, r.thread_id,
         r.start_timestamp, r.end_timestamp, r.dst_agent_id.handle, r.src_agent_id.handle, r.bytes,
     ),
-}  # fmt: skip
+}
 _API_FIELDS = lambda r: (  # noqa: E731
     r.operation, r.correlation_id.internal, r.correlation_id.external.value, r.thread_id, r.start_timestamp, r.end_timestamp,
 )
@@ -169,7 +169,7 @@ class RocprofilerSession:
 
         device_corr: set[int] = set()
         for (corr, ext, _tid, start, end, agent, queue, kernel_id, dispatch_id, private, group,
-             wx, wy, wz, gx, gy, gz) in raw.get(abi.BUFFER_TRACING_KERNEL_DISPATCH, []):  # fmt: skip
+             wx, wy, wz, gx, gy, gz) in raw.get(abi.BUFFER_TRACING_KERNEL_DISPATCH, []):
             dev, row, index = queue_row(agent, queue)
             device_corr.add(corr)
             name = tool.kernel_names.get(kernel_id)
@@ -179,7 +179,7 @@ class RocprofilerSession:
                     "dispatch id": dispatch_id, "grid": [_ceil(gx, wx), _ceil(gy, wy), _ceil(gz, wz)],
                     "block": [wx, wy, wz], "grid size (work-items)": [gx, gy, gz], "shared memory": group,
                     "private segment size": private,
-                })  # fmt: skip
+                })
         for op, corr, ext, _tid, start, end, dst, src, nbytes in raw.get(abi.BUFFER_TRACING_MEMORY_COPY, []):
             direction = abi.MEMORY_COPY_NAMES.get(op, "?")
             agent = src if direction == "DtoH" else dst
@@ -189,7 +189,7 @@ class RocprofilerSession:
             if end > start:
                 args["memory bandwidth (GB/s)"] = round(nbytes / (end - start), 6)
             _device_work(sink, ActivityKind.GPU_MEMCPY, f"Memcpy {direction}", dev, row, span_to_host(start, end),
-                         corr, ext, args)  # fmt: skip
+                         corr, ext, args)
         for kind, category in _API_CATEGORY.items():
             names: dict[int, str] = {}
             for op, corr, ext, tid, start, end in raw.get(kind, []):
@@ -240,7 +240,7 @@ class RocprofilerSession:
                     "name": product, "totalGlobalMem": info.get("local_mem_size", 0),
                     "numSms": info.get("cu_count", 0), "warpSize": info.get("wave_front_size", 0),
                     "gcnArchName": info.get("name", ""),
-                },  # fmt: skip
+                },
             )
             devices[agent] = (dev, index)
             return devices[agent]
@@ -249,11 +249,11 @@ class RocprofilerSession:
 
 
 def _device_work(sink: Sink, kind: ActivityKind, name: str, dev: int, row: int, span: tuple[int, int], corr: int,
-                 ext: int, args: dict) -> None:  # fmt: skip
+                 ext: int, args: dict) -> None:
     """One kernel or copy on its GPU row (`span` on the host clock), the end of its launch's ac2g flow
     (keyed by the correlation)."""
     sink.activity(kind, name, device=dev, resource=row, start=span[0], end=span[1], correlation=corr,
-                  external_id=ext, flow_id=corr, args=args)  # fmt: skip
+                  external_id=ext, flow_id=corr, args=args)
 
 
 def _ceil(total: int, size: int) -> int:

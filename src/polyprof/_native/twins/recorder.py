@@ -61,7 +61,7 @@ _plain = False
 
 
 def configure(contextvar: ContextVar[int], register: Any, push: Any, pop: Any, annotation_kind: Any,
-              decorate: Any, doc: str) -> None:  # fmt: skip
+              decorate: Any, doc: str) -> None:
     """What the recorder shares with Python: the current external id's variable, the callable told of
     each thread's new buffer, the correlation fan-out (push/pop), the decorator and the docstring."""
     global \
@@ -149,7 +149,7 @@ class EventBuffer:
         """(name, args, start, id, parent) of each span open in these events (entered, not exited)."""
         events = self.events
         return [(events[at + 5], events[at + 6], events[at + 1], events[at + 3], events[at + 4])
-                for at in _open_at(events)]  # fmt: skip
+                for at in _open_at(events)]
 
     def take(self) -> EventBuffer:
         """A new buffer with every event; this one is left empty. The spans open now stay open in

@@ -157,11 +157,11 @@ class ClockSync:
         except BaseException as exc:
             if best is None:
                 self._result = {"reference": "rank 0", "when": self.when, "measured": False,
-                                "why": f"rank 0 did not answer within {TIME_LIMIT_S:g} s ({type(exc).__name__})"}  # fmt: skip
+                                "why": f"rank 0 did not answer within {TIME_LIMIT_S:g} s ({type(exc).__name__})"}
                 return
         assert best is not None
         self._result = {"reference": "rank 0", "when": self.when, "offset_ns": best[1],
-                        "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}  # fmt: skip
+                        "uncertainty_ns": max(1, best[0] // 2), "round_trips": ROUND_TRIPS}
         if base is not None:
             self._result[JOB_BASE_KEY] = base
 

@@ -87,7 +87,7 @@ def _operators(
     for i in unfinished.tolist():
         args[i] = {**args.get(i, {}), "finished": False}
     flow_id, flow_start = flows.fwdbwd_flows(seq, fwd_tid, cols["rf_tid"], start, ctx, carry,
-                                             config.extra.get("fwdbwd_carry_s"))  # fmt: skip
+                                             config.extra.get("fwdbwd_carry_s"))
     sink.activities(
         {
             "kind": kinds,

@@ -214,7 +214,7 @@ class TorchSession:
             for tid, start, name in obs.open_ops():
                 if start <= end_ns:
                     sink.activity(ActivityKind.CPU_OP, name, device=host, resource=sink.host_thread(tid), start=start,
-                                  end=end_ns, args={"finished": False})  # fmt: skip
+                                  end=end_ns, args={"finished": False})
 
     def collect(self, sink: Sink) -> None:
         self.distributed.note()

@@ -333,7 +333,7 @@ def merge(
     report = MergeReport() if report is None else report
     keeps = [
         _select(part, window, (kind_filters or {}).get(part.backend), (paused or {}).get(part.backend, ()), report,
-                limits)  # fmt: skip
+                limits)
         for part in parts
     ]
     if limits is not None and limits.max_events_per_backend is not None:

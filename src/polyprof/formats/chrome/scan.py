@@ -42,7 +42,7 @@ from polyprof.model.args import ArgsBlock, JSONArray
 
 ACT_DTYPE = np.dtype(
     [("ts", "<i8"), ("end", "<i8"), ("corr", "<i8"), ("ext", "<i8"), ("cat", "<i4"), ("name", "<i4"),
-     ("pid", "<i4"), ("res", "<i4"), ("instant", "<i4"), ("pad", "<i4")]  # fmt: skip
+     ("pid", "<i4"), ("res", "<i4"), ("instant", "<i4"), ("pad", "<i4")]
 )
 FLOW_DTYPE = np.dtype(
     [("ts", "<i8"), ("id", "<i8"), ("prev", "<i8"), ("pid", "<i4"), ("res", "<i4"), ("cat", "<i4"), ("start", "<i4")]
@@ -299,7 +299,7 @@ def _last_rows_at(resource: np.ndarray, start: np.ndarray, res: np.ndarray, ts: 
     if (int(resource.max()) + 1) * span >= 1 << 62:  # keys would not fit: pair by pair
         last = {(r, t): i for i, (r, t) in enumerate(zip(resource.tolist(), start.tolist(), strict=True))}
         return np.array([last.get((r, t), -1) if r >= 0 else -1 for r, t in zip(res.tolist(), ts.tolist(), strict=True)],
-                        dtype=np.int64)  # fmt: skip
+                        dtype=np.int64)
     keys = resource * span + (start - lo)
     order = np.argsort(keys, kind="stable")  # among equal keys the last row comes last
     ordered = keys[order]

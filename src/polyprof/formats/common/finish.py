@@ -32,7 +32,7 @@ def finish_trace(
     doc: dict[str, Any], acts: Any, devices: list[Device], resources: list[Resource], counters: Counters,
     where: Where | None = None, *, reserved: tuple[str, ...] = JSON_KEYS, base_time_ns: Any = None,
     epoch_offset_ns: int | None = None, window: tuple[int, int] | None = None,
-) -> Trace:  # fmt: skip
+) -> Trace:
     """The trace of the events read (`acts` and the rest) and the document's top-level keys (`doc`: a JSON
     trace's, or a Perfetto trace's metadata event's values): its keys but the `reserved` ones become the
     metadata, polyprof's among them the backends' statuses. `base_time_ns` (else the document's

@@ -68,7 +68,7 @@ class Chunk:
 
 
 def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None,
-                    tolerate_torn: bool = False) -> Iterator[Chunk]:  # fmt: skip
+                    tolerate_torn: bool = False) -> Iterator[Chunk]:
     """The Perfetto trace `path` (gzip or not) as chunks of about `rows` rows (see the module). `on_read`
     is told the file's bytes read on disk as the second pass reads it. With `tolerate_torn` (a spill
     whose writer was killed), a last packet cut off is left out, as ``polyprof recover`` leaves it."""

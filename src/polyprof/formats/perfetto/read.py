@@ -307,7 +307,7 @@ class PacketReader:
             row = builder.append(
                 kind, item.cat, item.name, resources[res].device, res, item.ts, end,
                 _int64(corr), _int64(ext), args=args or None,
-            )  # fmt: skip
+            )
             for key, is_start in (item.flows or ())[:1]:
                 cols = builder._cols
                 cols["flow_id"][row], cols["flow_type"][row] = key >> 2, (key & 3) or FLOW_AC2G
@@ -317,7 +317,7 @@ class PacketReader:
     def finish(
         self, acts: Any, devices: list[Device], resources: list[Resource], device_of_track: dict[int, int],
         meta: dict[str, Any], layout: dict,
-    ) -> Trace:  # fmt: skip
+    ) -> Trace:
         """The trace of the rows `acts` placed on `devices` / `resources`: counters, clock, metadata."""
         counters = Counters()
         for track, ts, value in self.counter_samples:
@@ -333,7 +333,7 @@ class PacketReader:
             epoch = self.snapshot.get(F.CLOCK_REALTIME, 0) - self.snapshot.get(F.CLOCK_MONOTONIC, 0) if self.snapshot else 0
         return finish_trace(meta, acts, devices, resources, counters, reserved=_RESERVED,
                             base_time_ns=meta.get("baseTimeNanoseconds", layout.get("base_time_ns", 0)),
-                            epoch_offset_ns=int(epoch), window=layout_window(layout))  # fmt: skip
+                            epoch_offset_ns=int(epoch), window=layout_window(layout))
 
     def meta_and_layout(self) -> tuple[dict[str, Any], dict]:
         """The metadata event's values, and polyprof's layout among them ({} when there is none)."""
@@ -350,7 +350,7 @@ class PacketReader:
             for d in layout["devices"]:
                 device_of_track[int(d["track"])] = len(devices)
                 devices.append(Device(str(d["key"]), str(d["type"]), int(d["index"]), str(d["name"]),
-                                      sort_index=int(d["sort_index"]), pid=int(d["pid"]), label=str(d["label"])))  # fmt: skip
+                                      sort_index=int(d["sort_index"]), pid=int(d["pid"]), label=str(d["label"])))
             for r in layout["rows"]:
                 if not 0 <= int(r["device"]) < len(devices):
                     raise ValueError(f"a row names device {r['device']}, of {len(devices)}")
@@ -366,7 +366,7 @@ class PacketReader:
                 device_of_track[t.uuid] = len(devices)
                 devices.append(Device(f"pid:{t.pid}", "cpu" if "CPU" in t.labels else "unknown", max(t.pid, 0),
                                       t.process_name or f"process {t.pid}", sort_index=t.sort_index, pid=t.pid,
-                                      label=t.labels[0] if t.labels else ""))  # fmt: skip
+                                      label=t.labels[0] if t.labels else ""))
         for t in self.tracks.values():
             if t.tid is not None:
                 row_of_track[t.uuid] = self.lone_row(t.uuid, devices, resources, device_of_track)

@@ -33,7 +33,7 @@ PF_DTYPE = np.dtype(
     [("ts", "<i8"), ("end", "<i8"), ("track", "<u8"), ("ext", "<i8"), ("corr", "<i8"), ("flow", "<u8"),
      ("value", "<f8"), ("name", "<i4"), ("cat", "<i4"), ("end_order", "<i4"), ("open_slot", "<i4"),
      ("type", "i1"), ("has_flow", "i1"), ("flow_start", "i1"), ("has_ext_key", "i1"), ("has_value", "i1"),
-     ("pad", "V3")]  # fmt: skip
+     ("pad", "V3")]
 )
 assert PF_DTYPE.itemsize == 80
 
@@ -154,7 +154,7 @@ class Places:
 
 
 def rows_trace(reader: Any, places: Places, recs: np.ndarray, rows: np.ndarray, ends: np.ndarray, texts: list[str],
-               args_of: ArgsOf) -> Any:  # fmt: skip
+               args_of: ArgsOf) -> Any:
     """The trace of the records `rows` of `recs` (ending at `ends`), with the counter values among `recs`."""
     kind = recs["type"]
     reader.counter_samples = [

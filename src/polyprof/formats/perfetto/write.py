@@ -379,7 +379,7 @@ class _RowEncoder:
         self.cols = (
             i64(track), i64(c["start"]), i64(np.maximum(c["end"], c["start"])), i64(c["name"]) + 1, i64(c["cat"]) + 1,
             i64(c["external_id"]), i64(c["correlation"]), i64(writes_corr), i64(flow_key), i64(c["flow_start"] != 0),
-        )  # fmt: skip
+        )
 
     def _json_blocks(self, args: Any, interned: _Interned, writes_corr: np.ndarray) -> np.ndarray | None:
         """The blobs of rows whose args are one block of JSON-encoded columns (a trace read back), encoded
@@ -481,7 +481,7 @@ def layout(trace: Trace, tracks: _Tracks) -> dict[str, Any]:
             {"key": d.key, "type": d.type, "index": d.index, "name": d.name, "pid": d.pid, "label": d.label,
              "sort_index": d.sort_index, "track": uuid}
             for d, uuid in zip(trace.devices, tracks.device_uuid, strict=True)
-        ],  # fmt: skip
+        ],
         "rows": [
             {"device": r.device, "tid": r.id, "name": r.name, "sort_index": r.sort_index, "track": uuid}
             for r, uuid in zip(trace.resources, tracks.resource_uuid, strict=True)

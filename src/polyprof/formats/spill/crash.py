@@ -142,7 +142,7 @@ def _torch_part(crash: Crash, status: BackendStatus) -> CollectedPart:
         for start, end, name in thread.ops.tolist():
             sink.activity(ActivityKind.CPU_OP, thread.names[name] if 0 <= name < len(thread.names) else UNNAMED,
                           device=host, resource=row, start=start, end=end or max(start, crash.at_ns),
-                          args={} if end else {"finished": False})  # fmt: skip
+                          args={} if end else {"finished": False})
     return sink.seal(status)
 
 

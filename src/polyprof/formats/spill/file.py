@@ -281,7 +281,7 @@ def check_part(part: CollectedPart) -> None:
     devices, resources = len(part.devices), len(part.resources)
     for d in part.devices:
         _check_fields("a device", d, {"key": str, "type": str, "index": int, "name": str, "properties": dict,
-                                       "sort_index": int, "pid": int, "label": str})  # fmt: skip
+                                       "sort_index": int, "pid": int, "label": str})
     for r in part.resources:
         _check_fields("a resource", r, {"device": int, "id": int, "name": str, "sort_index": int})
         if not 0 <= r.device < devices:
@@ -358,12 +358,12 @@ class Spill:
 HEADER_FIELDS: dict[str, tuple[type, ...]] = {
     "version": (str,), "pid": (int,), "host_name": (str,), "argv": (list,), "activities": (list,),
     "epoch_offset_ns": (int,), "flush_interval_s": (int, float, type(None)), "metadata": (dict,),
-}  # fmt: skip
+}
 #: a window entry's fields: the start's or the end's
 WINDOW_FIELDS: dict[str, tuple[type, ...]] = {
     "window_start": (int,), "window_end": (int,), "step": (int,), "backends": (list,), "flushing": (list,),
     "collected": (list,),
-}  # fmt: skip
+}
 
 
 def _chunks(f: BinaryIO, size: int, path: str) -> Iterator[tuple[bytes, bytes, int]]:
@@ -401,7 +401,7 @@ def _checked(doc: Any, fields: dict[str, tuple[type, ...]], what: str, dropped: 
 
 
 def read_spill(path: str, data: bytes | None = None,
-               on_part: Callable[[CollectedPart, int, int], None] | None = None) -> Spill:  # fmt: skip
+               on_part: Callable[[CollectedPart, int, int], None] | None = None) -> Spill:
     """Every good chunk of the spill at `path` (or in `data`; a TraceFormatError when it is not one). A
     chunk that passed its checksum but cannot be used (a tampered file) is left out and named in
     ``dropped``. With `on_part`, the parts are not kept: each is handed, without its args, to
@@ -425,7 +425,7 @@ def read_part(f: BinaryIO, offset: int, length: int) -> CollectedPart:
 
 
 def _read_spill(f: BinaryIO, size: int, path: str, on_part: Callable[[CollectedPart, int, int], None] | None
-                ) -> Spill:  # fmt: skip
+                ) -> Spill:
     spill = Spill()
     end = len(FILE_MAGIC)
     names = {HEADER: "the header", WINDOW: "a window", PART: "a part", END: "the end"}
@@ -450,7 +450,7 @@ def _read_spill(f: BinaryIO, size: int, path: str, on_part: Callable[[CollectedP
                 raise ValueError(f"unknown chunk kind {kind!r}")
         except Exception as exc:  # its checksum matched, yet it cannot be used: left out, and said
             spill.dropped.append(f"chunk {spill.chunks} ({names.get(kind, repr(kind))}): {type(exc).__name__}: "
-                                 f"{str(exc)[:120]}")  # fmt: skip
+                                 f"{str(exc)[:120]}")
         if part is not None and on_part is not None:
             on_part(part, end - len(payload), len(payload))
         elif part is not None:
@@ -458,5 +458,5 @@ def _read_spill(f: BinaryIO, size: int, path: str, on_part: Callable[[CollectedP
     spill.torn_bytes = size - end
     if not spill.header:
         raise TraceFormatError(f"{path}: the spill has no readable header"
-                               + (f" ({spill.dropped[0]})" if spill.dropped else ""))  # fmt: skip
+                               + (f" ({spill.dropped[0]})" if spill.dropped else ""))
     return spill
