@@ -269,7 +269,7 @@ def test_rows_with_equal_args_share_one_encoding_and_their_own_correlation_wins(
         sink.activity(ActivityKind.KERNEL, f"k{i}", device=gpu, resource=stream, start=T0 + 10 * i, end=T0 + 10 * i + 5,
                       correlation=corr, args=args)
     trace = merge([sink.seal(BackendStatus("t"))], window=(T0, T0 + 100), epoch_offset_ns=0, base_time_ns=0, metadata={})
-    encoder = writer._RowEncoder(trace.activities, writer._Interned(), np.zeros(len(rows), np.int64),
+    encoder = writer._RowEncoder(trace.activities, writer.Interned(), np.zeros(len(rows), np.int64),
                                  trace.activities.columns["correlation"] != 0, np.zeros(len(rows), np.int64))
     by_name = dict(zip((trace.activities.strings.strings[c] for c in trace.activities.columns["name"]), range(len(rows)),
                        strict=True))

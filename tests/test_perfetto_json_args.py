@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import polyprof._native
-from polyprof.formats.perfetto.write import _Interned, annotations
+from polyprof.formats.perfetto.write import Interned, annotations
 
 fast = polyprof._native.extension
 pytestmark = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")
@@ -23,7 +23,7 @@ LEFT_TO_PYTHON = [b"9223372036854775808", b'"\\u00e9"', "\"caf\u00e9\"".encode()
 
 
 def test_json_values_encode_exactly_as_decoded_values_do():
-    interned = _Interned()
+    interned = Interned()
     iid = interned.iid("value")
     values = ENCODED_IN_C + LEFT_TO_PYTHON
     blobs: list[bytes | None] = [None] * len(values)
@@ -36,7 +36,7 @@ def test_json_values_encode_exactly_as_decoded_values_do():
 
 def test_random_blocks_match_the_python_encoder():
     rng = random.Random(5)
-    interned = _Interned()
+    interned = Interned()
     keys = ("Input Dims", "Sequence number", "name", "flag")
     iids = tuple(interned.iid(k) for k in keys)
     n = 500

@@ -1,5 +1,6 @@
 """What the layout promises a newcomer (issue #52): polyprof's modules import one another without
-circles, no module takes another's private names, and one package chooses between C and Python."""
+circles, no module takes another's private names (imported, or reached as a module's attribute), and
+one package chooses between C and Python."""
 
 import ast
 import os
@@ -97,6 +98,34 @@ def test_no_module_takes_another_modules_private_names():
         and target != name
     ]
     assert private == []
+
+
+def _module_aliases(name, path, tree):
+    """{local name: polyprof module} for the modules `name` imports as names (``import polyprof.x as W``,
+    ``from polyprof.formats.perfetto import write``)."""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update((a.asname, a.name) for a in node.names if a.name.startswith("polyprof") and a.asname)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            aliases.update((a.asname or a.name, f"{target}.{a.name}") for a in node.names if f"{target}.{a.name}" in MODULES)
+    return aliases
+
+
+def test_no_module_reaches_another_modules_private_names_as_attributes():
+    reached = set()
+    for name, path in MODULES.items():
+        tree = ast.parse(open(path).read(), path)
+        aliases = _module_aliases(name, path, tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                module, attr = aliases[node.value.id], node.attr
+                if attr.startswith("_") and not attr.startswith("__") and attr not in INTERNAL and module != name:
+                    reached.add((name, f"{module}.{attr}"))
+    assert sorted(reached) == []
 
 
 def test_only_polyprof_native_chooses_between_c_and_python():

@@ -98,7 +98,7 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
     base = base if isinstance(base, int) else 0
     places = Places()
     counters = Counters()
-    interned = W._Interned()
+    interned = W.Interned()
     names: dict[str, int] = {}
     cats: dict[str, int] = {}
     c = _Columns()
@@ -222,7 +222,7 @@ def _bodies(fd: int, offset: np.ndarray, length: np.ndarray) -> list[bytes | Non
 def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cats: dict, fd: int,
                    c: dict[str, np.ndarray], loose: list) -> None:
     start, end, row_of = c["start"], c["end"], c["row"].astype(np.int64)
-    tracks = W._Tracks(trace)
+    tracks = W.Tracks(trace)
     out.write(W.header(trace, [(i, s) for s, i in names.items()], [(i, s) for s, i in cats.items()]))
     out.write(tracks.descriptors())
     flow_key, flow_start = c["flow_key"].copy(), c["flow_start"].copy()
@@ -243,7 +243,7 @@ def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cat
     out.write(tracks.lane_descriptors(lanes))
     pending = interned.take_new()
     if pending:
-        out.write(W._interned_packet(pending))
+        out.write(W.interned_packet(pending))
     columns = (track, start, np.maximum(end, start), c["name"], c["cat"], flow_key, flow_start)
     for lo in range(0, len(events), W.CHUNK_EVENTS):
         chunk = events[lo : lo + W.CHUNK_EVENTS]
@@ -253,6 +253,6 @@ def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cat
         none = np.zeros(len(rows), dtype=np.int64)  # External id and correlation are in the args
         local_events = (local.astype(np.int64) << 2) | (chunk & 3)
         out.write(W.encode_events((local_events, (t, s, e, nm, ct, none, none, none, fk, fs), blobs, 0, 0)))
-    out.write(W._counter_packets(trace, tracks))
-    meta = W._metadata_packet(trace, tracks, interned)
-    out.write(W._interned_packet(interned.take_new()) + meta)
+    out.write(W.counter_packets(trace, tracks))
+    meta = W.metadata_packet(trace, tracks, interned)
+    out.write(W.interned_packet(interned.take_new()) + meta)

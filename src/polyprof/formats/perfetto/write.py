@@ -100,7 +100,7 @@ def packet(body: bytes) -> bytes:
     return field_bytes(F.TRACE_PACKET, body)
 
 
-class _Interned:
+class Interned:
     """Debug annotation names, interned as they are first used; ``take_new`` gives the entries to
     announce before the events that use them."""
 
@@ -145,7 +145,7 @@ def _json_value(value: Any) -> bytes:
     return field_bytes(F.ANNOTATION_LEGACY_JSON, json_bytes(value))
 
 
-def annotations(items: dict[str, Any], interned: _Interned) -> bytes:
+def annotations(items: dict[str, Any], interned: Interned) -> bytes:
     """The debug_annotations fields of one event."""
     return b"".join(
         field_bytes(F.EVENT_DEBUG_ANNOTATIONS, field_varint(F.ANNOTATION_NAME_IID, interned.iid(str(k))) + annotation_value(v))
@@ -159,7 +159,7 @@ def stable_uuid(*what: Any) -> int:
     return (int.from_bytes(digest, "little") >> 2) | 1
 
 
-class _Tracks:
+class Tracks:
     """The track tree: uuids of device (process) tracks, row (thread) tracks, lanes and counter tracks,
     and their descriptors, on one packet sequence. With `stable`, a track's uuid comes from what it is
     (device key, thread id, lane, counter name), so that traces appended to one file share their tracks
@@ -253,8 +253,8 @@ def iter_perfetto_chunks(
     rows by the track descriptors)."""
     acts = trace.activities
     strings = acts.strings.strings
-    interned = _Interned()
-    tracks = _Tracks(trace, sequence_id, stable_tracks)
+    interned = Interned()
+    tracks = Tracks(trace, sequence_id, stable_tracks)
     used = lambda column: np.flatnonzero(np.bincount(acts[column], minlength=len(strings))).tolist() if len(acts) else []  # noqa: E731
     names = [(code + 1, strings[code]) for code in used("name")]
     yield header(trace, names, [(code + 1, strings[code]) for code in used("cat")], sequence_id, clock)
@@ -278,11 +278,11 @@ def iter_perfetto_chunks(
         for lo in range(0, len(events), CHUNK_EVENTS):
             body = rows.encode(events[lo : lo + CHUNK_EVENTS], tracks.head)
             new = interned.take_new()
-            yield (_interned_packet(new, tracks.head) if new else b"") + body
-    yield _counter_packets(trace, tracks)
+            yield (interned_packet(new, tracks.head) if new else b"") + body
+    yield counter_packets(trace, tracks)
     if metadata:
-        meta = _metadata_packet(trace, tracks, interned, layout)
-        yield _interned_packet(interned.take_new(), tracks.head) + meta
+        meta = metadata_packet(trace, tracks, interned, layout)
+        yield interned_packet(interned.take_new(), tracks.head) + meta
 
 
 def _lanes_used(resource: np.ndarray, lane: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -331,7 +331,7 @@ def clock_packet(t0: int, epoch_offset_ns: int, sequence_id: int = SEQUENCE_ID) 
     return packet(snapshot + field_varint(F.PACKET_SEQUENCE_ID, sequence_id))
 
 
-def _interned_packet(entries: bytes, head: bytes = _PACKET_HEAD) -> bytes:
+def interned_packet(entries: bytes, head: bytes = _PACKET_HEAD) -> bytes:
     return packet(head + field_bytes(F.PACKET_INTERNED_DATA, entries)) if entries else b""
 
 
@@ -344,7 +344,7 @@ class _RowEncoder:
     args once (rows with equal args share their encoding), then the packets chunk by chunk, in C
     (``_native.encode_events``) or by the reference :func:`encode_events_py`."""
 
-    def __init__(self, acts: Any, interned: _Interned, track: np.ndarray, writes_corr: np.ndarray, flow_key: np.ndarray) -> None:
+    def __init__(self, acts: Any, interned: Interned, track: np.ndarray, writes_corr: np.ndarray, flow_key: np.ndarray) -> None:
         c = acts.columns
         self.ext_iid, self.corr_iid = interned.iid("External id"), interned.iid("correlation")
         self.blobs: list[bytes | None] = [None] * len(acts)
@@ -381,7 +381,7 @@ class _RowEncoder:
             i64(c["external_id"]), i64(c["correlation"]), i64(writes_corr), i64(flow_key), i64(c["flow_start"] != 0),
         )
 
-    def _json_blocks(self, args: Any, interned: _Interned, writes_corr: np.ndarray) -> np.ndarray | None:
+    def _json_blocks(self, args: Any, interned: Interned, writes_corr: np.ndarray) -> np.ndarray | None:
         """The blobs of rows whose args are one block of JSON-encoded columns (a trace read back), encoded
         in C from the JSON text (``_native.encode_json_args``); a mask of the rows done (None: none).
         Rows in several blocks or with a dict too, and values C leaves to Python, take the general path."""
@@ -454,7 +454,7 @@ def encode_events_py(
     return b"".join(out)
 
 
-def _counter_packets(trace: Trace, tracks: _Tracks) -> bytes:
+def counter_packets(trace: Trace, tracks: Tracks) -> bytes:
     cols = trace.counters.columns
     if not len(cols["ts"]):
         return b""
@@ -472,7 +472,7 @@ def _counter_packets(trace: Trace, tracks: _Tracks) -> bytes:
     return b"".join(descriptors) + b"".join(events)
 
 
-def layout(trace: Trace, tracks: _Tracks) -> dict[str, Any]:
+def layout(trace: Trace, tracks: Tracks) -> dict[str, Any]:
     """What a reader needs beyond the descriptors: each device as the model has it, and which track is
     which row (lanes included)."""
     return {
@@ -521,7 +521,7 @@ def standalone_metadata(values: dict[str, Any], ts: int, sequence_id: int) -> by
     return _metadata_packets(values, stable_uuid("metadata"), ts, sequence_id, head, inline)
 
 
-def _metadata_packet(trace: Trace, tracks: _Tracks, interned: _Interned, with_layout: bool = True) -> bytes:
+def metadata_packet(trace: Trace, tracks: Tracks, interned: Interned, with_layout: bool = True) -> bytes:
     """The metadata track and its one instant: the JSON's top-level keys as JSON-valued annotations."""
     values = metadata_values(trace)
     if with_layout:
