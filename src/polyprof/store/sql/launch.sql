@@ -7,7 +7,7 @@ with latencies as (
     from activities a join launches l on l.rank = a.rank and l.correlation = a.correlation
     where a.work is not null and a.correlation <> 0
 )
-select rank, device, min(device_name) as device_name, count(*) as launches, avg(latency) as mean_ns,
+select rank, device, min(device_name) as device_name, count(*) as launches, cast(sum(latency) as double) / count(*) as mean_ns,
        quantile_cont(latency, 0.5) as p50_ns, quantile_cont(latency, 0.9) as p90_ns,
        quantile_cont(latency, 0.99) as p99_ns, max(latency) as max_ns,
        max(case when place = 1 then name end) as worst

@@ -93,7 +93,7 @@ into_targets as (
     from targeted group by rank, device, resource, target
 )
 select m.rank, m.name as op, count(*) as calls, cast(sum(m.dur_ns) as bigint) as total_ns,
-       cast(sum(t.self_ns) as bigint) as self_ns, avg(m.dur_ns) as mean_ns,
+       cast(sum(t.self_ns) as bigint) as self_ns, cast(sum(m.dur_ns) as double) / count(*) as mean_ns,
        cast(sum(t.own) as bigint) as device_ns, cast(sum(m.device_total_ns) as bigint) as device_total_ns
 from measured m
 join into_targets t on t.rank = m.rank and t.device = m.device and t.resource = m.resource and t.pos = m.pos

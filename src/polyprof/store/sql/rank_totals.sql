@@ -2,7 +2,7 @@
 -- time in collectives over the whole trace (their union), and how much of that is above the least any
 -- rank spent (waited_ns: the time it waited for the others, by the busy-time heuristic).
 with steps_ as (
-    select rank, count(*) as steps, avg(hi - lo) as mean_step_ns from step_spans group by rank
+    select rank, count(*) as steps, cast(sum(hi - lo) as double) / count(*) as mean_step_ns from step_spans group by rank
 ),
 marked as (
     select rank, start_ns as s, end_ns as e,
