@@ -147,8 +147,8 @@ def local_spark_memory(activity_rows: int) -> str | None:
     2 GB and 128 MB per million rows, at most half this machine's memory (Spark's default, 1 GB, fails
     on an 8-rank store of 112 k rows a rank: building a broadcast join's table). None where the user
     sized it already (``--driver-memory`` in ``PYSPARK_SUBMIT_ARGS``): theirs stands."""
-    if "driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", "") or "spark.driver.memory" in os.environ.get(
-            "PYSPARK_SUBMIT_ARGS", ""):
+    submitted = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if "driver-memory" in submitted or "spark.driver.memory" in submitted:
         return None
     wanted = 2048 + 128 * activity_rows // 1_000_000
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
