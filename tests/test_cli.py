@@ -173,6 +173,11 @@ def test_example_workload_runs_under_polyprof(tmp_path):
     r = run(["run", "-o", str(out), os.path.join(root, "examples", "workload.py"), "3"])
     assert r.returncode == 0, r.stderr
     assert "workload result" in r.stdout and "matmul chain" in r.stderr
+    # the script marks its own steps around its optimizer's: polyprof run adds no second span of a step
+    from polyprof.formats import load_trace
+
+    steps = [name for name in load_trace(str(out)).activities.names() if str(name).startswith("ProfilerStep#")]
+    assert sorted(steps) == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
 
 
 def test_reasons_with_brackets_are_printed_verbatim(tmp_path):

@@ -41,7 +41,7 @@ from polyprof import _native, correlation
 from polyprof._native import COUNTER, FIELDS, GC, INSTANT, SPAN
 
 __all__ = ["COUNTER", "FIELDS", "GC", "INSTANT", "SPAN", "FrameworkBridge", "counter", "instant",
-           "record_function", "recorder", "set_framework_bridge", "snapshot"]
+           "open_states", "record_function", "recorder", "set_framework_bridge", "snapshot"]
 
 
 class Routed(NamedTuple):
@@ -93,6 +93,18 @@ def snapshot(buffer: Any) -> tuple[Any, list, list]:
     if isinstance(rows, bytes):
         rows = np.frombuffer(rows, dtype=np.int64).reshape(-1, FIELDS)
     return rows, names, args
+
+
+def open_states(buffer: Any) -> list[tuple]:
+    """``(name, args, start, id, parent)`` of each span open in a live buffer (entered, not exited yet),
+    outermost first::
+
+        [state[0] for state in open_states(recorder.buffer())]   # the calling thread's open span names
+
+    C's buffer lists the span objects (their ``open_state``: None once no longer open), the Python
+    twin's the tuples themselves."""
+    return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state)
+            for span in buffer.open_spans() if isinstance(span, tuple) or span.open_state is not None]
 
 
 class ThreadBuffer:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from polyprof.analysis.device import DEVICE_KINDS
-from polyprof.analysis.steps import STEP
 from polyprof.analysis.table import Table
 from polyprof.model import ActivityKind, Trace
+from polyprof.model.steps import step_number
 
 OP_KINDS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 HOST_KINDS = (*OP_KINDS, int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER), int(ActivityKind.SYNC),
@@ -65,7 +65,7 @@ def operator_table(trace: Trace, by_shape: bool = False, top: int | None = None)
         return Table.of(COLUMNS, [], "Operators")
     kinds = acts["kind"]
     names = acts.strings.strings
-    step_codes = [c for c, n in enumerate(names) if isinstance(n, str) and STEP.match(n)]
+    step_codes = [c for c, n in enumerate(names) if step_number(n) is not None]
     host = np.flatnonzero(np.isin(kinds, HOST_KINDS) & ~np.isin(acts["name"], step_codes))
     # device time by External id, then per host row
     dev = np.flatnonzero(np.isin(kinds, DEVICE_KINDS) & (acts["external_id"] != 0))

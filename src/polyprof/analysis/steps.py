@@ -19,7 +19,6 @@ thread is the one that span is on.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -28,9 +27,9 @@ from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, 
 from polyprof.analysis.intervals import clip, union_ns
 from polyprof.analysis.table import Table
 from polyprof.model import ActivityKind, Trace
+from polyprof.model.steps import step_number
 
 HOST = "host"
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
 COLUMNS = ("rank", "step", "device", "step_ns", "compute_ns", "communication_ns", "memory_ns", "other_ns",
            "host_only_ns", "idle_ns")
 HOST_WORK = (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.RUNTIME, ActivityKind.DRIVER,
@@ -43,7 +42,7 @@ def step_rows(trace: Trace) -> dict[int, int]:
     if not len(acts):
         return {}
     names = acts.strings.strings
-    step_of = {c: int(m.group(1)) for c, n in enumerate(names) if isinstance(n, str) and (m := STEP.match(n))}
+    step_of = {c: n for c, name in enumerate(names) if (n := step_number(name)) is not None}
     out: dict[int, int] = {}
     dur = acts["end"] - acts["start"]
     for row in np.flatnonzero(np.isin(acts["name"], list(step_of))).tolist():

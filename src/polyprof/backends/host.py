@@ -93,13 +93,6 @@ def unfinished_spans(sink: Sink, host: int, thread_row: int, open_spans: list[tu
         )
 
 
-def _open_states(spans: list[Any]) -> list[tuple]:
-    """(name, args, start, id, parent) of each span open in a live buffer: C's buffer lists the span
-    objects (their ``open_state``: None once no longer open), the Python twin's the tuples themselves."""
-    return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state) for span in spans
-            if isinstance(span, tuple) or span.open_state is not None]
-
-
 class HostSession:
     # polyprof's own in-process bookkeeping cannot hang, so the engine calls it directly instead of
     # on a guard thread (whose start can wait milliseconds for a CPU under load)
@@ -167,7 +160,7 @@ class HostSession:
         if self._running:
             host = sink.host_device()
             for buf in annotations.recorder.buffers():
-                states = _open_states(buf.events.open_spans())
+                states = annotations.open_states(buf.events)
                 unfinished_spans(sink, host, sink.host_thread(buf.tid, buf.name), states, end_ns)
 
     def _convert(self, sink: Sink, taken: list[annotations.ThreadBuffer], unfinished: bool = False) -> None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from polyprof import annotations
+from polyprof.model.steps import step_name
 
 
 class StepSpans:
@@ -20,7 +21,7 @@ class StepSpans:
 
     def enter(self, step_num: int) -> None:
         self.exit()
-        self._open = annotations.record_function(f"ProfilerStep#{step_num}")
+        self._open = annotations.record_function(step_name(step_num))
         self._open.__enter__()
 
     def exit(self) -> None:

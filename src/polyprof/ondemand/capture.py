@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from polyprof.backends.torch.steps import tracker
+from polyprof.model.steps import step_number
 from polyprof.ondemand.protocol import CaptureRequest, error_reply
 
 log = logging.getLogger("polyprof.ondemand")
@@ -166,8 +167,7 @@ class Capture:
                 self.profile.add_metadata("polyprofCaptureNotes", self.notes)
             written = self.profile.export_chrome_trace(self.output)
             trace = self.profile.trace
-            steps = sorted(int(n[13:]) for n in set(trace.activities.names())
-                           if isinstance(n, str) and n.startswith("ProfilerStep#") and n[13:].isdigit())
+            steps = sorted(n for n in map(step_number, set(trace.activities.names())) if n is not None)
             self._reply({"ok": True, "done": {
                 "path": written, "activities": len(trace.activities), "notes": self.notes,
                 "steps": [steps[0], steps[-1]] if steps else None,

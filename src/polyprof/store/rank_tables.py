@@ -17,10 +17,11 @@ import pyarrow as pa
 
 from polyprof import _native
 from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
-from polyprof.analysis.steps import STEP, step_rows
+from polyprof.analysis.steps import step_rows
 from polyprof.analysis.summary import device_heading
 from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.model import ActivityKind, Trace
+from polyprof.model.steps import step_number
 from polyprof.store.rank_args import ArgColumns, args_columns, encode
 from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
 
@@ -191,7 +192,7 @@ def on_device(kind: np.ndarray) -> np.ndarray:
 def not_nested(trace: Trace) -> np.ndarray:
     """The rows the nesting levels leave out: the step spans and the instants."""
     acts = trace.activities
-    codes = [c for c, s in enumerate(acts.strings.strings) if isinstance(s, str) and STEP.match(s)]
+    codes = [c for c, s in enumerate(acts.strings.strings) if step_number(s) is not None]
     is_step = np.isin(acts["name"], codes) if codes else np.zeros(len(acts), dtype=bool)
     return is_step | (acts["kind"] == int(ActivityKind.INSTANT))
 

@@ -128,6 +128,10 @@ class OptimizerStepSpans:
         spans.install()        # now, or when the script imports torch
         ...
         spans.remove()         # the open span ends (on the thread that opened it)
+        spans.stepped_aside    # True: the script marks its own steps
+
+    A script that marks its own steps (a ``ProfilerStep#N`` annotation open when its optimizer steps)
+    keeps them alone: from that step on no span of this one opens, so no step is counted twice.
     """
 
     def __init__(self) -> None:
@@ -135,12 +139,22 @@ class OptimizerStepSpans:
 
         self._spans = StepSpans()
         self._thread: int | None = None
+        self.stepped_aside = False
 
     def install(self) -> None:
         tracker.install()
         tracker.add_listener(self._stepped)
 
     def _stepped(self, step: int) -> None:
+        from polyprof import annotations
+        from polyprof.model.steps import step_number
+
+        self._spans.exit()  # ours first: what is open now is the script's
+        if any(step_number(state[0]) is not None for state in annotations.open_states(annotations.recorder.buffer())):
+            self.stepped_aside = True
+            tracker.remove_listener(self._stepped)
+            log.info("polyprof: the script marks its own ProfilerStep#N spans; polyprof run adds none")
+            return
         self._thread = threading.get_ident()
         self._spans.enter(step)
 
