@@ -89,12 +89,12 @@ def test_a_torch_profiler_trace_goes_into_the_store(tmp_path):
 # -- the clock fit and blame on collectives made to order -------------------------------------------
 
 
-def _rank(rank, collectives, offset_ns=0, uncertainty_ns=None, work=()):
+def _rank(rank, collectives, offset_ns=0, uncertainty_ns=None, work=(), stepped=True):
     """A rank's tables: `collectives` as (seq, entry, exit) on its recorded clock, `work` as (name, start,
     end) on its training thread."""
     rows = [{"process_group": "0", "group_description": "default_pg", "seq": seq, "op": "allreduce",
              "name": "ncclDevKernel_AllReduce", "on_device": True, "synchronizing": True, "group_size": 4,
-             "in_nelems": 1024, "out_nelems": 1024, "dtype": "Float", "bytes": 4096, "step": seq,
+             "in_nelems": 1024, "out_nelems": 1024, "dtype": "Float", "bytes": 4096, "step": seq if stepped else -1,
              "entry_ns": entry, "exit_ns": leave} for seq, entry, leave in collectives]
     acts = [{"step": 0, "kind": "cpu_op", "category": "cpu_op", "name": name, "device": "host", "device_type": "cpu",
              "resource": 1, "resource_name": "main", "training_thread": True, "level": 0, "start_ns": s, "end_ns": e,
@@ -117,7 +117,7 @@ def _write(folder, ranks):
     return folder
 
 
-def _synthetic_job(tmp_path, shift_ns=700_000, recorded_uncertainty_ns=2_000_000):
+def _synthetic_job(tmp_path, shift_ns=700_000, recorded_uncertainty_ns=2_000_000, stepped=True):
     """4 ranks, 20 all-reduces 10 ms apart that end within 4 µs of each other (as NCCL's kernels do);
     rank 3's recorded offset is off by `shift_ns` (its rows read `shift_ns` late) with the uncertainty
     given; rank 1 enters instance 7 last, 30 ms late, spent in "aten::mm"."""
@@ -134,7 +134,7 @@ def _synthetic_job(tmp_path, shift_ns=700_000, recorded_uncertainty_ns=2_000_000
             rows.append((seq, entry + shift, leave + shift))
             if late:
                 work.append(("aten::mm", t + 50_000, entry))
-        ranks.append(_rank(r, rows, uncertainty_ns=recorded_uncertainty_ns if r else 0, work=work))
+        ranks.append(_rank(r, rows, uncertainty_ns=recorded_uncertainty_ns if r else 0, work=work, stepped=stepped))
     return _write(tmp_path / "job.polyprof", ranks)
 
 
@@ -160,6 +160,16 @@ def test_blame_names_the_late_rank_and_what_it_was_doing_on_the_fitted_clock(tmp
     top = max(seven, key=lambda r: r["cause_ns"])
     assert top["cause"] == "aten::mm" and top["cause_ns"] >= 0.9 * top["wait_ns"], seven
     assert all(r["max_wait_ns"] < 1_000_000 for r in blame if r["seq"] != 7), "rank 3's shift is not taken for lateness"
+
+
+def test_a_job_without_steps_has_no_setup_and_its_waits_count_whole(tmp_path):
+    """No ProfilerStep spans: every collective's step is -1, none of it is set-up, and the overview counts
+    each wait a rank made the others pay."""
+    job = store.open(_synthetic_job(tmp_path, stepped=False))
+    blame = job.blame().to_pylist()
+    assert blame and not any(r["setup"] for r in blame) and {r["step"] for r in blame} == {-1}
+    caused = {r["rank"]: r["made_others_wait_ns"] for r in job.analysis("overview").to_pylist()}
+    assert caused[1] == sum(r["cause_ns"] for r in blame if r["late_rank"] == 1) > 25_000_000, caused
 
 
 # -- commands --------------------------------------------------------------------------------------

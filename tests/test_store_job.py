@@ -215,3 +215,5 @@ def test_blame_names_an_unannotated_python_function_under_torchrun(tmp_path):
         named = sum(b["cause_ns"] for b in rows if b["cause"].endswith(": shuffle_shards"))
         waited = sum({(b["process_group"], b["seq"]): b["wait_ns"] for b in rows}.values())
         assert named >= 0.9 * min(waited, 3 * 0.15e9) and waited >= 3 * 0.5 * 0.15e9, (step, named, waited, rows)
+    # DDP's construction comes before the first step: set-up, and only that is
+    assert any(b["setup"] for b in blame) and all(b["setup"] == (b["step"] < 0) for b in blame), blame

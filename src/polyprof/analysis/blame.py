@@ -6,7 +6,7 @@
     from polyprof.analysis.blame import blame, blame_by_rank
     table = blame(["rank0.json", "rank1.json", ...])    # or loaded Traces, or a folder
     table.where(late_rank=2)                            # step, seq, op, wait_ns, cause, cause_ns, ...
-    blame_by_rank(table)                                # rank -> the wait it cost the others
+    blame_by_rank(table)                                # rank -> the wait it cost the others in the steps
 
 Needs the ``polyprof[store]`` extra (pyarrow and duckdb).
 """
@@ -34,8 +34,10 @@ def blame(traces: Iterable[Any]) -> Table:
 
 
 def blame_by_rank(table: Table) -> dict[int, int]:
-    """Late rank -> the wait (ns) it cost the others, largest first."""
+    """Late rank -> the wait (ns) it cost the others, largest first; the set-up before the first step
+    (``setup``) apart, as the overview counts it."""
     out: dict[int, int] = {}
     for row in table.dicts():
-        out[row["late_rank"]] = out.get(row["late_rank"], 0) + row["cause_ns"]
+        if not row["setup"]:
+            out[row["late_rank"]] = out.get(row["late_rank"], 0) + row["cause_ns"]
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

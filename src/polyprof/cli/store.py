@@ -218,10 +218,8 @@ def print_blame(rows: list[dict], console: Any, top: int = 12) -> None:
     if not rows:
         console.print("who made everyone wait: no collective that every rank entered (none recorded, or one rank only)")
         return
-    stepped = any(r["step"] is not None and r["step"] >= 0 for r in rows)  # else: no steps, nothing is set-up
-    before_steps = [stepped and r["step"] is not None and r["step"] < 0 for r in rows]  # set-up, before the first step
-    setup = [r for r, before in zip(rows, before_steps, strict=True) if before]
-    rows = [r for r, before in zip(rows, before_steps, strict=True) if not before]
+    setup = [r for r in rows if r["setup"]]
+    rows = [r for r in rows if not r["setup"]]
     if setup:
         late: dict[int, int] = {}
         for r in setup:

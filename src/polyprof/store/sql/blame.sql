@@ -4,7 +4,9 @@
 -- its own entry to that last entry, on the job's clock refined by `clock`. What the late rank was
 -- doing meanwhile is read from the outermost rows of its training thread (outer_rows: operators,
 -- annotations, data loading) that overlap each waiter's interval; what none covers is idle host time, or "not
--- recorded" before the late rank's recording began. One row per instance and cause.
+-- recorded" before the late rank's recording began. One row per instance and cause; `setup`: the
+-- instance came before the first step of a job that has steps (DDP's construction, the first
+-- all-gathers), a wait apart from the steps'.
 with aligned as (
     select c.*, c.entry_ns - k.applied_correction_ns as entry, c.exit_ns - k.applied_correction_ns as leave
     from collectives c join clock k on k.rank = c.rank
@@ -62,7 +64,8 @@ idle as (
     group by t.process_group, t.seq, t.wait_ns
 )
 select t.process_group, t.seq, t.op, t.step, t.late_rank, t.ranks, t.wait_ns, t.max_wait_ns,
-       x.kind as cause_kind, x.name as cause, x.ns as cause_ns
+       x.kind as cause_kind, x.name as cause, x.ns as cause_ns,
+       coalesce(t.step < 0, false) and (select count(*) from step_spans) > 0 as setup
 from totals t
 join (select * from covered union all select * from unrecorded where ns > 0
       union all select * from idle where ns > 0) x

@@ -18,10 +18,8 @@ op_totals as (
     select rank, op, self_ns, row_number() over (partition by rank order by self_ns desc, op) as place
     from operators
 ),
-caused as (  -- in the steps (the set-up before the first step apart), or in all where there are none
-    select late_rank as rank, sum(cause_ns) as ns from blame
-    where step >= 0 or (select count(*) from step_spans) = 0
-    group by late_rank
+caused as (  -- the set-up before the first step apart
+    select late_rank as rank, sum(cause_ns) as ns from blame where not setup group by late_rank
 )
 select t.rank, t.steps, t.mean_step_ns,
        p.compute_ns / p.step_ns as compute_share, p.communication_ns / p.step_ns as communication_share,
