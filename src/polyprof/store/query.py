@@ -61,11 +61,11 @@ def read_manifest(path: str) -> dict[str, Any]:
     return manifest
 
 
-def rank_files(path: str, table: str, ranks: list[int]) -> list[str]:
-    """The Parquet files of `table` of the ranks the manifest lists (a rank's folder planted beside them,
-    or left by a rank killed before it was listed, is not read)."""
-    files = [os.path.join(path, table, f"rank={int(rank)}", "part-0.parquet") for rank in ranks]
-    return [f for f in files if os.path.isfile(f)]
+def rank_files(path: str, table: str, ranks: list[int]) -> dict[int, str]:
+    """Rank -> the Parquet file of `table`, for the ranks the manifest lists that have one (a rank's
+    folder planted beside them, or left by a rank killed before it was listed, is not read)."""
+    files = {rank: os.path.join(path, table, f"rank={int(rank)}", "part-0.parquet") for rank in ranks}
+    return {rank: f for rank, f in files.items() if os.path.isfile(f)}
 
 
 class Store:
@@ -78,26 +78,27 @@ class Store:
         self.plan = None
         if manifest is None:
             self.manifest = read_manifest(path)
-            for table in TABLES:  # the ranks the manifest lists, never what else a folder holds
-                files = rank_files(path, table, self.ranks)
+            listed = {table: rank_files(path, table, self.ranks) for table in TABLES}  # the ranks the manifest
+            for table, files in listed.items():  # lists, never what else a folder holds
                 if not files:
                     raise ConfigError(f"{os.path.join(path, table)}: the store has no {table} table")
-                engine.register_parquet(table, os.path.join(path, table), files)
+                engine.register_parquet(table, os.path.join(path, table), list(files.values()))
             if by_ranks and isinstance(engine, DuckDBEngine):
-                self.plan = self._rank_plan()
+                self.plan = self._rank_plan(listed["activities"])
         else:
             self.manifest = manifest
         for view in ANALYSES:  # views: nothing runs until a query reads one
             engine.register_view(view, analysis_sql(view))
 
-    def _rank_plan(self) -> Any:
-        """The rank-local analyses run a batch of ranks at a time (:mod:`polyprof.store.plan`)."""
+    def _rank_plan(self, activity_files: dict[int, str]) -> Any:
+        """The rank-local analyses run a batch of ranks at a time (:mod:`polyprof.store.plan`) over
+        `activity_files` (rank -> its activities' file, as listed once at open)."""
         import pyarrow.parquet as pq
 
         from polyprof.store.plan import RankPlan
 
-        rows = [(rank, pq.read_metadata(f).num_rows) for rank in self.ranks for f in rank_files(self.path, "activities", [rank])]
-        return RankPlan(self.engine.con, lambda ranks: self.engine.parquet_sql(rank_files(self.path, "activities", ranks)),
+        rows = [(rank, pq.read_metadata(f).num_rows) for rank, f in activity_files.items()]
+        return RankPlan(self.engine.con, lambda ranks: self.engine.parquet_sql([activity_files[r] for r in ranks]),
                         analysis_sql, ANALYSES, rows)
 
     @classmethod
