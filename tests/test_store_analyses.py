@@ -187,6 +187,28 @@ def test_operator_table(job):
     assert not got
 
 
+def test_operator_table_folds_a_chain_of_only_children_of_one_name():
+    """x > x > x (each the other's only child, as aten::linear's wrappers nest) is one call of x; two
+    chains side by side and a chain under an op of another name fold each on its own."""
+    b = ActivityBuilder()
+    ms = 1_000_000
+    for at in (0, 100 * ms):  # two chains, apart
+        for depth in range(3):
+            b.append(K.CPU_OP, "cpu_op", "x", 0, 0, at + depth * ms, at + (50 - depth) * ms)
+        b.append(K.CPU_OP, "cpu_op", "y", 0, 0, at + 10 * ms, at + 20 * ms)  # the innermost x's child
+    b.append(K.CPU_OP, "cpu_op", "z", 0, 0, 200 * ms, 260 * ms)
+    b.append(K.CPU_OP, "cpu_op", "x", 0, 0, 201 * ms, 250 * ms)
+    b.append(K.CPU_OP, "cpu_op", "x", 0, 0, 202 * ms, 240 * ms)
+    trace = Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "the host")],
+                  resources=[Resource(0, 1, "main thread")])
+    got = {r["op"]: r for r in Store.of_traces([trace], [0]).analysis("operators").to_pylist()}
+    expected = {r["op"]: r for r in operator_table(trace).dicts()}
+    assert got.keys() == expected.keys() == {"x", "y", "z"}
+    assert got["x"]["calls"] == 3 and got["x"]["self_ns"] == 2 * (50 - 10) * ms + (49 - 0) * ms, got["x"]
+    for op, row in expected.items():
+        assert {c: got[op][c] for c in ("calls", "total_ns", "self_ns")} == {c: row[c] for c in ("calls", "total_ns", "self_ns")}
+
+
 def test_rank_view(job):
     traces, store = job
     view = rank_view(traces)

@@ -24,12 +24,13 @@ walk as (
            row_number() over (partition by h.rank, h.device, h.resource order by h.start_ns, h.end_ns desc) as pos
     from host h left join launched l on l.rank = h.rank and l.external_id = h.external_id
 ),
--- the device time the row and its descendants launched: a running sum in (time, level) order, read
--- at the row's own start (less its own: same-start ancestors before it, descendants after) and at its end
+-- the device time an op and its descendants launched: a running sum in (time, level) order, read
+-- at the op's own start (less its own: same-start ancestors before it, descendants after) and at its
+-- end (only ops launch: the other rows neither carry nor read it)
 device_points as (
-    select rank, device, resource, start_ns as t, cast(level as double) as tie, 1 as marker, pos, own from walk
+    select rank, device, resource, start_ns as t, cast(level as double) as tie, 1 as marker, pos, own from walk where is_op
     union all
-    select rank, device, resource, end_ns, -1.0, 2, pos, 0 from walk
+    select rank, device, resource, end_ns, -1.0, 2, pos, 0 from walk where is_op
 ),
 device_sums as (
     select rank, device, resource, pos,
@@ -82,15 +83,20 @@ measured as (
     left join device_sums d on d.rank = w.rank and d.device = w.device and d.resource = w.resource and d.pos = w.pos
     left join folded f on f.rank = w.rank and f.device = w.device and f.resource = w.resource and f.pos = w.pos
 ),
-targeted as (  -- a folded chain's rows are consecutive: each goes to the nearest row before it not folded
-    select *, max(case when is_folded then null else pos end)
-                  over (partition by rank, device, resource order by pos
-                        rows between unbounded preceding and current row) as target
-    from measured
+folded_runs as (  -- a folded chain's rows are consecutive, after the row it folds into: runs of pos
+    select rank, device, resource, pos,
+           pos - row_number() over (partition by rank, device, resource order by pos) as run
+    from measured where is_folded
 ),
-into_targets as (
-    select rank, device, resource, target as pos, sum(self_ns) as self_ns, sum(own) as own
-    from targeted group by rank, device, resource, target
+folded_into as (
+    select rank, device, resource, pos, min(pos) over (partition by rank, device, resource, run) - 1 as target
+    from folded_runs
+),
+into_targets as (  -- each row's self and device time, a folded row's to the row it folds into
+    select m.rank, m.device, m.resource, coalesce(f.target, m.pos) as pos, sum(m.self_ns) as self_ns, sum(m.own) as own
+    from measured m
+    left join folded_into f on f.rank = m.rank and f.device = m.device and f.resource = m.resource and f.pos = m.pos
+    group by m.rank, m.device, m.resource, coalesce(f.target, m.pos)
 )
 select m.rank, m.name as op, count(*) as calls, cast(sum(m.dur_ns) as bigint) as total_ns,
        cast(sum(t.self_ns) as bigint) as self_ns, cast(sum(m.dur_ns) as double) / count(*) as mean_ns,
