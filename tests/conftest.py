@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from polyprof.registry import Registry
+from polyprof.engine.registry import Registry
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)

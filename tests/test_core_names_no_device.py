@@ -21,7 +21,7 @@ def test_no_word_of_the_rocm_or_ipu_plugins_in_the_core():
 
 
 def test_both_plugins_are_found_at_run_time_with_their_reasons():
-    from polyprof.registry import Registry
+    from polyprof.engine.registry import Registry
 
     registry = Registry()
     entries = {e.name: e for e in registry.entries()}

@@ -8,8 +8,8 @@ import types
 import pytest
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.model import ActivityKind
-from polyprof.registry import Registry
 from polyprof.testing import assert_conforms
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "writing-a-backend.md")

@@ -10,11 +10,11 @@ from fake_backends import SimDeviceBackend
 import polyprof
 import polyprof.plugin
 from polyprof import annotations
+from polyprof.engine.registry import Registry
 from polyprof.errors import BackendUnavailableError, ConfigError, PolyprofError
 from polyprof.formats import dumps_chrome_trace
 from polyprof.model import ActivityKind
 from polyprof.plugin import SessionBase
-from polyprof.registry import Registry
 
 
 @pytest.fixture

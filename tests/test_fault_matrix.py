@@ -85,7 +85,7 @@ def test_backend_hanging_in_any_call_is_abandoned_after_the_time_limit(registry,
 def test_a_probe_that_hangs_makes_the_backend_unavailable_with_the_reason(registry, monkeypatch):
     import time
 
-    from polyprof import registry as registry_module
+    from polyprof.engine import registry as registry_module
 
     monkeypatch.setattr(registry_module, "PROBE_TIMEOUT_S", 0.3)
     registry.register(FaultyBackend("faulty", fail_in="probe", mode="hang"))

@@ -288,9 +288,9 @@ def test_rows_a_backend_hands_over_after_its_collect_are_counted_once(tmp_path):
 
     import polyprof
     from polyprof.backend import API_VERSION, Availability
+    from polyprof.engine.registry import Registry
     from polyprof.errors import PolyprofWarning
     from polyprof.model import ActivityKind
-    from polyprof.registry import Registry
 
     keep_going = threading.Event()
     late = [0]  # rows the thread handed over after the sink was sealed

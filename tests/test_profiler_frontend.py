@@ -165,8 +165,8 @@ def test_device_time_columns_and_cuda_sort_key_alias():
     """self_cuda_time_total sorts by device time, whichever device ran the work."""
     from fake_backends import SimDeviceBackend
 
+    from polyprof.engine.registry import Registry
     from polyprof.profiler.averages import native_key_averages
-    from polyprof.registry import Registry
 
     reg = Registry(use_env=False)
     sim = SimDeviceBackend()

@@ -223,7 +223,7 @@ import json, sys
 if sys.argv[1] == "missing":
     sys.modules["polyprof._speedups"] = None  # the import fails as it does where the extension was not built
 import polyprof
-from polyprof.registry import default
+from polyprof.engine.registry import default
 with polyprof.profile(["cpu"]) as prof:
     with polyprof.record_function("kept"):
         pass

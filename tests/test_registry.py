@@ -4,9 +4,9 @@ import textwrap
 import pytest
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.errors import BackendConflictError, BackendContractError, UnknownNameError
 from polyprof.plugin import BackendTraits, SessionTraits
-from polyprof.registry import Registry
 
 PLUGIN_SOURCE = """
 from polyprof.backend import API_VERSION, Availability

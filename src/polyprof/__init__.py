@@ -50,7 +50,7 @@ _LAZY = {
     "ProfilerAction": "polyprof.engine.schedule",
     "profile": "polyprof.engine.scheduled",
     "schedule": "polyprof.engine.schedule",
-    "register_backend": "polyprof.registry",
+    "register_backend": "polyprof.engine.registry",
     "ActivityKind": "polyprof.model",
     "Trace": "polyprof.model",
     "load_trace": "polyprof.formats",

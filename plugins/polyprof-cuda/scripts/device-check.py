@@ -173,7 +173,7 @@ def env(out):
         info["driver_cuda"] = cuda_version_text(driver) if driver else None
     except Exception as exc:
         info["driver_cuda"] = f"unknown ({exc})"
-    from polyprof.registry import default
+    from polyprof.engine.registry import default
 
     backends = {}
     for entry in sorted(default.entries(), key=lambda e: e.name):

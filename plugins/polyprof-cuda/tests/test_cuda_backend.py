@@ -25,8 +25,8 @@ from polyprof_cuda.records import (
 from recorded_cupti import RecordedLayer, dtype_name, latest_class, layout_dtype, make_record, stub_fields
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.model import ActivityKind
-from polyprof.registry import Registry
 from polyprof.testing import assert_conforms
 
 

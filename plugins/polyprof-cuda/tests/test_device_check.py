@@ -12,7 +12,7 @@ from polyprof_cuda import CudaBackend
 from recorded_cupti import RecordedLayer
 
 import polyprof
-from polyprof.registry import Registry
+from polyprof.engine.registry import Registry
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "device-check.py")
 

@@ -13,8 +13,8 @@ import pytest
 from polyprof_ipu.pvti_backend import PvtiBackend
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.model import ActivityKind
-from polyprof.registry import Registry
 
 STAND_IN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stand_in")
 

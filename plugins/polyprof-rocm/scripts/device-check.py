@@ -49,7 +49,7 @@ PARTS_CODE = {
     "env": r"""
 import json, os, subprocess
 import polyprof
-from polyprof.registry import Registry
+from polyprof.engine.registry import Registry
 out = {"polyprof": polyprof.__version__}
 try:
     import torch

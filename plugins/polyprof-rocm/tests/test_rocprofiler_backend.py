@@ -15,8 +15,8 @@ from polyprof_rocm import rocprofiler_abi as abi
 from polyprof_rocm.rocprofiler_backend import RocprofilerBackend
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.model import FLOW_AC2G, ActivityKind
-from polyprof.registry import Registry
 from polyprof.testing import assert_conforms
 
 

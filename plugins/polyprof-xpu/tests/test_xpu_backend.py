@@ -12,8 +12,8 @@ import pytest
 from polyprof_xpu import XpuBackend, abi
 
 import polyprof
+from polyprof.engine.registry import Registry
 from polyprof.model import ActivityKind
-from polyprof.registry import Registry
 from polyprof.testing import assert_conforms
 
 

@@ -54,7 +54,7 @@ def cli() -> None:
 @cli.command()
 def backends() -> None:
     """List installed backends: source, activity groups, and whether each can run here (and why not)."""
-    from polyprof.registry import default
+    from polyprof.engine.registry import default
     from polyprof.traits import backend_traits
 
     table = Table(title="polyprof backends", title_justify="left")

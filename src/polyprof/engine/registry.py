@@ -96,7 +96,7 @@ def _load_reference(reference: str) -> Any:
 
 
 class Registry:
-    """The set of backends known to this process. ``polyprof.registry.default`` is the shared one."""
+    """The set of backends known to this process. ``polyprof.engine.registry.default`` is the shared one."""
 
     def __init__(self, *, use_entry_points: bool = True, use_env: bool = True) -> None:
         self._explicit: dict[str, BackendEntry] = {}

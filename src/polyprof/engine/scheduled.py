@@ -40,6 +40,7 @@ from polyprof.engine.background import Job, WindowJobs, run_here, writer
 from polyprof.engine.listeners import listeners_for
 from polyprof.engine.pauses import Pauses
 from polyprof.engine.profile_options import ProfileOptions
+from polyprof.engine.registry import default as default_registry
 from polyprof.engine.schedule import (
     PREPARE,
     READY,
@@ -62,7 +63,6 @@ from polyprof.engine.window import Window, call_observers, status_problems, trac
 from polyprof.engine.window_view import WindowView
 from polyprof.errors import ConfigError, PolyprofError, warn_user
 from polyprof.model import Trace
-from polyprof.registry import default as default_registry
 
 
 class Profile:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyprof.backend import Availability
+from polyprof.engine.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
 from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError, warn_user
-from polyprof.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
 from polyprof.traits import backend_traits
 
 

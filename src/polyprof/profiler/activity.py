@@ -68,7 +68,7 @@ class _ActivityMeta(type):
 
 
 def installed_groups() -> set[str]:
-    from polyprof.registry import default
+    from polyprof.engine.registry import default
 
     return {a.upper() for e in default.entries(load=False) for a in e.activities}
 
@@ -84,7 +84,7 @@ class ProfilerActivity(metaclass=_ActivityMeta):
 def supported_activities() -> set[Any]:
     """The members whose backends are installed and available on this machine (torch's own objects
     for torch's members once torch is imported: ``ProfilerActivity.CPU in supported_activities()``)."""
-    from polyprof.registry import default
+    from polyprof.engine.registry import default
 
     groups: set[Any] = set()
     for entry in default.entries():

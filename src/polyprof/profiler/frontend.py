@@ -36,8 +36,8 @@ PROFILER_STEP_NAME = "ProfilerStep"
 def _with_python_frames(groups: list[Any] | None, registry: Any) -> list[Any] | None:
     """with_stack records the Python frames too, as torch.profiler's does: the python backend's group
     joins the ones asked for (all those available when none were named), where it is available."""
+    from polyprof.engine.registry import default
     from polyprof.engine.selection import activity_group_name, select_backends
-    from polyprof.registry import default
 
     registry = registry or default
     entry = next((e for e in registry.entries() if e.name == "python" and not e.broken), None)

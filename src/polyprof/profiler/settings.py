@@ -59,8 +59,8 @@ class ActivityEdits:
         if groups is None:
             if not self.remove:
                 return None  # every available group already, the added ones included where available
+            from polyprof.engine.registry import default
             from polyprof.engine.selection import select_backends
-            from polyprof.registry import default
 
             groups = list(select_backends(registry or default, None).groups)
         names = {activity_group_name(g) for g in groups}

@@ -284,8 +284,8 @@ def _check_through_engine(
     workload: Callable[[], Any] | None,
     options: Mapping[str, Any] | None,
 ) -> None:
+    from polyprof.engine.registry import Registry
     from polyprof.engine.scheduled import Profile
-    from polyprof.registry import Registry
 
     registry = Registry(use_entry_points=False, use_env=False)
     registry.register(backend)
