@@ -139,8 +139,8 @@ def _merge_and_export(part) -> tuple[float, int]:
     import tempfile
 
     from polyprof.clock import base_time_ns, epoch_offset
-    from polyprof.engine.merge import merge
     from polyprof.formats import write_chrome_trace
+    from polyprof.merge import merge
     rows = part.activities
     window = (int(rows["start"].min()), int(rows["end"].max()))
     offset = epoch_offset().offset_ns

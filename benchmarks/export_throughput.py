@@ -26,8 +26,8 @@ import numpy as np
 from _common import report
 
 from polyprof.clock import base_time_ns, epoch_offset, host_ns
-from polyprof.engine.merge import merge
 from polyprof.formats import write_chrome_trace, write_perfetto_trace
+from polyprof.merge import merge
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus, Trace
 from polyprof.sink import Sink
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyprof.engine.merge.devices import DeviceTable
+from polyprof.merge.devices import DeviceTable
 from polyprof.model import (
     FLOW_AC2G,
     FLOW_NONE,

@@ -216,7 +216,7 @@ def test_stop_with_discard_lets_the_window_go_unmerged(registry):
 def test_ring_mode_keeps_its_rows_under_ring_mb(registry):
     import time
 
-    from polyprof.engine.merge import RING_MB
+    from polyprof.merge import RING_MB
 
     n = 0
     with polyprof.profile(["cpu"], registry=registry, ring_s=60, ring_mb=0.5, flush_interval_s=0.05) as prof:

@@ -386,7 +386,7 @@ def test_a_collective_timeout_is_told_from_other_exceptions(exc, backend):
 
 
 def test_the_ring_keeps_under_its_megabytes(tmp_path):
-    from polyprof.engine.merge import RING_MB
+    from polyprof.merge import RING_MB
 
     with FlightRecorder(60, out_dir=tmp_path, hang_s=None, signals=(), max_mb=0.3, crash_spill=False,
                         flush_interval_s=0.1) as recorder:

@@ -92,8 +92,8 @@ def test_every_row_the_sink_keeps_reads_back(tmp_path):
     import numpy as np
 
     from polyprof.clock import epoch_offset, host_ns
-    from polyprof.engine.merge import merge
     from polyprof.formats import load_trace, write_trace
+    from polyprof.merge import merge
     from polyprof.model import HOST_TIME_LIMIT_NS, ActivityKind, BackendStatus
     from polyprof.sink import Sink
 

@@ -12,8 +12,8 @@ import pytest
 from fake_backends import SimDeviceBackend
 
 import polyprof
-from polyprof.engine.limits import CAPPED, KIND, NAMED, SHORT
 from polyprof.errors import ConfigError
+from polyprof.merge.limits import CAPPED, KIND, NAMED, SHORT
 
 
 def _record(sim):

@@ -9,9 +9,9 @@ import pytest
 from native_sides import use_python_side
 
 import polyprof._native
-from polyprof.engine.merge import merge
-from polyprof.engine.merge.containment import innermost_open_span, thread_codes
-from polyprof.engine.merge.order import start_order
+from polyprof.merge import merge
+from polyprof.merge.containment import innermost_open_span, thread_codes
+from polyprof.merge.order import start_order
 from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, BackendStatus
 from polyprof.sink import Sink
 

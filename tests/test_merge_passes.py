@@ -8,10 +8,10 @@ import pytest
 from native_sides import use_python_side
 
 import polyprof._native
-from polyprof.engine.merge import _positions, _take_two
-from polyprof.engine.merge.attribution import in_order
-from polyprof.engine.merge.lookup import lookup
-from polyprof.engine.merge.order import start_order
+from polyprof.merge import _positions, _take_two
+from polyprof.merge.attribution import in_order
+from polyprof.merge.lookup import lookup
+from polyprof.merge.order import start_order
 
 fast = polyprof._native.extension
 needs_c = pytest.mark.skipif(fast is None, reason="needs polyprof's C extension (built by setup.sh)")

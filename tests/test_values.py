@@ -80,7 +80,7 @@ def test_backend_columns_and_values_are_rejected_per_row_or_made_safe(ints, name
     assert kept == fits
     part = sink.seal(BackendStatus("b"))
     assert part.status.rejected == n - fits
-    from polyprof.engine.merge import merge
+    from polyprof.merge import merge
 
     trace = merge([part], window=(0, 10**6), epoch_offset_ns=0, base_time_ns=0, metadata={"m": props})
     _loads_back(trace)

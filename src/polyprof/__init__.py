@@ -45,7 +45,7 @@ _LAZY = {
     "TraceFormatError": "polyprof.errors",
     "UnknownNameError": "polyprof.errors",
     "Profile": "polyprof.engine.scheduled",
-    "Limits": "polyprof.engine.limits",
+    "Limits": "polyprof.merge.limits",
     "ProfileOptions": "polyprof.engine.profile_options",
     "ProfilerAction": "polyprof.engine.schedule",
     "profile": "polyprof.engine.scheduled",

@@ -165,10 +165,10 @@ def run(
     script_args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT like `python SCRIPT ARGS...` under the profiler and write its trace."""
-    from polyprof.engine.limits import limits_from_cli
     from polyprof.engine.scheduled import Profile
     from polyprof.formats import check_output_path
     from polyprof.formats.spill.file import spill_path
+    from polyprof.merge.limits import limits_from_cli
 
     if not os.path.isfile(script):
         fail(f"script {script} does not exist")

@@ -1,4 +1,4 @@
-/* The merge's two heaviest passes in one linear walk each, without the GIL (polyprof.engine.merge):
+/* The merge's two heaviest passes in one linear walk each, without the GIL (polyprof.merge):
  *
  *   innermost_open(start, end, thread, spans, calls, out)   which span was open at each call
  *   take_two(first, second, source, out)                    one column gathered from two arrays

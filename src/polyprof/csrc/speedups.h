@@ -7,7 +7,7 @@
  *   chrome_format.c  Chrome-trace rows and args objects from columns, without the GIL (polyprof.formats)
  *   columns.c        column helpers: coding strings, rows present, the tagged-record walker
  *   perfetto_format.c  Perfetto protobuf: slice order and lanes, event packets (polyprof.formats.perfetto)
- *   merge_passes.c   the merge's innermost-open-span walk and two-source gather (polyprof.engine.merge)
+ *   merge_passes.c   the merge's innermost-open-span walk and two-source gather (polyprof.merge)
  *   read_events.c    a Chrome trace's events found in its bytes, into columns (polyprof.formats.chrome.scan)
  *   read_packets.c   a Perfetto trace's TrackEvent packets, into columns (polyprof.formats.perfetto.scan)
  *   perfetto_args.c  Perfetto debug annotations of args kept as JSON text (polyprof.formats.perfetto)

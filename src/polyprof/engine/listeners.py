@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from polyprof.clock import host_ns
-from polyprof.engine.merge import RING, RING_MB
+from polyprof.merge import RING, RING_MB
 from polyprof.model import CollectedPart
 
 

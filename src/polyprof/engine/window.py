@@ -23,8 +23,8 @@ from polyprof._version import __version__
 from polyprof.backend import ProfileConfig
 from polyprof.clock import epoch_offset, host_ns
 from polyprof.engine.listeners import WindowListener
-from polyprof.engine.merge import chosen_drop, merge
 from polyprof.engine.sessions import Flusher, SessionSet
+from polyprof.merge import chosen_drop, merge
 from polyprof.model import BackendStatus, CollectedPart, Trace
 
 #: how long a dump waits for a hand-over in progress to end (past it, the dump goes on without its rows)

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from polyprof._version import __version__
-from polyprof.engine.merge import merge
 from polyprof.formats.spill.file import read_spill
+from polyprof.merge import merge
 from polyprof.model import BackendStatus, CollectedPart, Trace
 
 

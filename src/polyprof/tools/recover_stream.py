@@ -41,10 +41,10 @@ from typing import BinaryIO
 import numpy as np
 
 from polyprof.engine.listeners import PREVIOUS
-from polyprof.engine.merge import MergeContext, MergeReport, merge
-from polyprof.engine.merge.flows import backend_flow_offsets
 from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
+from polyprof.merge import MergeContext, MergeReport, merge
+from polyprof.merge.flows import backend_flow_offsets
 from polyprof.model import ActivityKind, ActivityTable, CollectedPart, Counters, Trace
 from polyprof.tools.recover import Recovery, latest_statuses, perfetto_partial, read_crash_beside
 

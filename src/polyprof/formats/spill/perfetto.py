@@ -38,8 +38,8 @@ class PerfettoSpill(SpillFile):
         parts = [dataclasses.replace(p, status=copy.deepcopy(p.status)) for p in parts if len(p.activities) or len(p.counters)]
         if not parts:
             return
-        from polyprof.engine.merge import merge
         from polyprof.formats.perfetto.write import iter_perfetto_chunks
+        from polyprof.merge import merge
 
         starts = [int(p.activities["start"].min()) for p in parts if len(p.activities)]
         ends = [int(p.activities["end"].max()) for p in parts if len(p.activities)]

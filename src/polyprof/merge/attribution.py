@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyprof import _native
-from polyprof.engine.merge.containment import innermost_open_span
-from polyprof.engine.merge.lookup import lookup
+from polyprof.merge.containment import innermost_open_span
+from polyprof.merge.lookup import lookup
 from polyprof.model import FLOW_AC2G, ActivityKind
 
 CPU_OP, ANNOTATION = int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyprof import _native
-from polyprof.engine.merge.order import rank_in_order
+from polyprof.merge.order import rank_in_order
 from polyprof.model.args import sorted_unique
 
 NONE = -1

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyprof.engine.merge.attribution import ANNOTATION, Launches, in_order
-from polyprof.engine.merge.containment import innermost_open_span
-from polyprof.engine.merge.lookup import lookup
-from polyprof.engine.merge.order import start_order
+from polyprof.merge.attribution import ANNOTATION, Launches, in_order
+from polyprof.merge.containment import innermost_open_span
+from polyprof.merge.lookup import lookup
+from polyprof.merge.order import start_order
 from polyprof.model import FLOW_AC2G, ActivityKind
 
 DEVICE_WORK = (int(ActivityKind.KERNEL), int(ActivityKind.GPU_MEMCPY), int(ActivityKind.GPU_MEMSET))

@@ -32,14 +32,14 @@ import numpy as np
 from polyprof import _native
 from polyprof.clock import JOB_BASE_KEY
 from polyprof.clock import base_time_ns as clock_base_time_ns
-from polyprof.engine.limits import DROP_REASONS, Limits, cap_per_backend
-from polyprof.engine.merge.attribution import attribute_launches
-from polyprof.engine.merge.devices import DeviceTable, host_process_name
-from polyprof.engine.merge.flows import backend_flow_offsets, clear_unpaired_flows
-from polyprof.engine.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
-from polyprof.engine.merge.gpu_annotations import gpu_user_annotations
-from polyprof.engine.merge.order import insertion_points, interleave, start_order
 from polyprof.memory import release_when_collected
+from polyprof.merge.attribution import attribute_launches
+from polyprof.merge.devices import DeviceTable, host_process_name
+from polyprof.merge.flows import backend_flow_offsets, clear_unpaired_flows
+from polyprof.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
+from polyprof.merge.gpu_annotations import gpu_user_annotations
+from polyprof.merge.limits import DROP_REASONS, Limits, cap_per_backend
+from polyprof.merge.order import insertion_points, interleave, start_order
 from polyprof.model import (
     COLUMNS,
     ActivityTable,
