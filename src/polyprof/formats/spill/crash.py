@@ -147,7 +147,7 @@ def _torch_part(crash: Crash, status: BackendStatus) -> CollectedPart:
 
 
 def _host_part(crash: Crash, status: BackendStatus) -> CollectedPart:
-    from polyprof.backends.host import thread_rows, unfinished_spans
+    from polyprof.plugin.recorder_rows import thread_rows, unfinished_spans
 
     sink = Sink("host")
     host = sink.host_device()
