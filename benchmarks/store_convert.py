@@ -52,11 +52,11 @@ for i in range(100):
 w.close(clean=False)
 """
 #: a spill is read as `polyprof recover` reads it
-RECOVER = "from polyprof.tools.recover import recover_trace\nrecover_trace(sys.argv[1])\n"
+RECOVER = "from polyprof.formats.spill.recover import recover_trace\nrecover_trace(sys.argv[1])\n"
 #: recover_trace of a Perfetto spill through the reference reader (its path before the packet scanner)
 RECOVER_BY_READER = ("from polyprof.formats.perfetto import scan\nscan.scan_torn = lambda *a: None\n" + RECOVER)
 RECOVERED_CONVERSION = LOADED_CONVERSION.replace("polyprof.load_trace(", "recover_trace(").replace(
-    "import polyprof\n", "from polyprof.tools.recover import recover_trace\n")
+    "import polyprof\n", "from polyprof.formats.spill.recover import recover_trace\n")
 
 
 def measure(gb: float, folder: str, fmt: str, reader: bool = False) -> dict:

@@ -291,7 +291,7 @@ def test_the_rings_spill_keeps_two_generations_of_about_a_ring_each(tmp_path):
                 time.sleep(0.005)
             n += 1
         assert spill.exists() and (tmp_path / "ring.spill.previous").exists()
-        from polyprof.tools.recover import recover_trace
+        from polyprof.formats.spill.recover import recover_trace
 
         names = [a.name for a in recover_trace(str(spill)).activities if a.name.startswith("span")]
         numbers = sorted(int(x[4:]) for x in names)

@@ -248,7 +248,7 @@ def test_recover_names_what_a_tampered_spill_could_not_give_and_never_raises_raw
     import polyprof
     from polyprof.errors import TraceFormatError
     from polyprof.formats import load_trace, write_trace
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     spill = tmp_path / ".t.json.spill"
     with polyprof.profile(["cpu", "counters"], spill=str(spill), flush_interval_s=0.05,

@@ -132,7 +132,7 @@ def test_a_killed_run_is_recovered_from_its_spill(tmp_path, how):
 
 def test_a_torn_last_chunk_still_recovers(tmp_path):
     import polyprof
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     path = tmp_path / ".x.spill"
     prof = polyprof.profile(["cpu"], spill=path, flush_interval_s=0.05)
@@ -257,7 +257,7 @@ def test_a_stopped_profiles_spill_holds_every_row_until_a_trace_is_written(tmp_p
     flush and the window's collect included, with the clean end after them."""
     import polyprof
     from polyprof.formats.spill.file import read_spill
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     path = tmp_path / ".x.spill"
     prof = polyprof.profile(["cpu"], spill=path, flush_interval_s=60)  # no flush comes in this test
@@ -281,7 +281,7 @@ def test_a_pftrace_runs_spill_is_itself_a_perfetto_trace_after_a_kill(tmp_path):
     pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (test extra)")
     from test_export_perfetto import Parsed
 
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     out = tmp_path / "t.pftrace"
     env = _killed_run(tmp_path, SLOW_SCRIPT, out)
@@ -345,8 +345,8 @@ def test_a_kill_loses_at_most_one_flush_interval_from_the_first_100_ms_on(tmp_pa
     """The spill's first hand-over comes 0.1 s into the run and each next one early by what a flush
     takes: killed at 0.35 s, the run leaves spans; killed at 2.6 s, what it lost (from the last span
     recovered to the kill) is under the 1 s flush interval."""
+    from polyprof.formats.spill.recover import recover_trace
     from polyprof.model import ActivityKind
-    from polyprof.tools.recover import recover_trace
 
     script = tmp_path / "spans.py"
     script.write_text(SLOW_SCRIPT)

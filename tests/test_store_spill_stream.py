@@ -1,5 +1,5 @@
 """A spill (what a killed run leaves) streamed into the store a span of time at a time
-(polyprof.tools.recover_stream) gives, row for row, the tables of the trace `polyprof recover` merges
+(polyprof.formats.spill.recover_stream) gives, row for row, the tables of the trace `polyprof recover` merges
 from the whole spill: launches attributed to the operators open around them, flows paired across the
 parts of different flushes, device-side annotations, steps, counters and the backends' counts."""
 
@@ -18,16 +18,16 @@ from test_store_stream import _job_rank, _rows, _tables  # noqa: E402
 import polyprof  # noqa: E402
 from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
 from polyprof.formats.perfetto import scan as perfetto_scan  # noqa: E402
+from polyprof.formats.spill import recover_stream  # noqa: E402
 from polyprof.formats.spill.file import SpillWriter  # noqa: E402
 from polyprof.formats.spill.perfetto import PerfettoSpill  # noqa: E402
+from polyprof.formats.spill.recover import recover_trace  # noqa: E402
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ActivityTable, BackendStatus, CollectedPart, Counters  # noqa: E402
 from polyprof.store import rank_stream  # noqa: E402
 from polyprof.store import write as store_write  # noqa: E402
 from polyprof.store.files import write_rank  # noqa: E402
 from polyprof.store.rank_tables import rank_tables  # noqa: E402
 from polyprof.store.schema import TABLES  # noqa: E402
-from polyprof.tools import recover_stream  # noqa: E402
-from polyprof.tools.recover import recover_trace  # noqa: E402
 
 K = ActivityKind
 

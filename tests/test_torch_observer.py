@@ -635,7 +635,7 @@ def test_ops_handed_over_while_recording_make_the_same_trace_and_reach_the_spill
     import time
 
     import polyprof
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     def profiled(**kwargs):
         model, x, opt = make_model()

@@ -103,7 +103,7 @@ def test_recover_never_raises_raw_on_a_seeded_fuzz_of_crash_files(tmp_path):
     import polyprof
     from polyprof.errors import TraceFormatError
     from polyprof.formats.spill.crash import read_crash
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     spill = tmp_path / ".t.json.spill"
     with polyprof.profile(["cpu"], spill=str(spill), flush_interval_s=0.05) as prof:
@@ -151,7 +151,7 @@ def test_recover_does_not_wait_on_a_fifo_nor_read_a_link_or_another_users_crash_
     import warnings
 
     import polyprof
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     spill = tmp_path / ".t.json.spill"
     with polyprof.profile(["cpu"], spill=str(spill), flush_interval_s=0.05) as prof:

@@ -442,7 +442,7 @@ def _hint_leftover_spill(spill_file: str, output: str) -> None:
 def recover(spill_file: str, output: str | None, quiet: bool) -> None:
     """Write a trace from SPILL_FILE, what a killed `polyprof run` (or a profile with spill=) left."""
     from polyprof.formats import write_trace
-    from polyprof.tools.recover import recover_trace
+    from polyprof.formats.spill.recover import recover_trace
 
     try:
         with shown(quiet):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from polyprof.clock import host_ns
+from polyprof.formats.spill.names import PREVIOUS
 from polyprof.merge import RING, RING_MB
 from polyprof.model import CollectedPart
 
@@ -147,10 +148,6 @@ class SpillListener(WindowListener):
             with contextlib.suppress(OSError):
                 os.unlink(self.left)
         self.left = None if remove else (spill.path if spill is not None else self.left)
-
-
-#: a ring's spill keeps its older generation beside it under this suffix (``polyprof recover`` reads both)
-PREVIOUS = ".previous"
 
 
 class RingSpillListener(SpillListener):

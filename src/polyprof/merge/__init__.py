@@ -316,7 +316,7 @@ def merge(
     `base_time_ns`, the trace's base is the job's where a backend recorded one, else the window's day
     (:func:`polyprof.clock.base_time_ns`).
 
-    A trace merged piece by piece (:mod:`polyprof.tools.recover_stream`: each piece the parts' rows of
+    A trace merged piece by piece (:mod:`polyprof.formats.spill.recover_stream`: each piece the parts' rows of
     one span of time) passes one `report` to every piece, so that the last piece's statuses count every
     piece's rows; every backend's `flow_offsets` (:func:`.flows.backend_flow_offsets` of all its
     rows), so that each piece's flow ids are the whole trace's; and the `context` of all the parts

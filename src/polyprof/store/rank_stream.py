@@ -4,7 +4,7 @@ of the loaded trace, row for row.
 
 The file is read in chunks of rows (JSON: :func:`polyprof.formats.chrome.read.read_chunks`; Perfetto:
 :func:`polyprof.formats.perfetto.chunks.perfetto_chunks`, whose rows come as their slices end; a
-spill: :func:`polyprof.tools.recover_stream.recover_pieces`, merged a span of time at a time); each
+spill: :func:`polyprof.formats.spill.recover_stream.recover_pieces`, merged a span of time at a time); each
 chunk's rows go to a scratch Parquet file with what they say alone (names, args, kind of work), and what
 only the whole file says is kept small beside: the steps' spans, operators per thread, the collectives'
 args. DuckDB, under a memory limit and spilling to the scratch folder, then sorts the rows by thread
@@ -39,12 +39,12 @@ from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_
 from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.perfetto.read import is_perfetto_file
 from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
+from polyprof.formats.spill.recover_stream import perfetto_spill_chunks, recover_pieces
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
 from polyprof.store import rank_tables as rt
 from polyprof.store.files import rank_file, write_rank
 from polyprof.store.rank_args import args_columns
 from polyprof.store.schema import ACTIVITIES, COUNTERS, ROW_GROUP_ROWS, TABLES
-from polyprof.tools.recover_stream import perfetto_spill_chunks, recover_pieces
 
 #: rows read per chunk (two chunks' columns and args are what the reader holds at once)
 CHUNK_EVENTS = 50_000

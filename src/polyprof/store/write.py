@@ -36,8 +36,8 @@ def _convert(source: str, position: int, out: str, advance: progress.Advance | N
     wrong) are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
         from polyprof.formats.perfetto.scan import Declined
+        from polyprof.formats.spill.recover_stream import Declined as SpillDeclined
         from polyprof.store.rank_stream import stream_rank
-        from polyprof.tools.recover_stream import Declined as SpillDeclined
 
         try:
             rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
@@ -100,7 +100,7 @@ def _load(source: str) -> Any:
     from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 
     if is_spill_file(source) or is_perfetto_spill(source):  # (a path that cannot be read: load_trace says why)
-        from polyprof.tools.recover import recover_trace
+        from polyprof.formats.spill.recover import recover_trace
 
         return recover_trace(source)
     return load_trace(source)

@@ -1,7 +1,7 @@
 """The spill: what a recording hands over while it runs, appended to a file beside the output so that
 a kill loses at most the last second. polyprof's checksummed chunks (:mod:`.file`), or for a Perfetto
 output Perfetto packets that open as they are (:mod:`.perfetto`); beside a flight recorder's spill, the
-rows a crash left (:mod:`.crash`). ``polyprof recover`` is :mod:`polyprof.tools.recover`."""
+rows a crash left (:mod:`.crash`). ``polyprof recover`` is :mod:`polyprof.formats.spill.recover`."""
 
 from __future__ import annotations
 

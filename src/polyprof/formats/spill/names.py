@@ -13,6 +13,8 @@ import os
 FILE_MAGIC = b"POLYPROF-SPILL 1\n"
 #: how a Perfetto spill's name ends: its bytes are a Perfetto trace's, without an end marker
 PERFETTO_SPILL_SUFFIX = ".spill.pftrace"
+#: a ring's spill keeps its older generation beside it under this suffix (``polyprof recover`` reads both)
+PREVIOUS = ".previous"
 
 
 def is_spill_file(path: str) -> bool:

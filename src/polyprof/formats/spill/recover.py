@@ -104,8 +104,8 @@ def _with_previous(spill: Any, path: str) -> Any:
     """A ring's spill with its older generation (``PATH.previous``, see RingSpillListener) before it."""
     import os
 
-    from polyprof.engine.listeners import PREVIOUS
     from polyprof.formats.common.source import max_trace_bytes, read_bytes
+    from polyprof.formats.spill.names import PREVIOUS
 
     path = os.fspath(path)
     if not os.path.isfile(path + PREVIOUS):

@@ -16,7 +16,7 @@ to the piece its start falls in):
 The second pass merges the pieces in time order, each from the parts' rows of its span (a part is
 decoded once and kept while later pieces need it), with one merge report, so that the last piece's
 backend statuses count every row, and the whole spill's flow-id shifts. Their rows, one after the
-other, are the rows of :func:`~polyprof.tools.recover.recover_trace` in its order; the counters come
+other, are the rows of :func:`~polyprof.formats.spill.recover.recover_trace` in its order; the counters come
 last, in pieces of whole parts, in the parts' order. Memory: a piece's rows, the parts it needs, and
 the first pass's facts (a start in eight, 17 bytes for each flow row, each part's spans as their union).
 A spill without a cut (an annotation open from start to end over device work) is one piece: memory as
@@ -40,13 +40,13 @@ from typing import BinaryIO
 
 import numpy as np
 
-from polyprof.engine.listeners import PREVIOUS
 from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
+from polyprof.formats.spill.names import PREVIOUS
+from polyprof.formats.spill.recover import Recovery, latest_statuses, perfetto_partial, read_crash_beside
 from polyprof.merge import MergeContext, MergeReport, merge
 from polyprof.merge.flows import backend_flow_offsets
 from polyprof.model import ActivityKind, ActivityTable, CollectedPart, Counters, Trace
-from polyprof.tools.recover import Recovery, latest_statuses, perfetto_partial, read_crash_beside
 
 #: every how many rows of a part one start is kept to place the cuts
 START_SAMPLE = 8
@@ -246,7 +246,7 @@ def _counter_groups(parts: list[_Part], rows: int) -> Iterator[set[int]]:
 def perfetto_spill_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
     """A Perfetto spill (``.NAME.spill.pftrace``) as :func:`~polyprof.formats.perfetto.chunks.
     perfetto_chunks` reads a trace, a last packet cut off by the kill left out, the last chunk's metadata
-    marked partial as :func:`~polyprof.tools.recover.recover_trace` marks it. Raises
+    marked partial as :func:`~polyprof.formats.spill.recover.recover_trace` marks it. Raises
     :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines."""
     held: Chunk | None = None
     first, last = _NEVER, -_NEVER
