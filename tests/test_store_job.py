@@ -153,7 +153,7 @@ def test_summary_of_the_store_names_who_made_everyone_wait(job):
 
 def test_the_traces_in_memory_give_the_stores_blame_and_the_summary_and_report_show_it(job, tmp_path):
     from polyprof import store
-    from polyprof.analysis import blame
+    from polyprof.store import blame
 
     traces = [job["folder"] / f"rank{r}.json" for r in range(4)]
     in_memory = blame(traces)

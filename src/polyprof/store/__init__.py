@@ -10,6 +10,7 @@ embedded engine (DuckDB) or a cluster engine (Spark) queries, and the analyses w
     job.sql("select rank, count(*) from activities group by rank").df()
     job.blame().to_pandas()                              # who made everyone wait
     store.diff(store.open("before.polyprof"), job)       # what changed between two jobs
+    store.blame(["rank0.json", "rank1.json"])            # the same blame of traces, without a store
 
 The schema is :mod:`polyprof.store.schema` (and ``docs/store.md``); pyarrow and duckdb are the
 ``polyprof[store]`` extra, pyspark the ``polyprof[spark]`` one.
@@ -27,6 +28,7 @@ _LAZY = {
     "open": "polyprof.store.query",
     "Store": "polyprof.store.query",
     "diff": "polyprof.store.diff",
+    "blame": "polyprof.store.traces",
 }
 
 __getattr__, __dir__ = lazy_names(globals(), _LAZY)

@@ -1,10 +1,11 @@
-"""Who made everyone wait, from several ranks' traces: the store's ``blame`` analysis
-(:mod:`polyprof.store`, ``store/sql/blame.sql``) run on the traces in memory, with DuckDB.
+"""Who made everyone wait, from several ranks' traces without a store: the store's ``blame`` analysis
+(``store/sql/blame.sql``) run on the traces in memory (:meth:`Store.of_traces`), with DuckDB.
 
 ::
 
-    from polyprof.analysis.blame import blame, blame_by_rank
-    table = blame(["rank0.json", "rank1.json", ...])    # or loaded Traces, or a folder
+    from polyprof import store
+    from polyprof.store.traces import blame_by_rank
+    table = store.blame(["rank0.json", "rank1.json", ...])    # or loaded Traces, or a folder
     table.where(late_rank=2)                            # step, seq, op, wait_ns, cause, cause_ns, ...
     blame_by_rank(table)                                # rank -> the wait it cost the others in the steps
 
@@ -17,15 +18,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from polyprof.analysis.table import Table
-from polyprof.extras import require
 
 
 def blame(traces: Iterable[Any]) -> Table:
     """One row per synchronizing collective instance and what its late rank was doing (see
     ``docs/store.md``), largest causes first within an instance."""
     from polyprof.analysis.ranks import load_ranks
-
-    require("store", "who made everyone wait")
     from polyprof.store.query import Store
 
     loaded, _, ranks = load_ranks(traces)
