@@ -27,7 +27,7 @@ from convert_large import write_kineto_json
 
 LOAD = "import polyprof\npolyprof.load_trace(sys.argv[1])\n"
 LOADED_CONVERSION = (
-    "import polyprof\nfrom polyprof.store.files import write_rank\nfrom polyprof.store.rank_tables import rank_tables\n"
+    "import polyprof\nfrom polyprof.formats.store.files import write_rank\nfrom polyprof.formats.store.rank_tables import rank_tables\n"
     "write_rank(rank_tables(polyprof.load_trace(sys.argv[1])), sys.argv[2])\n"
 )
 

@@ -108,8 +108,8 @@ def compare(ranks: int, events: int, hta_timeout_s: float | None = None) -> dict
 
 
 def scale(sizes: list[int], events: int, memory_limit: str = "1GB") -> list[dict]:
-    from polyprof.store.files import StoreStats, write_manifest, write_rank
-    from polyprof.store.rank_tables import rank_tables
+    from polyprof.formats.store.files import StoreStats, write_manifest, write_rank
+    from polyprof.formats.store.rank_tables import rank_tables
 
     rows = []
     for ranks in sizes:

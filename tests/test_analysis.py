@@ -10,8 +10,9 @@ from polyprof.analysis.diff import diff
 from polyprof.analysis.intervals import merge, overlap_ns, union_ns
 from polyprof.analysis.operators import operator_table
 from polyprof.analysis.overview import overview
-from polyprof.analysis.steps import select_steps, step_breakdown, steps_of
+from polyprof.analysis.steps import select_steps, step_breakdown
 from polyprof.model import ActivityBuilder, ActivityKind, Device, Resource, Trace
+from polyprof.model.steps import steps_of
 
 K = ActivityKind
 US = 1000

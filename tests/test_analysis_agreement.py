@@ -25,6 +25,7 @@ import pytest
 from polyprof.analysis import device
 from polyprof.analysis.operators import operator_table
 from polyprof.formats import load_trace
+from polyprof.model.work import DEVICE_ROW_KINDS, DeviceWork
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSUMERS = Path(os.environ.get("POLYPROF_CONSUMERS_PYTHON", ROOT / ".venv-consumers" / "bin" / "python"))
@@ -99,7 +100,7 @@ def _as_hta_reads(trace):
     names = acts.names()
     cutoff = acts["start"][np.array([str(n).startswith("ProfilerStep#") for n in names])].max()
     at = acts["start"].copy()
-    rows = np.flatnonzero(np.isin(acts["kind"], device.DEVICE_KINDS))
+    rows = np.flatnonzero(np.isin(acts["kind"], DEVICE_ROW_KINDS))
     at[rows] = device.launch_starts(trace, rows, acts["correlation"][rows])
     keep = np.flatnonzero(at < cutoff)
     keep = keep[~np.isin(keep, rows) | (at[keep] >= 0)]
@@ -115,7 +116,7 @@ def test_device_numbers_agree_with_holistic_trace_analysis(opencl_trace):
     trace = load_trace(opencl_trace / "rank0.json")
     same = _as_hta_reads(trace)
     hta = _hta(opencl_trace, rounding=False)
-    assert hta["gpu_rows"] == len(device.DeviceWork(same).rows) > 0, "the same device rows"
+    assert hta["gpu_rows"] == len(DeviceWork(same).rows) > 0, "the same device rows"
     (temporal,) = device.temporal_breakdown(same).dicts()
     _close(temporal["span_ns"], hta["temporal"]["kernel_time(us)"])
     _close(temporal["idle_ns"], hta["temporal"]["idle_time(us)"])

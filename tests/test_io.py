@@ -116,7 +116,7 @@ def test_kineto_traces_older_categories_labels_and_envelope(tmp_path):
 def test_a_range_profiler_row_is_read_as_a_range_not_a_kernel(tmp_path):
     """Kineto's cuda_profiler_range rows split the profiling window evenly among the ranges and carry no
     device time: a range on the device's timeline, never a kernel in the kernel analyses."""
-    from polyprof.analysis.device import DeviceWork
+    from polyprof.model.work import DeviceWork
 
     events = [{"ph": "X", "cat": "cuda_profiler_range", "name": f"range {i}", "pid": 0, "tid": 7,
                "ts": 1000 + i * 121431, "dur": 121431, "args": {"device": 0}} for i in range(3)]

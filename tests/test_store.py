@@ -18,10 +18,10 @@ import polyprof  # noqa: E402
 import polyprof._native  # noqa: E402
 from polyprof import store  # noqa: E402
 from polyprof.errors import ConfigError  # noqa: E402
+from polyprof.formats.store.files import StoreStats, write_manifest, write_rank  # noqa: E402
+from polyprof.formats.store.rank_tables import RankTables  # noqa: E402
+from polyprof.formats.store.schema import MANIFEST, SCHEMA_VERSION, TABLES  # noqa: E402
 from polyprof.model import ActivityKind  # noqa: E402
-from polyprof.store.files import StoreStats, write_manifest, write_rank  # noqa: E402
-from polyprof.store.rank_tables import RankTables  # noqa: E402
-from polyprof.store.schema import MANIFEST, SCHEMA_VERSION, TABLES  # noqa: E402
 
 
 @pytest.fixture(scope="module")

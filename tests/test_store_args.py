@@ -1,4 +1,4 @@
-"""A rank's args as the store's JSON columns (polyprof.store.rank_args): every row's columns say what
+"""A rank's args as the store's JSON columns (polyprof.formats.store.rank_args): every row's columns say what
 ``args[row]`` says, shapes apart from the rest, in C and in the row-by-row Python alike."""
 
 import json
@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 import polyprof._native
+from polyprof.formats.store import rank_args
+from polyprof.formats.store.rank_args import COLLECTIVE_KEY, SHAPE_ARGS, args_columns
 from polyprof.model import ArgColumns, JSONColumn
 from polyprof.model.args import Args
-from polyprof.store import rank_args
-from polyprof.store.rank_args import COLLECTIVE_KEY, SHAPE_ARGS, args_columns
 
 
 def _args(seed=3, n=400):

@@ -57,7 +57,7 @@ def test_spark_and_duckdb_give_the_same_device_analyses(tmp_path_factory, spark,
     from test_store import _write
     from test_store_analyses import random_trace
 
-    from polyprof.store.rank_tables import rank_tables
+    from polyprof.formats.store.rank_tables import rank_tables
 
     folder = tmp_path_factory.getbasetemp() / "device-job.polyprof"
     if not folder.exists():

@@ -22,12 +22,12 @@ from polyprof.formats.spill import recover_stream  # noqa: E402
 from polyprof.formats.spill.file import SpillWriter  # noqa: E402
 from polyprof.formats.spill.perfetto import PerfettoSpill  # noqa: E402
 from polyprof.formats.spill.recover import recover_trace  # noqa: E402
+from polyprof.formats.store import rank_stream  # noqa: E402
+from polyprof.formats.store import write as store_write  # noqa: E402
+from polyprof.formats.store.files import write_rank  # noqa: E402
+from polyprof.formats.store.rank_tables import rank_tables  # noqa: E402
+from polyprof.formats.store.schema import TABLES  # noqa: E402
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ActivityTable, BackendStatus, CollectedPart, Counters  # noqa: E402
-from polyprof.store import rank_stream  # noqa: E402
-from polyprof.store import write as store_write  # noqa: E402
-from polyprof.store.files import write_rank  # noqa: E402
-from polyprof.store.rank_tables import rank_tables  # noqa: E402
-from polyprof.store.schema import TABLES  # noqa: E402
 
 K = ActivityKind
 

@@ -1,4 +1,4 @@
-"""A rank's trace (JSON, or polyprof's .pftrace) streamed into the store (polyprof.store.rank_stream) gives,
+"""A rank's trace (JSON, or polyprof's .pftrace) streamed into the store (polyprof.formats.store.rank_stream) gives,
 row for row, the tables of the trace loaded whole (rank_tables), however the file is cut into chunks
 and however the engine hands the sorted rows back: steps, nesting levels, device rows' launch steps,
 flows, collectives, counters and the rank's row."""
@@ -22,12 +22,12 @@ from polyprof.formats.chrome import scan  # noqa: E402
 from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
 from polyprof.formats.perfetto import fields as F  # noqa: E402
 from polyprof.formats.perfetto.wire import fields, read_varint  # noqa: E402
+from polyprof.formats.store import rank_stream  # noqa: E402
+from polyprof.formats.store import write as store_write  # noqa: E402
+from polyprof.formats.store.files import write_rank  # noqa: E402
+from polyprof.formats.store.rank_tables import rank_tables  # noqa: E402
+from polyprof.formats.store.schema import TABLES  # noqa: E402
 from polyprof.model import FLOW_AC2G, ActivityBuilder, ActivityKind, Device, Resource, Trace  # noqa: E402
-from polyprof.store import rank_stream  # noqa: E402
-from polyprof.store import write as store_write  # noqa: E402
-from polyprof.store.files import write_rank  # noqa: E402
-from polyprof.store.rank_tables import rank_tables  # noqa: E402
-from polyprof.store.schema import TABLES  # noqa: E402
 
 K = ActivityKind
 #: a .pftrace streams through the C packet scanner (without it, the store loads the file whole)

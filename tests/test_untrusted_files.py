@@ -188,7 +188,7 @@ def _rank_trace(tmp_path, rank: int = 0):
 def test_a_store_is_written_only_into_a_folder_of_yours_never_through_a_link(tmp_path):
     pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
     from polyprof.errors import ConfigError
-    from polyprof.store.files import add_rank
+    from polyprof.formats.store.files import add_rank
 
     trace = _rank_trace(tmp_path)
     elsewhere = tmp_path / "elsewhere"
@@ -221,7 +221,7 @@ def test_queries_read_only_the_ranks_the_manifest_lists(tmp_path):
     import shutil
 
     from polyprof import store as polystore
-    from polyprof.store.files import add_rank
+    from polyprof.formats.store.files import add_rank
 
     job = tmp_path / "job.polyprof"
     add_rank(_rank_trace(tmp_path), job)
@@ -270,7 +270,7 @@ def test_polyprof_run_says_what_it_does_with_a_spill_that_is_not_yours(tmp_path)
 def test_a_store_whose_path_has_glob_characters_is_queried_as_any_other(tmp_path):
     pytest.importorskip("duckdb", reason="needs the store extra (pyarrow, duckdb)")
     from polyprof import store as polystore
-    from polyprof.store.files import add_rank
+    from polyprof.formats.store.files import add_rank
 
     job = tmp_path / "glob*[x]?.polyprof"
     add_rank(_rank_trace(tmp_path), job)

@@ -21,66 +21,15 @@ rest. Times are ns.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from polyprof.analysis.intervals import merge, overlap_ns, union_ns
-from polyprof.analysis.summary import device_heading
 from polyprof.analysis.table import Table
 from polyprof.model import ActivityKind, Trace
+from polyprof.model.work import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
 
-DEVICE_KINDS = (int(ActivityKind.KERNEL), int(ActivityKind.GPU_MEMCPY), int(ActivityKind.GPU_MEMSET))
-COMMUNICATION, COMPUTATION, MEMORY, OTHER = "COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER"
-_COMM = re.compile(r"^nccl.*Kernel")
-_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 #: HTA's consecutive_kernel_delay: a gap shorter than this between kernels is launch overhead
 KERNEL_WAIT_NS = 30_000
-
-
-def work_type(name: str, kind: int) -> str:
-    if _COMM.match(name):
-        return COMMUNICATION
-    if kind != int(ActivityKind.KERNEL) or _MEMORY.match(name):
-        return MEMORY
-    if _NOT_COMPUTE.match(name):
-        return OTHER
-    return COMPUTATION
-
-
-class DeviceWork:
-    """The device rows of a trace, by device, with their kinds of work (computed once per trace)."""
-
-    def __init__(self, trace: Trace) -> None:
-        acts = trace.activities
-        self.trace = trace
-        kinds = acts["kind"].astype(np.int64) if len(acts) else np.zeros(0, np.int64)
-        self.rows = np.flatnonzero(np.isin(kinds, DEVICE_KINDS))
-        names = acts.strings.strings
-        codes = acts["name"][self.rows].astype(np.int64) if len(self.rows) else np.zeros(0, np.int64)
-        self.kind = kinds[self.rows]
-        pairs, inverse = np.unique(codes * 256 + self.kind, return_inverse=True)  # each (name, kind) once
-        types = np.array([work_type(names[int(p) // 256], int(p) % 256) for p in pairs.tolist()], dtype=object)
-        self.type = types[inverse] if len(pairs) else np.zeros(0, dtype=object)
-        self.name = codes
-        self.device = acts["device"][self.rows].astype(np.int64) if len(self.rows) else codes
-        self.resource = acts["resource"][self.rows].astype(np.int64) if len(self.rows) else codes
-        self.start = acts["start"][self.rows] if len(self.rows) else codes
-        self.end = acts["end"][self.rows] if len(self.rows) else codes
-        self.correlation = acts["correlation"][self.rows] if len(self.rows) else codes
-
-    def devices(self) -> list[int]:
-        return sorted(set(self.device.tolist()), key=lambda d: (self.trace.devices[d].sort_index, d))
-
-    def on(self, device: int, work: str | None = None) -> np.ndarray:
-        mask = self.device == device
-        if work is not None:
-            mask &= self.type == work
-        return mask
-
-    def heading(self, device: int) -> str:
-        return device_heading(self.trace, device)
 
 
 def kernel_types(trace: Trace, work: DeviceWork | None = None) -> Table:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyprof.analysis.device import DeviceWork, kernel_breakdown
+from polyprof.analysis.device import kernel_breakdown
 from polyprof.analysis.operators import operator_table
-from polyprof.analysis.steps import steps_of
 from polyprof.analysis.table import Table
 from polyprof.model import Trace
+from polyprof.model.steps import steps_of
+from polyprof.model.work import DeviceWork
 
 COLUMNS = ("name", "before_ns", "after_ns", "delta_ns", "change")
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyprof.analysis.device import DEVICE_KINDS
 from polyprof.analysis.table import Table
 from polyprof.model import ActivityKind, Trace
 from polyprof.model.steps import step_number
+from polyprof.model.work import DEVICE_ROW_KINDS
 
 OP_KINDS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 HOST_KINDS = (*OP_KINDS, int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER), int(ActivityKind.SYNC),
@@ -68,7 +68,7 @@ def operator_table(trace: Trace, by_shape: bool = False, top: int | None = None)
     step_codes = [c for c, n in enumerate(names) if step_number(n) is not None]
     host = np.flatnonzero(np.isin(kinds, HOST_KINDS) & ~np.isin(acts["name"], step_codes))
     # device time by External id, then per host row
-    dev = np.flatnonzero(np.isin(kinds, DEVICE_KINDS) & (acts["external_id"] != 0))
+    dev = np.flatnonzero(np.isin(kinds, DEVICE_ROW_KINDS) & (acts["external_id"] != 0))
     by_ext: dict[int, int] = {}
     if len(dev):
         ext, inverse = np.unique(acts["external_id"][dev], return_inverse=True)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from polyprof.analysis.intervals import union_ns
-from polyprof.analysis.steps import step_rows
 from polyprof.model import Trace
+from polyprof.model.steps import step_rows
 
 COLLECTIVE = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:)|nccl.*kernel|ncclDevKernel", re.IGNORECASE)
 

@@ -23,39 +23,17 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
 from polyprof.analysis.intervals import clip, union_ns
 from polyprof.analysis.table import Table
 from polyprof.model import ActivityKind, Trace
-from polyprof.model.steps import step_number
+from polyprof.model.steps import step_rows, steps_of
+from polyprof.model.work import COMMUNICATION, COMPUTATION, DEVICE_ROW_KINDS, MEMORY, OTHER, DeviceWork
 
 HOST = "host"
 COLUMNS = ("rank", "step", "device", "step_ns", "compute_ns", "communication_ns", "memory_ns", "other_ns",
            "host_only_ns", "idle_ns")
 HOST_WORK = (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.RUNTIME, ActivityKind.DRIVER,
              ActivityKind.SYNC, ActivityKind.PYTHON_FUNCTION)
-
-
-def step_rows(trace: Trace) -> dict[int, int]:
-    """Step number -> the row of its longest ``ProfilerStep#N`` span."""
-    acts = trace.activities
-    if not len(acts):
-        return {}
-    names = acts.strings.strings
-    step_of = {c: n for c, name in enumerate(names) if (n := step_number(name)) is not None}
-    out: dict[int, int] = {}
-    dur = acts["end"] - acts["start"]
-    for row in np.flatnonzero(np.isin(acts["name"], list(step_of))).tolist():
-        n = step_of[int(acts["name"][row])]
-        if n not in out or dur[row] > dur[out[n]]:
-            out[n] = row
-    return dict(sorted(out.items()))
-
-
-def steps_of(trace: Trace) -> dict[int, tuple[int, int]]:
-    """Step number -> (start, end) of its longest ``ProfilerStep#N`` span."""
-    acts = trace.activities
-    return {n: (int(acts["start"][r]), int(acts["end"][r])) for n, r in step_rows(trace).items()}
 
 
 def step_breakdown(traces: Trace | Sequence[Trace], ranks: Sequence[int] | None = None,
@@ -99,14 +77,14 @@ def select_steps(trace: Trace, steps: Iterable[int]) -> Trace:
     counted where their launch call starts (their own start where no launch is known), so that a
     kernel runs in the step that launched it. ``select_steps(t, list(steps_of(t))[:-1])`` leaves the
     last step out, as Holistic Trace Analysis does when it reads a trace."""
-    from polyprof.analysis.device import DEVICE_KINDS, launch_starts
+    from polyprof.analysis.device import launch_starts
 
     spans = [span for n, span in steps_of(trace).items() if n in set(steps)]
     acts = trace.activities
     if not len(acts):
         return trace
     at = acts["start"].copy()
-    device = np.flatnonzero(np.isin(acts["kind"], DEVICE_KINDS))
+    device = np.flatnonzero(np.isin(acts["kind"], DEVICE_ROW_KINDS))
     launched = launch_starts(trace, device, acts["correlation"][device])
     at[device] = np.where(launched >= 0, launched, at[device])
     keep = np.zeros(len(acts), bool)

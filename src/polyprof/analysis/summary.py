@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyprof.model import ActivityKind, Trace
+from polyprof.model.work import device_heading
 
 
 @dataclass(frozen=True)
@@ -27,19 +28,6 @@ class SummaryRow:
     min_ns: int
     max_ns: int
     share: float  # of the total time of this (device, kind) group
-
-
-def device_heading(trace: Trace, index: int) -> str:
-    """How a device is named in summaries: its process name, with its label ("GPU 0") where that says
-    more; just the label where several devices share a name (Kineto names every GPU process after the
-    host)."""
-    dev = trace.devices[index]
-    name = dev.name or dev.key
-    label = dev.label
-    if not label or label == "CPU" or label in name:
-        return name
-    shared = sum(1 for d in trace.devices if (d.name or d.key) == name) > 1
-    return label if shared or name == trace.metadata.get("host_name") else f"{label} ({name})"
 
 
 def summarize(trace: Trace, top: int = 10) -> list[SummaryRow]:

@@ -58,7 +58,7 @@ def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) 
     """Write `trace` in the format its path (or `format`) names; returns the path written."""
     chosen = format_of(path, format)
     if chosen == "store":
-        from polyprof.store.files import add_rank
+        from polyprof.formats.store.files import add_rank
 
         return add_rank(trace, path)
     if chosen == "perfetto":

@@ -12,7 +12,7 @@ embedded engine (DuckDB) or a cluster engine (Spark) queries, and the analyses w
     store.diff(store.open("before.polyprof"), job)       # what changed between two jobs
     store.blame(["rank0.json", "rank1.json"])            # the same blame of traces, without a store
 
-The schema is :mod:`polyprof.store.schema` (and ``docs/store.md``); pyarrow and duckdb are the
+The schema is :mod:`polyprof.formats.store.schema` (and ``docs/store.md``); pyarrow and duckdb are the
 ``polyprof[store]`` extra, pyspark the ``polyprof[spark]`` one.
 """
 
@@ -24,7 +24,7 @@ from polyprof.extras import require
 require("store", "polyprof's trace store")  # before any store module imports pyarrow: one line, not a traceback
 
 _LAZY = {
-    "write_store": "polyprof.store.write",
+    "write_store": "polyprof.formats.store.write",
     "open": "polyprof.store.query",
     "Store": "polyprof.store.query",
     "diff": "polyprof.store.diff",

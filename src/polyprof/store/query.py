@@ -1,4 +1,4 @@
-"""Query a store (:mod:`polyprof.store.schema`) with DuckDB, embedded, or Spark, on a cluster or in
+"""Query a store (:mod:`polyprof.formats.store.schema`) with DuckDB, embedded, or Spark, on a cluster or in
 local mode. The analyses are SQL written once, in DuckDB's dialect (``store/sql/*.sql``), and
 translated for Spark by sqlglot (the translator ibis itself uses), so both engines run the same
 expressions and a user can read, copy and change them.
@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 
 from polyprof.errors import ConfigError
+from polyprof.formats.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 from polyprof.store.engines import DEFAULT_MEMORY_LIMIT, DuckDBEngine, engine_for
-from polyprof.store.schema import MANIFEST, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 #: the analyses, each a view of the store (later ones read earlier ones: clock, islands, launches)
 ANALYSES = ("step_spans", "collective_ops", "clock", "islands", "launches", "outer_rows", "blame", "kernels", "temporal", "idle", "overlap", "launch", "steps",
@@ -105,7 +105,7 @@ class Store:
     def of_traces(cls, traces: Any, ranks: Any = None) -> Store:
         """The store of `traces` (loaded Traces, one per rank; `ranks`: theirs, else each trace's own),
         in memory on DuckDB: the same tables and analyses as on disk, nothing written."""
-        from polyprof.store.rank_tables import rank_tables
+        from polyprof.formats.store.rank_tables import rank_tables
 
         engine = DuckDBEngine()
         per_rank = [rank_tables(t, fallback_rank=i) for i, t in enumerate(traces)]

@@ -182,7 +182,7 @@ def merge_traces(paths: list[str], output: str | os.PathLike, *, format: str | N
     """Merge the ranks' trace files `paths` (files or folders) into `output` (a ``.polyprof`` output is
     the trace store: :func:`polyprof.store.write_store`)."""
     if format_of(output, format) == "store":
-        from polyprof.store.write import write_store
+        from polyprof.formats.store.write import write_store
 
         written = write_store(paths, output, overwrite=True)
         return MergeStats(output=written.path, events=written.rows.get("activities", 0),

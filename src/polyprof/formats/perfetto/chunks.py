@@ -1,5 +1,5 @@
 """A Perfetto trace (``.pftrace``) read in chunks of rows, neither its bytes nor its records ever held
-whole: how a large Perfetto rank streams into the store (:mod:`polyprof.store.rank_stream`).
+whole: how a large Perfetto rank streams into the store (:mod:`polyprof.formats.store.rank_stream`).
 
 ::
 

@@ -1,5 +1,5 @@
 """A spill's trace in pieces of time, never held whole: how a large spill streams into the store
-(:mod:`polyprof.store.rank_stream`)::
+(:mod:`polyprof.formats.store.rank_stream`)::
 
     for piece in recover_pieces(".t.json.gz.spill", rows=50_000):
         piece.trace, piece.window   # rows of one span of time, merged as recover_trace merges the spill

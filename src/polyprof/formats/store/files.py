@@ -1,4 +1,4 @@
-"""A store's files (:mod:`polyprof.store.schema`): a rank's tables as Parquet, the manifest, and a rank
+"""A store's files (:mod:`polyprof.formats.store.schema`): a rank's tables as Parquet, the manifest, and a rank
 adding itself to a store, which is what writing a trace to a ``.polyprof`` path does::
 
     add_rank(trace, "job.polyprof")       # this rank's tables, the manifest updated under a lock
@@ -18,7 +18,7 @@ from typing import Any
 from polyprof._version import __version__
 from polyprof.errors import ConfigError
 from polyprof.formats.common.paths import atomic_output, new_file_mode
-from polyprof.store.schema import MANIFEST, ROW_GROUP_ROWS, SCHEMA_NAME, SCHEMA_VERSION, TABLES
+from polyprof.formats.store.schema import MANIFEST, ROW_GROUP_ROWS, SCHEMA_NAME, SCHEMA_VERSION, TABLES
 
 
 @dataclass
@@ -30,7 +30,7 @@ class StoreStats:
 
 
 def write_rank(tables: Any, out: str) -> dict[str, int]:
-    """A rank's tables (:class:`~polyprof.store.rank_tables.RankTables`) into the store folder `out`
+    """A rank's tables (:class:`~polyprof.formats.store.rank_tables.RankTables`) into the store folder `out`
     (each file written beside and renamed into place); rows written per table."""
     import pyarrow.parquet as pq
 
@@ -86,7 +86,7 @@ def add_rank(trace: Any, out: str | os.PathLike, source: str = "") -> str:
     that honours ``flock``). A rank written again replaces its tables. Returns the store's path."""
     import fcntl
 
-    from polyprof.store.rank_tables import rank_tables
+    from polyprof.formats.store.rank_tables import rank_tables
 
     out = os.path.abspath(os.fspath(out))
     os.makedirs(os.path.dirname(out), exist_ok=True)

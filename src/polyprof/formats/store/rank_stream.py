@@ -1,5 +1,5 @@
 """One rank's trace (Chrome JSON, Perfetto, or a spill a killed run left) into the store in bounded
-memory, whatever the trace's size: the same tables as :func:`~polyprof.store.rank_tables.rank_tables`
+memory, whatever the trace's size: the same tables as :func:`~polyprof.formats.store.rank_tables.rank_tables`
 of the loaded trace, row for row.
 
 The file is read in chunks of rows (JSON: :func:`polyprof.formats.chrome.read.read_chunks`; Perfetto:
@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from polyprof.analysis.steps import step_rows
 from polyprof.formats.chrome.read import check_tokens, read_chunks
 from polyprof.formats.chrome.scan import Declined, scan_chunks
 from polyprof.formats.common.job import rank_of, recorded_offset
@@ -40,11 +39,12 @@ from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.perfetto.read import is_perfetto_file
 from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 from polyprof.formats.spill.recover_stream import perfetto_spill_chunks, recover_pieces
+from polyprof.formats.store import rank_tables as rt
+from polyprof.formats.store.files import rank_file, write_rank
+from polyprof.formats.store.rank_args import args_columns
+from polyprof.formats.store.schema import ACTIVITIES, COUNTERS, ROW_GROUP_ROWS, TABLES
 from polyprof.model import ActivityBuilder, ActivityKind, Counters, Trace
-from polyprof.store import rank_tables as rt
-from polyprof.store.files import rank_file, write_rank
-from polyprof.store.rank_args import args_columns
-from polyprof.store.schema import ACTIVITIES, COUNTERS, ROW_GROUP_ROWS, TABLES
+from polyprof.model.steps import step_rows
 
 #: rows read per chunk (two chunks' columns and args are what the reader holds at once)
 CHUNK_EVENTS = 50_000

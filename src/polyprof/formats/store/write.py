@@ -1,4 +1,4 @@
-"""Write a job's traces into a store (see :mod:`polyprof.store.schema`): each rank converted in its own
+"""Write a job's traces into a store (see :mod:`polyprof.formats.store.schema`): each rank converted in its own
 process, several at once, its tables written as Parquet under ``TABLE/rank=N/``.
 
 ::
@@ -20,7 +20,7 @@ from typing import Any
 
 from polyprof import progress
 from polyprof.errors import ConfigError
-from polyprof.store.files import StoreStats, write_manifest, write_rank
+from polyprof.formats.store.files import StoreStats, write_manifest, write_rank
 
 #: a JSON rank larger than this (a gzip file: ten times its size) streams into the store in bounded
 #: memory; a smaller one is loaded whole, which takes less than the streaming's bound and half its time
@@ -30,21 +30,21 @@ STREAM_ABOVE_BYTES = 64 << 20
 def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
              ) -> tuple[int, dict[str, int], str]:
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
-    large JSON or Perfetto rank streams through (:mod:`polyprof.store.rank_stream`), reporting the
+    large JSON or Perfetto rank streams through (:mod:`polyprof.formats.store.rank_stream`), reporting the
     file's bytes read to `advance` as it goes, and so does a large spill; a ring's spill with its older
     generation, and a Perfetto file or spill the stream declines (malformed: the reader names what is
     wrong) are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
         from polyprof.formats.perfetto.scan import Declined
         from polyprof.formats.spill.recover_stream import Declined as SpillDeclined
-        from polyprof.store.rank_stream import stream_rank
+        from polyprof.formats.store.rank_stream import stream_rank
 
         try:
             rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
             return rank, rows, source
         except (Declined, SpillDeclined):
             pass
-    from polyprof.store.rank_tables import rank_tables
+    from polyprof.formats.store.rank_tables import rank_tables
 
     tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
@@ -110,7 +110,7 @@ def replaceable_store(path: str) -> None:
     """ConfigError unless `path` is a store of this user's (its folder, with its manifest) that
     ``--overwrite`` may remove: never a link, a file or any other folder."""
     from polyprof.formats.common.paths import MANIFEST
-    from polyprof.store.files import own_folder
+    from polyprof.formats.store.files import own_folder
 
     if os.path.islink(path) or not os.path.isdir(path):
         raise ConfigError(f"{path} is not a store folder (a {'link' if os.path.islink(path) else 'file'}): --overwrite "

@@ -1,4 +1,4 @@
-"""One rank's trace as the store's tables (:mod:`polyprof.store.schema`): its rows on the job's clock,
+"""One rank's trace as the store's tables (:mod:`polyprof.formats.store.schema`): its rows on the job's clock,
 each with its step, its nesting level and, for a collective, its instance.
 
 ::
@@ -16,14 +16,12 @@ import numpy as np
 import pyarrow as pa
 
 from polyprof import _native
-from polyprof.analysis.device import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork
-from polyprof.analysis.steps import step_rows
-from polyprof.analysis.summary import device_heading
 from polyprof.formats.common.job import rank_of, recorded_offset
+from polyprof.formats.store.rank_args import ArgColumns, args_columns, encode
+from polyprof.formats.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
 from polyprof.model import ActivityKind, Trace
-from polyprof.model.steps import step_number
-from polyprof.store.rank_args import ArgColumns, args_columns, encode
-from polyprof.store.schema import ACTIVITIES, BACKENDS, COLLECTIVES, COUNTERS, RANKS
+from polyprof.model.steps import step_number, step_rows
+from polyprof.model.work import COMMUNICATION, COMPUTATION, MEMORY, OTHER, DeviceWork, device_heading
 
 WORK_TYPES = [COMPUTATION, COMMUNICATION, MEMORY, OTHER]
 DEVICE_KINDS = (ActivityKind.KERNEL, ActivityKind.GPU_MEMCPY, ActivityKind.GPU_MEMSET, ActivityKind.GPU_USER_ANNOTATION,
@@ -259,7 +257,7 @@ class RankPlaces:
 
 def work_column(trace: Trace) -> pa.Array:
     """Each device row's kind of work, as the in-memory analyses classify it (one owner:
-    :class:`polyprof.analysis.device.DeviceWork`); null for the other rows."""
+    :class:`polyprof.model.work.DeviceWork`); null for the other rows."""
     work = DeviceWork(trace)
     labels = [WORK_TYPES.index(t) for t in work.type.tolist()]
     codes = np.full(len(trace.activities), -1, dtype=np.int32)
