@@ -123,7 +123,7 @@ def main() -> None:
 
         # with torch imported, polyprof's record_function also asks whether a torch-side consumer
         # listens (the bridge to torch's RecordFunction): the cost torch users pay
-        from polyprof.backends.torch import bridge
+        from polyprof.torch import bridge
 
         results["bridge_armed"] = bridge._armed is not None
         results["polyprof_not_profiling_torch_imported_ns"] = round(per_call_ns(loop_polyprof, n, reps), 1)

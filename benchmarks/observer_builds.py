@@ -12,7 +12,7 @@ revision, e.g.
 
     git worktree add /tmp/old <rev> && cp src/polyprof/_speedups*.so /tmp/old/src/polyprof/
     PYTHONPATH=/tmp/old/src .venv/bin/python -c \\
-        "import torch; from polyprof.backends.torch.observer import builder; print(builder.build(torch))"
+        "import torch; from polyprof.torch.observer import builder; print(builder.build(torch))"
 
 The libraries must speak this checkout's observer ABI. Only the observer's callbacks are compared:
 polyprof.profiler's own start and stop are not in the timed loop.
@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from polyprof.backends.torch.observer import RECORD_SHAPES, Observer
+    from polyprof.torch.observer import RECORD_SHAPES, Observer
 
     options = RECORD_SHAPES if args.record_shapes else 0
     observers = {"old": Observer(args.old), "new": Observer(args.new)}

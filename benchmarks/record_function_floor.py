@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from polyprof.backends.torch import observer
+    from polyprof.torch import observer
 
     torch.set_num_threads(1)
     recorder = observer.get(torch)

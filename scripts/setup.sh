@@ -37,7 +37,7 @@ if [ "${1:-}" = "--test" ]; then
       || echo "setup: chromium not installed; the report's browser tests will be skipped"
   fi
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
-  .venv/bin/python -m polyprof.backends.torch.observer || echo "setup: the torch observer was not built"
+  .venv/bin/python -m polyprof.torch.observer || echo "setup: the torch observer was not built"
   # the tools users read traces with, in their own environment (HTA needs pandas < 3):
   # tests/test_trace_consumers.py runs them on polyprof's traces
   if [ ! -x .venv-consumers/bin/python ]; then

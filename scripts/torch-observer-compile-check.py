@@ -18,7 +18,7 @@ import types
 import zipfile
 from pathlib import Path
 
-from polyprof.backends.torch.observer import builder
+from polyprof.torch.observer import builder
 
 
 def check(version: str, work: Path) -> bool:

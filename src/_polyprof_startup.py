@@ -173,7 +173,7 @@ def _say(exc: Exception, say: bool = True) -> None:
 
 class PostImportHook:
     """Calls `callback(module)` once, right after `name` has been imported (a meta path finder by its
-    methods: importing importlib.abc costs milliseconds); :mod:`polyprof.backends.torch.import_hook`
+    methods: importing importlib.abc costs milliseconds); :mod:`polyprof.torch.import_hook`
     gives it to the rest of polyprof::
 
         hook = PostImportHook("torch", on_torch)

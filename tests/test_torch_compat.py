@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs torch (CPU build): these are torch.profiler's behaviours")
 
 import polyprof  # noqa: E402
-from polyprof.backends.torch import observer  # noqa: E402
 from polyprof.profiler import ProfilerAction, ProfilerActivity, profile, record_function, schedule  # noqa: E402
+from polyprof.torch import observer  # noqa: E402
 
 try:
     observer.get(torch)

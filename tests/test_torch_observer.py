@@ -17,7 +17,7 @@ nn = torch.nn
 
 from other_user import as_other_user, needs_other_user, sticky_folder  # noqa: E402
 
-from polyprof.backends.torch import observer as torch_observer  # noqa: E402
+from polyprof.torch import observer as torch_observer  # noqa: E402
 
 try:
     torch_observer.get(torch)
@@ -493,7 +493,7 @@ def test_without_a_compiler_the_ops_still_come_from_torchs_collector_with_a_warn
 def test_building_from_scratch_into_a_fresh_cache(tmp_path):
     env = {**os.environ, "POLYPROF_CACHE_DIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "polyprof.backends.torch.observer"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "polyprof.torch.observer"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     (library,) = tmp_path.glob("torch-observer/*/polyprof_torch_observer.so")
@@ -503,7 +503,7 @@ def test_building_from_scratch_into_a_fresh_cache(tmp_path):
 
 @needs_observer  # a compiler to run
 def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, tmp_path):
-    from polyprof.backends.torch.observer import builder
+    from polyprof.torch.observer import builder
 
     monkeypatch.setenv("POLYPROF_CACHE_DIR", str(tmp_path))
     broken = tmp_path / "broken.cpp"
@@ -539,7 +539,7 @@ def test_stacks_of_other_parked_python_threads_get_a_valid_thread_row(tmp_path):
 
 
 def test_a_cached_library_is_loaded_only_from_a_file_and_folder_nobody_else_can_write(tmp_path):
-    from polyprof.backends.torch.observer import builder
+    from polyprof.torch.observer import builder
 
     folder = tmp_path / "cache"
     folder.mkdir(mode=0o700)
@@ -584,7 +584,7 @@ def test_a_cache_folder_another_user_made_first_is_never_built_into_nor_loaded_f
     """The cache's <key> folder is predictable: another user makes it first (open to all) and puts a
     library there, to rename it over polyprof's between the build and the load. polyprof builds in a
     private folder, never writes into theirs and loads only what it built."""
-    from polyprof.backends.torch.observer import Observer, builder
+    from polyprof.torch.observer import Observer, builder
 
     built = builder.library_path(torch)  # the observer the setup built, copied instead of compiled
     shared = sticky_folder(tmp_path / "cache")
@@ -607,7 +607,7 @@ def test_a_cache_folder_another_user_made_first_is_never_built_into_nor_loaded_f
 @needs_other_user
 def test_the_loader_loads_exactly_the_file_it_checked(tmp_path):
     """A link, or a file another user owns or anyone can write, is refused as opened (not by name)."""
-    from polyprof.backends.torch.observer.builder import open_trusted
+    from polyprof.torch.observer.builder import open_trusted
 
     marker = tmp_path / "planted-code-ran"
     mine = _plant_library(tmp_path, marker)
@@ -817,7 +817,7 @@ record_shapes = sys.argv[1] == "1"
 # made before the warm-up loop: what making a profile allocates moves the heap on, and the loop's own
 # allocations would then touch new pages that have nothing to do with the recorder
 prof = profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes)
-from polyprof.backends.torch import observer
+from polyprof.torch import observer
 for loaded in observer._loaded.values():
     if sys.argv[2] == "cold":  # the counterfactual: the same run, no chunk faulted in at its start
         loaded._warm_chunks = None

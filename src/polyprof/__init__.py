@@ -25,8 +25,8 @@ from polyprof._version import __version__
 from polyprof.annotations import counter, instant, record_function
 
 # polyprof's record_function is also a torch range whenever a torch-side consumer listens (see
-# polyprof.backends.torch.bridge); arming it costs nothing until torch is imported
-from polyprof.backends.torch.bridge import arm as _arm_torch_bridge
+# polyprof.torch.bridge); arming it costs nothing until torch is imported
+from polyprof.torch.bridge import arm as _arm_torch_bridge
 
 _arm_torch_bridge()
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 
 import _polyprof_startup as variables
-from polyprof.backends.torch.import_hook import import_completed
+from polyprof.torch.import_hook import import_completed
 
 _armed: set[str] = set()
 

@@ -192,7 +192,7 @@ def env(out):
     try:
         import torch
 
-        from polyprof.backends.torch import observer as torch_observer
+        from polyprof.torch import observer as torch_observer
 
         info["torch_cuda"] = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s)"
         if torch.cuda.is_available():

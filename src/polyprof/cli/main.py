@@ -254,11 +254,11 @@ def run(
         if duration is not None:
             alarm.append(_stop_after(duration, finish))
 
-    from polyprof.backends.torch.steps import OptimizerStepSpans
+    from polyprof.torch.steps import OptimizerStepSpans
 
     step_spans = OptimizerStepSpans()  # ProfilerStep#N between the script's optimizer steps
     with CleanStop() as stop:
-        from polyprof.backends.torch.steps import SyncedStart, distributed_launch
+        from polyprof.torch.steps import SyncedStart, distributed_launch
 
         if duration is not None and distributed_launch():  # every rank's window starts at the same step
             synced = SyncedStart(on_start=begin)

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from polyprof.backends.torch.import_hook import import_completed
-from polyprof.backends.torch.job_store import seal, unseal
 from polyprof.formats.common.paths import launcher_rank
+from polyprof.torch.import_hook import import_completed
+from polyprof.torch.job_store import seal, unseal
 
 log = logging.getLogger("polyprof.flight")
 
@@ -97,7 +97,7 @@ def job_rank() -> tuple[int, int] | None:
 
 
 def _client() -> Any:
-    from polyprof.backends.torch.job_store import job_store
+    from polyprof.torch.job_store import job_store
 
     return job_store(STORE_TIMEOUT_S)
 

@@ -264,7 +264,7 @@ class FlightRecorder:
 
     # -- steps ------------------------------------------------------------------------------------
     def _install_step_source(self) -> None:
-        from polyprof.backends.torch.steps import tracker
+        from polyprof.torch.steps import tracker
 
         tracker.install()
         tracker.add_listener(self._on_tracked_step)
@@ -499,7 +499,7 @@ def _forked_child() -> None:
     if not _running:
         return
     from polyprof import _native, annotations
-    from polyprof.backends.torch import observer
+    from polyprof.torch import observer
 
     annotations.recorder.end()
     observer.quiet_loaded_in_child()

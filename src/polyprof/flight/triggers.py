@@ -397,7 +397,7 @@ class CrashRows:
         except OSError:
             self.close()
             return
-        from polyprof.backends.torch import observer
+        from polyprof.torch import observer
 
         # torch imported after the recorder started (polyprof run, the start-up hook): its operators too
         self._unhook = observer.when_loaded(self._take_observer)
@@ -428,7 +428,7 @@ def _observer_crash_rows() -> int:
     """The torch observer's crash writer (its ops since the last hand-over), where one is loaded."""
     if "torch" not in sys.modules:
         return 0
-    from polyprof.backends.torch import observer
+    from polyprof.torch import observer
 
     loaded = observer.loaded_observers()
     return loaded[-1].crash_rows_address() if loaded else 0

@@ -10,7 +10,7 @@ Nothing is recorded until a capture is asked for::
     $ polyprof capture 4242 --job --steps 3 -o job.json.gz    # every rank of its torch.distributed job
 
 Rooms: :mod:`.channel` (socket folder, peer check, framing), :mod:`.protocol` (the requests),
-:mod:`.listener` (the target's thread), :mod:`.capture` (one capture), :mod:`polyprof.backends.torch.steps` (step
+:mod:`.listener` (the target's thread), :mod:`.capture` (one capture), :mod:`polyprof.torch.steps` (step
 boundaries), :mod:`.job` (whole jobs through the store), :mod:`.client` (the CLI's side);
 :mod:`polyprof.startup` is what the ``.pth`` file's hook arms.
 """

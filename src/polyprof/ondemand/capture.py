@@ -5,7 +5,7 @@
     capture = Capture(request, output, done=reply)   # output: the checked path; done(reply) once, at the end
     capture.begin()                                   # by duration: records now; by steps: at the next step
 
-A capture by steps starts at a step boundary (:mod:`polyprof.backends.torch.steps`) on the training thread and records
+A capture by steps starts at a step boundary (:mod:`polyprof.torch.steps`) on the training thread and records
 ``request.steps`` steps, each a ``ProfilerStep#N`` span (N counts the process's steps from 0); one by
 duration starts at once (or at an agreed step, for a job). Ops of every thread are recorded
 (``profile_all_threads``), since the capture is started by polyprof's threads as often as by the
@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from polyprof.backends.torch.steps import tracker
 from polyprof.model.steps import step_number
 from polyprof.ondemand.protocol import CaptureRequest, error_reply
+from polyprof.torch.steps import tracker
 
 log = logging.getLogger("polyprof.ondemand")
 

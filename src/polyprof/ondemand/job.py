@@ -22,10 +22,10 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from polyprof.backends.torch.job_store import seal, unseal
-from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand.capture import Capture, CaptureSlot, Reply
 from polyprof.ondemand.protocol import CaptureRequest, error_reply, parse_request
+from polyprof.torch.job_store import seal, unseal
+from polyprof.torch.steps import tracker
 
 log = logging.getLogger("polyprof.ondemand")
 
@@ -85,7 +85,7 @@ class JobLink:
     # -- the asked rank ------------------------------------------------------------------------------
     def publish(self, request: CaptureRequest, reply: Reply) -> dict[str, Any]:
         """Put the request where every rank sees it; answer `reply` once every rank has reported."""
-        from polyprof.backends.torch.job_store import job_store
+        from polyprof.torch.job_store import job_store
 
         dist = _dist()
         if dist is None:
@@ -137,7 +137,7 @@ class JobLink:
             return
         try:
             if self._store is None:
-                from polyprof.backends.torch.job_store import job_store
+                from polyprof.torch.job_store import job_store
 
                 self._store = job_store(STORE_TIMEOUT_S) or False
             if not self._store or not self._store.check([REQUEST_KEY]):
@@ -158,7 +158,7 @@ class JobLink:
         capture_id = str(message.get("id"))
 
         def report(result: dict[str, Any]) -> None:
-            from polyprof.backends.torch.job_store import job_store
+            from polyprof.torch.job_store import job_store
 
             store = job_store(STORE_TIMEOUT_S)  # a client of its own: this runs on the export thread
             store.set(_done_key(capture_id, rank), seal(result))

@@ -27,11 +27,11 @@ import threading
 import time
 from typing import Any
 
-from polyprof.backends.torch.steps import tracker
 from polyprof.ondemand import channel
 from polyprof.ondemand.capture import Capture, CaptureSlot
 from polyprof.ondemand.job import JobLink
 from polyprof.ondemand.protocol import CaptureRequest, RequestError, StatusRequest, error_reply, parse_request
+from polyprof.torch.steps import tracker
 
 log = logging.getLogger("polyprof.ondemand")
 

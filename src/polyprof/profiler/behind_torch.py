@@ -136,7 +136,7 @@ def install_when_torch_is_imported() -> None:
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "profiler"):
         install()
         return
-    from polyprof.backends.torch.import_hook import PostImportHook
+    from polyprof.torch.import_hook import PostImportHook
 
     PostImportHook("torch", install).install()
 

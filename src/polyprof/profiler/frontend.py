@@ -22,12 +22,12 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from polyprof.backends.torch.steps import profiler_stepped
 from polyprof.engine.profile_options import ProfileOptions
 from polyprof.engine.scheduled import Profile
 from polyprof.errors import ConfigError
 from polyprof.profiler.options import experimental_settings, parse_activities
 from polyprof.profiler.settings import activity_edits
+from polyprof.torch.steps import profiler_stepped
 
 TORCH_ONLY_OPTIONS = ("record_shapes", "profile_memory", "with_flops", "with_stack")
 PROFILER_STEP_NAME = "ProfilerStep"
@@ -225,7 +225,7 @@ class profile(Profile):  # noqa: N801 - torch's name
 
     def _between_steps(self) -> None:
         super()._between_steps()
-        profiler_stepped()  # a step boundary for on-demand captures (polyprof.backends.torch.steps)
+        profiler_stepped()  # a step boundary for on-demand captures (polyprof.torch.steps)
 
     def step(self) -> None:
         super().step()

@@ -25,8 +25,8 @@ from polyprof.backends.python_calls import ATTACHMENT as PYTHON_CALLS
 from polyprof.backends.python_calls import PY_C_CALL, PY_CALL
 from polyprof.backends.torch.collector import ATTACHMENT as TORCH_RESULT
 from polyprof.backends.torch.observed import OVERLOAD_ARG
-from polyprof.backends.torch.observer import ARG_KEYS
 from polyprof.model import DEVICE_KINDS, ActivityKind, ArgColumns, Trace
+from polyprof.torch.observer import ARG_KEYS
 
 USER_SCOPE = 7
 #: args that are not an op's keyword arguments (Kineto's own fields)

@@ -72,7 +72,7 @@ def _store_and_rank() -> tuple[Any, int, int] | None:
     world size."""
     import sys
 
-    from polyprof.backends.torch.job_store import job_store
+    from polyprof.torch.job_store import job_store
 
     dist = sys.modules.get("torch.distributed")
     try:

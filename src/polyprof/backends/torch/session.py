@@ -9,15 +9,16 @@ import threading
 from typing import Any
 
 from polyprof.backend import ProfileConfig, SessionContext
-from polyprof.backends.torch import bridge, observer, own_profiler
+from polyprof.backends.torch import own_profiler
 from polyprof.backends.torch.collector import Collector
 from polyprof.backends.torch.distributed import DistributedWatch
-from polyprof.backends.torch.import_hook import PostImportHook
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
 from polyprof.clock import ClockMapping, epoch_offset, host_ns
 from polyprof.model import ActivityKind
 from polyprof.sink import Sink
+from polyprof.torch import bridge, observer
+from polyprof.torch.import_hook import PostImportHook
 from polyprof.traits import SessionTraits
 
 

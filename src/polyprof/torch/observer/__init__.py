@@ -5,7 +5,7 @@ longer than polyprof's whole stop-to-trace budget.
 
 ::
 
-    from polyprof.backends.torch import observer
+    from polyprof.torch import observer
     obs = observer.get(torch)                 # builds once per torch (see builder.py), then loads
     obs.start(observer.RECORD_SHAPES)         # options: a sum of the flags below
     ...                                       # run operators on this thread
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.backends.torch.observer.builder import (
+from polyprof.torch.observer.builder import (
     BuildError,
     build,
     cached_library,

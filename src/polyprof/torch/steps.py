@@ -34,8 +34,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from polyprof.backends.torch.import_hook import PostImportHook
-from polyprof.backends.torch.job_store import job_store
+from polyprof.torch.import_hook import PostImportHook
+from polyprof.torch.job_store import job_store
 
 AGREE_TIMEOUT_S = 60.0
 

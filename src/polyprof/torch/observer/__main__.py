@@ -1,4 +1,4 @@
-"""``python -m polyprof.backends.torch.observer [--force]``: build (or find) the observer for the installed
+"""``python -m polyprof.torch.observer [--force]``: build (or find) the observer for the installed
 torch and print where it is."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ def main(argv: list[str]) -> int:
     except ImportError:
         print("polyprof torch observer: torch is not installed; nothing to build")
         return 0
-    from polyprof.backends.torch.observer import Observer
-    from polyprof.backends.torch.observer.builder import BuildError, build
+    from polyprof.torch.observer import Observer
+    from polyprof.torch.observer.builder import BuildError, build
 
     t0 = time.perf_counter()
     try:

@@ -1,7 +1,7 @@
 // polyprof's PyTorch operator observer: a RecordFunction callback pair that appends each operator to a
 // per-thread columnar buffer, read out in bulk after stop through a small C ABI (loaded with ctypes).
 //
-// Built on first use against the installed torch by polyprof/backends/torch/observer/builder.py, so it
+// Built on first use against the installed torch by polyprof/torch/observer/builder.py, so it
 // always matches that torch's headers and C++ ABI. No pybind11, no Python objects on the hot path.
 //
 // Besides the operators it serves what torch-side code expects of "a profiler is on":

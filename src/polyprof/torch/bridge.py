@@ -8,7 +8,7 @@ check and the ranges are C functions of polyprof's torch observer library, calle
 polyprof's C hot path.
 
 The bridge is armed as soon as torch is imported, if the observer library is already built (setup
-builds it; ``python -m polyprof.backends.torch.observer``), and otherwise when a profile first builds it.
+builds it; ``python -m polyprof.torch.observer``), and otherwise when a profile first builds it.
 Without a C++ compiler there is no bridge: polyprof's annotations are then invisible to torch's own
 profiler (polyprof's profiles record them as always).
 """
@@ -59,7 +59,7 @@ def _arm_from_cache(torch: Any) -> None:
     if _armed is not None or not hasattr(torch, "_C"):
         return
     try:
-        from polyprof.backends.torch import observer
+        from polyprof.torch import observer
 
         if observer.disabled():
             return
@@ -77,6 +77,6 @@ def arm() -> None:
     if torch is not None:
         _arm_from_cache(torch)
         return
-    from polyprof.backends.torch.import_hook import PostImportHook
+    from polyprof.torch.import_hook import PostImportHook
 
     PostImportHook("torch", _arm_from_cache).install()

@@ -1,7 +1,7 @@
 """Builds polyprof's PyTorch operator observer (``observer.cpp``) against the installed torch, once per
 torch build, and caches the shared library::
 
-    python -m polyprof.backends.torch.observer          # build now; scripts/setup.sh does this
+    python -m polyprof.torch.observer          # build now; scripts/setup.sh does this
 
 Compiling against the torch that will load it is what keeps one source working across torch versions
 (2.4+) and C++ ABIs, the way ``torch.utils.cpp_extension`` and Triton build their native parts.
