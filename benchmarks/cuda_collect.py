@@ -33,9 +33,9 @@ def main() -> None:
     from polyprof_cuda.session import CudaSession
     from recorded_cupti import RecordedLayer, kernel_record, latest_class, make_record
 
-    from polyprof.backend import ProfileConfig, SessionContext
-    from polyprof.clock import ClockPair, host_ns
-    from polyprof.sink import Sink
+    from polyprof.plugin.backend import ProfileConfig, SessionContext
+    from polyprof.plugin.clock import ClockPair, host_ns
+    from polyprof.plugin.sink import Sink
 
     layer = RecordedLayer()
     ctx = SessionContext("cuda")
@@ -138,9 +138,9 @@ def _merge_and_export(part) -> tuple[float, int]:
     """What follows collect when a profile stops: merge into a trace, write it as Chrome JSON."""
     import tempfile
 
-    from polyprof.clock import base_time_ns, epoch_offset
     from polyprof.formats import write_chrome_trace
     from polyprof.merge import merge
+    from polyprof.plugin.clock import base_time_ns, epoch_offset
     rows = part.activities
     window = (int(rows["start"].min()), int(rows["end"].max()))
     offset = epoch_offset().offset_ns

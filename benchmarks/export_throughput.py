@@ -25,11 +25,11 @@ import time
 import numpy as np
 from _common import report
 
-from polyprof.clock import base_time_ns, epoch_offset, host_ns
 from polyprof.formats import write_chrome_trace, write_perfetto_trace
 from polyprof.merge import merge
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus, Trace
-from polyprof.sink import Sink
+from polyprof.plugin.clock import base_time_ns, epoch_offset, host_ns
+from polyprof.plugin.sink import Sink
 
 
 def synthetic_trace(n: int, seed: int = 0) -> Trace:

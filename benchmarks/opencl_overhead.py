@@ -21,7 +21,7 @@ the process (PoCL's) to the others, which holds the placement fixed for both mod
 polyprof adds to a call.
 The same case also runs unpinned (`*_unpinned`), as before.
 
-Since polyprof.memory trims the heap only after traces of RELEASE_MIN_ROWS or more, the trim no
+Since polyprof.merge.memory trims the heap only after traces of RELEASE_MIN_ROWS or more, the trim no
 longer follows these small windows (it did, and landed in the next unprofiled batch: BENCHMARKS.md).
 Targets, pinned: under 2 us added per enqueue (issue #3); host-buffer writes at most +0.8 us (issue #21).
 """

@@ -40,8 +40,8 @@ import numpy as np
 from _common import report, scratch_folder
 
 import polyprof
-from polyprof.backend import API_VERSION, Availability
 from polyprof.model import FLOW_AC2G, ActivityKind
+from polyprof.plugin.backend import API_VERSION, Availability
 
 THREADS = 4
 DEVICES = 3

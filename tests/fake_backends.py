@@ -6,8 +6,8 @@ import threading
 
 import numpy as np
 
-from polyprof.backend import API_VERSION, Availability
 from polyprof.model import ActivityKind
+from polyprof.plugin.backend import API_VERSION, Availability
 
 HANG_RELEASE = threading.Event()  # set at the end of the test session to free abandoned threads
 

@@ -183,7 +183,7 @@ def test_example_workload_runs_under_polyprof(tmp_path):
 def test_reasons_with_brackets_are_printed_verbatim(tmp_path):
     """Install hints such as polyprof-cuda[cu13] must survive the terminal formatting."""
     (tmp_path / "bracketplug.py").write_text(
-        "from polyprof.backend import API_VERSION, Availability\n"
+        "from polyprof.plugin.backend import API_VERSION, Availability\n"
         "class B:\n"
         "    name, api_version, activities = 'bracket', API_VERSION, frozenset({'BRACKET'})\n"
         "    def probe(self):\n"

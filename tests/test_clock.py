@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from polyprof.clock import BASE_TIME_GRID_NS, ClockMapping, base_time_ns, epoch_offset, host_ns
+from polyprof.plugin.clock import BASE_TIME_GRID_NS, ClockMapping, base_time_ns, epoch_offset, host_ns
 
 
 def test_host_clock_is_monotonic_ns():
@@ -122,7 +122,7 @@ def test_polyprof_clock_gettime_turns_the_tsc_path_off():
 
 
 def test_a_trace_takes_the_jobs_base_within_its_reach_and_its_own_day_beyond():
-    from polyprof.clock import BASE_TIME_GRID_NS, JOB_BASE_REACH_NS, base_time_ns, job_base_time_ns
+    from polyprof.plugin.clock import BASE_TIME_GRID_NS, JOB_BASE_REACH_NS, base_time_ns, job_base_time_ns
 
     midnight = 20_000 * BASE_TIME_GRID_NS
     offered = job_base_time_ns(midnight + 10**9)  # rank 0 one second past midnight

@@ -32,10 +32,10 @@ def test_process_and_system_tracks_sampled_while_recording():
 def test_a_sample_taken_after_the_windows_end_is_neither_handed_over_nor_counted():
     """The sampling thread may take a sample between the window's end and its stop; the trace keeps no
     counter past the window, so the session neither hands that sample over nor counts it."""
-    from polyprof.backend import SessionContext
     from polyprof.backends.counters import CountersSession
-    from polyprof.clock import host_ns
-    from polyprof.sink import Sink
+    from polyprof.plugin.backend import SessionContext
+    from polyprof.plugin.clock import host_ns
+    from polyprof.plugin.sink import Sink
 
     ctx = SessionContext("counters", {"interval_ms": 60_000})  # no sample but the first and ours
     session = CountersSession(None, ctx)

@@ -49,7 +49,7 @@ def test_device_work_gets_the_enclosing_annotation_as_external_id_and_a_flow(reg
 
 def test_default_activities_are_everything_available(registry, sim):
     """...but a backend whose traits say on_by_default=False (the python tracer), which only runs when asked."""
-    from polyprof.traits import backend_traits
+    from polyprof.plugin.traits import backend_traits
 
     prof = polyprof.profile(registry=registry)
     available = {e.name for e in registry.entries() if not e.broken and registry.probe(e).available}

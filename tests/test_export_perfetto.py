@@ -12,14 +12,14 @@ from fake_backends import SimDeviceBackend
 
 import polyprof
 from polyprof._native import extension as speedups
-from polyprof.clock import base_time_ns
 from polyprof.formats import dumps_chrome_trace, dumps_perfetto_trace, format_of
 from polyprof.formats.perfetto import fields
 from polyprof.formats.perfetto import write as writer
 from polyprof.formats.perfetto.order import slice_events_py, start_order
 from polyprof.merge import merge
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus
-from polyprof.sink import Sink
+from polyprof.plugin.clock import base_time_ns
+from polyprof.plugin.sink import Sink
 
 pb = pytest.importorskip(
     "perfetto.protos.perfetto.trace.perfetto_trace_pb2", reason="needs the perfetto package (the test extra)"

@@ -91,11 +91,11 @@ def test_every_row_the_sink_keeps_reads_back(tmp_path):
     counted (before, end = 2**63 - 1 was kept, and the reader refused the file)."""
     import numpy as np
 
-    from polyprof.clock import epoch_offset, host_ns
     from polyprof.formats import load_trace, write_trace
     from polyprof.merge import merge
     from polyprof.model import HOST_TIME_LIMIT_NS, ActivityKind, BackendStatus
-    from polyprof.sink import Sink
+    from polyprof.plugin.clock import epoch_offset, host_ns
+    from polyprof.plugin.sink import Sink
 
     sink = Sink("probe")
     host, thread = sink.host_device(), sink.host_thread(1)
@@ -287,10 +287,10 @@ def test_rows_a_backend_hands_over_after_its_collect_are_counted_once(tmp_path):
     import warnings
 
     import polyprof
-    from polyprof.backend import API_VERSION, Availability
     from polyprof.engine.registry import Registry
     from polyprof.errors import PolyprofWarning
     from polyprof.model import ActivityKind
+    from polyprof.plugin.backend import API_VERSION, Availability
 
     keep_going = threading.Event()
     late = [0]  # rows the thread handed over after the sink was sealed

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import polyprof
-from polyprof import memory
+from polyprof.merge import memory
 
 
 class _Owner:
@@ -42,7 +42,7 @@ def test_the_release_waits_for_the_collection_that_frees_the_owner(monkeypatch):
 
 def test_a_program_that_exits_with_a_trace_alive_exits_at_once():
     code = (
-        "import polyprof, polyprof.memory\npolyprof.memory.RELEASE_MIN_ROWS = 1\n"
+        "import polyprof, polyprof.merge.memory\npolyprof.merge.memory.RELEASE_MIN_ROWS = 1\n"
         "with polyprof.profile(['cpu']) as p:\n    polyprof.instant('x')\nkeep = p.trace\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

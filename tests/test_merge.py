@@ -13,7 +13,7 @@ from polyprof.merge import merge
 from polyprof.merge.containment import innermost_open_span, thread_codes
 from polyprof.merge.order import start_order
 from polyprof.model import FLOW_AC2G, ActivityKind, ArgColumns, BackendStatus
-from polyprof.sink import Sink
+from polyprof.plugin.sink import Sink
 
 W0, W1 = 1_000_000, 9_000_000
 

@@ -118,7 +118,7 @@ def test_rows_and_column_batches_keep_their_order_and_arg_rows():
 
 
 def test_sink_takes_names_as_codes_into_a_table_and_rejects_codes_outside_it():
-    from polyprof.sink import Sink
+    from polyprof.plugin.sink import Sink
 
     sink = Sink("b")
     host = sink.host_device()
@@ -190,7 +190,7 @@ def test_column_args_read_like_dicts_and_follow_their_rows():
 
 def test_sink_keeps_column_args_of_the_rows_it_keeps():
     from polyprof.model import ArgColumns
-    from polyprof.sink import Sink
+    from polyprof.plugin.sink import Sink
 
     sink = Sink("b")
     host, thread = sink.host_device(), sink.host_thread(1)

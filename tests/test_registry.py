@@ -9,7 +9,7 @@ from polyprof.errors import BackendConflictError, BackendContractError, UnknownN
 from polyprof.plugin import BackendTraits, SessionTraits
 
 PLUGIN_SOURCE = """
-from polyprof.backend import API_VERSION, Availability
+from polyprof.plugin.backend import API_VERSION, Availability
 
 class Backend:
     api_version = {api_version}

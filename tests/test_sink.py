@@ -6,8 +6,8 @@ import pytest
 
 from polyprof.errors import BackendContractError, PolyprofError, SinkClosedError
 from polyprof.model import DEFAULT_CATEGORY, FLOW_AC2G, FLOW_NONE, ActivityKind, BackendStatus, CodedStrings
-from polyprof.sink import Sink
-from polyprof.sink_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.sink_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS
 
 
 def _sink():

@@ -55,7 +55,7 @@ def _edges():
 
 
 def _package(module):
-    """polyprof.store.query -> polyprof.store; a root module is its own (polyprof.sink)."""
+    """polyprof.store.query -> polyprof.store; a root module is its own (polyprof.plugin.sink)."""
     return ".".join(module.split(".")[:2])
 
 

@@ -870,8 +870,8 @@ def test_forward_ops_wait_for_their_backward_node_for_a_bounded_time():
     their backward node; the ones waiting are let go once older than the age asked for."""
     import numpy as np
 
-    from polyprof.backend import SessionContext
     from polyprof.backends.torch import flows
+    from polyprof.plugin.backend import SessionContext
 
     ctx, carry = SessionContext("torch"), {}
     for batch in range(100):  # 100 hand-overs a second apart, 50 forward ops each, no backward node

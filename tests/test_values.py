@@ -14,7 +14,7 @@ import polyprof
 from polyprof.formats import dumps_chrome_trace, load_trace
 from polyprof.formats.common.jsonsafe import json_bytes
 from polyprof.model import ActivityKind, BackendStatus
-from polyprof.sink import Sink
+from polyprof.plugin.sink import Sink
 
 names = st.one_of(st.text(), st.integers(), st.builds(object), st.binary())
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(), st.binary(),

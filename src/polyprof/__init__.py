@@ -32,8 +32,8 @@ _arm_torch_bridge()
 
 #: public name -> the module that owns it
 _LAZY = {
-    "API_VERSION": "polyprof.backend",
-    "Availability": "polyprof.backend",
+    "API_VERSION": "polyprof.plugin.backend",
+    "Availability": "polyprof.plugin.backend",
     "BackendConflictError": "polyprof.errors",
     "BackendContractError": "polyprof.errors",
     "BackendUnavailableError": "polyprof.errors",

@@ -25,7 +25,7 @@ import threading
 
 from polyprof_cuda.cupti_layer import CuptiLayer, DeviceFacts
 
-from polyprof.clock import host_ns
+from polyprof.plugin.clock import host_ns
 
 RUNTIME_NAMES = {
     211: "cudaLaunchKernel",

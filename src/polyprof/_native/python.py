@@ -9,6 +9,7 @@ from typing import Any
 
 from polyprof._native import load
 from polyprof._native.shared import DECLINED, SIDE_NAMES, NeedsExtension
+from polyprof._native.shared import host_ns as clock_ns  # noqa: F401
 from polyprof._native.twins.columns import (  # noqa: F401
     code_strings,
     nesting_levels,
@@ -32,7 +33,6 @@ from polyprof._native.twins.recorder import (  # noqa: F401 - exported by __all_
     thread_buffer,
     thread_context_fast,
 )
-from polyprof.clock import host_ns as clock_ns  # noqa: F401
 
 
 def _declined(*_: Any) -> None:

@@ -1,7 +1,12 @@
 """What polyprof's C extension and its Python side agree on, one text for both: the recorder's event
 layout (csrc/recorder.c and twins/recorder.py) and the readers' answer for "read it the other way"."""
 
+import time
 from typing import Any
+
+#: the host clock, in ns: CLOCK_MONOTONIC on Linux. Every host timestamp is read from it (the C side
+#: reads the same clock, or the TSC mapped onto it); :mod:`polyprof.plugin.clock` gives it to backends
+host_ns = time.perf_counter_ns
 
 #: the type of each event in a thread's buffer
 SPAN = 0

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyprof.backend import Availability, ProfileConfig, SessionContext
-from polyprof.sampling import CounterBackend, CounterSampler, sampling_interval_s
-from polyprof.sink import Sink
-from polyprof.traits import SessionTraits
+from polyprof.plugin.backend import Availability, ProfileConfig, SessionContext
+from polyprof.plugin.sampling import CounterBackend, CounterSampler, sampling_interval_s
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.traits import SessionTraits
 
 THREAD_NAME = "polyprof-counters"
 MB = 1 << 20

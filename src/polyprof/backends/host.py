@@ -8,12 +8,12 @@ import platform
 from typing import Any
 
 from polyprof import annotations
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
-from polyprof.clock import host_ns
-from polyprof.options import OptionSchema
+from polyprof.plugin.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.plugin.clock import host_ns
+from polyprof.plugin.options import OptionSchema
 from polyprof.plugin.recorder_rows import thread_rows, unfinished_spans
-from polyprof.sink import Sink
-from polyprof.traits import BackendTraits, SessionTraits
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.traits import BackendTraits, SessionTraits
 
 
 class HostSession:

@@ -45,12 +45,12 @@ from typing import Any
 
 import numpy as np
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.backends import python_calls
 from polyprof.model import ActivityKind, CodedStrings
-from polyprof.options import Option, OptionSchema
-from polyprof.sink import Sink
-from polyprof.traits import BackendTraits, SessionTraits
+from polyprof.plugin.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.plugin.options import Option, OptionSchema
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.traits import BackendTraits, SessionTraits
 
 OPTIONS = OptionSchema(
     Option("min_duration_us", float, default=0.0, minimum=0, help="leave out calls shorter than this"),

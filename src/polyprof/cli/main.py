@@ -55,7 +55,7 @@ def cli() -> None:
 def backends() -> None:
     """List installed backends: source, activity groups, and whether each can run here (and why not)."""
     from polyprof.engine.registry import default
-    from polyprof.traits import backend_traits
+    from polyprof.plugin.traits import backend_traits
 
     table = Table(title="polyprof backends", title_justify="left")
     for col in ("Name", "From", "Activities", "Status", "Traits", "Details"):

@@ -23,10 +23,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from polyprof.clock import host_ns
 from polyprof.formats.spill.names import PREVIOUS
 from polyprof.merge import RING, RING_MB
 from polyprof.model import CollectedPart
+from polyprof.plugin.clock import host_ns
 
 
 def process_identity() -> dict[str, Any]:

@@ -21,10 +21,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from polyprof.backend import ProfileConfig
 from polyprof.engine.sessions import DEFAULT_CALL_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S
 from polyprof.errors import ConfigError
 from polyprof.merge.limits import Limits
+from polyprof.plugin.backend import ProfileConfig
 
 #: with a spill, completed rows are handed over (and spilled) this often unless asked otherwise
 SPILL_FLUSH_INTERVAL_S = 1.0

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from polyprof.backend import Availability, contract_problems
 from polyprof.errors import BackendConflictError, BackendContractError, UnknownNameError
-from polyprof.traits import backend_traits
+from polyprof.plugin.backend import Availability, contract_problems
+from polyprof.plugin.traits import backend_traits
 
 ENTRY_POINT_GROUP = "polyprof.backends"
 ACTIVITY_GROUP = "polyprof.activities"

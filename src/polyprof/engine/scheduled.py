@@ -34,7 +34,6 @@ from typing import Any
 
 import orjson
 
-from polyprof.clock import host_ns
 from polyprof.engine import exclusive
 from polyprof.engine.background import Job, WindowJobs, run_here, writer
 from polyprof.engine.listeners import listeners_for
@@ -63,6 +62,7 @@ from polyprof.engine.window import Window, call_observers, status_problems, trac
 from polyprof.engine.window_view import WindowView
 from polyprof.errors import ConfigError, PolyprofError, warn_user
 from polyprof.model import Trace
+from polyprof.plugin.clock import host_ns
 
 
 class Profile:

@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from polyprof.backend import Availability
 from polyprof.engine.registry import ORIGIN_ENV, ORIGIN_EXPLICIT, BackendEntry, Registry
 from polyprof.errors import BackendUnavailableError, ConfigError, UnknownNameError, warn_user
-from polyprof.traits import backend_traits
+from polyprof.plugin.backend import Availability
+from polyprof.plugin.traits import backend_traits
 
 
 def activity_group_name(activity: Any) -> str:

@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from polyprof import correlation
-from polyprof.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
 from polyprof.engine.guard import CallOutcome, describe, guarded_call, release_worker
 from polyprof.engine.selection import Chosen, Selection
 from polyprof.errors import BackendContractError, PolyprofWarning
 from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
-from polyprof.sink import Sink
-from polyprof.traits import SessionTraits, backend_traits, session_trait_problems, session_traits
+from polyprof.plugin.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.traits import SessionTraits, backend_traits, session_trait_problems, session_traits
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
 #: sessions with flush(sink) hand over completed rows this often while recording: it bounds what a

@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from polyprof._version import __version__
-from polyprof.backend import ProfileConfig
-from polyprof.clock import epoch_offset, host_ns
 from polyprof.engine.listeners import WindowListener
 from polyprof.engine.sessions import Flusher, SessionSet
 from polyprof.merge import chosen_drop, merge
 from polyprof.model import BackendStatus, CollectedPart, Trace
+from polyprof.plugin.backend import ProfileConfig
+from polyprof.plugin.clock import epoch_offset, host_ns
 
 #: how long a dump waits for a hand-over in progress to end (past it, the dump goes on without its rows)
 HANDOVER_WAIT_S = 1.0

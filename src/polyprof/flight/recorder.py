@@ -39,7 +39,7 @@ from polyprof.flight.triggers import (
     SlowSteps,
 )
 from polyprof.formats.common.paths import launcher_rank
-from polyprof.memory import release_freed_memory
+from polyprof.merge.memory import release_freed_memory
 
 OPS = ("top", "all", "none")
 #: triggers after which the process ends (its capture waits up to ENDING_ANSWER_S for the others' answers)

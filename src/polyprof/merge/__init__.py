@@ -30,15 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polyprof import _native
-from polyprof.clock import JOB_BASE_KEY
-from polyprof.clock import base_time_ns as clock_base_time_ns
-from polyprof.memory import release_when_collected
 from polyprof.merge.attribution import attribute_launches
 from polyprof.merge.devices import DeviceTable, host_process_name
 from polyprof.merge.flows import backend_flow_offsets, clear_unpaired_flows
 from polyprof.merge.gpu_annotations import CATEGORY as GPU_ANNOTATION_CATEGORY
 from polyprof.merge.gpu_annotations import gpu_user_annotations
 from polyprof.merge.limits import DROP_REASONS, Limits, cap_per_backend
+from polyprof.merge.memory import release_when_collected
 from polyprof.merge.order import insertion_points, interleave, start_order
 from polyprof.model import (
     COLUMNS,
@@ -50,6 +48,8 @@ from polyprof.model import (
     StringTable,
     Trace,
 )
+from polyprof.plugin.clock import JOB_BASE_KEY
+from polyprof.plugin.clock import base_time_ns as clock_base_time_ns
 
 __all__ = ["DeviceTable", "MergeContext", "MergeReport", "host_process_name", "merge"]
 
@@ -64,7 +64,7 @@ CHOSEN_DROPS = (OUTSIDE_WINDOW, FILTERED, TOGGLED_OFF, RING, RING_MB, *DROP_REAS
 
 def chosen_drop(what: str) -> bool:
     """Whether rows were dropped because the user asked for it (not worth a warning)."""
-    from polyprof.backend import BY_OPTION
+    from polyprof.plugin.backend import BY_OPTION
 
     return what in CHOSEN_DROPS or what.startswith(BY_OPTION)
 
@@ -314,7 +314,7 @@ def merge(
     `paused` (backend name -> [start, end) intervals) drop rows as the user asked, counted per backend.
     Several parts of one backend (its flushes and its collect) share one status. Without
     `base_time_ns`, the trace's base is the job's where a backend recorded one, else the window's day
-    (:func:`polyprof.clock.base_time_ns`).
+    (:func:`polyprof.plugin.clock.base_time_ns`).
 
     A trace merged piece by piece (:mod:`polyprof.formats.spill.recover_stream`: each piece the parts' rows of
     one span of time) passes one `report` to every piece, so that the last piece's statuses count every

@@ -16,7 +16,7 @@ What is here, by job:
 - clocks: :func:`host_ns`, :class:`ClockMapping`, :class:`ClockPair`, :class:`ClockPairs`,
   :func:`sample_clock_pair`;
 - options: :class:`Option`, :class:`OptionSchema` (declared by a backend, checked by the engine);
-- shared vendor facilities: :mod:`polyprof.facilities` (:data:`CUPTI`), through ``ctx.hold_facility``
+- shared vendor facilities: :mod:`polyprof.plugin.facilities` (:data:`CUPTI`), through ``ctx.hold_facility``
   and ``ctx.facility_holder``;
 - the host operation open where work is launched: :func:`current_external_id` and
   :func:`external_id_reader` (its C function, for interceptors written in C), :func:`current_external_id_var`;
@@ -34,40 +34,26 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from polyprof import correlation
-from polyprof.backend import (
-    API_VERSION,
-    OPTIONAL_SESSION_METHODS,
-    REQUIRED_SESSION_METHODS,
-    Availability,
-    Backend,
-    ProfileConfig,
-    Reporter,
-    Session,
-    SessionBase,
-    SessionContext,
-    contract_problems,
-)
-from polyprof.clock import ClockMapping, ClockPair, ClockPairs, host_ns, sample_clock_pair
-from polyprof.errors import BackendContractError, ConfigError, SinkClosedError
-from polyprof.facilities import CUPTI
-from polyprof.model import (
-    DEFAULT_CATEGORY,
-    FLOW_AC2G,
-    FLOW_FWDBWD,
-    FLOW_NONE,
-    ActivityKind,
-    ArgColumns,
-    CodedStrings,
-    JSONColumn,
-)
-from polyprof.options import Option, OptionSchema
-from polyprof.sink import Sink
-from polyprof.sink_rows import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ROW_COLUMNS
-from polyprof.traits import BackendTraits, SessionTraits
+from polyprof._lazy import lazy_names
 
-current_external_id = correlation.current_external_id
-external_id_reader = correlation.external_id_reader
+#: each public name -> the module of this package (or the model, or the errors) that owns it: loaded on
+#: first use, so that polyprof's own modules importing one part (the Sink, the clock) load only that
+_OWNERS = {
+    **dict.fromkeys(("API_VERSION", "OPTIONAL_SESSION_METHODS", "REQUIRED_SESSION_METHODS", "Availability",
+                     "Backend", "ProfileConfig", "Reporter", "Session", "SessionBase", "SessionContext",
+                     "contract_problems"), "polyprof.plugin.backend"),
+    **dict.fromkeys(("ClockMapping", "ClockPair", "ClockPairs", "host_ns", "sample_clock_pair"), "polyprof.plugin.clock"),
+    **dict.fromkeys(("BackendContractError", "ConfigError", "SinkClosedError"), "polyprof.errors"),
+    "CUPTI": "polyprof.plugin.facilities",
+    **dict.fromkeys(("DEFAULT_CATEGORY", "FLOW_AC2G", "FLOW_FWDBWD", "FLOW_NONE", "ActivityKind", "ArgColumns",
+                     "CodedStrings", "JSONColumn"), "polyprof.model"),
+    **dict.fromkeys(("Option", "OptionSchema"), "polyprof.plugin.options"),
+    "Sink": "polyprof.plugin.sink",
+    **dict.fromkeys(("OPTIONAL_COLUMNS", "REQUIRED_COLUMNS", "ROW_COLUMNS"), "polyprof.plugin.sink_rows"),
+    **dict.fromkeys(("BackendTraits", "SessionTraits"), "polyprof.plugin.traits"),
+    **dict.fromkeys(("current_external_id", "external_id_reader"), "polyprof.correlation"),
+}
+__getattr__, __dir__ = lazy_names(globals(), _OWNERS)
 
 
 def current_external_id_var() -> ContextVar[int]:
@@ -75,6 +61,8 @@ def current_external_id_var() -> ContextVar[int]:
     setting it makes an id current (a test standing in for a framework op). Spans opened in plain
     synchronous code do not set it, so read the id with :func:`current_external_id` (Python) or the C
     function at :func:`external_id_reader` (``long long reader(void)``, called with the GIL held)."""
+    from polyprof import correlation
+
     return correlation.current
 
 

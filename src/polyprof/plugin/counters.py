@@ -14,6 +14,6 @@ every counter backend shares (:class:`CounterBackend`, with its ``interval_ms`` 
         def probe(self): ...
 """
 
-from polyprof.sampling import SAMPLING_OPTIONS, CounterBackend, CounterSampler, DeviceCounterSession
+from polyprof.plugin.sampling import SAMPLING_OPTIONS, CounterBackend, CounterSampler, DeviceCounterSession
 
 __all__ = ["SAMPLING_OPTIONS", "CounterBackend", "CounterSampler", "DeviceCounterSession"]

@@ -14,7 +14,7 @@ import numpy as np
 from polyprof import annotations
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.strings import as_name, code_strings, present_rows
-from polyprof.sink import Sink
+from polyprof.plugin.sink import Sink
 
 #: a buffer's event type -> the activity kind it becomes (counters become counter samples)
 KIND_OF_TYPE = np.zeros(4, dtype=np.int64)

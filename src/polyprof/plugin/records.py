@@ -12,7 +12,7 @@ Kineto writes them.
 
 from polyprof.model.args import sorted_unique
 from polyprof.model.strings import code_strings
-from polyprof.records import walk_tagged_records
-from polyprof.symbols import demangle, demangled, demangler_problem
+from polyprof.plugin.symbols import demangle, demangled, demangler_problem
+from polyprof.plugin.tagged_records import walk_tagged_records
 
 __all__ = ["code_strings", "demangle", "demangled", "demangler_problem", "sorted_unique", "walk_tagged_records"]

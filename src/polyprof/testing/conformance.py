@@ -23,7 +23,7 @@ from polyprof.plugin import (
     contract_problems,
     host_ns,
 )
-from polyprof.traits import session_trait_problems
+from polyprof.plugin.traits import session_trait_problems
 
 
 @dataclass

@@ -30,7 +30,6 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from polyprof.clock import base_time_ns
 from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats.chrome.write import trace_metadata
 from polyprof.formats.common.job import rank_of, recorded_offset, trace_files
@@ -39,6 +38,7 @@ from polyprof.formats.common.paths import check_output_path, trace_output
 from polyprof.formats.files import format_of
 from polyprof.model import ActivityTable, Args, Counters, Trace
 from polyprof.model.args import ArgsBlock, JSONArray, is_json_column
+from polyprof.plugin.clock import base_time_ns
 
 ID_STRIDE = 1 << 40  # ids of rank r are shifted by r * ID_STRIDE: unique across ranks, within int64
 PID_STRIDE = 1000

@@ -24,8 +24,7 @@ import types
 from contextvars import ContextVar
 from typing import Any
 
-from polyprof._native.shared import COUNTER, FIELDS, INSTANT, SPAN, np
-from polyprof.clock import host_ns
+from polyprof._native.shared import COUNTER, FIELDS, INSTANT, SPAN, host_ns, np
 
 #: a span's end while it is open (EventBuffer)
 OPEN = None
@@ -282,10 +281,10 @@ def SpanCall(fn: Any, name: str, args: Any = None) -> Any:  # noqa: N802 - the C
     """``@record_function(name, args)`` on a plain function: while all a span does is record its event
     (:data:`_plain`), each call opens and closes it inline, with no instance and no ``with`` (as the C
     SpanCall does); otherwise the call goes through :class:`RecordFunction`. Both record the same event.
-    The wrapper takes the function's own parameters where it can (:mod:`polyprof.forwarding`: ~700
+    The wrapper takes the function's own parameters where it can (:mod:`polyprof._native.twins.forwarding`: ~700
     instructions less a call than forwarding ``*a, **kw``), so a call that does not fit them raises
     before its span opens."""
-    from polyprof.forwarding import signature_source
+    from polyprof._native.twins.forwarding import signature_source
 
     shape = signature_source(fn, defaults="span_defaults", kwdefaults="span_kwdefaults")
     if shape is not None and not shape.names & _span_call_names():

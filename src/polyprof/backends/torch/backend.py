@@ -7,10 +7,10 @@ import importlib.util
 import sys
 from typing import Any
 
-from polyprof.backend import API_VERSION, Availability, ProfileConfig, SessionContext
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
-from polyprof.options import OptionSchema
-from polyprof.traits import BackendTraits
+from polyprof.plugin.backend import API_VERSION, Availability, ProfileConfig, SessionContext
+from polyprof.plugin.options import OptionSchema
+from polyprof.plugin.traits import BackendTraits
 
 
 class TorchBackend:

@@ -5,7 +5,7 @@ NTP's error. At a profile's start and stop, rank r sends rank 0 a few pings thro
 (the TCPStore torchrun and ``init_process_group`` set up) and rank 0 answers each with its epoch time;
 the answer of the shortest round trip gives the offset (rank 0's epoch minus this rank's at the same
 instant) and its uncertainty (half that round trip). Rank 0 also hands every rank the job's
-``baseTimeNanoseconds`` (:data:`polyprof.clock.JOB_BASE_KEY`), so that ranks whose profiles start
+``baseTimeNanoseconds`` (:data:`polyprof.plugin.clock.JOB_BASE_KEY`), so that ranks whose profiles start
 either side of midnight UTC write one base::
 
     sync = ClockSync.start_measuring("start")    # background threads on every rank; never blocks
@@ -26,7 +26,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from polyprof.clock import JOB_BASE_KEY, job_base_time_ns
+from polyprof.plugin.clock import JOB_BASE_KEY, job_base_time_ns
 
 ROUND_TRIPS = 16
 TIME_LIMIT_S = 10.0  # a limit for a job in trouble: the pings take milliseconds

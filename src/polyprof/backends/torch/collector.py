@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from polyprof import facilities
-from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import flows
-from polyprof.clock import ClockMapping
 from polyprof.model import FLOW_AC2G, FLOW_FWDBWD, ActivityKind
-from polyprof.sink import Sink
+from polyprof.plugin import facilities
+from polyprof.plugin.backend import ProfileConfig, SessionContext
+from polyprof.plugin.clock import ClockMapping
+from polyprof.plugin.sink import Sink
 
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 #: torch's activity types -> kinds; "[memory]" instant events are cpu_instant_event

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from polyprof.backend import SessionContext
+from polyprof.plugin.backend import SessionContext
 
 EVALUATE_FUNCTION = "autograd::engine::evaluate_function: "
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import flows
 from polyprof.backends.torch.distributed import collective_args
 from polyprof.model import FLOW_FWDBWD, ActivityKind, ArgColumns, CodedStrings, JSONColumn
 from polyprof.model.args import sorted_unique
-from polyprof.sink import Sink
+from polyprof.plugin.backend import ProfileConfig, SessionContext
+from polyprof.plugin.sink import Sink
 from polyprof.torch import observer
 
 #: the arg carrying an op's overload name with capture_overload_names (its trace name is "name.overload")

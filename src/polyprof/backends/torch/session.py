@@ -8,18 +8,18 @@ import sys
 import threading
 from typing import Any
 
-from polyprof.backend import ProfileConfig, SessionContext
 from polyprof.backends.torch import own_profiler
 from polyprof.backends.torch.collector import Collector
 from polyprof.backends.torch.distributed import DistributedWatch
 from polyprof.backends.torch.observed import collect_observed
 from polyprof.backends.torch.versions import MIN_TORCH, torch_version
-from polyprof.clock import ClockMapping, epoch_offset, host_ns
 from polyprof.model import ActivityKind
-from polyprof.sink import Sink
+from polyprof.plugin.backend import ProfileConfig, SessionContext
+from polyprof.plugin.clock import ClockMapping, epoch_offset, host_ns
+from polyprof.plugin.sink import Sink
+from polyprof.plugin.traits import SessionTraits
 from polyprof.torch import bridge, observer
 from polyprof.torch.import_hook import PostImportHook
-from polyprof.traits import SessionTraits
 
 
 def observer_options(config: ProfileConfig) -> int:

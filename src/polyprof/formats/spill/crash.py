@@ -21,7 +21,7 @@ import numpy as np
 
 from polyprof._native import COUNTER, GC, INSTANT, SPAN
 from polyprof.model import ActivityKind, BackendStatus, CollectedPart
-from polyprof.sink import Sink
+from polyprof.plugin.sink import Sink
 
 MAGIC = b"PPCRASH1"
 #: the crash file's name: the spill's, with this added

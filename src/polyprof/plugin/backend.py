@@ -3,13 +3,13 @@
 A backend is any object with::
 
     name: str                      # short and unique: "cuda", "opencl", "host"
-    api_version: int               # polyprof.backend.API_VERSION
+    api_version: int               # polyprof.plugin.backend.API_VERSION
     activities: frozenset[str]     # activity groups it serves: {"OPENCL"}, {"CPU"}, ...
     def probe(self) -> Availability: ...            # cheap, no side effects
     def create_session(self, config: ProfileConfig, ctx: SessionContext) -> Session: ...
 
-and optionally ``options`` (an :class:`~polyprof.options.OptionSchema` the engine checks),
-``check_options(options)``, and ``traits`` (:class:`~polyprof.traits.BackendTraits`: ``on_by_default=False``
+and optionally ``options`` (an :class:`~polyprof.plugin.options.OptionSchema` the engine checks),
+``check_options(options)``, and ``traits`` (:class:`~polyprof.plugin.traits.BackendTraits`: ``on_by_default=False``
 for a backend that costs enough to run only when its group is asked for by name, the facilities it
 takes, ...). A session has ``prepare()``, ``start()``, ``stop()``, ``collect(sink)``,
 ``close()`` (:class:`SessionBase` gives no-op ``prepare``/``close``) and, optionally, ``flush(sink)``
@@ -30,14 +30,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from polyprof import correlation, facilities
-from polyprof.clock import ClockMapping, host_ns
+from polyprof import correlation
 from polyprof.model import BackendStatus
+from polyprof.plugin import facilities
+from polyprof.plugin.clock import ClockMapping, host_ns
 
 BY_OPTION = "by option: "  # how the drops a user's options asked for are named in a backend's status
 
 if TYPE_CHECKING:
-    from polyprof.sink import Sink
+    from polyprof.plugin.sink import Sink
 
 API_VERSION = 1
 REQUIRED_BACKEND_ATTRIBUTES = ("name", "api_version", "activities", "probe", "create_session")
@@ -253,7 +254,7 @@ def contract_problems(backend: Any) -> list[str]:
     for method in ("probe", "create_session"):
         if not callable(getattr(backend, method)):
             problems.append(f"{method} is not callable")
-    from polyprof.traits import backend_trait_problems
+    from polyprof.plugin.traits import backend_trait_problems
 
     return problems + backend_trait_problems(backend)
 

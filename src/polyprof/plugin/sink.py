@@ -11,7 +11,7 @@ problem, two outcomes:
   args that are not dicts, a call after the sink was closed) raises
   :class:`~polyprof.errors.BackendContractError` naming the backend: it is a bug in the backend.
 
-Timestamps are host-clock ns (map device clocks with :class:`polyprof.clock.ClockMapping` first)::
+Timestamps are host-clock ns (map device clocks with :class:`polyprof.plugin.clock.ClockMapping` first)::
 
     gpu = sink.device("mydev:0", type="gpu", index=0, name="My GPU", properties={"memory": 8 << 30})
     q = sink.resource(gpu, 3, "queue 3")
@@ -50,7 +50,7 @@ from polyprof.model import (
     Resource,
 )
 from polyprof.model.strings import as_name
-from polyprof.sink_rows import (
+from polyprof.plugin.sink_rows import (
     as_int,
     checked_columns,
     columns_of_rows,

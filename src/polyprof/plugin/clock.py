@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-host_ns = time.perf_counter_ns
+from polyprof._native.shared import host_ns
 
 #: `baseTimeNanoseconds` is the trace's start floored to whole UTC days. Kineto floors to a 3-month
 #: grid (output_json.h), which puts relative times near 5e12 us: a double then cannot hold every

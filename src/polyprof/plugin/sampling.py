@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from polyprof.backend import API_VERSION
-from polyprof.clock import host_ns
-from polyprof.options import Option, OptionSchema
-from polyprof.traits import BackendTraits, SessionTraits
+from polyprof.plugin.backend import API_VERSION
+from polyprof.plugin.clock import host_ns
+from polyprof.plugin.options import Option, OptionSchema
+from polyprof.plugin.traits import BackendTraits, SessionTraits
 
 Sample = tuple[Hashable, str, float]  # (source: a device index, "host"...; track name; value)
 

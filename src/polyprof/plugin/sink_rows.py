@@ -1,6 +1,6 @@
 """The Sink's row schema and checks: which columns a row has, and the rows of a hand-over checked,
 rejected rows counted by reason and a call that cannot be understood raised, in the form the trace
-stores (:mod:`polyprof.sink` is the API backends call; this is what it checks)::
+stores (:mod:`polyprof.plugin.sink` is the API backends call; this is what it checks)::
 
     columns, args = columns_of_rows(pending_rows, rejected)            # rows of Sink.activity
     kept = checked_columns(columns, args, None, len(devices), resources, rejected, misuse)
