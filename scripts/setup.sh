@@ -17,21 +17,21 @@ if [ "${1:-}" = "--test" ]; then
   # The CPU build of torch (tests compare against torch.profiler). On Python 3.11 this machine kind has
   # the wheel on disk; elsewhere the torch tests skip with a reason if it cannot be installed.
   pip_install "torch==2.13.0" || echo "setup: torch not installed; torch comparisons will be skipped"
-  # Lightning, accelerate, transformers, torchtitan on that torch (tests/test_frameworks.py)
+  # Lightning, accelerate, transformers, torchtitan on that torch (tests/profiler/test_frameworks.py)
   if .venv/bin/python -c "import torch" 2>/dev/null; then
     pip_install -e ".[frameworks]" || echo "setup: the frameworks were not installed; their tests will be skipped"
   fi
-  # libfaketime gives one test rank another wall clock (tests/test_distributed.py): Debian, as root only
+  # libfaketime gives one test rank another wall clock (tests/torch/test_distributed.py): Debian, as root only
   if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get install -y -q libfaketime || { apt-get update -q && apt-get install -y -q libfaketime; }; } >/dev/null 2>&1 \
       || echo "setup: libfaketime not installed; the clock-offset test will be skipped"
   fi
-  # Java for Spark in local mode (tests/test_store_spark.py): Debian, as root only
+  # Java for Spark in local mode (tests/store/test_store_spark.py): Debian, as root only
   if ! command -v java >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get install -y -q openjdk-17-jre-headless || { apt-get update -q && apt-get install -y -q openjdk-17-jre-headless; }; } \
       >/dev/null 2>&1 || echo "setup: Java not installed; the Spark tests will be skipped"
   fi
-  # headless Chromium opens the HTML reports in tests/test_report.py (driven by Playwright): Debian, as root only
+  # headless Chromium opens the HTML reports in tests/report/test_report.py (driven by Playwright): Debian, as root only
   if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1 \
       || echo "setup: chromium not installed; the report's browser tests will be skipped"
@@ -39,7 +39,7 @@ if [ "${1:-}" = "--test" ]; then
   # build polyprof's torch operator observer now rather than inside the first profile (~5 s, cached)
   .venv/bin/python -m polyprof.torch.observer || echo "setup: the torch observer was not built"
   # the tools users read traces with, in their own environment (HTA needs pandas < 3):
-  # tests/test_trace_consumers.py runs them on polyprof's traces
+  # tests/formats/test_trace_consumers.py runs them on polyprof's traces
   if [ ! -x .venv-consumers/bin/python ]; then
     "$PYTHON" -m venv .venv-consumers
   fi

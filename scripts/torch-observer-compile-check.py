@@ -5,7 +5,7 @@ installing or importing that torch (its PyPI wheel is downloaded with --no-deps 
 
 Checks that the RecordFunction API the observer uses exists with the same signatures in that release
 (the C++ ABI flag is read from the wheel's TorchConfig.cmake). It does not run
-the observer: that needs the torch importable (tests/test_torch_observer.py on the installed torch).
+the observer: that needs the torch importable (tests/torch/test_torch_observer.py on the installed torch).
 """
 
 from __future__ import annotations

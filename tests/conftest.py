@@ -6,6 +6,10 @@ import pytest
 from polyprof.engine.registry import Registry
 
 HERE = os.path.dirname(__file__)
+# the helpers here (fake_backends, docs_blocks, ...) and each folder's test modules, whose helpers the
+# tests of another folder import by name (test_store's synthetic job, test_distributed's namespaces)
+for _folder in sorted(e.path for e in os.scandir(HERE) if e.is_dir() and e.name not in ("frameworks", "__pycache__")):
+    sys.path.insert(0, _folder)
 sys.path.insert(0, HERE)
 
 

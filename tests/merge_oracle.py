@@ -1,5 +1,5 @@
 """The merge as it was before issue #13 (per-row Python loops), kept as the oracle the vectorised
-merge is checked against (tests/test_merge.py). Only the device table is shared with the new code."""
+merge is checked against (tests/merge/test_merge.py). Only the device table is shared with the new code."""
 
 from __future__ import annotations
 

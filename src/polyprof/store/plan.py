@@ -7,7 +7,7 @@ rank's rows at once, and the working set grows with the job. Here they are compu
 ranks (about :data:`BATCH_ROWS` activities: one rank's file read once, into memory), kept, and the
 next batch taken; the analyses across ranks (``clock``, ``blame``, ``rank_steps``, ``rank_totals``,
 ``overview``) then read those small tables. The answer is the same, row for row, as the whole-store
-query's (``tests/test_store_plan.py``)::
+query's (``tests/store/test_store_plan.py``)::
 
     plan = RankPlan(con, activities_of, analysis_sql, ANALYSES, rows_by_rank)
     plan.prepare("select * from overview")   # computes steps, kernels, operators... rank batch by batch

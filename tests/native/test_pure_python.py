@@ -145,9 +145,9 @@ def test_the_engines_span_tests_pass_on_the_pure_python_path():
     threads and asyncio tasks, run again on it (the suite itself runs on the C path where it is built)."""
     from pathlib import Path
 
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "test_engine.py"), "-k",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "engine" / "test_engine.py"), "-k",
          "span or annotation or flush"],
         capture_output=True, text=True, env={**os.environ, "POLYPROF_PURE_PYTHON": "1"}, cwd=tests.parent,
     )

@@ -168,7 +168,7 @@ def _on_path():
 
 
 def test_example_workload_runs_under_polyprof(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "w.json.gz"
     r = run(["run", "-o", str(out), os.path.join(root, "examples", "workload.py"), "3"])
     assert r.returncode == 0, r.stderr

@@ -89,7 +89,7 @@ def test_summary_on_spark_of_a_store_the_default_heap_cannot_hold(tmp_path):
     import subprocess
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     from job_traces import job_trace
 
     from polyprof.formats import write_trace

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSUMERS = Path(os.environ.get("POLYPROF_CONSUMERS_PYTHON", ROOT / ".venv-consumers" / "bin" / "python"))
 pytestmark = pytest.mark.skipif(
     not CONSUMERS.exists(), reason=f"needs HTA and torch-tb-profiler in {CONSUMERS} (scripts/setup.sh --test)"

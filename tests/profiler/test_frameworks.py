@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent / "frameworks"
+HERE = Path(__file__).parents[1] / "frameworks"
 pytest.importorskip("torch", reason="needs torch (CPU build): the frameworks run on it")
 
 

@@ -27,7 +27,7 @@ from polyprof.analysis.operators import operator_table
 from polyprof.formats import load_trace
 from polyprof.model.work import DEVICE_ROW_KINDS, DeviceWork
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSUMERS = Path(os.environ.get("POLYPROF_CONSUMERS_PYTHON", ROOT / ".venv-consumers" / "bin" / "python"))
 
 WORKLOAD = r"""
