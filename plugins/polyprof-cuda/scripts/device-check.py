@@ -32,21 +32,22 @@ Writes a markdown report (stdout, and --out or $OUT/device-check-report.md when 
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 
-PARTS = {}
-PART_TIMEOUT_S = 180
+from polyprof.testing.device_check import PART_TIMEOUT_S, DeviceCheck, json_default
+
 TINY_KERNELS = 10_000
 KEPT_TRACES = ("a_polyprof", "a_torch", "b_cupy", "b_triton")
+#: the parts below (each in a process of its own, with a time limit) and the report (report_lines)
+CHECK = DeviceCheck("polyprof-cuda device check", report=lambda res: report_lines(res),
+                    report_name="device-check-report.md")
 
 
 
@@ -55,11 +56,6 @@ def _postprocess_ms(trace) -> dict:
     from polyprof.formats.chrome.write import trace_metadata
 
     return trace_metadata(trace).get("polyprof", {}).get("postprocess_ms", {})
-
-def part(fn):
-    PARTS[fn.__name__] = fn
-    return fn
-
 
 # -- reading a Kineto-dialect trace (torch.profiler's or polyprof's) ------------------------------
 def trace_summary(doc: dict) -> dict:
@@ -155,7 +151,7 @@ def tiny_loop(torch, n=TINY_KERNELS):
 
 
 # -- parts ----------------------------------------------------------------------------------------
-@part
+@CHECK.part
 def env(out):
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -225,18 +221,18 @@ def _traced_torch_workload(which: str, out: str, graph: bool = True, **options) 
     return load(out)
 
 
-@part
+@CHECK.part
 def a_polyprof(out):
     doc = _traced_torch_workload("polyprof", out)
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
-@part
+@CHECK.part
 def a_torch(out):
     return trace_summary(_traced_torch_workload("torch", out))
 
 
-@part
+@CHECK.part
 def a_polyprof_collector(out):
     """with_stack=True: polyprof's observer takes each op's Python stack, the python backend the frames;
     kernels must still reach polyprof with their flows."""
@@ -244,7 +240,7 @@ def a_polyprof_collector(out):
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
-@part
+@CHECK.part
 def a_after_torch_profiler(out):
     """torch.profiler first, then polyprof, in one process: Kineto stays subscribed to CUPTI (idle)."""
     _traced_torch_workload("torch", out)
@@ -252,7 +248,7 @@ def a_after_torch_profiler(out):
     return {**trace_summary(doc), "backends": polyprof_status(doc)}
 
 
-@part
+@CHECK.part
 def a_torch_after_polyprof(out):
     """polyprof first, then torch.profiler, in one process: torch's trace must be whole."""
     _traced_torch_workload("polyprof", out)
@@ -295,12 +291,12 @@ def _nccl_collectives(which: str, out: str) -> dict:
     }
 
 
-@part
+@CHECK.part
 def d_nccl_polyprof(out):
     return _nccl_collectives("polyprof", out)
 
 
-@part
+@CHECK.part
 def d_nccl_torch(out):
     return _nccl_collectives("torch", out)
 
@@ -310,7 +306,7 @@ def _without_torch(result: dict) -> dict:
     return result
 
 
-@part
+@CHECK.part
 def b_cupy(out):
     import cupy as cp
 
@@ -330,7 +326,7 @@ def b_cupy(out):
     return _without_torch(s)
 
 
-@part
+@CHECK.part
 def b_numba(out):
     import numpy as np
 
@@ -380,7 +376,7 @@ def _checked(result):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-@part
+@CHECK.part
 def b_cuda_python(out):
     import numpy as np
     from cuda.bindings import driver as cu
@@ -422,7 +418,7 @@ def b_cuda_python(out):
     return _without_torch(s)
 
 
-@part
+@CHECK.part
 def b_jax(out):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
@@ -443,7 +439,7 @@ def b_jax(out):
     return _without_torch(s)
 
 
-@part
+@CHECK.part
 def b_triton(out):
     import torch
 
@@ -465,7 +461,7 @@ def b_triton(out):
     return s
 
 
-@part
+@CHECK.part
 def h_flight(out):
     """(h) The flight recorder with [cpu, cuda] on a small CUDA training loop: a slow step (a sleep at
     step 30) and an out-of-memory attempt, each captured; the captures must hold kernels (the CUDA
@@ -523,7 +519,7 @@ print("cuda initialised by import torch:", cuda_at_import, flush=True)
 """
 
 
-@part
+@CHECK.part
 def h_flight_variable(out):
     """(h2) The flight recorder as users switch it on: POLYPROF_FLIGHT_RECORDER on an unchanged CUDA script
     (armed at `import torch`): the script runs, CUDA is not initialised by the hook, the slow step at
@@ -537,7 +533,7 @@ def h_flight_variable(out):
             "captures": captures}
 
 
-@part
+@CHECK.part
 def c_unprofiled(out):
     import torch
 
@@ -577,13 +573,13 @@ def _best_profiled_loop(which: str, out: str, cuda_only: bool = False) -> dict:
     return best
 
 
-@part
+@CHECK.part
 def c_torch(out):
     run, _ = _best_profiled_loop("torch", out)
     return run
 
 
-@part
+@CHECK.part
 def c_polyprof(out):
     run, prof = _best_profiled_loop("polyprof", out)
     cuda = prof.trace.backends["cuda"]
@@ -600,7 +596,7 @@ def c_polyprof(out):
 INTERLEAVED_ROUNDS = 5
 
 
-@part
+@CHECK.part
 def c_interleaved(out):
     """Unprofiled, torch.profiler and polyprof loops taken in turns in one process, INTERLEAVED_ROUNDS
     rounds (the two profilers' order alternating), so that the GPU's and the host's drifts between
@@ -623,19 +619,19 @@ def c_interleaved(out):
 
 
 # -- diagnostics: what the next change needs to know (reported raw) -------------------------------
-@part
+@CHECK.part
 def x_cuda_only_torch(out):
     """torch.profiler [CUDA] alone: CUPTI's share of the overhead, without recording ops."""
     return _best_profiled_loop("torch", out, cuda_only=True)[0]
 
 
-@part
+@CHECK.part
 def x_cuda_only_polyprof(out):
     run, prof = _best_profiled_loop("polyprof", out, cuda_only=True)
     return {**run, "postprocess_ms": _postprocess_ms(prof.trace)}
 
 
-@part
+@CHECK.part
 def x_stop_profile(out):
     """cProfile of polyprof's stop and export after the loop: where the time goes."""
     import cProfile
@@ -708,7 +704,7 @@ def _coexist(order: str) -> dict:
     }
 
 
-@part
+@CHECK.part
 def e_nvml(out):
     """GPU counters through NVML (the nvml backend, nvidia-ml-py) while torch keeps the GPU busy: every
     track sampled, SM utilisation above 0 under load, the tracks on the cuda backend's GPU process."""
@@ -739,7 +735,7 @@ def e_nvml(out):
     }
 
 
-@part
+@CHECK.part
 def f_annotations(out):
     """Kernels launched under record_function opened each way (a with block in plain code, the C
     decorator, spans inside interleaved asyncio tasks) land under their span: each kernel's launch (the
@@ -819,21 +815,21 @@ def _lightning_fit(out: str, behind_torch: bool) -> dict:
     }
 
 
-@part
+@CHECK.part
 def g_lightning_polyprof(out):
     return _lightning_fit(out, behind_torch=True)
 
 
-@part
+@CHECK.part
 def g_lightning_torch(out):
     return _lightning_fit(out, behind_torch=False)
 
 
 for _order in ("alone", "polyprof_first_torch_stops_first", "torch_first", "torch_first_torch_stops_first"):
-    PARTS[f"x_coexist_{_order}"] = lambda out, order=_order: _coexist(order)
+    CHECK.parts[f"x_coexist_{_order}"] = lambda out, order=_order: _coexist(order)
 
 
-@part
+@CHECK.part
 def x_preallocate(out):
     """Which buffer attributes CUPTI accepts, before any CUDA context and after one exists."""
     import ctypes
@@ -874,25 +870,6 @@ def x_preallocate(out):
 
 
 # -- running and reporting ------------------------------------------------------------------------
-def run_part(name: str, folder: str, timeout_s: float = PART_TIMEOUT_S) -> dict:
-    out = os.path.join(folder, f"{name}.json")
-    started = time.perf_counter()
-    try:
-        r = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--part", name, "--trace", out],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
-    if r.returncode != 0 or not r.stdout.strip():
-        return {"error": (r.stderr or r.stdout)[-2500:]}
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    result["part_seconds"] = round(time.perf_counter() - started, 1)
-    return result
-
-
 def _counter_diff(a: dict, b: dict, limit: int = 8) -> str:
     only_a = Counter(a) - Counter(b)
     return ", ".join(f"{k} x{v}" for k, v in only_a.most_common(limit)) or "none"
@@ -906,7 +883,12 @@ def _error_lines(name: str, result: dict) -> list[str]:
 
 def build_report(res: dict) -> str:
     """The markdown report from the parts' results (each a dict, or {"error": text})."""
-    lines = ["# polyprof-cuda device check", ""]
+    return "\n".join(["# polyprof-cuda device check", "", *report_lines(res)]) + "\n"
+
+
+def report_lines(res: dict) -> list[str]:
+    """The report's lines after its title: every part's verdict."""
+    lines = []
     env_ = res.get("env", {})
     lines += ["## Environment"]
     lines += _error_lines("env", env_) if "error" in env_ else [f"- {k}: {v}" for k, v in env_.items()]
@@ -1090,57 +1072,14 @@ def build_report(res: dict) -> str:
             elif "profile" in r:
                 lines += [f"- {name}: {json.dumps(r['postprocess_ms'])}", "", "```", *r["profile"], "```"]
             else:
-                lines.append(f"- {name}: {json.dumps(r, default=_json_default)}")
-    return "\n".join(lines) + "\n"
-
-
-def _json_default(o):
-    return dict(o) if isinstance(o, Counter) else str(o)
+                lines.append(f"- {name}: {json.dumps(r, default=json_default)}")
+    return lines
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", help="run one part in this process and print its result as JSON")
-    ap.add_argument("--trace", help="where --part writes its trace")
-    ap.add_argument("--parts", help="comma-separated parts to run (default: all)")
-    ap.add_argument("--out", help="also write the report here")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="stop starting parts after this many seconds (the report is rewritten after every part)",
-    )
-    ap.add_argument(
-        "--keep-traces", metavar="DIR", help=f"copy the traces of {', '.join(KEPT_TRACES)} here, gzipped"
-    )
-    args = ap.parse_args()
-    if args.part:
-        result = PARTS[args.part](args.trace)
-        print(json.dumps(result, default=_json_default))
-        return
-    names = args.parts.split(",") if args.parts else list(PARTS)
-    folder = tempfile.mkdtemp(prefix="polyprof-device-check-")
-    target = args.out or (
-        os.path.join(os.environ["OUT"], "device-check-report.md") if os.environ.get("OUT") else None
-    )
-    deadline = time.monotonic() + args.budget_s if args.budget_s else None
-    res = {}
-    for name in names:
-        left = PART_TIMEOUT_S if deadline is None else min(PART_TIMEOUT_S, deadline - time.monotonic())
-        if left < 10:
-            res[name] = {"error": "not run: the check's time budget (--budget-s) was spent"}
-        else:
-            res[name] = run_part(name, folder, left)
-        print(
-            f"[device-check] {name}: {'failed' if 'error' in res[name] else 'ok'}",
-            file=sys.stderr,
-            flush=True,
-        )
-        if target:
-            _write_report(target, res)
-    print(build_report(res))
-    if args.keep_traces:
-        _keep_traces(folder, args.keep_traces)
+    CHECK.main(add_arguments=lambda ap: ap.add_argument(
+        "--keep-traces", metavar="DIR", help=f"copy the traces of {', '.join(KEPT_TRACES)} here, gzipped"),
+        finished=lambda args, folder, results: args.keep_traces and _keep_traces(folder, args.keep_traces))
 
 
 def _keep_traces(folder: str, into: str) -> None:
@@ -1150,16 +1089,6 @@ def _keep_traces(folder: str, into: str) -> None:
         if os.path.exists(source):
             with open(source, "rb") as f, gzip.open(os.path.join(into, f"{name}.json.gz"), "wb") as g:
                 shutil.copyfileobj(f, g)
-
-
-def _write_report(target: str, res: dict) -> None:
-    with open(target, "w") as f:
-        f.write(build_report(res))
-        f.write(
-            "\n<details><summary>raw</summary>\n\n```json\n"
-            + json.dumps(res, indent=1, default=_json_default)
-            + "\n```\n</details>\n"
-        )
 
 
 if __name__ == "__main__":

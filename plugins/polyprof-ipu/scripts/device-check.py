@@ -12,19 +12,15 @@ limit of 600 s), with PVTI_OPTIONS set so that PopTorch's own tracepoints are on
   - checks: an `IPU i` device with program rows; every step inside its run's host time window; as many
     steps as the report itself lists (opened again with pva); PVTI tracepoints from PopTorch's channel
     on the host rows; the ipu backend's status names the report it read.
-Writes a markdown report (stdout, and --out or $OUT/ipu-device-check-report.md when given).
+Writes a markdown report (stdout, and --out or $OUT/ipu-device-check-report.md when given); the harness
+is polyprof's (polyprof.testing.device_check).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import time
+from polyprof.testing.device_check import DeviceCheck
 
-CHECK = r"""
+MODEL_RUN = r"""
 import json, os
 os.environ.setdefault("PVTI_OPTIONS", '{"enable": "true"}')
 import torch, poptorch, polyprof
@@ -59,30 +55,20 @@ print(json.dumps({"ipus": ipus, "steps": len(steps), "steps_in_report": listed,
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    started = time.time()
-    try:
-        r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=600)
-        result = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else f"failed: {r.stderr[-2000:]}"
-    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        result = f"no result: {exc}"
-    lines = [f"# polyprof-ipu device check ({time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s)", ""]
-    if isinstance(result, dict):
-        lines.append(f"- IPU devices: {result['ipus']}")
-        lines.append(f"- steps on the timeline: {result['steps']}; in the report: {result['steps_in_report']}"
-                     f" (same: **{result['steps'] == result['steps_in_report']}**)")
-        lines.append(f"- PVTI tracepoints seen: {len(result['pvti_tracepoints'])}")
-    lines += ["", "```", json.dumps(result, indent=1)[:6000], "```"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = args.out or (os.path.join(os.environ["OUT"], "ipu-device-check-report.md") if os.environ.get("OUT") else None)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
+def verdicts(results: dict) -> list[str]:
+    result = results.get("ipu_model", {"error": "not run"})
+    if "error" in result:
+        return [f"- ipu_model: **failed**: {result['error'].strip()[-300:]}"]
+    return [f"- IPU devices: {result['ipus']}",
+            f"- steps on the timeline: {result['steps']}; in the report: {result['steps_in_report']}"
+            f" (same: **{result['steps'] == result['steps_in_report']}**)",
+            f"- PVTI tracepoints seen: {len(result['pvti_tracepoints'])}"]
+
+
+CHECK = DeviceCheck("polyprof-ipu device check", report=verdicts, report_name="ipu-device-check-report.md",
+                    timeout_s=600)
+CHECK.code_part("ipu_model", MODEL_RUN)
 
 
 if __name__ == "__main__":
-    main()
+    CHECK.main()

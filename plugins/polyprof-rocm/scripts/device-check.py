@@ -16,20 +16,15 @@ process), with a time limit; a failing part is reported, not fatal:
               polyprof's (same multiset), and its (op, kernel) pairs;
   b_stop      stop-to-trace-written for a 2,000-kernel loop under both;
   c_amdsmi    GPU counters through amdsmi under load, on the GPU's process.
-Writes a markdown report (stdout, and --out or $OUT/rocm-device-check-report.md when given).
+Writes a markdown report (stdout, and --out or $OUT/rocm-device-check-report.md when given); the harness
+is polyprof's (polyprof.testing.device_check).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from collections import Counter
 
-PART_TIMEOUT_S = 180
+from polyprof.testing.device_check import DeviceCheck
 
 WORKLOAD = r"""
 import torch
@@ -118,51 +113,27 @@ print(json.dumps({"counters": names, "status": prof.trace.backends.get("amdsmi")
 }
 
 
-def run_part(name: str) -> tuple[str, dict | str]:
-    try:
-        r = subprocess.run([sys.executable, "-c", PARTS_CODE[name]], capture_output=True, text=True, timeout=PART_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return name, f"timed out after {PART_TIMEOUT_S} s"
-    if r.returncode != 0:
-        return name, f"failed (rc {r.returncode}): {r.stderr.strip()[-1500:]}"
-    try:
-        return name, json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return name, f"no result: {r.stdout[-500:]} {r.stderr[-500:]}"
-
-
 def verdicts(results: dict) -> list[str]:
     lines = []
-    ours, theirs = results.get("a_polyprof"), results.get("a_torch")
-    if isinstance(ours, dict):
+    ours, theirs = results.get("a_polyprof", {"error": "not run"}), results.get("a_torch", {"error": "not run"})
+    for name, result in results.items():
+        if "error" in result:
+            lines.append(f"- {name}: **failed**: {result['error'].strip().splitlines()[-1] if result['error'].strip() else ''}")
+    if "error" not in ours:
         n = len(ours["kernels"])
         lines.append(f"- polyprof: {n} kernels, {len(ours['copies'])} copies, {ours['with_flow']}/{n} with a flow from their launch")
         named = sum(1 for op, _ in ours["op_of_kernel"] if op.startswith("aten::"))
         lines.append(f"- kernels whose External id is an aten op: {named}/{n}")
-    if isinstance(ours, dict) and isinstance(theirs, dict):
+    if "error" not in ours and "error" not in theirs:
         same = Counter(ours["kernels"]) == Counter(theirs["kernels"])
         lines.append(f"- same kernel names as torch.profiler: **{same}**")
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out")
-    ap.add_argument("--parts", default=",".join(PARTS_CODE))
-    args = ap.parse_args()
-    started = time.time()
-    results = dict(run_part(p) for p in args.parts.split(",") if p in PARTS_CODE)
-    report = [f"# polyprof-rocm device check ({time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s)", ""]
-    report += verdicts(results)
-    for name, result in results.items():
-        report += ["", f"## {name}", "", "```", json.dumps(result, indent=1)[:6000], "```"]
-    text = "\n".join(report) + "\n"
-    print(text)
-    out = args.out or (os.path.join(os.environ["OUT"], "rocm-device-check-report.md") if os.environ.get("OUT") else None)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
+CHECK = DeviceCheck("polyprof-rocm device check", report=verdicts, report_name="rocm-device-check-report.md")
+for _name, _code in PARTS_CODE.items():
+    CHECK.code_part(_name, _code)
 
 
 if __name__ == "__main__":
-    main()
+    CHECK.main()
