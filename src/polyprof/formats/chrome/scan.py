@@ -26,6 +26,7 @@ import orjson
 from polyprof import _native
 from polyprof._native import DECLINED
 from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata, pid_device, tid_resource
+from polyprof.formats.common.declined import Declined
 from polyprof.formats.common.finish import finish_trace
 from polyprof.formats.common.source import disk_position, is_gzip_file, max_value_bytes
 from polyprof.formats.common.texts import named_texts
@@ -48,10 +49,6 @@ FLOW_DTYPE = np.dtype(
     [("ts", "<i8"), ("id", "<i8"), ("prev", "<i8"), ("pid", "<i4"), ("res", "<i4"), ("cat", "<i4"), ("start", "<i4")]
 )
 CHUNK = 4 << 20
-
-
-class Declined(Exception):
-    """The scanner (or this module) meets something the reference reader reads differently."""
 
 
 def _new_state() -> list[Any]:

@@ -18,7 +18,7 @@ time as the reader ends them.
 
 Another writer's trace (no layout) is placed by its descriptors, as the reader places it (a track
 without a row gets one when it is met); its window is then its rows' extent (``Chunk.window`` is
-None). Raises :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines: the
+None). Raises :class:`~polyprof.formats.common.declined.Declined` where the scanner declines: the
 reference reader then reads the file whole and names what is wrong with it.
 """
 

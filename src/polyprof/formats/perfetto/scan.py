@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from polyprof import _native
+from polyprof.formats.common.declined import Declined
 from polyprof.formats.common.texts import named_texts
 from polyprof.formats.perfetto import fields as F
 from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
@@ -36,10 +37,6 @@ PF_DTYPE = np.dtype(
      ("pad", "V3")]
 )
 assert PF_DTYPE.itemsize == 80
-
-
-class Declined(Exception):
-    """Something the reference reader reads differently (or names as a problem)."""
 
 
 def scan_perfetto(data: bytes, path: str = "<trace>", *, metadata_only: bool = False) -> Any:

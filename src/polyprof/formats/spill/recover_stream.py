@@ -40,6 +40,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from polyprof.formats.common.declined import Declined
 from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
 from polyprof.formats.spill.names import PREVIOUS
@@ -53,10 +54,6 @@ START_SAMPLE = 8
 SPANS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 _NEVER = np.iinfo(np.int64).max
-
-
-class Declined(Exception):
-    """A spill that is not streamed (it is loaded whole)."""
 
 
 @dataclass
@@ -247,7 +244,7 @@ def perfetto_spill_chunks(path: str, rows: int, on_read: Callable[[int], None] |
     """A Perfetto spill (``.NAME.spill.pftrace``) as :func:`~polyprof.formats.perfetto.chunks.
     perfetto_chunks` reads a trace, a last packet cut off by the kill left out, the last chunk's metadata
     marked partial as :func:`~polyprof.formats.spill.recover.recover_trace` marks it. Raises
-    :class:`~polyprof.formats.perfetto.scan.Declined` where the scanner declines."""
+    :class:`~polyprof.formats.common.declined.Declined` where the scanner declines."""
     held: Chunk | None = None
     first, last = _NEVER, -_NEVER
     for chunk in perfetto_chunks(path, rows, on_read, tolerate_torn=True):

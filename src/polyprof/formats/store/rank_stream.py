@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from polyprof.formats.chrome.read import check_tokens, read_chunks
-from polyprof.formats.chrome.scan import Declined, scan_chunks
+from polyprof.formats.chrome.scan import scan_chunks
+from polyprof.formats.common.declined import Declined
 from polyprof.formats.common.job import rank_of, recorded_offset
 from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
 from polyprof.formats.perfetto.chunks import perfetto_chunks
@@ -83,7 +84,7 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
     `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
     disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
     reads it). A Perfetto file the scanner declines raises
-    :class:`polyprof.formats.perfetto.scan.Declined`: load it whole (the reader names what is wrong)."""
+    :class:`polyprof.formats.common.declined.Declined`: load it whole (the reader names what is wrong)."""
     scratch = tempfile.mkdtemp(prefix=".polyprof-rank-", dir=out)
     try:
         facts, head = _read(source, scratch, chunk_events or CHUNK_EVENTS, on_read)

@@ -35,14 +35,13 @@ def _convert(source: str, position: int, out: str, advance: progress.Advance | N
     generation, and a Perfetto file or spill the stream declines (malformed: the reader names what is
     wrong) are loaded first."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
-        from polyprof.formats.perfetto.scan import Declined
-        from polyprof.formats.spill.recover_stream import Declined as SpillDeclined
+        from polyprof.formats.common.declined import Declined
         from polyprof.formats.store.rank_stream import stream_rank
 
         try:
             rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
             return rank, rows, source
-        except (Declined, SpillDeclined):
+        except Declined:
             pass
     from polyprof.formats.store.rank_tables import rank_tables
 
