@@ -10,6 +10,7 @@ the top-level module _polyprof_startup (src/_polyprof_startup.py: it reads the v
 torch's import), and does nothing else. Editable installs get it too.
 """
 
+import glob
 import os
 import shutil
 import sys
@@ -48,7 +49,8 @@ if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
     files = ("module", "recorder", "chrome_format", "columns", "perfetto_format", "merge_events", "merge_packets", "merge_passes", "read_events", "read_packets", "perfetto_args", "pytrace", "row_chunks")
     sources = [f"src/polyprof/csrc/{name}.c" for name in files]
     ext_modules.append(
-        Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h", "src/polyprof/csrc/json_scan.h", "src/polyprof/csrc/protobuf.h"], optional=True)
+        Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h", "src/polyprof/csrc/json_scan.h", "src/polyprof/csrc/protobuf.h",
+                                                       *sorted(glob.glob("src/polyprof/csrc/recorder/*.c.h"))], optional=True)
     )
 
 setup(ext_modules=ext_modules, cmdclass={"build_py": build_py_with_pth})

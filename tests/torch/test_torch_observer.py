@@ -513,6 +513,24 @@ def test_a_compiler_error_is_reported_with_the_compilers_own_words(monkeypatch, 
         builder.build(torch)
 
 
+def test_the_library_is_keyed_by_every_section_of_the_source(monkeypatch, tmp_path):
+    """observer.cpp includes its sections: a library built from older sections is never taken for one
+    of the current source."""
+    import shutil
+
+    from polyprof.torch.observer import builder
+
+    sections = tmp_path / "sections"
+    shutil.copytree(builder.SECTIONS, sections)
+    monkeypatch.setattr(builder, "SECTIONS", sections)
+    monkeypatch.setattr(builder, "_keys", {})
+    before = builder._library_key(torch)
+    (sections / "inputs.cpp.h").write_text((sections / "inputs.cpp.h").read_text() + "\n// changed\n")
+    monkeypatch.setattr(builder, "_keys", {})
+    assert builder._library_key(torch) != before
+    assert len(list(sections.glob("*.cpp.h"))) == 5
+
+
 @pytest.mark.skipif(
     not hasattr(torch._C._autograd._KinetoEvent, "activity_type"),
     reason="torch < 2.12 hands no python_function events to a profiler's result (no activity_type())",

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 SOURCE = Path(__file__).with_name("observer.cpp")
+#: the sections observer.cpp includes (one translation unit): part of the source a library is keyed by
+SECTIONS = Path(__file__).with_name("sections")
 LIBRARY_NAME = "polyprof_torch_observer.so"
 BUILD_TIMEOUT_S = 300
 
@@ -100,6 +102,8 @@ def _library_key(torch: Any) -> str:
     known = (id(torch), compiler())
     if known not in _keys:
         digest = hashlib.sha256(SOURCE.read_bytes())
+        for section in sorted(SECTIONS.glob("*.cpp.h")):
+            digest.update(b"\0" + section.name.encode() + b"\0" + section.read_bytes())
         for part in (
             getattr(torch, "__version__", ""),
             getattr(getattr(torch, "version", None), "git_version", ""),
