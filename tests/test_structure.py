@@ -115,6 +115,14 @@ def test_the_packages_are_layers_none_imports_one_that_imports_it_back():
     assert knots == [], [[why[(a, b)] for a in knot for b in knot if (a, b) in why] for knot in knots]
 
 
+def test_nothing_outside_the_backends_imports_one():
+    """Backends are found through their entry points; what the engine and the front ends share with the
+    torch backend is polyprof.torch's, what the host backend and the crash reader share is plugin's."""
+    outside = sorted(f"{name} -> {target}" for name, targets in _edges().items() for target in targets
+                     if target.startswith("polyprof.backends") and not name.startswith("polyprof.backends"))
+    assert outside == []
+
+
 def test_no_module_takes_another_modules_private_names():
     private = [
         (name, f"{target}.{imported}")

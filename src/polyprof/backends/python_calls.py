@@ -30,17 +30,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
+from polyprof.torch.attachments import PY_C_CALL, PY_CALL, PY_MODULE_CALL, PYTHON_CALLS, Site
 
-ATTACHMENT = "python.calls"
-PY_CALL, PY_C_CALL, PY_MODULE_CALL = 0, 1, 2  # the rows' `is_c` column in torch style
-
-
-class Site(NamedTuple):
-    """Where a call is: torch's ``_PyFrameState`` fields."""
-
-    file_name: str
-    function_name: str
-    line_number: int
+ATTACHMENT = PYTHON_CALLS
 
 
 class Module(NamedTuple):

@@ -17,6 +17,7 @@ from polyprof.plugin import facilities
 from polyprof.plugin.backend import ProfileConfig, SessionContext
 from polyprof.plugin.clock import ClockMapping
 from polyprof.plugin.sink import Sink
+from polyprof.torch.attachments import TORCH_RESULT
 
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 #: torch's activity types -> kinds; "[memory]" instant events are cpu_instant_event
@@ -26,7 +27,7 @@ KIND_BY_TYPE = {
     "python_function": ActivityKind.PYTHON_FUNCTION,
     "cpu_instant_event": ActivityKind.INSTANT,
 }
-ATTACHMENT = "torch.profiler_result"
+ATTACHMENT = TORCH_RESULT
 
 #: Who holds CUPTI while polyprof records through torch's collector: on a CUDA machine that collector
 #: (Kineto) traces CUDA runtime and driver calls even for CPU-only profiles (torch's ``kCpuTypes``),

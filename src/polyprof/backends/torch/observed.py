@@ -13,9 +13,9 @@ from polyprof.model.args import sorted_unique
 from polyprof.plugin.backend import ProfileConfig, SessionContext
 from polyprof.plugin.sink import Sink
 from polyprof.torch import observer
+from polyprof.torch.attachments import OVERLOAD_ARG
 
 #: the arg carrying an op's overload name with capture_overload_names (its trace name is "name.overload")
-OVERLOAD_ARG = "Overload Name"
 
 
 def collect_observed(
