@@ -154,42 +154,13 @@ def _check_session(
     push = getattr(session, "push_correlation", None)
     pop = getattr(session, "pop_correlation", None)
     report.check(callable(push) == callable(pop), "push_correlation and pop_correlation come as a pair")
-    pushed: set[int] = set()
-
     if not _call(report, "prepare", session.prepare, timeout_s=timeout_s)[0]:
         return
     ctx.window_start = w0 = host_ns()
     if not _call(report, "start", session.start, timeout_s=timeout_s)[0]:
         _call(report, "close after failed start", session.close, timeout_s=timeout_s)
         return
-    balanced = True
-    try:
-        if callable(push) and callable(pop):
-            ident = correlation.new_id()
-            pushed.add(ident)
-            token = correlation.current.set(ident)
-            try:
-                push(ident, correlation.KIND_ANNOTATION)
-                try:
-                    if workload is not None:
-                        workload()
-                finally:
-                    pop(correlation.KIND_ANNOTATION)
-            finally:
-                correlation.current.reset(token)
-        elif workload is not None:
-            ident = correlation.new_id()
-            pushed.add(ident)
-            token = correlation.current.set(ident)
-            try:
-                workload()
-            finally:
-                correlation.current.reset(token)
-    except BaseException as exc:
-        balanced = False
-        report.check(False, "workload and correlation push/pop run cleanly", describe(exc))
-    if balanced:
-        report.passed.append("correlation push/pop balanced around the workload")
+    pushed = _run_workload(report, workload, push, pop)
     flushed = _check_flush(report, session, backend.name, timeout_s)
     ctx.window_end = w1 = host_ns()
     _call(report, "stop", session.stop, timeout_s=timeout_s)
@@ -222,6 +193,48 @@ def _check_session(
         report.check(len(acts) > 0, "records activities for the workload", "no rows collected")
     if not len(acts):
         return
+    _check_rows(report, acts, ctx, (w0, w1), collected_at, pushed)
+
+
+def _run_workload(report: ConformanceReport, workload: Callable[[], Any] | None, push: Any, pop: Any) -> set[int]:
+    """The workload under a host id made current (and pushed to the session where it takes ids): the ids
+    pushed, which device work's External ids may name."""
+    pushed: set[int] = set()
+    balanced = True
+    try:
+        if callable(push) and callable(pop):
+            ident = correlation.new_id()
+            pushed.add(ident)
+            token = correlation.current.set(ident)
+            try:
+                push(ident, correlation.KIND_ANNOTATION)
+                try:
+                    if workload is not None:
+                        workload()
+                finally:
+                    pop(correlation.KIND_ANNOTATION)
+            finally:
+                correlation.current.reset(token)
+        elif workload is not None:
+            ident = correlation.new_id()
+            pushed.add(ident)
+            token = correlation.current.set(ident)
+            try:
+                workload()
+            finally:
+                correlation.current.reset(token)
+    except BaseException as exc:
+        balanced = False
+        report.check(False, "workload and correlation push/pop run cleanly", describe(exc))
+    if balanced:
+        report.passed.append("correlation push/pop balanced around the workload")
+    return pushed
+
+
+def _check_rows(report: ConformanceReport, acts: Any, ctx: SessionContext, window: tuple[int, int], collected_at: int,
+                pushed: set[int]) -> None:
+    """What every collected row must be: inside the window, flows paired, External ids known, kinds known."""
+    w0, w1 = window
     slack = 1_000_000 + max(
         (c.get("residual_ns", 0) + c.get("uncertainty_ns", 0) for c in ctx.report.clock.values()), default=0
     )
