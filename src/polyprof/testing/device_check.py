@@ -6,7 +6,7 @@ saw::
 
     from polyprof.testing.device_check import DeviceCheck
 
-    check = DeviceCheck("polyprof-rocm device check", report=verdicts, report_name="rocm-device-check-report.md")
+    check = DeviceCheck("polyprof-acme device check", report=verdicts, report_name="acme-device-check-report.md")
 
     @check.part
     def a_polyprof(trace_path):          # in a process of its own: a JSON-able dict (trace_path: where
