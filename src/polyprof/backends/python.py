@@ -51,6 +51,7 @@ from polyprof.plugin.backend import API_VERSION, Availability, ProfileConfig, Se
 from polyprof.plugin.options import Option, OptionSchema
 from polyprof.plugin.sink import Sink
 from polyprof.plugin.traits import BackendTraits, SessionTraits
+from polyprof.torch.attachments import PYTHON_CALLS
 
 OPTIONS = OptionSchema(
     Option("min_duration_us", float, default=0.0, minimum=0, help="leave out calls shorter than this"),
@@ -175,7 +176,7 @@ class PythonSession:
             keep = (lambda obj, label: _wanted(obj, label, include, exclude)) if include or exclude else None
             table = python_calls.collect_torch_style(taken, sink, sink.host_device(), keep)
             if table is not None:
-                self.ctx.report.attach(python_calls.ATTACHMENT, table)
+                self.ctx.report.attach(PYTHON_CALLS, table)
         else:
             lost = sum(_hand_over(sink, tid, name, code, start, end, objects, include, exclude)
                        for tid, name, code, start, end, _depth, _kind, objects, *_ in taken)

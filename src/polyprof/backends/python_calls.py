@@ -12,11 +12,11 @@ This module turns those rows into what torch.profiler shows for them:
   its index among that class's instances, in start order);
 * the trace args torch writes on ``python_function`` events: ``Python id`` (1, 2, ... in start order),
   ``Python parent id`` (the enclosing call's id, null at the top) and ``Python module id``;
-* a :class:`PythonCallTable` attached to the trace (``trace.attachments[ATTACHMENT]``) with each
+* a :class:`PythonCallTable` attached to the trace (``trace.attachments[PYTHON_CALLS]``) with each
   call's callsite, caller and module, which ``prof.profiler.kineto_results.experimental_event_tree()``
   hands out as torch's ``PyCall`` / ``PyCCall`` fields::
 
-      calls = trace.attachments[ATTACHMENT]
+      calls = trace.attachments[PYTHON_CALLS]
       calls.kind(python_id), calls.callsite(python_id), calls.caller(python_id), calls.module(python_id)
 """
 
@@ -30,9 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
-from polyprof.torch.attachments import PY_C_CALL, PY_CALL, PY_MODULE_CALL, PYTHON_CALLS, Site
-
-ATTACHMENT = PYTHON_CALLS
+from polyprof.torch.attachments import PY_C_CALL, PY_CALL, PY_MODULE_CALL, Site
 
 
 class Module(NamedTuple):

@@ -27,7 +27,6 @@ KIND_BY_TYPE = {
     "python_function": ActivityKind.PYTHON_FUNCTION,
     "cpu_instant_event": ActivityKind.INSTANT,
 }
-ATTACHMENT = TORCH_RESULT
 
 #: Who holds CUPTI while polyprof records through torch's collector: on a CUDA machine that collector
 #: (Kineto) traces CUDA runtime and driver calls even for CPU-only profiles (torch's ``kCpuTypes``),
@@ -82,7 +81,7 @@ class Collector:
         if self.result is None:
             return
         result, self.result = self.result, None
-        self.ctx.report.attach(ATTACHMENT, result)
+        self.ctx.report.attach(TORCH_RESULT, result)
         host = sink.host_device()
         # Column by column: one comprehension per field keeps the per-event cost to a few C calls.
         events = result.events()
