@@ -94,26 +94,48 @@ def _ts(value: Any, src: str, n: int, what: str = "") -> int:
 def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
     stats = ConvertStats(input_bytes=os.path.getsize(src), output=dst)
     top = top_level_keys(src)
-    base = top.get("baseTimeNanoseconds", 0)
-    base = base if isinstance(base, int) else 0
-    places = Places()
-    counters = Counters()
-    interned = W.Interned()
-    names: dict[str, int] = {}
-    cats: dict[str, int] = {}
-    c = _Columns()
-    loose: list[tuple[int, int, int, int]] = []  # flows not right after their event: (row, ts, key, start)
-    skipped: dict[str, int] = {}
-    rows: dict[tuple[Any, Any], int] = {}
     with tempfile.TemporaryFile(dir=os.path.dirname(dst), buffering=0) as bodies, open_stream(src) as stream:
-        head = stream.peek(64)[:64] if hasattr(stream, "peek") else b""
-        bare = head.lstrip().startswith(b"[")
-        written = 0
-        last: tuple[Any, Any, int] | None = None  # (pid, tid, ts) of the slice just read
-        buffered = io.BufferedWriter(bodies, buffer_size=1 << 20)  # type: ignore[arg-type]
-        n = 0
+        gathered = _Gathered(src, bodies)
+        gathered.read(stream, stats.input_bytes)
+        stats.skipped, stats.flows, stats.counters = gathered.skipped, gathered.flows, gathered.counter_values
+        cols = gathered.columns.arrays()
+        gathered.columns = _Columns()  # the typed arrays go; only their numpy views stay
+        trace = _trace_of(top, gathered, cols)
+        stats.events = len(cols["start"])
+        with trace_output(dst) as out:
+            _write_packets(out, trace, gathered.interned, gathered.names, gathered.cats, bodies.fileno(), cols,
+                           gathered.loose)
+    return stats
+
+
+class _Gathered:
+    """What the JSON's events leave for the Perfetto writer, read one event at a time.
+
+    Slices and instants become a row of :class:`_Columns` (their args encoded at once into `bodies`);
+    flows join the slice read just before them on the same thread and time, or wait in `loose`;
+    counters and the places (processes, threads and their names) are kept as the model keeps them.
+    """
+
+    def __init__(self, src: str, bodies: IO[bytes]) -> None:
+        self.src = src
+        self.places, self.counters, self.interned = Places(), Counters(), W.Interned()
+        self.names: dict[str, int] = {}
+        self.cats: dict[str, int] = {}
+        self.columns = _Columns()
+        self.loose: list[tuple[int, int, int, int]] = []  # flows not right after their event: (row, ts, key, start)
+        self.skipped: dict[str, int] = {}
+        self.rows: dict[tuple[Any, Any], int] = {}
+        self.flows = self.counter_values = 0
+        self.buffered = io.BufferedWriter(bodies, buffer_size=1 << 20)  # type: ignore[arg-type]
+        self.written = 0
+        self.last: tuple[Any, Any, int] | None = None  # (pid, tid, ts) of the slice just read
+
+    def read(self, stream: Any, total_bytes: int) -> None:
+        """Every event of `stream`; a broken document or event is one TraceFormatError naming it."""
+        src, n = self.src, 0
+        bare = (stream.peek(64)[:64] if hasattr(stream, "peek") else b"").lstrip().startswith(b"[")
         raw = getattr(stream, "fileobj", None) or stream  # the file under gzip: its position is the progress
-        advance, read_so_far = progress.task("converted bytes", total=stats.input_bytes), 0
+        advance, read_so_far = progress.task("converted bytes", total=total_bytes), 0
         try:
             for n, ev in enumerate(json_events(stream, bare)):  # noqa: B007 - n names the event in errors
                 if not n & 0xFFFF:
@@ -123,83 +145,95 @@ def _json_to_perfetto(src: str, dst: str) -> ConvertStats:
                 if not isinstance(ev, dict):
                     raise TraceFormatError(f"{src}: traceEvents[{n}] is not an object")
                 ph, pid, tid = ev.get("ph"), hashable(ev.get("pid")), hashable(ev.get("tid"))
-                if ph in ("X", "i", "I") and ev.get("cat") != "Trace" and pid not in ENVELOPE_PIDS and ev.get("s") != "g":
-                    ts = _ts(ev.get("ts"), src, n)
-                    dur = _ts(ev.get("dur", 0), src, n, " dur") if ph == "X" else 0
-                    args = ev.get("args")
-                    if args:
-                        if not isinstance(args, dict):
-                            raise TraceFormatError(f"{src}: traceEvents[{n}] has args that are not an object")
-                        body = W.annotations(args, interned)
-                        buffered.write(body)
-                        c.offset.append(written)
-                        c.length.append(len(body))
-                        written += len(body)
-                    else:
-                        c.offset.append(written)
-                        c.length.append(0)
-                    row = rows.get((pid, tid))
-                    if row is None:
-                        row = rows[(pid, tid)] = places.resource(places.device(pid), tid)
-                    name, cat = ev.get("name", ""), ev.get("cat", "")
-                    c.name.append(names.setdefault(name if type(name) is str else str(name), len(names) + 1))
-                    c.cat.append(cats.setdefault(cat if type(cat) is str else str(cat), len(cats) + 1))
-                    c.start.append(ts)
-                    c.end.append(ts + max(0, dur))
-                    c.row.append(row)
-                    c.instant.append(0 if ph == "X" else 1)
-                    c.flow_key.append(0)
-                    c.flow_start.append(0)
-                    last = (pid, tid, ts)
+                envelope = ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or ev.get("s") == "g"
+                if ph in ("X", "i", "I") and not envelope:
+                    self.slice(ev, n, ph, pid, tid)
                 elif ph in ("s", "f", "t"):
-                    fid = ev.get("id")
-                    if not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**61:
-                        skipped["flows without a usable id"] = skipped.get("flows without a usable id", 0) + 1
-                        continue
-                    key = fid * 4 + FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
-                    ts = _ts(ev.get("ts"), src, n)
-                    if last is not None and last == (pid, tid, ts) and c.flow_key[-1] == 0:
-                        c.flow_key[-1], c.flow_start[-1] = key, 1 if ph == "s" else 0
-                    else:
-                        loose.append((places.resource(places.device(pid), tid), ts, key, ph == "s"))
-                    stats.flows += 1
+                    self.flow(ev, n, ph, pid, tid)
                 elif ph == "M":
                     ev["pid"], ev["tid"] = pid, tid
+                    places = self.places
                     metadata_row(ev, places.devices, places.resources, places.device, places.resource)
                 elif ph == "C":
-                    args = ev.get("args") or {}
-                    ts = _ts(ev.get("ts"), src, n)
-                    for k, value in (args.items() if isinstance(args, dict) else ()):
-                        if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            name = str(ev.get("name", k)) if len(args) == 1 else f"{ev.get('name', '')}.{k}"
-                            counters.add(name, places.device(pid), ts, float(value))
-                            stats.counters += 1
-                elif ev.get("cat") == "Trace" or pid in ENVELOPE_PIDS or ev.get("s") == "g":
-                    skipped["Kineto's envelope and global markers"] = skipped.get("Kineto's envelope and global markers", 0) + 1
+                    self.counter(ev, n, pid)
                 else:
-                    skipped[f"phase {str(ph)[:8]!r}"] = skipped.get(f"phase {str(ph)[:8]!r}", 0) + 1
+                    self.skip("Kineto's envelope and global markers" if envelope else f"phase {str(ph)[:8]!r}")
         except TraceFormatError:
             raise
         except Exception as exc:  # the JSON itself is broken, or an event is malformed: one line
             why = " ".join(str(exc).split())[:120]  # the parser's message can span lines
             raise TraceFormatError(f"{src}: traceEvents[{n}] cannot be read ({type(exc).__name__}: {why})") from None
-        buffered.flush()
-        stats.skipped = skipped
-        cols = c.arrays()
-        del c
-        trace = Trace(
-            devices=places.devices, resources=places.resources, counters=counters,
-            metadata={k: v for k, v in top.items() if k not in ("traceEvents", "deviceProperties", "schemaVersion",
-                                                                    "displayTimeUnit", "baseTimeNanoseconds", "traceName")},
-            device_properties=[p for p in top.get("deviceProperties", []) if isinstance(p, dict)]
-            if isinstance(top.get("deviceProperties"), list) else [],
-            epoch_offset_ns=base, base_time_ns=base,
-            window=(int(cols["start"].min()), int(cols["end"].max())) if len(cols["start"]) else (0, 0),
-        )
-        stats.events = len(cols["start"])
-        with trace_output(dst) as out:
-            _write_packets(out, trace, interned, names, cats, bodies.fileno(), cols, loose)
-    return stats
+        self.buffered.flush()
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def slice(self, ev: dict, n: int, ph: str, pid: Any, tid: Any) -> None:
+        c, src = self.columns, self.src
+        ts = _ts(ev.get("ts"), src, n)
+        dur = _ts(ev.get("dur", 0), src, n, " dur") if ph == "X" else 0
+        args = ev.get("args")
+        c.offset.append(self.written)
+        if args:
+            if not isinstance(args, dict):
+                raise TraceFormatError(f"{src}: traceEvents[{n}] has args that are not an object")
+            body = W.annotations(args, self.interned)
+            self.buffered.write(body)
+            c.length.append(len(body))
+            self.written += len(body)
+        else:
+            c.length.append(0)
+        row = self.rows.get((pid, tid))
+        if row is None:
+            row = self.rows[(pid, tid)] = self.places.resource(self.places.device(pid), tid)
+        name, cat = ev.get("name", ""), ev.get("cat", "")
+        c.name.append(self.names.setdefault(name if type(name) is str else str(name), len(self.names) + 1))
+        c.cat.append(self.cats.setdefault(cat if type(cat) is str else str(cat), len(self.cats) + 1))
+        c.start.append(ts)
+        c.end.append(ts + max(0, dur))
+        c.row.append(row)
+        c.instant.append(0 if ph == "X" else 1)
+        c.flow_key.append(0)
+        c.flow_start.append(0)
+        self.last = (pid, tid, ts)
+
+    def flow(self, ev: dict, n: int, ph: str, pid: Any, tid: Any) -> None:
+        fid = ev.get("id")
+        if not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**61:
+            self.skip("flows without a usable id")
+            return
+        key = fid * 4 + FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
+        ts = _ts(ev.get("ts"), self.src, n)
+        c = self.columns
+        if self.last is not None and self.last == (pid, tid, ts) and c.flow_key[-1] == 0:
+            c.flow_key[-1], c.flow_start[-1] = key, 1 if ph == "s" else 0
+        else:
+            self.loose.append((self.places.resource(self.places.device(pid), tid), ts, key, ph == "s"))
+        self.flows += 1
+
+    def counter(self, ev: dict, n: int, pid: Any) -> None:
+        args = ev.get("args") or {}
+        ts = _ts(ev.get("ts"), self.src, n)
+        for k, value in (args.items() if isinstance(args, dict) else ()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = str(ev.get("name", k)) if len(args) == 1 else f"{ev.get('name', '')}.{k}"
+                self.counters.add(name, self.places.device(pid), ts, float(value))
+                self.counter_values += 1
+
+
+def _trace_of(top: dict[str, Any], gathered: _Gathered, cols: dict[str, np.ndarray]) -> Trace:
+    """The model's trace around the gathered columns: places, counters and the top-level keys."""
+    base = top.get("baseTimeNanoseconds", 0)
+    base = base if isinstance(base, int) else 0
+    properties = top.get("deviceProperties")
+    return Trace(
+        devices=gathered.places.devices, resources=gathered.places.resources, counters=gathered.counters,
+        metadata={k: v for k, v in top.items() if k not in ("traceEvents", "deviceProperties", "schemaVersion",
+                                                                "displayTimeUnit", "baseTimeNanoseconds", "traceName")},
+        device_properties=[p for p in properties if isinstance(p, dict)] if isinstance(properties, list) else [],
+        epoch_offset_ns=base, base_time_ns=base,
+        window=(int(cols["start"].min()), int(cols["end"].max())) if len(cols["start"]) else (0, 0),
+    )
 
 
 def _bodies(fd: int, offset: np.ndarray, length: np.ndarray) -> list[bytes | None]:
