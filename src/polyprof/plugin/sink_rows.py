@@ -152,6 +152,42 @@ def checked_columns(
     kept. A row that is wrong is counted in `rejected` by reason; a call that cannot be understood (an
     unknown or missing column, lengths that differ, args that are not dicts) goes to `misuse`, which
     raises. `devices` is how many devices the sink has, `resources` its resources."""
+    n = _row_count(columns, args, arg_columns, misuse)
+    if n == 0:
+        return None
+    ints: dict[str, np.ndarray] = {}
+    ok = np.ones(n, dtype=bool)
+    for key in _INTEGER_COLUMNS:
+        if key not in columns:
+            continue
+        values, bad = _int_column(columns[key])
+        if values is None:
+            rejected[f"{key} is not an integer column ({bad})"] += n
+            return None
+        if bad is not None and bad.any():  # values beyond int64 (or not integers) in some rows
+            rejected[f"{key} not an int64"] += int((bad & ok).sum())
+            ok &= ~bad
+        ints[key] = values
+    for bad, reason in _row_checks(columns, ints, devices, resources):
+        bad &= ok
+        if bad.any():
+            rejected[reason] += int(bad.sum())
+            ok &= ~bad
+    if ok.any() and resources:
+        owner = np.array([r.device for r in resources], dtype=np.int64)
+        wrong = ok & (owner[np.clip(ints["resource"], 0, len(owner) - 1)] != ints["device"])
+        if wrong.any():
+            rejected["resource belongs to another device"] += int(wrong.sum())
+            ok &= ~wrong
+    keep = None if ok.all() else np.flatnonzero(ok)
+    if keep is not None and not len(keep):
+        return None
+    return _stored(columns, ints, keep, args, arg_columns)
+
+
+def _row_count(columns: Mapping[str, Any], args: Mapping[int, dict] | None, arg_columns: ArgColumns | None,
+               misuse: Callable[[str], Any]) -> int:
+    """How many rows the call gives; a call that cannot be understood goes to `misuse`."""
     unknown = set(columns) - set(ROW_COLUMNS)
     if unknown:
         misuse(
@@ -174,21 +210,12 @@ def checked_columns(
         )
     if args and any(type(i) is not int or not 0 <= i < n or not isinstance(a, dict) for i, a in args.items()):
         misuse(f"sink.activities(): args must map row numbers 0..{n - 1} to dicts")
-    if n == 0:
-        return None
-    ints: dict[str, np.ndarray] = {}
-    ok = np.ones(n, dtype=bool)
-    for key in _INTEGER_COLUMNS:
-        if key not in columns:
-            continue
-        values, bad = _int_column(columns[key])
-        if values is None:
-            rejected[f"{key} is not an integer column ({bad})"] += n
-            return None
-        if bad is not None and bad.any():  # values beyond int64 (or not integers) in some rows
-            rejected[f"{key} not an int64"] += int((bad & ok).sum())
-            ok &= ~bad
-        ints[key] = values
+    return n
+
+
+def _row_checks(columns: Mapping[str, Any], ints: dict[str, np.ndarray], devices: int,
+                resources: Sequence[Resource]) -> list[tuple[np.ndarray, str]]:
+    """Each check of a row's values: (the rows that fail it, the reason counted)."""
     kind, device, resource = ints["kind"], ints["device"], ints["resource"]
     checks = [
         (ints["end"] < ints["start"], "end before start"),
@@ -206,21 +233,13 @@ def checked_columns(
         if isinstance(values, CodedStrings):
             codes = np.asarray(values.codes, dtype=np.int64)
             checks.append(((codes < 0) | (codes >= len(values.table)), f"{key} code outside its string table"))
-    for bad, reason in checks:
-        bad &= ok
-        if bad.any():
-            rejected[reason] += int(bad.sum())
-            ok &= ~bad
-    if ok.any() and resources:
-        owner = np.array([r.device for r in resources], dtype=np.int64)
-        wrong = ok & (owner[np.clip(resource, 0, len(owner) - 1)] != device)
-        if wrong.any():
-            rejected["resource belongs to another device"] += int(wrong.sum())
-            ok &= ~wrong
-    everything = bool(ok.all())
-    keep = None if everything else np.flatnonzero(ok)
-    if keep is not None and not len(keep):
-        return None
+    return checks
+
+
+def _stored(columns: Mapping[str, Any], ints: dict[str, np.ndarray], keep: np.ndarray | None,
+            args: Mapping[int, dict] | None, arg_columns: ArgColumns | None,
+            ) -> tuple[dict[str, Any], Mapping[int, dict] | None, ArgColumns | None]:
+    """The kept rows (all when `keep` is None) in the stored form, with their args renumbered."""
 
     def rows(values: Any) -> Any:
         return values if keep is None else subset(values, keep)
