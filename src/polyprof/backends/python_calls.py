@@ -125,6 +125,54 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
     threads = [b for b in buffers if len(b[2])]
     if not threads:
         return None
+    c, by_id, ordinals = _thread_columns(threads, sink)
+    n = len(c["start"])
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    id_of_ordinal = np.zeros(ordinals + 1, dtype=np.int64)
+    id_of_ordinal[c["ordinal"]] = ids
+    parent_ids = np.where(c["parent"] >= 0, id_of_ordinal[np.maximum(c["parent"], 0)], 0)
+
+    namer = _Namer()
+    module_code = module_call_code()
+    if module_code is not None:
+        by_id[id(module_code)] = module_code
+    kinds = c["kind"]
+    modules, module_ids = _modules(c["target"], kinds, by_id)
+    # one label per distinct (object, offset): a module call's object is its module, so it has its own
+    pairs, inverse = _unique_pairs(c["target"], np.where(kinds == PY_CALL, c["lasti"], -2))
+    labels = [_label(by_id.get(ptr), kind, lasti, namer, modules.get(ptr)) for (ptr, lasti), kind in
+              zip(pairs, kinds[_first_of(inverse, len(pairs))].tolist(), strict=True)]
+    sites = _Sites(by_id, namer)
+    label_sites = np.array([sites.of(ptr, lasti) for ptr, lasti in pairs], dtype=np.int32)
+    callsites = np.where(kinds == PY_CALL, label_sites[inverse], -1).astype(np.int32)
+    if module_code is not None:
+        callsites[kinds == PY_MODULE_CALL] = sites.of(id(module_code), -1)
+    caller_pairs, caller_inverse = _unique_pairs(c["caller"], c["caller_lasti"])
+    callers = np.array([sites.of(ptr, lasti) for ptr, lasti in caller_pairs], dtype=np.int32)[caller_inverse]
+
+    keep_rows = np.ones(n, dtype=bool)
+    if keep is not None:
+        wanted = np.array([keep(by_id.get(ptr), label) for (ptr, _), label in zip(pairs, labels, strict=True)], dtype=bool)
+        keep_rows = wanted[inverse]
+    columns = {
+        "kind": np.full(n, int(ActivityKind.PYTHON_FUNCTION)),
+        "cat": CodedStrings(np.zeros(n, dtype=np.int64), ["python_function"]),
+        "name": CodedStrings(inverse, labels),
+        "device": np.full(n, host),
+        "resource": c["row"],
+        "start": c["start"],
+        "end": c["end"],
+    }
+    is_module = kinds == PY_MODULE_CALL
+    _hand_over(sink, columns, keep_rows, ids, parent_ids, module_ids, is_module)
+    table_modules = {int(i) + 1: modules[int(ptr)] for i, ptr in zip(np.flatnonzero(is_module).tolist(),
+                                                                      c["target"][is_module].tolist(), strict=True)}
+    return PythonCallTable(kinds.copy(), callsites, callers, sites.sites, table_modules)
+
+
+def _thread_columns(threads: list[tuple], sink: Any) -> tuple[dict[str, np.ndarray], dict[int, Any], int]:
+    """Every thread's calls as columns in start order (as torch numbers them), the tracer's objects by
+    address, and how many ordinals the threads used (each thread's are offset past the previous')."""
     by_id: dict[int, Any] = {}
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("target", "start", "end", "kind", "lasti", "caller",
                                                          "caller_lasti", "ordinal", "parent", "row")}
@@ -147,59 +195,33 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
         cols["row"].append(np.full(n, sink.host_thread(int(tid), name), dtype=np.int64))
         base += int(ordinal.max()) + 1 if n else 0
     c = {k: np.concatenate(v) for k, v in cols.items()}
-    order = np.lexsort((c["ordinal"], c["start"]))  # start order, as torch numbers them
-    c = {k: v[order] for k, v in c.items()}
-    n = len(order)
-    ids = np.arange(1, n + 1, dtype=np.int64)
-    id_of_ordinal = np.zeros(base + 1, dtype=np.int64)
-    id_of_ordinal[c["ordinal"]] = ids
-    parent_ids = np.where(c["parent"] >= 0, id_of_ordinal[np.maximum(c["parent"], 0)], 0)
+    order = np.lexsort((c["ordinal"], c["start"]))
+    return {k: v[order] for k, v in c.items()}, by_id, base
 
-    namer = _Namer()
-    module_code = module_call_code()
-    if module_code is not None:
-        by_id[id(module_code)] = module_code
-    kinds = c["kind"]
-    modules, module_ids = _modules(c["target"], kinds, by_id)
-    # one label per distinct (object, offset): a module call's object is its module, so it has its own
-    pairs, inverse = _unique_pairs(c["target"], np.where(kinds == PY_CALL, c["lasti"], -2))
-    labels = [_label(by_id.get(ptr), kind, lasti, namer, modules.get(ptr)) for (ptr, lasti), kind in
-              zip(pairs, kinds[_first_of(inverse, len(pairs))].tolist(), strict=True)]
-    sites: list[Site] = []
-    site_index: dict[tuple[int, int], int] = {}
 
-    def site_of(ptr: int, lasti: int) -> int:
+class _Sites:
+    """Source sites numbered as first asked for; an object without source (a C function) has none (-1)."""
+
+    def __init__(self, by_id: dict[int, Any], namer: _Namer) -> None:
+        self.by_id, self.namer = by_id, namer
+        self.sites: list[Site] = []
+        self.index: dict[tuple[int, int], int] = {}
+
+    def of(self, ptr: int, lasti: int) -> int:
         key = (ptr, lasti)
-        i = site_index.get(key)
+        i = self.index.get(key)
         if i is None:
-            obj = by_id.get(ptr)
-            i = site_index[key] = len(sites) if hasattr(obj, "co_filename") else -1
+            obj = self.by_id.get(ptr)
+            i = self.index[key] = len(self.sites) if hasattr(obj, "co_filename") else -1
             if i >= 0:
-                sites.append(namer.site(obj, lasti))
+                self.sites.append(self.namer.site(obj, lasti))
         return i
 
-    label_sites = np.array([site_of(ptr, lasti) for ptr, lasti in pairs], dtype=np.int32)
-    callsites = np.where(kinds == PY_CALL, label_sites[inverse], -1).astype(np.int32)
-    if module_code is not None:
-        callsites[kinds == PY_MODULE_CALL] = site_of(id(module_code), -1)
-    caller_pairs, caller_inverse = _unique_pairs(c["caller"], c["caller_lasti"])
-    callers = np.array([site_of(ptr, lasti) for ptr, lasti in caller_pairs], dtype=np.int32)[caller_inverse]
 
-    keep_rows = np.ones(n, dtype=bool)
-    if keep is not None:
-        wanted = np.array([keep(by_id.get(ptr), label) for (ptr, _), label in zip(pairs, labels, strict=True)], dtype=bool)
-        keep_rows = wanted[inverse]
-    columns = {
-        "kind": np.full(n, int(ActivityKind.PYTHON_FUNCTION)),
-        "cat": CodedStrings(np.zeros(n, dtype=np.int64), ["python_function"]),
-        "name": CodedStrings(inverse, labels),
-        "device": np.full(n, host),
-        "resource": c["row"],
-        "start": c["start"],
-        "end": c["end"],
-    }
-    # torch's args: "Python parent id" (null at the top), "Python id", "Python module id" on module calls
-    is_module = kinds == PY_MODULE_CALL
+def _hand_over(sink: Any, columns: dict[str, Any], keep_rows: np.ndarray, ids: np.ndarray, parent_ids: np.ndarray,
+               module_ids: np.ndarray, is_module: np.ndarray) -> None:
+    """The kept rows to `sink` with torch's args: "Python parent id" (null at the top), "Python id",
+    and "Python module id" on module calls."""
     for rows, keys, values in (
         (keep_rows & (parent_ids == 0), ("Python parent id", "Python id"), (None, ids)),
         (keep_rows & (parent_ids > 0) & ~is_module, ("Python parent id", "Python id"), (parent_ids, ids)),
@@ -211,9 +233,6 @@ def collect_torch_style(buffers: list[tuple], sink: Any, host: int, keep: Any) -
             continue
         args = tuple(np.full(len(chosen), None, dtype=object) if v is None else v[chosen] for v in values)
         sink.activities({k: _rows(v, chosen) for k, v in columns.items()}, None, ArgColumns(keys, args))
-    table_modules = {int(i) + 1: modules[int(ptr)] for i, ptr in zip(np.flatnonzero(is_module).tolist(),
-                                                                      c["target"][is_module].tolist(), strict=True)}
-    return PythonCallTable(kinds.copy(), callsites, callers, sites, table_modules)
 
 
 def _modules(targets: np.ndarray, kinds: np.ndarray, by_id: dict[int, Any]) -> tuple[dict[int, Module], np.ndarray]:
