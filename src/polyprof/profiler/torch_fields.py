@@ -9,6 +9,7 @@ in users' code), filled from the trace's rows. :mod:`polyprof.profiler.torch_vie
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from typing import Any
 
 from polyprof.model import ActivityKind
@@ -147,87 +148,107 @@ def op_fields() -> tuple[Any, Any]:
     global _OP_FIELDS
     if _OP_FIELDS is None:
         import torch
-        from torch._C._profiler import (
-            RecordScope,
-            _ExtraFields_Allocation,
-            _ExtraFields_TorchOp,
-            _TensorMetadata,
-        )
 
-        class TensorFields(_TensorMetadata):
-            __slots__ = ("sizes", "strides", "dtype", "dim", "layout", "device", "impl_ptr", "storage_data_ptr",
-                         "id", "allocation_id")
-
-            @classmethod
-            def of(cls, sizes: list, strides: Any, dtype_name: str) -> Any:
-                fields = cls.__new__(cls)
-                fields.sizes, fields.dim = list(sizes), len(sizes)
-                fields.strides = list(strides) if isinstance(strides, list) else []
-                fields.dtype = getattr(torch, _DTYPES.get(dtype_name, ""), None)
-                fields.layout, fields.device = torch.strided, torch.device("cpu")
-                fields.impl_ptr = fields.storage_data_ptr = fields.id = fields.allocation_id = None
-                return fields
-
-            def __repr__(self) -> str:
-                return f"<polyprof TensorMetadata {self.sizes} {self.dtype}>"
-
-        def inputs(event: Any) -> list:
-            args = event._args
-            dims, types = args.get("Input Dims"), args.get("Input type")
-            if not isinstance(dims, list) or not isinstance(types, list):
-                return []
-            strides, values = args.get("Input Strides") or [], args.get("Concrete Inputs") or []
-            out: list = []
-            for i, (shape, kind) in enumerate(zip(dims, types, strict=False)):
-                stride = strides[i] if i < len(strides) else []
-                if kind == "TensorList" and isinstance(shape, list):
-                    out.append([TensorFields.of(s, stride[j] if j < len(stride) else [], "")
-                                for j, s in enumerate(shape)])
-                elif kind in _DTYPES:
-                    out.append(TensorFields.of(shape if isinstance(shape, list) else [], stride, kind))
-                elif kind == "Scalar":
-                    out.append(concrete_value(values[i] if i < len(values) else ""))
-                else:
-                    out.append(None)
-            return out
-
-        class TorchOpFields(_ExtraFields_TorchOp):
-            __slots__ = ("name", "scope", "sequence_number", "allow_tf32_cublas", "inputs")
-
-            @classmethod
-            def of(cls, event: Any) -> Any:
-                fields = cls.__new__(cls)
-                fields.name = event._name
-                annotation = event._kind == int(ActivityKind.USER_ANNOTATION)
-                fields.scope = RecordScope.USER_SCOPE if annotation else RecordScope.FUNCTION
-                fields.sequence_number = event.sequence_nr()
-                fields.allow_tf32_cublas = False
-                fields.inputs = inputs(event)
-                return fields
-
-            def __repr__(self) -> str:
-                return f"<polyprof TorchOp fields {self.name!r}>"
-
-        class AllocationFields(_ExtraFields_Allocation):
-            __slots__ = ("ptr", "id", "allocation_id", "alloc_size", "total_allocated", "total_reserved", "device")
-
-            @classmethod
-            def of(cls, event: Any) -> Any:
-                args = event._args
-                fields = cls.__new__(cls)
-                fields.ptr = int(args.get("Addr", 0))
-                fields.id = fields.allocation_id = None
-                fields.alloc_size = int(args.get("Bytes", 0))
-                fields.total_allocated = int(args.get("Total Allocated", 0))
-                fields.total_reserved = int(args.get("Total Reserved", 0))
-                fields.device = _allocation_device(torch, args)
-                return fields
-
-            def __repr__(self) -> str:
-                return f"<polyprof Allocation fields {self.alloc_size} B at {self.ptr:#x}>"
-
-        _OP_FIELDS = (TorchOpFields, AllocationFields)
+        _OP_FIELDS = (_torch_op_fields(_op_inputs(_tensor_fields(torch))), _allocation_fields(torch))
     return _OP_FIELDS
+
+
+def _tensor_fields(torch: Any) -> Any:
+    """The class of a tensor input's metadata (torch's ``_TensorMetadata``), made from the trace's shape,
+    strides and type name."""
+    from torch._C._profiler import _TensorMetadata
+
+    class TensorFields(_TensorMetadata):
+        __slots__ = ("sizes", "strides", "dtype", "dim", "layout", "device", "impl_ptr", "storage_data_ptr",
+                     "id", "allocation_id")
+
+        @classmethod
+        def of(cls, sizes: list, strides: Any, dtype_name: str) -> Any:
+            fields = cls.__new__(cls)
+            fields.sizes, fields.dim = list(sizes), len(sizes)
+            fields.strides = list(strides) if isinstance(strides, list) else []
+            fields.dtype = getattr(torch, _DTYPES.get(dtype_name, ""), None)
+            fields.layout, fields.device = torch.strided, torch.device("cpu")
+            fields.impl_ptr = fields.storage_data_ptr = fields.id = fields.allocation_id = None
+            return fields
+
+        def __repr__(self) -> str:
+            return f"<polyprof TensorMetadata {self.sizes} {self.dtype}>"
+
+    return TensorFields
+
+
+def _op_inputs(tensor_fields: Any) -> Callable[[Any], list]:
+    """`event`'s inputs as torch gives them, read from its recorded shapes, types and concrete values."""
+
+    def inputs(event: Any) -> list:
+        args = event._args
+        dims, types = args.get("Input Dims"), args.get("Input type")
+        if not isinstance(dims, list) or not isinstance(types, list):
+            return []
+        strides, values = args.get("Input Strides") or [], args.get("Concrete Inputs") or []
+        out: list = []
+        for i, (shape, kind) in enumerate(zip(dims, types, strict=False)):
+            stride = strides[i] if i < len(strides) else []
+            if kind == "TensorList" and isinstance(shape, list):
+                out.append([tensor_fields.of(s, stride[j] if j < len(stride) else [], "")
+                            for j, s in enumerate(shape)])
+            elif kind in _DTYPES:
+                out.append(tensor_fields.of(shape if isinstance(shape, list) else [], stride, kind))
+            elif kind == "Scalar":
+                out.append(concrete_value(values[i] if i < len(values) else ""))
+            else:
+                out.append(None)
+        return out
+
+    return inputs
+
+
+def _torch_op_fields(inputs: Callable[[Any], list]) -> Any:
+    from torch._C._profiler import RecordScope, _ExtraFields_TorchOp
+
+    class TorchOpFields(_ExtraFields_TorchOp):
+        __slots__ = ("name", "scope", "sequence_number", "allow_tf32_cublas", "inputs")
+
+        @classmethod
+        def of(cls, event: Any) -> Any:
+            fields = cls.__new__(cls)
+            fields.name = event._name
+            annotation = event._kind == int(ActivityKind.USER_ANNOTATION)
+            fields.scope = RecordScope.USER_SCOPE if annotation else RecordScope.FUNCTION
+            fields.sequence_number = event.sequence_nr()
+            fields.allow_tf32_cublas = False
+            fields.inputs = inputs(event)
+            return fields
+
+        def __repr__(self) -> str:
+            return f"<polyprof TorchOp fields {self.name!r}>"
+
+    return TorchOpFields
+
+
+def _allocation_fields(torch: Any) -> Any:
+    from torch._C._profiler import _ExtraFields_Allocation
+
+    class AllocationFields(_ExtraFields_Allocation):
+        __slots__ = ("ptr", "id", "allocation_id", "alloc_size", "total_allocated", "total_reserved", "device")
+
+        @classmethod
+        def of(cls, event: Any) -> Any:
+            args = event._args
+            fields = cls.__new__(cls)
+            fields.ptr = int(args.get("Addr", 0))
+            fields.id = fields.allocation_id = None
+            fields.alloc_size = int(args.get("Bytes", 0))
+            fields.total_allocated = int(args.get("Total Allocated", 0))
+            fields.total_reserved = int(args.get("Total Reserved", 0))
+            fields.device = _allocation_device(torch, args)
+            return fields
+
+        def __repr__(self) -> str:
+            return f"<polyprof Allocation fields {self.alloc_size} B at {self.ptr:#x}>"
+
+    return AllocationFields
 
 
 #: Kineto's "Input type" of a tensor (c10's type names) -> torch's dtype attribute
