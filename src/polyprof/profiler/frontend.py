@@ -100,6 +100,37 @@ def add_event_indices(trace: Any) -> None:
     trace.activities.args.add_block(rows, ArgColumns(("Ev Idx",), (np.arange(len(rows), dtype=np.int64),)))
 
 
+@dataclasses.dataclass(frozen=True)
+class _RecordFlags:
+    """torch.profiler's switches of what to record about operators, as given."""
+
+    record_shapes: Any
+    profile_memory: Any
+    with_stack: Any
+    with_flops: Any
+    with_modules: Any
+
+    @property
+    def shapes(self) -> Any:
+        """Shapes are recorded when asked for, and for the flops, which are counted from them."""
+        return self.record_shapes or self.with_flops
+
+    def check_torch(self) -> None:
+        """Each switch describes PyTorch operators: without torch installed, one asked for is an error."""
+        asked = [name for name in (*TORCH_ONLY_OPTIONS, "with_modules") if getattr(self, name)]
+        if asked and not torch_installed():
+            raise ConfigError(
+                f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
+                "pip install torch, or leave these options off to profile annotations and devices"
+            )
+
+    def metadata(self) -> dict[str, int]:
+        """The trace's metadata of the switches on (1 each), as torch.profiler writes them."""
+        on = (("profile_memory", self.profile_memory), ("with_stack", self.with_stack),
+              ("record_shapes", self.shapes), ("with_modules", self.with_modules), ("with_flops", self.with_flops))
+        return {name: 1 for name, value in on if value}
+
+
 class profile(Profile):  # noqa: N801 - torch's name
     """Same keyword arguments as ``torch.profiler.profile`` (see the module docstring), plus polyprof's
     own (``backend_options``, ``call_timeout_s``, ``metadata``...)."""
@@ -128,16 +159,10 @@ class profile(Profile):  # noqa: N801 - torch's name
         self.post_processing_timeout_s = _check_timeout(post_processing_timeout_s)
         own = ProfileOptions.of(polyprof_options.pop("options", None), polyprof_options)
         # torch's keywords that ProfileOptions also has: the one given here wins, else the options object's
-        schedule, on_trace_ready = schedule or own.schedule, on_trace_ready or own.on_trace_ready
-        record_shapes, profile_memory = (
-            record_shapes or own.record_shapes,
-            profile_memory or own.profile_memory,
-        )
-        with_stack, with_flops, with_modules = (
-            with_stack or own.with_stack,
-            with_flops or own.with_flops,
-            with_modules or own.with_modules,
-        )
+        flags = _RecordFlags(record_shapes or own.record_shapes, profile_memory or own.profile_memory,
+                             with_stack or own.with_stack, with_flops or own.with_flops,
+                             with_modules or own.with_modules)
+        flags.check_torch()
         groups, filters = parse_activities(activities)
         groups = activity_edits(self._lenient_settings).apply(groups, own.registry)  # POLYPROF_ACTIVITIES, config file
         if use_cuda is not None:
@@ -146,25 +171,13 @@ class profile(Profile):  # noqa: N801 - torch's name
             )
             if use_cuda:
                 groups = [*(groups or ["CPU"]), "CUDA"]
-        asked = [
-            n
-            for n, v in zip(
-                TORCH_ONLY_OPTIONS, (record_shapes, profile_memory, with_flops, with_stack), strict=True
-            )
-            if v
-        ] + (["with_modules"] if with_modules else [])
-        if asked and not torch_installed():
-            raise ConfigError(
-                f"{', '.join(asked)} describe PyTorch operators and need torch, which is not installed: "
-                "pip install torch, or leave these options off to profile annotations and devices"
-            )
-        if with_stack and not profile_memory:  # (with profile_memory, torch's collector records the frames)
+        if flags.with_stack and not flags.profile_memory:  # (with profile_memory, torch's collector records the frames)
             groups = _with_python_frames(groups, own.registry)
-        experimental_config, extra = experimental_settings(experimental_config, with_stack)
+        experimental_config, extra = experimental_settings(experimental_config, flags.with_stack)
         self.experimental_config = experimental_config
-        self.record_shapes = record_shapes or with_flops
-        self.profile_memory, self.with_stack, self.with_flops = profile_memory, with_stack, with_flops
-        self.with_modules = with_modules
+        self.record_shapes = flags.shapes
+        self.profile_memory, self.with_stack, self.with_flops = flags.profile_memory, flags.with_stack, flags.with_flops
+        self.with_modules = flags.with_modules
         self.acc_events = acc_events
         self.custom_trace_id_callback = custom_trace_id_callback
         self.execution_trace_observer = execution_trace_observer or _execution_trace_from_env()
@@ -172,30 +185,19 @@ class profile(Profile):  # noqa: N801 - torch's name
         self._trace_id = ""
         self._view: Any = None
         self._before_first_trace: Any = None
-        flags = {
-            name: 1
-            for name, on in (
-                ("profile_memory", profile_memory),
-                ("with_stack", with_stack),
-                ("record_shapes", self.record_shapes),
-                ("with_modules", with_modules),
-                ("with_flops", with_flops),
-            )
-            if on
-        }
         options = dataclasses.replace(
             own,
-            schedule=schedule,
-            on_trace_ready=on_trace_ready,
-            record_shapes=self.record_shapes,
-            profile_memory=profile_memory,
-            with_stack=with_stack,
-            with_flops=with_flops,
-            with_modules=with_modules,
+            schedule=schedule or own.schedule,
+            on_trace_ready=on_trace_ready or own.on_trace_ready,
+            record_shapes=flags.shapes,
+            profile_memory=flags.profile_memory,
+            with_stack=flags.with_stack,
+            with_flops=flags.with_flops,
+            with_modules=flags.with_modules,
             activity_filters=filters or own.activity_filters,
             window_observers=(*own.window_observers, *filter(None, [self.execution_trace_observer])),
             extra={**own.extra, **extra},
-            metadata={**flags, **own.metadata},
+            metadata={**flags.metadata(), **own.metadata},
         )
         super().__init__(groups, options=options)
         tracker = _step_tracker()
