@@ -211,17 +211,7 @@ def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None =
         ts = us_to_ns(ev.get("ts"), path, f"traceEvents[{n}]")
         dev = device(pid)
         if ph == "C":
-            args = ev.get("args") or {}
-            if not isinstance(args, dict):
-                raise TraceFormatError(f"{path}: traceEvents[{n}] (a counter) has args that are not an object")
-            for key, value in args.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    counters.add(
-                        str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}",
-                        dev,
-                        ts,
-                        float(value),
-                    )
+            _add_counter(counters, ev, dev, ts, f"{path}: traceEvents[{n}]")
             continue
         if ph in ("s", "f", "t"):
             pending_flows.append((ev, ts, last_row))
@@ -253,10 +243,27 @@ def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None =
         )
         at_position[(pid, tid, ts)] = row
         last_row = row
-    flow_cols = builder._cols
-    positions = (flow_cols["device"], flow_cols["resource"], flow_cols["start"])
+    _attach_flows(builder._cols, pending_flows, at_position, devices)
+    return finish_trace(doc, builder.freeze(), devices, resources, counters, where)
+
+
+def _add_counter(counters: Counters, ev: dict, dev: int, ts: int, where: str) -> None:
+    """A ``C`` event's numeric args: one counter value each (named by the event alone when it has one)."""
+    args = ev.get("args") or {}
+    if not isinstance(args, dict):
+        raise TraceFormatError(f"{where} (a counter) has args that are not an object")
+    for key, value in args.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            name = str(ev.get("name", key)) if len(args) == 1 else f"{ev.get('name', '')}.{key}"
+            counters.add(name, dev, ts, float(value))
+
+
+def _attach_flows(cols: dict[str, Any], pending_flows: list[tuple[dict, int, int]],
+                  at_position: dict[tuple[Any, Any, int], int], devices: list[Device]) -> None:
+    """Each flow event onto its activity's row: the row read just before it when at the same time and
+    process (Kineto writes a flow right after its activity), else the one at the same thread and time."""
+    positions = (cols["device"], cols["resource"], cols["start"])
     for ev, ts, previous in pending_flows:
-        # Kineto writes a flow event right after its activity; fall back to matching the position
         row = (
             previous
             if previous >= 0 and positions[2][previous] == ts and _same_pid(previous, ev, devices, positions)
@@ -267,10 +274,9 @@ def _build(doc: dict[str, Any], path: str, where: Where, places: Places | None =
         fid = ev.get("id")
         if row is None or not isinstance(fid, int) or isinstance(fid, bool) or not 0 < fid < 2**63:
             continue
-        flow_cols["flow_id"][row] = fid
-        flow_cols["flow_type"][row] = FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
-        flow_cols["flow_start"][row] = 1 if ev.get("ph") == "s" else 0
-    return finish_trace(doc, builder.freeze(), devices, resources, counters, where)
+        cols["flow_id"][row] = fid
+        cols["flow_type"][row] = FLOW_TYPES.get(str(ev.get("cat", "ac2g")), FLOW_AC2G)
+        cols["flow_start"][row] = 1 if ev.get("ph") == "s" else 0
 
 
 def _same_pid(row: int, ev: dict, devices: list[Device], positions: tuple) -> bool:
