@@ -341,24 +341,7 @@ def merge(
     clock("select")
     table, context_scoped = _concatenate(parts, keeps, maps, report, flow_offsets)
     clock("concatenate")
-    cols = table.columns
-    added = None
-    order = None
-    if len(table):
-        _clip_host_ends(cols, window[1])
-        order = start_order(cols["start"], cols["end"])
-        in_order = np.arange(len(table), dtype=np.int64) if order is None else order
-        clock("order")
-        clear_unpaired_flows(cols)
-        clock("flows")
-        backend_ext = cols["external_id"].copy()
-        thread = cols["resource"]  # a trace resource is one (device, row) pair: its index is a thread code
-        launches = attribute_launches(cols, in_order, thread, context_scoped)
-        clock("attribution")
-        added = gpu_user_annotations(cols, in_order, thread, backend_ext, launches)
-        if added is not None:
-            added["cat"] = np.full(len(added["start"]), table.strings.intern(GPU_ANNOTATION_CATEGORY), dtype=np.int32)
-        clock("gpu_annotations")
+    order, added = _order_and_link(table, window[1], context_scoped, clock)
     activities = _place(table, order, added)
     clock("place")
     counters = _counters(parts, maps, window)
@@ -379,6 +362,30 @@ def merge(
     )
     release_when_collected(trace, len(activities))  # a large one: what it and the merge freed goes back
     return trace
+
+
+def _order_and_link(table: ActivityTable, window_end: int, context_scoped: np.ndarray, clock: _PassClock,
+                    ) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
+    """The rows' start order (None when already in order) and the GPU annotations their launches add:
+    host ends clipped to the window, unpaired flows cleared, launches attributed to their host ops."""
+    if not len(table):
+        return None, None
+    cols = table.columns
+    _clip_host_ends(cols, window_end)
+    order = start_order(cols["start"], cols["end"])
+    in_order = np.arange(len(table), dtype=np.int64) if order is None else order
+    clock("order")
+    clear_unpaired_flows(cols)
+    clock("flows")
+    backend_ext = cols["external_id"].copy()
+    thread = cols["resource"]  # a trace resource is one (device, row) pair: its index is a thread code
+    launches = attribute_launches(cols, in_order, thread, context_scoped)
+    clock("attribution")
+    added = gpu_user_annotations(cols, in_order, thread, backend_ext, launches)
+    if added is not None:
+        added["cat"] = np.full(len(added["start"]), table.strings.intern(GPU_ANNOTATION_CATEGORY), dtype=np.int32)
+    clock("gpu_annotations")
+    return order, added
 
 
 class _PassClock:
