@@ -198,16 +198,7 @@ class KeyAverages(list):
         top_level_events_only: bool = False,
         **_: Any,
     ) -> str:
-        rows = list(self)
-        if sort_by is not None:
-            attr = sort_by
-            for old, new in SORT_ALIASES:
-                attr = attr.replace(old, new)
-            rows.sort(key=lambda r: getattr(r, attr), reverse=True)
-        if top_level_events_only:
-            rows = [r for r in rows if r.top_level]
-        if row_limit is not None and row_limit > 0:
-            rows = rows[:row_limit]
+        rows = self._chosen(sort_by, row_limit, top_level_events_only)
         dev = (self.device_type or "device").upper()
         has_device = any(r.self_device_time_total > 0 for r in self)
         has_shapes = any(r.input_shapes for r in self)
@@ -245,32 +236,25 @@ class KeyAverages(list):
             if has_shapes:
                 cells.append(str(r.input_shapes or []))
             table_rows.append(cells)
-        widths = [
-            max(len(h), *(len(c[i]) for c in table_rows)) + 2 if table_rows else len(h) + 2
-            for i, h in enumerate(headers)
-        ]
-        line = "-" * (sum(widths) + len(widths) - 1)
-
-        def fmt(cells: list[str]) -> str:
-            return " ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-
-        out = []
-        if header:
-            out += ["=" * len(line), header, "=" * len(line)]
-        out += [
-            line,
-            fmt(headers),
-            line,
-            *(fmt(c) for c in table_rows),
-            line,
-            f"Self CPU time total: {_time(total_self_cpu if any(self) else 0)}",
-        ]
+        totals = [f"Self CPU time total: {_time(total_self_cpu if any(self) else 0)}"]
         if has_device:
-            out.append(f"Self {dev} time total: {_time(total_self_dev)}")
-        return "\n".join(out) + "\n"
+            totals.append(f"Self {dev} time total: {_time(total_self_dev)}")
+        return _laid_out(headers, table_rows, header, totals)
+
+    def _chosen(self, sort_by: str | None, row_limit: int, top_level_events_only: bool) -> list:
+        """The rows the table shows: sorted by `sort_by` (torch's names or their device aliases), top level
+        only when asked, at most `row_limit` (all when it is not positive)."""
+        rows = list(self)
+        if sort_by is not None:
+            attr = sort_by
+            for old, new in SORT_ALIASES:
+                attr = attr.replace(old, new)
+            rows.sort(key=lambda r: getattr(r, attr), reverse=True)
+        if top_level_events_only:
+            rows = [r for r in rows if r.top_level]
+        if row_limit is not None and row_limit > 0:
+            rows = rows[:row_limit]
+        return rows
 
     def __str__(self) -> str:
         return self.table()
@@ -314,3 +298,22 @@ def native_key_averages(
         avg.self_device_time_total += ev.self_device_time_total
         avg.flops += ev.flops
     return KeyAverages(groups.values(), device_type)
+
+
+def _laid_out(headers: list[str], rows: list[list[str]], header: str | None, totals: list[str]) -> str:
+    """torch's table text: columns as wide as their widest cell, names left, numbers right, ruled."""
+    widths = [
+        max(len(h), *(len(c[i]) for c in rows)) + 2 if rows else len(h) + 2
+        for i, h in enumerate(headers)
+    ]
+    line = "-" * (sum(widths) + len(widths) - 1)
+
+    def fmt(cells: list[str]) -> str:
+        return " ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    out = ["=" * len(line), header, "=" * len(line)] if header else []
+    out += [line, fmt(headers), line, *(fmt(c) for c in rows), line, *totals]
+    return "\n".join(out) + "\n"
