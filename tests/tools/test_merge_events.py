@@ -12,6 +12,7 @@ from native_sides import use_python_side
 
 import polyprof._native
 from polyprof.errors import TraceFormatError
+from polyprof.formats.common import streaming
 from polyprof.tools import merge_ranks as ranks
 from polyprof.tools.merge_ranks import ID_STRIDE, merge_traces
 
@@ -60,7 +61,7 @@ def _merge(paths, out, pure, monkeypatch, read_bytes=None):
         if pure:
             use_python_side(m)
         if read_bytes:
-            m.setattr(ranks, "READ_BYTES", read_bytes)
+            m.setattr(streaming, "READ_BYTES", read_bytes)
         stats = merge_traces(paths, out)
     return stats, orjson.loads(out.read_bytes())
 

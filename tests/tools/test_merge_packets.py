@@ -14,6 +14,7 @@ from test_export_perfetto import Parsed, mutated, overlapping_trace
 import polyprof._native
 from polyprof.errors import TraceFormatError
 from polyprof.formats import load_trace, write_trace
+from polyprof.formats.common import streaming
 from polyprof.formats.perfetto import fields as F
 from polyprof.formats.perfetto.wire import field_bytes, field_varint
 from polyprof.tools import merge_ranks as ranks
@@ -53,7 +54,7 @@ def _merge(paths, out, monkeypatch, *, model=False, read_bytes=None):
             m.setattr(ranks, "_describe", lambda path, position: (*describe(path, position)[:2], False))
         m.setattr(ranks, "_rewrite_rank_packets", lambda path, *a: rewritten.append(path) or rewrite(path, *a))
         if read_bytes:
-            m.setattr(ranks, "READ_BYTES", read_bytes)
+            m.setattr(streaming, "READ_BYTES", read_bytes)
         stats = merge_traces(paths, out)
     return stats, rewritten
 

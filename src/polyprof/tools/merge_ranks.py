@@ -35,6 +35,7 @@ from polyprof.formats.chrome.write import trace_metadata
 from polyprof.formats.common.job import rank_of, recorded_offset, trace_files
 from polyprof.formats.common.jsonsafe import json_bytes
 from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.common.streaming import BackgroundWriter, feed
 from polyprof.formats.files import format_of
 from polyprof.model import ActivityTable, Args, Counters, Trace
 from polyprof.model.args import ArgsBlock, JSONArray, is_json_column
@@ -294,7 +295,7 @@ def _write_perfetto(
     )
 
     sequence = 1
-    with _BackgroundWriter(out, b"") as sink:
+    with BackgroundWriter(out, b"") as sink:
         sink.write(clock_packet(t0, base, sequence))
         for i in ranks_done(order):
             rank, described = stats.ranks[i], as_they_are[i]
@@ -342,7 +343,7 @@ def _walk_packets(path: str, rewriter: Any, emit: Any, *, skeleton: bool) -> tup
         emit(out)
         return used, False
 
-    _stream(path, step)
+    feed(path, step)
     return counts
 
 
@@ -371,7 +372,7 @@ def _json_rank(path: str, position: int) -> tuple[RankInput, int, dict[str, Any]
 def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: list[int], tops: list[dict], base: int) -> None:
     _json_head(out, base)
     ranks = []
-    with _BackgroundWriter(out) as events:
+    with BackgroundWriter(out) as events:
         for i in ranks_done(sorted(range(len(files)), key=lambda k: stats.ranks[k].rank)):
             rank = stats.ranks[i]
             r = rank.rank
@@ -385,46 +386,6 @@ def _stream_json(out: IO[bytes], files: list[str], stats: MergeStats, bases: lis
             top = {k: v for k, v in tops[i].items() if k not in ("traceEvents", "schemaVersion", "displayTimeUnit", "traceName")}
             ranks.append(_rank_metadata(rank, top))
     _json_tail(out, ranks)
-
-
-class _BackgroundWriter:
-    """Writes chunks that each start with `separator` (``,\\n`` between JSON events; all but the first
-    kept) from a thread of its own, so that writing (and compressing) overlaps the rewriting; at most
-    `depth` chunks wait. Use as a context manager: leaving it waits for the last write and raises what
-    writing raised."""
-
-    def __init__(self, out: IO[bytes], separator: bytes = b",\n", depth: int = 4) -> None:
-        import queue
-        import threading
-
-        self.out, self.first, self.error, self.skip = out, True, None, len(separator)
-        self.queue: queue.Queue[bytes | None] = queue.Queue(depth)
-        self.thread = threading.Thread(target=self._drain, name="polyprof-merge-writer", daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        while (chunk := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    self.out.write(chunk)
-                except BaseException as exc:  # handed to the merging thread at its next write
-                    self.error = exc
-
-    def write(self, chunk: bytes) -> None:
-        if self.error is not None:
-            raise self.error
-        if chunk:
-            self.queue.put(chunk[self.skip :] if self.first else chunk)
-            self.first = False
-
-    def __enter__(self) -> _BackgroundWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.queue.put(None)
-        self.thread.join()
-        if self.error is not None and exc[0] is None:
-            raise self.error
 
 
 def _process_rows(rank: RankInput, pids: dict[Any, int], rows: list[tuple[Any, str, Any]]) -> bytes:
@@ -448,31 +409,6 @@ def _process_rows(rank: RankInput, pids: dict[Any, int], rows: list[tuple[Any, s
         sort = r * PID_STRIDE + (new - (r + 1) * PID_STRIDE)
         out.append({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": new, "tid": 0, "args": {"sort_index": sort}})
     return b"".join(b",\n" + orjson.dumps(row) for row in out)
-
-
-READ_BYTES = 4 << 20  # what the C rewriter is handed at a time: memory stays a few of these
-
-
-def _stream(path: str, step: Any) -> None:
-    """The file at `path` (inflated), handed to ``step(data, final) -> (used, done)`` `READ_BYTES` at a
-    time, read straight into one buffer: what `step` did not use comes again, with more, next time;
-    `final` when nothing more comes; `done` stops the reading."""
-    from polyprof.formats.common.source import open_stream
-
-    pending, filled = bytearray(2 * READ_BYTES), 0  # read, not yet used: pending[:filled]
-    with open_stream(path) as stream:
-        while True:
-            if len(pending) < filled + READ_BYTES:  # an item longer than the buffer
-                pending.extend(bytes(filled + READ_BYTES - len(pending)))
-            with memoryview(pending) as view, view[filled : filled + READ_BYTES] as free:
-                got = stream.readinto(free)
-            filled += got
-            with memoryview(pending) as view, view[:filled] as data:
-                used, done = step(data, not got)
-            if done or not got:
-                return
-            pending[: filled - used] = pending[used:filled]  # what is left of a cut item, to the front
-            filled -= used
 
 
 def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base: int, pids: dict, rows: list) -> int | None:
@@ -507,7 +443,7 @@ def _rank_events_c(path: str, emit: Any, shift_ns: int, id_shift: int, pid_base:
         events += n
         return used, done
 
-    _stream(path, step)
+    feed(path, step)
     return None if declined else events
 
 
