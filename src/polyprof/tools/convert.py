@@ -39,6 +39,7 @@ from polyprof.formats.files import format_of, write_trace
 from polyprof.formats.perfetto import write as W
 from polyprof.formats.perfetto.order import slice_events
 from polyprof.formats.perfetto.read import is_perfetto_file
+from polyprof.formats.perfetto.tracks import Tracks
 from polyprof.model import FLOW_AC2G, Counters, Trace
 
 
@@ -256,7 +257,7 @@ def _bodies(fd: int, offset: np.ndarray, length: np.ndarray) -> list[bytes | Non
 def _write_packets(out: IO[bytes], trace: Trace, interned: Any, names: dict, cats: dict, fd: int,
                    c: dict[str, np.ndarray], loose: list) -> None:
     start, end, row_of = c["start"], c["end"], c["row"].astype(np.int64)
-    tracks = W.Tracks(trace)
+    tracks = Tracks(trace)
     out.write(W.header(trace, [(i, s) for s, i in names.items()], [(i, s) for s, i in cats.items()]))
     out.write(tracks.descriptors())
     flow_key, flow_start = c["flow_key"].copy(), c["flow_start"].copy()
