@@ -237,3 +237,26 @@ def add_job_answers(path: str, answered: dict[str, Any], missing: list[int]) -> 
     finally:
         with contextlib.suppress(OSError):
             os.remove(partial)
+
+
+class TriggerBudget:
+    """How many of the other ranks' triggers may be captured: `burst` at once, then one per gap,
+    whatever the triggers' names (a flood of names is not a capture each).
+
+    ::
+
+        budget = TriggerBudget(3)
+        budget.take(time.monotonic(), gap_s=30.0)   # True: capture it; False: too soon
+    """
+
+    def __init__(self, burst: int) -> None:
+        self.burst = burst
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self, now: float, gap_s: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) / max(gap_s, 1e-3))
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True

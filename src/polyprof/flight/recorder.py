@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from polyprof.errors import ConfigError
-from polyprof.flight.job import FLIGHT_KEY, JobLink, job_rank, safe_name
+from polyprof.flight.captures import capture_path, keep_under_caps, launched_rank, who
+from polyprof.flight.job import FLIGHT_KEY, JobLink, TriggerBudget, job_rank
 from polyprof.flight.triggers import (
     CrashRows,
     CrashStacks,
@@ -38,7 +39,6 @@ from polyprof.flight.triggers import (
     SignalTriggers,
     SlowSteps,
 )
-from polyprof.formats.common.paths import launcher_rank
 from polyprof.merge.memory import release_freed_memory
 
 OPS = ("top", "all", "none")
@@ -49,11 +49,6 @@ JOB_BURST = 3
 ENDING_ANSWER_S = 3.0
 #: how often the writer thread gives the memory the ring freed back to the system
 TRIM_EVERY_S = 10.0
-
-
-def _rank() -> int | None:
-    launched = launcher_rank()
-    return launched[0] if launched else None
 
 
 class FlightRecorder:
@@ -108,7 +103,7 @@ class FlightRecorder:
         self._activities = list(activities) if activities is not None else None
         # rows change hands four times per ring (the ring lets go of them a part at a time; a capture
         # takes what is newer itself), and every second where a crash must find them on disk
-        self.spill_path = os.path.join(self.out_dir, f"flight-{_who()}.spill") if crash_spill else None
+        self.spill_path = os.path.join(self.out_dir, f"flight-{who()}.spill") if crash_spill else None
         flush = 1.0 if crash_spill else max(1.0, self.seconds / 4)
         self._profile_options = {"flush_interval_s": flush, "ring_mb": max_mb, **profile_options}
         self._crash_stacks: Any = None
@@ -136,7 +131,7 @@ class FlightRecorder:
         self.max_captures = max_captures
         self.max_captures_bytes = None if max_captures_mb is None else max_captures_mb * 1e6
         self._last_ending = -1e18  # (monotonic) when the last ending trigger was claimed
-        self._job_tokens, self._job_tokens_at = float(JOB_BURST), time.monotonic()  # see _job_budget
+        self._job_budget = TriggerBudget(JOB_BURST)  # other ranks' triggers captured
         self._write_s = self._write_s_seen = 0.0  # time spent writing captures, and as the last step saw it
         self._write_started: float | None = None  # (monotonic) when the capture being written began
 
@@ -152,7 +147,7 @@ class FlightRecorder:
         self._writer.start()
         self._install_step_source()
         if self._hang is not None:
-            self._hang.start(os.path.join(self.out_dir, f"flight-hang-{_who()}-stacks.txt"))
+            self._hang.start(os.path.join(self.out_dir, f"flight-hang-{who()}-stacks.txt"))
         self._signals.install()
         if self._exit is not None:
             self._exit.install()
@@ -161,7 +156,7 @@ class FlightRecorder:
 
             hang_stacks = self._hang.stacks_path if self._hang is not None else None
             self._crash_rows = CrashRows(self.spill_path + CRASH_SUFFIX, hang_stacks)  # (before faulthandler: see CrashRows)
-            self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{_who()}-stacks.txt"))
+            self._crash_stacks = CrashStacks(os.path.join(self.out_dir, f"flight-crash-{who()}-stacks.txt"))
         self._link_job()
         _running.append(self)
         if self._capturable:
@@ -382,7 +377,7 @@ class FlightRecorder:
         trigger, number = message["trigger"], message["number"]  # (checked: flight/job.py job_message)
         evidence = message["evidence"]
         now = time.monotonic()
-        if not self._claim(trigger, now, evidence=evidence) or not self._job_budget(now):  # (a repeat costs nothing)
+        if not self._claim(trigger, now, evidence=evidence) or not self._job_budget.take(now, self.min_gap_s):  # (a repeat costs nothing)
             self._job.answer(number, self._latest_capture(), store)
             return
         behind = min(max(0.0, time.time() - message["at_epoch_s"]), self.seconds)
@@ -391,17 +386,6 @@ class FlightRecorder:
         self._job.answer(number, written, store)
         if written is not None:
             self._job.put_answers_later(number, written, self.answer_wait_s, self.failures)
-
-    def _job_budget(self, now: float) -> bool:
-        """Whether another rank's trigger may be captured now: JOB_BURST at once, then one per
-        `min_gap_s`, whatever the triggers' names (a flood of names is not a capture each)."""
-        gap = max(self.min_gap_s, 1e-3)
-        self._job_tokens = min(JOB_BURST, self._job_tokens + (now - self._job_tokens_at) / gap)
-        self._job_tokens_at = now
-        if self._job_tokens < 1:
-            return False
-        self._job_tokens -= 1
-        return True
 
     def capture_to(self, path: str, last_s: float, evidence: Mapping[str, Any] | None = None) -> str | None:
         """The last `last_s` seconds (as far as the ring holds them) written to `path` now, on the
@@ -438,11 +422,9 @@ class FlightRecorder:
         profile = self.profile
         if profile is None:
             return None
-        rank = _rank()
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(wall)) + f".{int(wall * 1e3) % 1000:03d}"
-        path = path or os.path.join(self.out_dir, f"flight-{safe_name(trigger)}-{_who()}-{stamp}{self.suffix}")
+        path = path or capture_path(self.out_dir, trigger, wall, self.suffix)
         meta = {FLIGHT_KEY: {"trigger": trigger, "evidence": evidence, "at_epoch_s": wall, "seconds": self.seconds,
-                             "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
+                             "after_s": self.after_s, "host": socket.gethostname(), "pid": os.getpid(), "rank": launched_rank(),
                              **({"job": job} if job else {})}}
         started = time.perf_counter()
         try:
@@ -461,33 +443,9 @@ class FlightRecorder:
             self._hang.write_stacks(written)
         self.write_seconds.append(time.perf_counter() - started)
         self.captures.append(written)
-        self._keep_under_caps()
+        self.captures[:] = keep_under_caps(self.captures, self.out_dir, self.max_captures, self.max_captures_bytes)
         release_freed_memory()  # (the capture's merge freed its columns amid the ring's: a long run grew)
         return written
-
-    def _keep_under_caps(self) -> None:
-        """This process's captures in `out_dir` beyond `max_captures` or `max_captures_mb` removed, oldest
-        first (with the stacks beside them); one written where asked (``capture --last -o``) is left."""
-        kept, total = [], 0
-        for path in reversed(self.captures):
-            if os.path.dirname(path) != self.out_dir:
-                kept.append(path)  # (not counted: the user's file)
-                continue
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                continue  # removed by someone else
-            over_count = self.max_captures is not None and len(kept) >= self.max_captures
-            over_bytes = self.max_captures_bytes is not None and kept and total + size > self.max_captures_bytes
-            if over_count or over_bytes:
-                for gone in (path, f"{path}.stacks.txt"):
-                    with contextlib.suppress(OSError):
-                        os.remove(gone)
-                continue
-            kept.append(path)
-            total += size
-        self.captures[:] = kept[::-1]
-
 
 _running: list[FlightRecorder] = []  # the recorders started in this process, the latest last
 
@@ -535,11 +493,6 @@ def _check_options(ops: str, format: str, seconds: Any, after_s: Any, max_captur
     for name, value in (("seconds", seconds), ("after_s", after_s)):
         if not isinstance(value, (int, float)) or value < 0 or (name == "seconds" and value == 0):
             raise ConfigError(f"flight_recorder({name}={value!r}): a number of seconds, above 0")
-
-
-def _who() -> str:
-    rank = _rank()
-    return f"rank{rank}" if rank is not None else f"pid{os.getpid()}"
 
 
 def flight_recorder(seconds: float = 30.0, **options: Any) -> FlightRecorder:
