@@ -26,34 +26,14 @@ from polyprof.torch.attachments import OVERLOAD_ARG, PYTHON_CALLS, TORCH_RESULT
 from polyprof.torch.observer import ARG_KEYS
 
 USER_SCOPE = 7
+_PYTHON = int(ActivityKind.PYTHON_FUNCTION)
 #: args that are not an op's keyword arguments (Kineto's own fields)
-STANDARD_ARGS = frozenset(
-    {
-        *ARG_KEYS,
-        "External id",
-        "Record function id",
-        "Ev Idx",
-        "Call stack",
-        "Module Hierarchy",
-        "flops",
-        "finished",
-        "Python id",
-        "Python parent id",
-        "Python module id",
-        "correlation",
-        OVERLOAD_ARG,
-        "args",
-    }
-)
-HOST_KINDS = frozenset(
-    int(k)
-    for k in (
-        ActivityKind.CPU_OP,
-        ActivityKind.USER_ANNOTATION,
-        ActivityKind.PYTHON_FUNCTION,
-        ActivityKind.INSTANT,
-    )
-)
+STANDARD_ARGS = frozenset({
+    *ARG_KEYS, "External id", "Record function id", "Ev Idx", "Call stack", "Module Hierarchy", "flops", "finished",
+    "Python id", "Python parent id", "Python module id", "correlation", OVERLOAD_ARG, "args",
+})
+HOST_KINDS = frozenset(int(k) for k in (ActivityKind.CPU_OP, ActivityKind.USER_ANNOTATION, ActivityKind.PYTHON_FUNCTION,
+                                        ActivityKind.INSTANT))
 
 
 def device_type_of(torch: Any, device_type: str) -> Any:
@@ -455,12 +435,8 @@ def _set_python_stacks(roots: list[TreeNode]) -> None:
     while todo:
         node, around = todo.pop()
         node.event._stack = list(reversed(around))
-        inner = (*around, node.name) if node.tag is not None and _is_python(node) else around
+        inner = (*around, node.name) if node.tag is not None and node.event._kind == _PYTHON else around
         todo.extend((child, inner) for child in node.children)
-
-
-def _is_python(node: TreeNode) -> bool:
-    return node.event._kind == int(ActivityKind.PYTHON_FUNCTION)
 
 
 def autograd_view(trace: Trace, *, use_device: str | None, previous: Any = None, **options: Any) -> Any:
