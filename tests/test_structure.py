@@ -1,6 +1,6 @@
 """What the layout promises a newcomer (issue #52): polyprof's modules import one another without
 circles, no module takes another's private names (imported, or reached as a module's attribute), and
-one package chooses between C and Python."""
+one package chooses between C and Python; no function or file grows past what one sitting reads."""
 
 import ast
 import os
@@ -171,3 +171,23 @@ def test_only_polyprof_native_chooses_between_c_and_python():
         and (any(to in EXTENSIONS for to in edges.get(name, ())) or "POLYPROF_PURE_PYTHON" in open(path).read())
     )
     assert choosers == []
+
+
+#: the sizes a newcomer can read in one sitting (issue #66): a function fits a screen or two, a file
+#: is one job. A function past them is split by what it does; a file, by the jobs it holds.
+LONGEST_FUNCTION, LONGEST_FILE = 80, 500
+
+
+def test_every_function_and_file_stays_readable_in_one_sitting():
+    long_functions, long_files = [], []
+    for name, path in MODULES.items():
+        source = open(path).read()
+        if source.count("\n") > LONGEST_FILE:
+            long_files.append(f"{name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long_functions.append(f"{name}.{node.name}: {lines} lines")
+    assert not long_files, f"files over {LONGEST_FILE} lines: {long_files}"
+    assert not long_functions, f"functions over {LONGEST_FUNCTION} lines: {long_functions}"
