@@ -35,21 +35,14 @@ import functools
 import json
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
-from polyprof import _native, correlation
-from polyprof._native import COUNTER, FIELDS, GC, INSTANT, SPAN
+from polyprof import _native
+from polyprof._native import COUNTER, FIELDS, GC, INSTANT, SPAN, Routed, open_states, snapshot
+from polyprof.plugin import correlation
 
 __all__ = ["COUNTER", "FIELDS", "GC", "INSTANT", "SPAN", "FrameworkBridge", "counter", "instant",
            "open_states", "record_function", "recorder", "set_framework_bridge", "snapshot"]
-
-
-class Routed(NamedTuple):
-    """The buffered args of a span that was also a framework range: the user's args and the range's
-    handle (torch's "Record function id")."""
-
-    args: Any
-    handle: int
 
 
 def args_text(args: Any) -> str | None:
@@ -83,28 +76,6 @@ class FrameworkBridge:
 def set_framework_bridge(bridge: FrameworkBridge | None) -> None:
     """Install (or, with None, remove) the bridge to a framework's own ranges."""
     _native.set_bridge(bridge, Routed, args_text)
-
-
-def snapshot(buffer: Any) -> tuple[Any, list, list]:
-    """``(rows [n x 5] int64: type, start, end, id, parent; names; args)`` of either buffer kind."""
-    import numpy as np
-
-    rows, names, args = buffer.snapshot()
-    if isinstance(rows, bytes):
-        rows = np.frombuffer(rows, dtype=np.int64).reshape(-1, FIELDS)
-    return rows, names, args
-
-
-def open_states(buffer: Any) -> list[tuple]:
-    """``(name, args, start, id, parent)`` of each span open in a live buffer (entered, not exited yet),
-    outermost first::
-
-        [state[0] for state in open_states(recorder.buffer())]   # the calling thread's open span names
-
-    C's buffer lists the span objects (their ``open_state``: None once no longer open), the Python
-    twin's the tuples themselves."""
-    return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state)
-            for span in buffer.open_spans() if isinstance(span, tuple) or span.open_state is not None]
 
 
 class ThreadBuffer:

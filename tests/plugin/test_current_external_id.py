@@ -17,7 +17,7 @@ import pytest
 
 import polyprof
 from polyprof._native import extension as speedups
-from polyprof.correlation import current, current_external_id
+from polyprof.plugin.correlation import current, current_external_id
 
 
 def _scenario() -> dict:

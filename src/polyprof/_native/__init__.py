@@ -49,6 +49,9 @@ from polyprof._native.shared import (
     SIDE_NAMES,
     SPAN,
     NeedsExtension,
+    Routed,
+    open_states,
+    snapshot,
 )
 
 if load.extension is not None:
@@ -80,7 +83,7 @@ def unavailable(feature: str) -> str | None:
 
 
 __all__ = [
-    "BUILT_HERE", "COUNTER", "DECLINED", "FIELDS", "GC", "INSTANT", "SPAN", "NeedsExtension",
+    "BUILT_HERE", "COUNTER", "DECLINED", "FIELDS", "GC", "INSTANT", "SPAN", "NeedsExtension", "Routed", "open_states", "snapshot",
     "RECORDER_NAMES", "SIDE_NAMES",
     "description", "extension", "extension_missing", "unavailable", "why_pure", *SIDE_NAMES,
 ]

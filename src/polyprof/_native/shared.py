@@ -1,8 +1,9 @@
 """What polyprof's C extension and its Python side agree on, one text for both: the recorder's event
-layout (csrc/recorder.c and twins/recorder.py) and the readers' answer for "read it the other way"."""
+layout (csrc/recorder.c and twins/recorder.py), the views of a thread's buffer that read either kind, and
+the readers' answer for "read it the other way"."""
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 #: the host clock, in ns: CLOCK_MONOTONIC on Linux. Every host timestamp is read from it (the C side
 #: reads the same clock, or the TSC mapped onto it); :mod:`polyprof.plugin.clock` gives it to backends
@@ -19,6 +20,14 @@ FIELDS = 5
 #: what a scanner (``scan_events``, ``events_array_start``) answers for input it leaves to the
 #: reference reader, and what every scanner answers without the extension
 DECLINED = -4
+
+
+class Routed(NamedTuple):
+    """The buffered args of a span that was also a framework range: the user's args and the range's
+    handle (torch's "Record function id")."""
+
+    args: Any
+    handle: int
 
 
 class NeedsExtension(RuntimeError):
@@ -58,3 +67,23 @@ class _NumpyOnUse:
 
 
 np: Any = _NumpyOnUse()
+
+
+def snapshot(buffer: Any) -> tuple[Any, list, list]:
+    """``(rows [n x 5] int64: type, start, end, id, parent; names; args)`` of either buffer kind."""
+    rows, names, args = buffer.snapshot()
+    if isinstance(rows, bytes):
+        rows = np.frombuffer(rows, dtype=np.int64).reshape(-1, FIELDS)
+    return rows, names, args
+
+
+def open_states(buffer: Any) -> list[tuple]:
+    """``(name, args, start, id, parent)`` of each span open in a live buffer (entered, not exited yet),
+    outermost first::
+
+        [state[0] for state in open_states(recorder.buffer())]   # the calling thread's open span names
+
+    C's buffer lists the span objects (their ``open_state``: None once no longer open), the Python
+    twin's the tuples themselves."""
+    return [span if isinstance(span, tuple) else (span.name, span.args, *span.open_state)
+            for span in buffer.open_spans() if isinstance(span, tuple) or span.open_state is not None]

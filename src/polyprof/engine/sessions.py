@@ -24,11 +24,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from polyprof import correlation
 from polyprof.engine.guard import CallOutcome, describe, guarded_call, release_worker
 from polyprof.engine.selection import Chosen, Selection
 from polyprof.errors import BackendContractError, PolyprofWarning
 from polyprof.model import BACKEND_FAILED, BACKEND_UNAVAILABLE, BackendStatus, CollectedPart
+from polyprof.plugin import correlation
 from polyprof.plugin.backend import REQUIRED_SESSION_METHODS, ProfileConfig, SessionContext
 from polyprof.plugin.sink import Sink
 from polyprof.plugin.traits import SessionTraits, backend_traits, session_trait_problems, session_traits

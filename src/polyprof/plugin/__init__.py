@@ -51,7 +51,7 @@ _OWNERS = {
     "Sink": "polyprof.plugin.sink",
     **dict.fromkeys(("OPTIONAL_COLUMNS", "REQUIRED_COLUMNS", "ROW_COLUMNS"), "polyprof.plugin.sink_rows"),
     **dict.fromkeys(("BackendTraits", "SessionTraits"), "polyprof.plugin.traits"),
-    **dict.fromkeys(("current_external_id", "external_id_reader"), "polyprof.correlation"),
+    **dict.fromkeys(("current_external_id", "external_id_reader"), "polyprof.plugin.correlation"),
 }
 __getattr__, __dir__ = lazy_names(globals(), _OWNERS)
 
@@ -61,7 +61,7 @@ def current_external_id_var() -> ContextVar[int]:
     setting it makes an id current (a test standing in for a framework op). Spans opened in plain
     synchronous code do not set it, so read the id with :func:`current_external_id` (Python) or the C
     function at :func:`external_id_reader` (``long long reader(void)``, called with the GIL held)."""
-    from polyprof import correlation
+    from polyprof.plugin import correlation
 
     return correlation.current
 

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from polyprof import correlation
 from polyprof.model import BackendStatus
-from polyprof.plugin import facilities
+from polyprof.plugin import correlation, facilities
 from polyprof.plugin.clock import ClockMapping, host_ns
 
 BY_OPTION = "by option: "  # how the drops a user's options asked for are named in a backend's status

@@ -2,25 +2,25 @@
 and what the crash reader (:mod:`polyprof.formats.spill.crash`) makes of the rows a crashed process
 left. One place for both, so that a crash's spans read as a recording's::
 
-    rows, names, args = annotations.snapshot(buffer)
+    rows, names, args = _native.snapshot(buffer)
     thread_rows(sink, sink.host_device(), sink.host_thread(tid), rows, names, args)
-    unfinished_spans(sink, host, thread_row, annotations.open_states(buffer), end_ns)
+    unfinished_spans(sink, host, thread_row, _native.open_states(buffer), end_ns)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polyprof import annotations
+from polyprof import _native
 from polyprof.model import ActivityKind, ArgColumns, CodedStrings
 from polyprof.model.strings import as_name, code_strings, present_rows
 from polyprof.plugin.sink import Sink
 
 #: a buffer's event type -> the activity kind it becomes (counters become counter samples)
 KIND_OF_TYPE = np.zeros(4, dtype=np.int64)
-KIND_OF_TYPE[annotations.SPAN] = int(ActivityKind.USER_ANNOTATION)
-KIND_OF_TYPE[annotations.INSTANT] = int(ActivityKind.INSTANT)
-KIND_OF_TYPE[annotations.GC] = int(ActivityKind.PYTHON_FUNCTION)
+KIND_OF_TYPE[_native.SPAN] = int(ActivityKind.USER_ANNOTATION)
+KIND_OF_TYPE[_native.INSTANT] = int(ActivityKind.INSTANT)
+KIND_OF_TYPE[_native.GC] = int(ActivityKind.PYTHON_FUNCTION)
 
 
 def thread_rows(sink: Sink, host: int, thread_row: int, rows: np.ndarray, names: list, args: list) -> None:
@@ -28,13 +28,13 @@ def thread_rows(sink: Sink, host: int, thread_row: int, rows: np.ndarray, names:
     points at its parent. Spans that were also torch ranges while a consumer asked for ids (an
     ExecutionTraceObserver) carry torch's "Record function id"."""
     types = rows[:, 0]
-    for i in np.flatnonzero(types == annotations.COUNTER).tolist():
+    for i in np.flatnonzero(types == _native.COUNTER).tolist():
         sink.counter(as_name(names[i]), args[i], ts=int(rows[i, 1]))
-    keep = np.flatnonzero(types != annotations.COUNTER)
+    keep = np.flatnonzero(types != _native.COUNTER)
     if not len(keep):
         return
     everything = len(keep) == len(rows)
-    is_span = types[keep] == annotations.SPAN
+    is_span = types[keep] == _native.SPAN
     codes, table = code_strings(names)
     present = present_rows(args)
     position = present if everything else np.searchsorted(keep, present)
@@ -45,7 +45,7 @@ def thread_rows(sink: Sink, host: int, thread_row: int, rows: np.ndarray, names:
     handles = np.zeros(len(keep), dtype=np.int64)
     for out_i, i in zip(position.tolist(), present.tolist(), strict=True):
         a = args[i]
-        if type(a) is annotations.Routed:  # also a torch range: its handle is torch's id
+        if type(a) is _native.Routed:  # also a torch range: its handle is torch's id
             handles[out_i] = a.handle
             a = a.args
             if a is None:

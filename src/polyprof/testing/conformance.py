@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from polyprof import correlation
 from polyprof.engine.guard import GUARD_THREAD_NAME, describe, run_with_timeout
 from polyprof.model import BACKEND_RAN, DEVICE_KINDS, ActivityTable
 from polyprof.plugin import (
@@ -21,6 +20,7 @@ from polyprof.plugin import (
     SessionContext,
     Sink,
     contract_problems,
+    correlation,
     host_ns,
 )
 from polyprof.plugin.traits import session_trait_problems

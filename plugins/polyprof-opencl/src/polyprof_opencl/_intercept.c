@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-static PyObject *g_contextvar = NULL;  /* polyprof.correlation.current: the current external id */
+static PyObject *g_contextvar = NULL;  /* polyprof.plugin.correlation.current: the current external id */
 static long long (*g_external_id)(void) = NULL;  /* polyprof's reader of it (polyprof.plugin.external_id_reader) */
 
 /* The calling thread's native id, read once per thread (PyThread_get_thread_native_id is a gettid

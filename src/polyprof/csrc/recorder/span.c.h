@@ -229,7 +229,7 @@ static inline long long read_current_of(PyThreadState *state, EventBufferObject 
 
 static long long read_current(EventBufferObject *buf) { return read_current_of(PyThreadState_Get(), buf); }
 
-/* The current external id (polyprof.correlation.current_external_id), for C callers holding the GIL:
+/* The current external id (polyprof.plugin.correlation.current_external_id), for C callers holding the GIL:
    0 on any error (cleared). */
 static long long current_external_id(void) {
     long long id = read_current(existing_thread_buffer());
