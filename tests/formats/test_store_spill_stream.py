@@ -206,7 +206,7 @@ def test_the_store_streams_a_large_spill_and_loads_a_rings(tmp_path, monkeypatch
     monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
     streamed = []
     real = recover_stream.recover_pieces
-    monkeypatch.setattr(rank_stream, "recover_pieces", lambda *a, **k: streamed.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(recover_stream, "recover_pieces", lambda *a, **k: streamed.append(a[0]) or real(*a, **k))
     store_write.write_store([spill], tmp_path / "job.polyprof")
     assert streamed == [spill]
     open(spill + ".previous", "wb").close()  # a ring's older generation: loaded whole, as recover reads it

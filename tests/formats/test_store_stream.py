@@ -18,6 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import polyprof  # noqa: E402
 from polyprof import store  # noqa: E402
 from polyprof.errors import TraceFormatError  # noqa: E402
+from polyprof.formats import open_chunks  # noqa: E402
 from polyprof.formats.chrome import scan  # noqa: E402
 from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
 from polyprof.formats.perfetto import fields as F  # noqa: E402
@@ -162,7 +163,25 @@ def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path
         raise scan.Declined
         yield  # pragma: no cover
 
-    monkeypatch.setattr(rank_stream, "scan_chunks", declined)
+    monkeypatch.setattr(scan, "scan_chunks", declined)
+    _assert_same_tables(traces["polyprof"], tmp_path, parse_json=True, chunk_events=5)
+
+
+@needs_scanner
+def test_a_scanner_that_declines_part_way_is_read_again_and_its_first_chunks_do_not_count(traces, tmp_path, monkeypatch):
+    real = scan.scan_chunks
+
+    def declines_after_two(path, rows, on_read=None):
+        for n, chunk in enumerate(real(path, rows, on_read)):
+            if n == 2:
+                raise scan.Declined
+            yield chunk
+
+    monkeypatch.setattr(scan, "scan_chunks", declines_after_two)
+    monkeypatch.setattr(scan, "CHUNK", 2048)  # a chunk every few events
+    chunks = list(open_chunks(traces["polyprof"], 5))
+    assert [c.restarted for c in chunks][:3] == [False, False, True] and not any(c.restarted for c in chunks[3:])
+    assert sum(len(c.trace.activities) for c in chunks[2:]) == len(polyprof.load_trace(traces["polyprof"]).activities)
     _assert_same_tables(traces["polyprof"], tmp_path, parse_json=True, chunk_events=5)
 
 
@@ -171,7 +190,6 @@ def test_a_truncated_trace_streamed_is_one_line_and_leaves_no_store(traces, tmp_
     monkeypatch.setattr(store_write, "STREAM_ABOVE_BYTES", 0)
     if reader == "reference":
         monkeypatch.setattr(scan, "scan_chunks", lambda *args: (_ for _ in ()).throw(scan.Declined()))
-        monkeypatch.setattr(rank_stream, "scan_chunks", scan.scan_chunks)
     data = open(traces["polyprof"], "rb").read()
     cut = tmp_path / "cut.json"
     cut.write_bytes(data[: len(data) // 2])
@@ -337,7 +355,7 @@ def test_a_chunks_string_table_holds_the_strings_its_rows_name(tmp_path, suffix,
     polyprof.write_trace(Trace(activities=b.freeze(), devices=[Device("host", "cpu", 0, "host")],
                                resources=[Resource(0, 1, "main")]), path)
     if suffix == ".json":
-        chunks = list(scan.scan_chunks(path, 100))
+        chunks = [c.trace for c in scan.scan_chunks(path, 100)]
     else:
         chunks = [c.trace for c in perfetto_chunks.perfetto_chunks(path, 100)]
     assert sum(len(c.activities) for c in chunks) == 3_000 and len(chunks) >= 20

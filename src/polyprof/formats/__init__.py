@@ -8,6 +8,7 @@ ranks, recover) live in :mod:`polyprof.tools`.
 
     from polyprof.formats import load_trace, write_trace
     trace = load_trace("rank0.json.gz")      # JSON or Perfetto, gzip or not: told apart by the bytes
+    for chunk in open_chunks("rank0.json.gz", rows=50_000): ...   # any size, spills too: chunk.trace
     write_trace(trace, "rank0.pftrace")      # the format the path names
 
 The names below load when first used, so that importing one format never imports the others.
@@ -20,9 +21,11 @@ from typing import Any
 
 _HOMES = {
     "load_trace": "polyprof.formats.files",
+    "open_chunks": "polyprof.formats.files",
+    "Chunk": "polyprof.formats.common.chunk",
     "parse_trace": "polyprof.formats.files",
     "write_trace": "polyprof.formats.files",
-    "format_of": "polyprof.formats.files",
+    "format_of": "polyprof.formats.common.paths",
     "check_output_path": "polyprof.formats.common.paths",
     "dumps_chrome_trace": "polyprof.formats.chrome.write",
     "write_chrome_trace": "polyprof.formats.chrome.write",

@@ -5,8 +5,16 @@ format.
 
     trace = load_trace("rank0.json.gz")      # Chrome JSON or Perfetto, gzip or not: told by the bytes
     trace = parse_trace(data, "name")        # the same from bytes in memory
+    for chunk in open_chunks("rank0.json.gz", rows=50_000):   # any size, in bounded memory
+        chunk.trace                           # a partial trace (see polyprof.formats.common.chunk)
 
-Which writer a trace path asks for: Perfetto protobuf for ``.pftrace`` / ``.perfetto-trace`` (and
+:func:`open_chunks` is the one way a trace's rows are read a chunk at a time, whatever the source: a
+trace file (Chrome JSON, Perfetto) or what a killed run left (a spill, a Perfetto spill), read as
+``polyprof recover`` reads it. Each format's reader gives the one :class:`Chunk`; where a C scanner
+declines, the reference reader reads on inside the stream (its first chunk says it restarted), so no
+caller has a second path.
+
+Which writer a trace path asks for (:func:`~polyprof.formats.common.paths.format_of`): Perfetto protobuf for ``.pftrace`` / ``.perfetto-trace`` (and
 ``.gz`` after either), the trace store (:mod:`polyprof.store`) for a ``.polyprof`` folder, where each
 rank adds its own tables, Kineto-dialect Chrome JSON for everything else.
 
@@ -22,11 +30,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from polyprof.errors import ConfigError, TraceFormatError
-from polyprof.formats.common.paths import STORE_SUFFIX
+from polyprof.errors import TraceFormatError
+from polyprof.formats.common.paths import format_of
 from polyprof.formats.common.source import (
     first_bytes,
     inflate,
@@ -36,23 +44,8 @@ from polyprof.formats.common.source import (
     trace_chunks,
 )
 
-PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
-FORMATS = ("json", "perfetto", "store")
-
-
-def format_of(path: str | os.PathLike, format: str | None = None) -> str:
-    """"perfetto", "store" or "json": `format` when given (checked), else what the path's suffix says."""
-    if format is not None:
-        if format not in FORMATS:
-            raise ConfigError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
-        return format
-    name = os.fspath(path).lower().rstrip("/")
-    if name.endswith(STORE_SUFFIX):
-        return "store"
-    if name.endswith(".gz"):
-        name = name[:-3]
-    return "perfetto" if name.endswith(PERFETTO_SUFFIXES) else "json"
-
+if TYPE_CHECKING:
+    from polyprof.formats.common.chunk import Chunk
 
 def write_trace(trace: Any, path: str | os.PathLike, format: str | None = None) -> str:
     """Write `trace` in the format its path (or `format`) names; returns the path written."""
@@ -108,6 +101,37 @@ def load_trace(path: str | os.PathLike, *, max_bytes: int | None = None) -> Any:
         return parse_trace(data + b"".join(chunks), path)
     except MemoryError:
         raise TraceFormatError(f"{path}: there is not enough memory to read it ({os.path.getsize(path):,} bytes)") from None
+
+
+def open_chunks(path: str | os.PathLike, rows: int | None = None, *,
+                on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
+    """The rows of the trace, spill or Perfetto spill at `path` (gzip or not: told by its bytes, a
+    Perfetto spill by its name) in chunks of about `rows` rows, or with `rows` None as one chunk, the
+    whole trace (:func:`load_trace`'s, or :func:`~polyprof.formats.spill.recover.recover_trace`'s for
+    what a killed run left). `on_read` is told the file's bytes read so far (on disk) as the chunks are
+    read (from 0 again where a reading restarts)."""
+    from polyprof.formats.common.chunk import falling_back, whole
+    from polyprof.formats.perfetto.read import is_perfetto_file
+    from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
+
+    path = os.fspath(path)
+    if is_spill_file(path) or is_perfetto_spill(path):
+        from polyprof.formats.spill.recover import recover_trace
+        from polyprof.formats.spill.recover_stream import perfetto_spill_chunks, recover_pieces
+
+        whole_file = whole(lambda: recover_trace(path))
+        spill = recover_pieces if is_spill_file(path) else perfetto_spill_chunks
+        return iter(whole_file()) if rows is None else falling_back(lambda: spill(path, rows, on_read), whole_file)
+    whole_file = whole(lambda: load_trace(path))
+    if rows is None:
+        return iter(whole_file())
+    if is_perfetto_file(path):
+        from polyprof.formats.perfetto.chunks import perfetto_chunks
+
+        return falling_back(lambda: perfetto_chunks(path, rows, on_read), whole_file)
+    from polyprof.formats.chrome.read import json_chunks
+
+    return json_chunks(path, rows, on_read)
 
 
 def refuse_spill(data: bytes, path: str) -> None:

@@ -15,7 +15,7 @@ def tensorboard_trace_handler(
     """Returns ``handler(prof)`` writing ``{dir_name}/{worker_name}.{time_ns}.pt.trace.json[.gz]``,
     as torch.profiler's does (default worker name: ``{hostname}_{pid}``); with ``format="perfetto"``,
     ``....pt.trace.pftrace[.gz]`` (Perfetto protobuf: a fraction of the size, for large traces)."""
-    from polyprof.formats.files import format_of
+    from polyprof.formats.common.paths import format_of
 
     suffix = ".pftrace" if format_of("", format) == "perfetto" else ".json"
 

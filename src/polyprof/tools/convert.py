@@ -32,10 +32,10 @@ from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, Places, metadata_row
 from polyprof.formats.chrome.keys import top_level_keys
 from polyprof.formats.chrome.read import json_events
-from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.common.paths import check_output_path, format_of, trace_output
 from polyprof.formats.common.source import open_stream
 from polyprof.formats.common.values import hashable, us_to_ns
-from polyprof.formats.files import format_of, write_trace
+from polyprof.formats.files import write_trace
 from polyprof.formats.perfetto import write as W
 from polyprof.formats.perfetto.order import slice_events
 from polyprof.formats.perfetto.read import is_perfetto_file

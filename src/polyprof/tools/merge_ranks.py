@@ -34,9 +34,8 @@ from polyprof.errors import ConfigError, TraceFormatError
 from polyprof.formats.chrome.write import trace_metadata
 from polyprof.formats.common.job import rank_of, recorded_offset, trace_files
 from polyprof.formats.common.jsonsafe import json_bytes
-from polyprof.formats.common.paths import check_output_path, trace_output
+from polyprof.formats.common.paths import check_output_path, format_of, trace_output
 from polyprof.formats.common.streaming import BackgroundWriter, feed
-from polyprof.formats.files import format_of
 from polyprof.model import ActivityTable, Args, Counters, Trace
 from polyprof.model.args import ArgsBlock, JSONArray, is_json_column
 from polyprof.plugin.clock import base_time_ns

@@ -26,8 +26,9 @@ import orjson
 from polyprof.errors import TraceFormatError
 from polyprof.formats.chrome import scan as chrome_scan
 from polyprof.formats.chrome.dialect import ENVELOPE_PIDS, FLOW_TYPES, Places, metadata_row
+from polyprof.formats.common.chunk import Chunk, falling_back
 from polyprof.formats.common.finish import Where, finish_trace
-from polyprof.formats.common.source import TokenBound
+from polyprof.formats.common.source import TokenBound, is_gzip_file, max_trace_bytes, trace_chunks
 from polyprof.formats.common.values import hashable, us_to_ns
 from polyprof.model import (
     FLOW_AC2G,
@@ -130,7 +131,20 @@ def _streamed_events(path: str) -> Iterator[tuple[dict[str, Any], Iterator[Any],
             raise TraceFormatError(f"{path}: {problem} ({said})") from None
 
 
-def read_chunks(path: str, events_per_chunk: int, on_read: Callable[[int], None] | None = None) -> Iterator[Trace]:
+def json_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
+    """The JSON trace at `path` (gzip or not) as chunks of about `rows` rows: the C scanner's
+    (:func:`.scan.scan_chunks`), or where it declines, this reader's (:func:`read_chunks`) from the
+    file's start, a gzip file's tokens checked first as :func:`polyprof.formats.load_trace` checks them."""
+
+    def reference() -> Iterator[Chunk]:
+        if is_gzip_file(path):  # one token of gigabytes (a gzip bomb) is refused before reading
+            check_tokens(trace_chunks(path, max_trace_bytes()), path)
+        return read_chunks(path, rows, on_read)
+
+    return falling_back(lambda: chrome_scan.scan_chunks(path, rows, on_read), reference)
+
+
+def read_chunks(path: str, events_per_chunk: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
     """The trace at `path` (JSON, gzip or not) as partial traces of about `events_per_chunk` events each,
     read one event at a time: memory holds one chunk, whatever the file's size. The chunks share their
     devices and rows (a row's index means the same thread in every chunk; the names the file gives them
@@ -146,7 +160,7 @@ def read_chunks(path: str, events_per_chunk: int, on_read: Callable[[int], None]
         for chunk in _event_chunks(events, events_per_chunk):
             if on_read is not None:
                 on_read(disk_position(stream))
-            yield trace_of_doc({**keys, "traceEvents": chunk}, path, places, first)
+            yield Chunk(trace_of_doc({**keys, "traceEvents": chunk}, path, places, first))
             first += len(chunk)
 
 

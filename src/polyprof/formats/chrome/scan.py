@@ -26,6 +26,7 @@ import orjson
 from polyprof import _native
 from polyprof._native import DECLINED
 from polyprof.formats.chrome.dialect import FLOW_TYPES, apply_metadata, pid_device, tid_resource
+from polyprof.formats.common.chunk import Chunk
 from polyprof.formats.common.declined import Declined
 from polyprof.formats.common.finish import finish_trace
 from polyprof.formats.common.source import disk_position, is_gzip_file, max_value_bytes
@@ -88,7 +89,7 @@ def scan_file(path: str, max_bytes: int) -> Any:
     return None if top is None else _assembled(state, top, path)
 
 
-def scan_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Any]:
+def scan_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
     """The JSON trace `path` (gzip or not) as partial traces of about `rows` rows each (a 4 MB read at
     a time, as :func:`scan_file`), sharing their devices and rows (polyprof.formats.chrome.read's
     ``read_chunks`` says what chunks are); the last chunk has the file's keys after its events too.
@@ -104,14 +105,14 @@ def scan_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = No
                 on_read(scan.position)
             chunk = _chunk(state, scan.top(final=False), path, places, pending)
             if pending is not None:
-                yield pending
+                yield Chunk(pending)
             pending = chunk
     if on_read is not None:
         on_read(scan.position)
     last = _chunk(state, scan.top(final=True), path, places, pending)
     if pending is not None:
-        yield pending
-    yield last
+        yield Chunk(pending)
+    yield Chunk(last)
 
 
 class _FileScan:

@@ -1,4 +1,4 @@
-"""Checking and atomically replacing output files."""
+"""Output paths: which format a path names, checking them, and replacing output files atomically."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
-from polyprof.errors import OutputPathError
+from polyprof.errors import ConfigError, OutputPathError
 
 PLACEHOLDERS = ("rank", "local_rank", "world_size", "host", "pid")
 
@@ -74,6 +74,23 @@ def expand_placeholders(path: str | os.PathLike) -> str:
 STORE_SUFFIX = ".polyprof"
 #: the file that makes a folder a store and lists its ranks (known without the store extra's libraries)
 MANIFEST = "store.json"
+#: a path ending so (before a ".gz") names a Perfetto trace; any other, Chrome JSON
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
+FORMATS = ("json", "perfetto", "store")
+
+
+def format_of(path: str | os.PathLike, format: str | None = None) -> str:
+    """"perfetto", "store" or "json": `format` when given (checked), else what the path's suffix says."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ConfigError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
+        return format
+    name = os.fspath(path).lower().rstrip("/")
+    if name.endswith(STORE_SUFFIX):
+        return "store"
+    if name.endswith(".gz"):
+        name = name[:-3]
+    return "perfetto" if name.endswith(PERFETTO_SUFFIXES) else "json"
 
 
 def check_output_path(path: str | os.PathLike) -> str:

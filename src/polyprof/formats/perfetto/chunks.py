@@ -19,7 +19,8 @@ time as the reader ends them.
 Another writer's trace (no layout) is placed by its descriptors, as the reader places it (a track
 without a row gets one when it is met); its window is then its rows' extent (``Chunk.window`` is
 None). Raises :class:`~polyprof.formats.common.declined.Declined` where the scanner declines: the
-reference reader then reads the file whole and names what is wrong with it.
+reference reader then reads the file whole and names what is wrong with it
+(:func:`polyprof.formats.open_chunks` does).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from polyprof import _native
+from polyprof.formats.common.chunk import Chunk
 from polyprof.formats.common.source import disk_position, open_stream
 from polyprof.formats.perfetto import fields as F
 from polyprof.formats.perfetto.read import layout_window
@@ -46,25 +48,12 @@ from polyprof.formats.perfetto.scan import (
     scanned_head,
 )
 from polyprof.formats.perfetto.write import METADATA_EVENT, METADATA_TRACK
-from polyprof.model import Trace
 
 #: bytes read from the file at a time
 READ_BYTES = 4 << 20
 #: bytes handed to the scanner at a time (a chunk is taken once it holds `rows` records)
 FEED_BYTES = 256 << 10
 _GROUP = 61  # a key's group (slices ended, instants, slices open) above its order within the group
-
-
-@dataclass
-class Chunk:
-    """Rows of the trace (a partial Trace), each row's key in the whole file's order, and the window the
-    file records (None: the rows' extent, which only the whole file gives)."""
-
-    trace: Trace
-    rows: np.ndarray
-    window: tuple[int, int] | None
-    #: on the last chunk: (packets, packet sequences, bytes of a last packet cut off and left out)
-    scanned: tuple[int, int, int] | None = None
 
 
 def perfetto_chunks(path: str, rows: int, on_read: Callable[[int], None] | None = None,

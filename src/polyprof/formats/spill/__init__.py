@@ -11,7 +11,7 @@ from typing import Any
 def open_spill(path: str, header: dict[str, Any]) -> Any:
     """A new spill writer at `path`: polyprof's checksummed chunks, or Perfetto packets for a path in
     a Perfetto format."""
-    from polyprof.formats.files import format_of
+    from polyprof.formats.common.paths import format_of
 
     if format_of(path) == "perfetto":
         from polyprof.formats.spill.perfetto import PerfettoSpill

@@ -159,7 +159,7 @@ class SpillWriter(SpillFile):
 def spill_path(output: str) -> str:
     """Where the spill of a trace written to `output` lives: a hidden file beside it; for a Perfetto
     output a Perfetto trace itself (``.t.spill.pftrace``, see :mod:`polyprof.formats.spill.perfetto`)."""
-    from polyprof.formats.files import format_of
+    from polyprof.formats.common.paths import format_of
 
     folder, name = os.path.split(os.path.abspath(output))
     if format_of(output) == "perfetto":

@@ -1,8 +1,8 @@
 """A spill's trace in pieces of time, never held whole: how a large spill streams into the store
 (:mod:`polyprof.formats.store.rank_stream`)::
 
-    for piece in recover_pieces(".t.json.gz.spill", rows=50_000):
-        piece.trace, piece.window   # rows of one span of time, merged as recover_trace merges the spill
+    for chunk in recover_pieces(".t.json.gz.spill", rows=50_000):
+        chunk.trace, chunk.window   # rows of one span of time, merged as recover_trace merges the spill
 
 The spill is read twice. The first pass decodes each part in turn and keeps what the cuts need: a
 sample of its rows' starts, its operators' and annotations' spans (their union), its flow rows' ids and
@@ -40,29 +40,21 @@ from typing import BinaryIO
 
 import numpy as np
 
+from polyprof.formats.common.chunk import Chunk
 from polyprof.formats.common.declined import Declined
-from polyprof.formats.perfetto.chunks import Chunk, perfetto_chunks
+from polyprof.formats.perfetto.chunks import perfetto_chunks
 from polyprof.formats.spill.file import read_part, read_spill
 from polyprof.formats.spill.names import PREVIOUS
 from polyprof.formats.spill.recover import Recovery, latest_statuses, perfetto_partial, read_crash_beside
 from polyprof.merge import MergeContext, MergeReport, merge
 from polyprof.merge.flows import backend_flow_offsets
-from polyprof.model import ActivityKind, ActivityTable, CollectedPart, Counters, Trace
+from polyprof.model import ActivityKind, ActivityTable, CollectedPart, Counters
 
 #: every how many rows of a part one start is kept to place the cuts
 START_SAMPLE = 8
 SPANS = (int(ActivityKind.CPU_OP), int(ActivityKind.USER_ANNOTATION))
 LAUNCHES = (int(ActivityKind.RUNTIME), int(ActivityKind.DRIVER))
 _NEVER = np.iinfo(np.int64).max
-
-
-@dataclass
-class Piece:
-    """Rows of the spill's trace (a partial Trace, its rows in the whole trace's order after the earlier
-    pieces'), and the trace's window."""
-
-    trace: Trace
-    window: tuple[int, int]
 
 
 @dataclass
@@ -164,7 +156,7 @@ def _union(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.stack([start[heads], np.maximum.reduceat(end, heads)], axis=1)
 
 
-def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Piece]:
+def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None = None) -> Iterator[Chunk]:
     """The trace of the spill at `path` in pieces of about `rows` rows (see the module). `on_read` is
     told how far through the file the two passes are (as bytes of the file, up to its size)."""
     path = os.fspath(path)
@@ -187,10 +179,10 @@ def recover_pieces(path: str, rows: int, on_read: Callable[[int], None] | None =
     offsets = backend_flow_offsets({b: np.array(facts.flow_ids.get(b, []), dtype=np.int64) for b in in_order})
     report, context = MergeReport(), MergeContext.of([p.shell for p in facts.parts])
 
-    def merged(parts: list[CollectedPart]) -> Piece:
+    def merged(parts: list[CollectedPart]) -> Chunk:
         trace = merge(parts, window=recovery.window, epoch_offset_ns=recovery.epoch_offset_ns,
                       metadata=recovery.metadata, report=report, flow_offsets=offsets, context=context)
-        return Piece(trace, recovery.window)
+        return Chunk(trace, window=recovery.window)
 
     bounds = [-_NEVER, *facts.cuts(rows, offsets), _NEVER]
     by_first = sorted((i for i, seen in enumerate(facts.parts) if seen.rows), key=lambda i: facts.parts[i].first)

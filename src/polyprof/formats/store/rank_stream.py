@@ -2,9 +2,8 @@
 memory, whatever the trace's size: the same tables as :func:`~polyprof.formats.store.rank_tables.rank_tables`
 of the loaded trace, row for row.
 
-The file is read in chunks of rows (JSON: :func:`polyprof.formats.chrome.read.read_chunks`; Perfetto:
-:func:`polyprof.formats.perfetto.chunks.perfetto_chunks`, whose rows come as their slices end; a
-spill: :func:`polyprof.formats.spill.recover_stream.recover_pieces`, merged a span of time at a time); each
+The file is read in chunks of rows (:func:`polyprof.formats.open_chunks`: a Perfetto file's rows come
+as their slices end, a spill's merged a span of time at a time); each
 chunk's rows go to a scratch Parquet file with what they say alone (names, args, kind of work), and what
 only the whole file says is kept small beside: the steps' spans, operators per thread, the collectives'
 args. DuckDB, under a memory limit and spilling to the scratch folder, then sorts the rows by thread
@@ -19,6 +18,7 @@ row group, and the per-step and per-collective facts (a few bytes each).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -31,15 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from polyprof.formats.chrome.read import check_tokens, read_chunks
-from polyprof.formats.chrome.scan import scan_chunks
-from polyprof.formats.common.declined import Declined
+from polyprof.formats.common.chunk import Chunk
 from polyprof.formats.common.job import rank_of, recorded_offset
-from polyprof.formats.common.source import is_gzip_file, max_trace_bytes, trace_chunks
-from polyprof.formats.perfetto.chunks import perfetto_chunks
-from polyprof.formats.perfetto.read import is_perfetto_file
-from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
-from polyprof.formats.spill.recover_stream import perfetto_spill_chunks, recover_pieces
+from polyprof.formats.files import open_chunks
 from polyprof.formats.store import rank_tables as rt
 from polyprof.formats.store.files import rank_file, write_rank
 from polyprof.formats.store.rank_args import args_columns
@@ -80,11 +74,11 @@ class _Facts:
 def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: int | None = None,
                 memory_mb: int = ENGINE_MEMORY_MB, on_read: Callable[[int], None] | None = None
                 ) -> tuple[int, dict[str, int]]:
-    """`source` (one rank's Chrome JSON or Perfetto trace, gzip or not) into the store folder
-    `out`: the rank and the rows written per table. `on_read` is told the file's bytes read so far (on
-    disk) as it is read (from 0 again where the C scanner declines a JSON file and the reference reader
-    reads it). A Perfetto file the scanner declines raises
-    :class:`polyprof.formats.common.declined.Declined`: load it whole (the reader names what is wrong)."""
+    """`source` (one rank's Chrome JSON or Perfetto trace, gzip or not, or what a killed run left) into
+    the store folder `out`: the rank and the rows written per table. `on_read` is told the file's bytes
+    read so far (on disk) as it is read (from 0 again where a reading restarts). A file a C scanner
+    declines is read by the reference reader (:func:`polyprof.formats.open_chunks`): a Perfetto file or
+    a ring's spill whole, as one chunk (the reader names what is wrong with a malformed one)."""
     scratch = tempfile.mkdtemp(prefix=".polyprof-rank-", dir=out)
     try:
         facts, head = _read(source, scratch, chunk_events or CHUNK_EVENTS, on_read)
@@ -110,26 +104,24 @@ def stream_rank(source: str, out: str, *, fallback_rank: int = 0, chunk_events: 
 def _read(source: str, scratch: str, chunk_events: int, on_read: Callable[[int], None] | None
           ) -> tuple[_Facts, Trace]:
     """Every chunk's rows into the scratch files; the facts, and the file's head (its metadata, devices
-    and threads, with no rows). A JSON file is read by the C scanner, else by the reference reader (the
-    file read again from its start)."""
-    if is_spill_file(source):
-        return _read_chunks(((p.trace, None, p.window) for p in recover_pieces(source, chunk_events, on_read)), scratch)
-    if is_perfetto_file(source):
-        chunks = perfetto_spill_chunks if is_perfetto_spill(source) else perfetto_chunks
-        return _read_chunks(((c.trace, c.rows, c.window) for c in chunks(source, chunk_events, on_read)), scratch)
-    try:
-        return _read_chunks(((c, None, None) for c in scan_chunks(source, chunk_events, on_read)), scratch)
-    except Declined:
-        pass
-    if is_gzip_file(source):  # one token of gigabytes (a gzip bomb) is refused before reading, as load_trace does
-        check_tokens(trace_chunks(source, max_trace_bytes()), source)
-    return _read_chunks(((c, None, None) for c in read_chunks(source, chunk_events, on_read)), scratch)
+    and threads, with no rows). Where the reading restarts (a C scanner declined part way), the rows
+    written so far are written again from the restarted chunk on."""
+    chunks = open_chunks(source, chunk_events, on_read=on_read)
+    while True:
+        try:
+            return _read_chunks(chunks, scratch)
+        except _ReadAgain as again:
+            chunks = itertools.chain([again.chunk], chunks)
 
 
-def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None, tuple[int, int] | None]], scratch: str
-                 ) -> tuple[_Facts, Trace]:
-    """`chunks`: each partial trace, with its rows' keys in the file's row order where they are not the
-    order the chunks come in, and the window the file records (None: the rows' extent)."""
+class _ReadAgain(Exception):
+    def __init__(self, chunk: Chunk) -> None:
+        self.chunk = chunk
+
+
+def _read_chunks(chunks: Iterator[Chunk], scratch: str) -> tuple[_Facts, Trace]:
+    """`chunks` (see :class:`~polyprof.formats.common.chunk.Chunk`) into the scratch files; a restarted
+    chunk after others raises _ReadAgain (the files are then written again from it)."""
     facts = _Facts()
     last: Trace | None = None
     with pq.ParquetWriter(os.path.join(scratch, "rows.parquet"), SCRATCH) as rows, \
@@ -137,9 +129,13 @@ def _read_chunks(chunks: Iterator[tuple[Trace, np.ndarray | None, tuple[int, int
             ThreadPoolExecutor(1) as writer:
         written: Future | None = None  # a chunk's write (GIL released) while the next one is read
         recorded: tuple[int, int] | None = None  # the window the file records (the last chunk's say)
-        for chunk, keys, recorded in chunks:  # noqa: B007 - read after the loop
-            last = chunk
-            tables = _chunk_rows(chunk, facts, keys), _chunk_counters(chunk, facts)
+        for chunk in chunks:
+            if chunk.restarted and last is not None:
+                if written is not None:
+                    written.result()
+                raise _ReadAgain(replace(chunk, restarted=False))
+            last, recorded = chunk.trace, chunk.window
+            tables = _chunk_rows(chunk.trace, facts, chunk.rows), _chunk_counters(chunk.trace, facts)
             if written is not None:
                 written.result()
             written = writer.submit(lambda t=tables: (rows.write_table(t[0]), counters.write_table(t[1])))

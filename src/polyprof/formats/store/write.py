@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
 
 from polyprof import progress
 from polyprof.errors import ConfigError
@@ -30,22 +29,18 @@ STREAM_ABOVE_BYTES = 64 << 20
 def _convert(source: str, position: int, out: str, advance: progress.Advance | None = None
              ) -> tuple[int, dict[str, int], str]:
     """One rank's trace into `out` (the store being made): its rank, rows per table and source. A
-    large JSON or Perfetto rank streams through (:mod:`polyprof.formats.store.rank_stream`), reporting the
-    file's bytes read to `advance` as it goes, and so does a large spill; a ring's spill with its older
-    generation, and a Perfetto file or spill the stream declines (malformed: the reader names what is
-    wrong) are loaded first."""
+    large JSON or Perfetto rank, or a large spill, streams through (:mod:`polyprof.formats.store.rank_stream`),
+    reporting the file's bytes read to `advance` as it goes; a smaller one is read whole."""
     if _inflated_size(source) > STREAM_ABOVE_BYTES and _streams(source):
-        from polyprof.formats.common.declined import Declined
         from polyprof.formats.store.rank_stream import stream_rank
 
-        try:
-            rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
-            return rank, rows, source
-        except Declined:
-            pass
+        rank, rows = stream_rank(source, out, fallback_rank=position, on_read=advance)
+        return rank, rows, source
+    from polyprof.formats.files import open_chunks
     from polyprof.formats.store.rank_tables import rank_tables
 
-    tables = rank_tables(_load(source), source=os.path.abspath(source), fallback_rank=position)
+    trace = next(open_chunks(source)).trace  # a trace file, or a spill read as `polyprof recover` reads it
+    tables = rank_tables(trace, source=os.path.abspath(source), fallback_rank=position)
     return tables.rank, write_rank(tables, out), source
 
 
@@ -91,18 +86,6 @@ def _streams(source: str) -> bool:
     except Exception:  # noqa: BLE001 - loading it says what is wrong with the path
         return False
     return head.lstrip()[:1] in (b"{", b"[") or looks_like_perfetto(head)
-
-
-def _load(source: str) -> Any:
-    """A trace file, or a spill a killed process left (read as ``polyprof recover`` reads it)."""
-    from polyprof.formats import load_trace
-    from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
-
-    if is_spill_file(source) or is_perfetto_spill(source):  # (a path that cannot be read: load_trace says why)
-        from polyprof.formats.spill.recover import recover_trace
-
-        return recover_trace(source)
-    return load_trace(source)
 
 
 def replaceable_store(path: str) -> None:
