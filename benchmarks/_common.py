@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: machine description and result printing."""
+"""Shared helpers for the benchmarks: machine description, and results printed and written (``report``)."""
 
 from __future__ import annotations
 
@@ -67,8 +67,24 @@ def mlp_inference(passes: int = 20) -> Callable[[], None]:
     return work
 
 
+#: where each benchmark's last run is written (``NAME.json``): what a figure in figures.json is read from
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
 def report(name: str, results: dict) -> None:
-    print(json.dumps({"benchmark": name, "machine": machine(), **results}, indent=2))
+    """Print the run's results and write them to ``results/NAME.json`` with the machine, the date and the
+    command (``POLYPROF_BENCH_RESULTS`` names another folder; empty: write none)."""
+    import sys
+
+    run = {"benchmark": name, "machine": machine(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+           "command": " ".join(["benchmarks/" + os.path.basename(sys.argv[0]), *sys.argv[1:]]), **results}
+    text = json.dumps(run, indent=2, default=str)
+    print(text)
+    folder = os.environ.get("POLYPROF_BENCH_RESULTS", RESULTS)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{name}.json"), "w") as f:
+            f.write(text + "\n")
 
 
 _MEASURED = """

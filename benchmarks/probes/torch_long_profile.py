@@ -2,7 +2,7 @@
 window, as a profile kept on a training job records them, unprofiled, under polyprof.profiler and
 under torch.profiler (CPU), in the same run.
 
-    .venv/bin/python benchmarks/torch_long_profile.py [--ops 1000000] [--batches 9] [--record-shapes]
+    .venv/bin/python benchmarks/probes/torch_long_profile.py [--ops 1000000] [--batches 9] [--record-shapes]
 
 torch_overhead.py times 4,000-op windows, each a fresh profile; here the buffers grow past their
 first chunk, so what a long window pays per operator (its rows' pages, the clock) shows. Reports the
@@ -14,10 +14,14 @@ torch.profiler's.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
-from _common import report
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _common
+
+from _common import report  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """What any RecordFunction observer pays, against polyprof's observer and torch.profiler, per aten op of
 the 20-layer MLP of torch_overhead.py (`_common.mlp_inference`), in one process:
 
-    .venv/bin/python benchmarks/observer_floor.py [--rounds 41] [--record-shapes]
+    .venv/bin/python benchmarks/probes/observer_floor.py [--rounds 41] [--record-shapes]
 
 Besides the unprofiled loop, five ways of observing it: two minimal observers built here (with
 torch.utils.cpp_extension; needs a C++ compiler and ninja): `empty` (callbacks that return at once)
@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
-from _common import mlp_inference, report, scratch_folder
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _common
+
+from _common import mlp_inference, report, scratch_folder  # noqa: E402
 
 SOURCE = r"""
 #include <torch/extension.h>

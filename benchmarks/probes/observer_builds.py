@@ -1,7 +1,7 @@
 """Two builds of polyprof's torch observer library against each other, in one process, per aten op of
 the MLP of torch_overhead.py (`_common.mlp_inference`):
 
-    .venv/bin/python benchmarks/observer_builds.py OLD.so NEW.so [--rounds 80] [--record-shapes]
+    .venv/bin/python benchmarks/probes/observer_builds.py OLD.so NEW.so [--rounds 80] [--record-shapes]
 
 On a shared VM the added time per op moves by +-100 ns from one process to the next, more than most
 changes to the observer; here both libraries are loaded side by side (each its own copy of the
@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
-from _common import mlp_inference, report
-from observer_floor import minimal_observers
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: _common
+
+from _common import mlp_inference, report  # noqa: E402
+from observer_floor import minimal_observers  # noqa: E402
 
 
 def main() -> None:
