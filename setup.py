@@ -1,6 +1,6 @@
 """Only what pyproject.toml cannot say is here: the optional C extension and the on-demand .pth file.
 
-The extension (src/polyprof/csrc, one file per job) speeds up record_function, the Chrome writer and
+The extension (src/polyprof/_native/csrc, one file per job) speeds up record_function, the Chrome writer and
 the host backend's conversion; when it cannot be built (no C compiler, non-Linux clock),
 installation still succeeds and polyprof uses its pure-Python implementation.
 
@@ -47,10 +47,10 @@ class build_py_with_pth(build_py):
 ext_modules = []
 if sys.platform.startswith("linux") and sys.implementation.name == "cpython":
     files = ("module", "recorder", "chrome_format", "columns", "perfetto_format", "merge_events", "merge_packets", "merge_passes", "read_events", "read_packets", "perfetto_args", "pytrace", "row_chunks")
-    sources = [f"src/polyprof/csrc/{name}.c" for name in files]
+    sources = [f"src/polyprof/_native/csrc/{name}.c" for name in files]
     ext_modules.append(
-        Extension("polyprof._speedups", sources, depends=["src/polyprof/csrc/speedups.h", "src/polyprof/csrc/json_scan.h", "src/polyprof/csrc/protobuf.h",
-                                                       *sorted(glob.glob("src/polyprof/csrc/recorder/*.c.h"))], optional=True)
+        Extension("polyprof._native._speedups", sources, depends=["src/polyprof/_native/csrc/speedups.h", "src/polyprof/_native/csrc/json_scan.h", "src/polyprof/_native/csrc/protobuf.h",
+                                                       *sorted(glob.glob("src/polyprof/_native/csrc/recorder/*.c.h"))], optional=True)
     )
 
 setup(ext_modules=ext_modules, cmdclass={"build_py": build_py_with_pth})

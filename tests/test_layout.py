@@ -43,7 +43,7 @@ def test_the_core_imports_no_device_library():
 
 def test_the_core_c_code_knows_no_device_api():
     words = ("NannyEvent", "clRetainEvent", "int_ptr", "cupti", "CUpti", "pti_view")
-    csrc = os.path.join(CORE, "csrc")
+    csrc = os.path.join(CORE, "_native", "csrc")
     files = [os.path.join(folder, f) for folder, _, names in os.walk(csrc) for f in names]  # the sections too
     assert any(f.endswith(".c.h") for f in files)
     found = [(f, w) for f in files for w in words if w in open(f).read()]

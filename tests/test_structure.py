@@ -25,7 +25,7 @@ def _modules():
 
 
 MODULES = _modules()
-EXTENSIONS = {"polyprof._speedups"}
+EXTENSIONS = {"polyprof._native._speedups"}
 
 
 def _imports(name, path):

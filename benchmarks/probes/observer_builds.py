@@ -10,7 +10,7 @@ shuffled order (fixed seed), each recording a fresh start, as a profile's window
 median added time per op of each and new - old. Build the other library from a worktree of the other
 revision, e.g.
 
-    git worktree add /tmp/old <rev> && cp src/polyprof/_speedups*.so /tmp/old/src/polyprof/
+    git worktree add /tmp/old <rev> && cp src/polyprof/_native/_speedups*.so /tmp/old/src/polyprof/_native/
     PYTHONPATH=/tmp/old/src .venv/bin/python -c \\
         "import torch; from polyprof.torch.observer import builder; print(builder.build(torch))"
 

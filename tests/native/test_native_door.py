@@ -73,11 +73,11 @@ def test_the_python_columns_give_what_c_gives():
 
 
 def test_the_stub_names_what_the_extension_exports():
-    """src/polyprof/_speedups.pyi is the extension's signature for type checkers and readers: the same names."""
+    """src/polyprof/_native/_speedups.pyi is the extension's signature for type checkers and readers: the same names."""
     extension = native.load.extension
     if extension is None:
         pytest.skip("needs the C extension (built by pip install; this install has none)")
-    stub = ast.parse((SRC / "_speedups.pyi").read_text())
+    stub = ast.parse((SRC / "_native" / "_speedups.pyi").read_text())
     named = set()
     for node in stub.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):

@@ -221,7 +221,7 @@ def test_a_traceback_through_the_pure_python_decorator_shows_the_wrappers_lines(
 RECORDER_SCRIPT = r"""
 import json, sys
 if sys.argv[1] == "missing":
-    sys.modules["polyprof._speedups"] = None  # the import fails as it does where the extension was not built
+    sys.modules["polyprof._native._speedups"] = None  # the import fails as it does where the extension was not built
 import polyprof
 from polyprof.engine.registry import default
 with polyprof.profile(["cpu"]) as prof:
@@ -250,7 +250,7 @@ def recorder_run(case, tmp_path):
 @pytest.mark.skipif(speedups is None, reason="the C extension is not built here: the C recorder cannot be in use")
 def test_the_c_recorder_is_named_in_the_backend_list_and_the_trace(tmp_path):
     out = recorder_run("built", tmp_path)
-    assert out["recorder"] == out["probe"]["recorder"] == "C (polyprof._speedups)"
+    assert out["recorder"] == out["probe"]["recorder"] == "C (polyprof._native._speedups)"
     assert out["warnings"] == [] and out["spans"] == ["kept"]
     assert out["python_backend"][0]
 
@@ -271,7 +271,7 @@ def test_a_c_extension_that_does_not_load_is_told_in_the_trace_with_the_fix(tmp_
     assert out["spans"] == ["kept"], "the profile still records"
     recorder = out["recorder"]
     assert recorder == out["probe"]["recorder"]
-    assert recorder.startswith("pure Python (polyprof's C extension did not load (import of polyprof._speedups halted")
+    assert recorder.startswith("pure Python (polyprof's C extension did not load (import of polyprof._native._speedups halted")
     assert "apt install gcc python3-dev), reinstall polyprof to build it" in recorder
     [warning] = out["warnings"]
     assert warning.startswith("spans, instants and counters cost several times more: polyprof's C extension did not load")

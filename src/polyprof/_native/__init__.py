@@ -1,5 +1,5 @@
 """The one door to polyprof's native code: it chooses, once, at import, between the C extension
-(``polyprof._speedups``, built from ``csrc/``) and Python, and exports the same names either way.
+(``polyprof._native._speedups``, built from ``_native/csrc/``) and Python, and exports the same names either way.
 Nothing else in polyprof imports the extension or asks whether it loaded.
 
 Where the extension is used:
@@ -70,9 +70,9 @@ from polyprof._native.load import BUILT_HERE, extension, extension_missing, why_
 
 
 def description() -> str:
-    """Which recorder takes spans, instants and counters: ``C (polyprof._speedups)`` or
+    """Which recorder takes spans, instants and counters: ``C (polyprof._native._speedups)`` or
     ``pure Python (<why, and what to do>)``."""
-    return "C (polyprof._speedups)" if why_pure is None else f"pure Python ({why_pure})"
+    return "C (polyprof._native._speedups)" if why_pure is None else f"pure Python ({why_pure})"
 
 
 def unavailable(feature: str) -> str | None:

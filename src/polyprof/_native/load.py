@@ -1,4 +1,4 @@
-"""Whether polyprof's C extension (``polyprof._speedups``) loads here, and if not, why."""
+"""Whether polyprof's C extension (``polyprof._native._speedups``) loads here, and if not, why."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ if os.environ.get("POLYPROF_PURE_PYTHON", "") not in ("", "0"):
     why_pure = "POLYPROF_PURE_PYTHON is set; unset it for the C recorder"
 else:
     try:
-        from polyprof import _speedups as extension
+        from polyprof._native import _speedups as extension
     except ImportError as exc:  # not built (no compiler, another platform)
         extension = None
         if BUILT_HERE:

@@ -1,5 +1,5 @@
 """What polyprof's C extension and its Python side agree on, one text for both: the recorder's event
-layout (csrc/recorder.c and twins/recorder.py), the views of a thread's buffer that read either kind, and
+layout (_native/csrc/recorder.c and twins/recorder.py), the views of a thread's buffer that read either kind, and
 the readers' answer for "read it the other way"."""
 
 import time

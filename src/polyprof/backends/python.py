@@ -8,7 +8,7 @@ default: tracing every call costs time).
         train()
     polyprof run --activities cpu,python script.py
 
-The per-call work is C (``csrc/pytrace.c``, the interpreter's profile hook on every thread, and on new
+The per-call work is C (``_native/csrc/pytrace.c``, the interpreter's profile hook on every thread, and on new
 threads through ``threading.setprofile``): two clock reads and a few stores per call, into per-thread
 columns. A slice is named as torch.profiler names its Python events (``file.py(12): function``; C
 functions, with ``c_calls``, ``<built-in method ...>``). Slices nest strictly per thread (each is written

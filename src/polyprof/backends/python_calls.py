@@ -1,7 +1,7 @@
 """Python calls as torch.profiler's ``with_stack`` records them: names, ids and the call tree's fields.
 
 The python backend records in *torch style* when a profile asks for ``with_stack`` (see
-``csrc/pytrace.c``): every call, C functions included, on the threads that exist when recording starts.
+``_native/csrc/pytrace.c``): every call, C functions included, on the threads that exist when recording starts.
 This module turns those rows into what torch.profiler shows for them:
 
 * names: ``torch/nn/modules/linear.py(124): forward`` (the file with the longest ``sys.path`` /

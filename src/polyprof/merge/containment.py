@@ -9,7 +9,7 @@ one thread), and it is computed here without a loop per row: spans are ordered p
 last span before position p whose end is at least t" is found with a sparse table of running maxima
 of span ends, built only as deep as the farthest answer needs. Where polyprof's C extension is built,
 the same answer comes from one walk with a stack per thread (``innermost_open`` in
-``csrc/merge_passes.c``), without the GIL.
+``_native/csrc/merge_passes.c``), without the GIL.
 """
 
 from __future__ import annotations

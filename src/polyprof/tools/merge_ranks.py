@@ -10,10 +10,10 @@ ids, flow ids, correlation and External ids are made unique per rank; times are 
 with the offset each polyprof trace recorded (the torch backend's clock ``to rank 0``); traces without
 one (torch.profiler's) are merged on their own epoch, which the merged trace says. Every rank's
 top-level metadata is kept under ``ranks``. JSON to JSON streams: each event's pid, times and ids are
-rewritten byte by byte as the file is read, the rest copied (``csrc/merge_events.c``; its pure-Python
+rewritten byte by byte as the file is read, the rest copied (``_native/csrc/merge_events.c``; its pure-Python
 twin reads with ijson), so memory stays flat whatever the sizes. polyprof's own .pftrace ranks into a
 .pftrace stream too: each packet's sequence, time, tracks, pids and ids rewritten field by field
-(``csrc/merge_packets.c``), after a first walk that checks every field is one it knows. Otherwise
+(``_native/csrc/merge_packets.c``), after a first walk that checks every field is one it knows. Otherwise
 (another writer's .pftrace, JSON into .pftrace, .pftrace into JSON, or no C extension) the ranks are
 read into the model and written one at a time: memory is about one rank's trace, never the sum of them.
 """

@@ -1,4 +1,4 @@
-"""Twins of csrc/columns.c: strings coded by first appearance, the rows that hold a value, and the
+"""Twins of _native/csrc/columns.c: strings coded by first appearance, the rows that hold a value, and the
 walk over a buffer of kind-tagged records of known sizes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recorder in Python: the twin of csrc/recorder.c, for interpreters without polyprof's extension.
+"""The recorder in Python: the twin of _native/csrc/recorder.c, for interpreters without polyprof's extension.
 
 The same names and the same events as the C recorder: ``RecordFunction`` (``polyprof.record_function``),
 ``SpanCall`` (what ``@record_function`` makes of a plain function), the per-thread ``EventBuffer``,

@@ -1,5 +1,5 @@
 """Large Chrome-trace JSON read into columns without a Python object per event: the C scanner
-(``_native.scan_events``, csrc/read_events.c) finds each event's fields in the bytes, this module
+(``_native.scan_events``, _native/csrc/read_events.c) finds each event's fields in the bytes, this module
 turns what it found into a :class:`Trace`.
 
 ::

@@ -1,5 +1,5 @@
 """Large Perfetto protobuf traces read into columns without a Python object per event: the C scanner
-(``_native.scan_packets``, csrc/read_packets.c) walks the packets, this module turns what it found
+(``_native.scan_packets``, _native/csrc/read_packets.c) walks the packets, this module turns what it found
 into a :class:`Trace`.
 
 ::
@@ -29,7 +29,7 @@ from polyprof.model import FLOW_AC2G, ActivityKind, ActivityTable, Args, StringT
 from polyprof.model.activities import COLUMNS
 from polyprof.model.args import ArgsBlock, JSONArray
 
-#: csrc/read_packets.c's pf_rec
+#: _native/csrc/read_packets.c's pf_rec
 PF_DTYPE = np.dtype(
     [("ts", "<i8"), ("end", "<i8"), ("track", "<u8"), ("ext", "<i8"), ("corr", "<i8"), ("flow", "<u8"),
      ("value", "<f8"), ("name", "<i4"), ("cat", "<i4"), ("end_order", "<i4"), ("open_slot", "<i4"),

@@ -1,6 +1,6 @@
 """The rows a crash left: what each thread had recorded (spans, instants; the torch observer's
 operators) since the last hand-over, written at a fatal signal into ``SPILL.crash`` beside a flight
-recorder's spill (``csrc/recorder.c``, "The crash dump", gives the layout). ``polyprof recover SPILL``
+recorder's spill (``_native/csrc/recorder.c``, "The crash dump", gives the layout). ``polyprof recover SPILL``
 reads it with the spill::
 
     crash = read_crash(open("flight/flight-rank0.spill.crash", "rb").read())

@@ -408,7 +408,7 @@ void polyprof_rf_exit(void* rf) {
 }
 
 // The crash dump's part (polyprof's C recorder calls it from its fatal-signal handler after its own
-// rows, with `put`, which writes into the crash file through the recorder's buffer; csrc/recorder.c
+// rows, with `put`, which writes into the crash file through the recorder's buffer; _native/csrc/recorder.c
 // gives the file's layout): every thread's ops not yet taken, reading the buffers as they are (no lock:
 // the crashing thread may hold g_mutex; no allocation). Per buffer: 2, tid, ops, names, then ops x
 // (start, end or 0 while open, name id or -1) and names x (uint32 length, bytes), all little-endian

@@ -373,7 +373,7 @@ static PySequenceMethods eb_as_sequence = { .sq_length = (lenfunc)eb_len };
 
 static PyTypeObject EventBufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "polyprof._speedups.EventBuffer",
+    .tp_name = "polyprof._native._speedups.EventBuffer",
     .tp_basicsize = sizeof(EventBufferObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = eb_new,

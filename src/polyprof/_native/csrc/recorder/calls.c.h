@@ -92,7 +92,7 @@ static PyGetSetDef sc_getset[] = {
 
 static PyTypeObject SpanCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "polyprof._speedups.SpanCall",
+    .tp_name = "polyprof._native._speedups.SpanCall",
     .tp_basicsize = sizeof(SpanCallObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(SpanCallObject, vectorcall),

@@ -1,5 +1,5 @@
 /*
- * polyprof._speedups: C parts of polyprof, one file per job, one extension module.
+ * polyprof._native._speedups: C parts of polyprof, one file per job, one extension module.
  *
  *   module.c         the module: process-wide ids, the clock, the method table
  *   recorder.c       record_function (its construction, enter/exit, the decorator's SpanCall), the current

@@ -1,4 +1,4 @@
-/* The polyprof._speedups module: process-wide ids, the clock, and every file's functions. */
+/* The polyprof._native._speedups module: process-wide ids, the clock, and every file's functions. */
 #include "speedups.h"
 
 #include <stdio.h>
@@ -132,7 +132,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef sp_module = {
-    PyModuleDef_HEAD_INIT, "polyprof._speedups", "polyprof's C parts (see speedups.h).", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "polyprof._native._speedups", "polyprof's C parts (see speedups.h).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {

@@ -738,7 +738,7 @@ static PyMethodDef tb_methods[] = {
 };
 
 static PyTypeObject TraceBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "polyprof._speedups.TraceBuffer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "polyprof._native._speedups.TraceBuffer",
     .tp_basicsize = sizeof(TraceBufferObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_dealloc = (destructor)tb_dealloc,
