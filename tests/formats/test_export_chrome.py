@@ -185,12 +185,8 @@ def test_large_trace_with_many_chunks(registry, tmp_path):
 
 def test_c_and_python_formatters_write_identical_bytes():
     from polyprof._native import extension as speedups
-    from polyprof.formats.chrome.write import (
-        FLAG_CORRELATION,
-        FLAG_FLOW_START,
-        FLAG_INSTANT,
-        format_activities_py,
-    )
+    from polyprof._native.shared import FLAG_CORRELATION, FLAG_FLOW_START, FLAG_INSTANT
+    from polyprof._native.twins.writers import format_activities as format_activities_py
 
     if speedups is None:
         pytest.skip("the C extension is not built here, so there is nothing to compare")
@@ -220,7 +216,7 @@ def test_c_and_python_formatters_write_identical_bytes():
     offset = -(10**15)  # rows before the base time are written at 0
     extra = [('{"External id":1,"grid":[1,2,3]}' if i % 7 == 0 else None) for i in range(n)]
     c_text = speedups.format_activities(cols, offset, names, extra).decode()
-    py_text = format_activities_py(cols, offset, names, extra)
+    py_text = format_activities_py(cols, offset, [x.encode() for x in names], [x and x.encode() for x in extra]).decode()
     assert c_text == py_text
     json.loads("[" + c_text + "]")  # and it is valid JSON
 
@@ -230,7 +226,8 @@ def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
     """The C formatter sizes its output once from a per-row bound: rows whose every number has the most
     digits (and a flow end, args of every shape) come out whole and equal to the Python twin's."""
     from polyprof._native import extension as speedups
-    from polyprof.formats.chrome.write import FLAG_CORRELATION, FLAG_INSTANT, format_activities_py
+    from polyprof._native.shared import FLAG_CORRELATION, FLAG_INSTANT
+    from polyprof._native.twins.writers import format_activities as format_activities_py
 
     if speedups is None:
         pytest.skip("the C extension is not built here, so there is nothing to compare")
@@ -245,7 +242,8 @@ def test_c_formatter_rows_of_the_widest_kind_fit_its_one_allocation():
     )
     extra = [None if i % 3 else '{"k":"' + "v" * (i % 997) + '"}' for i in range(n)]
     c_text = speedups.format_activities(cols, -(big // 2), names, extra).decode()
-    assert c_text == format_activities_py(cols, -(big // 2), names, extra)
+    assert c_text == format_activities_py(cols, -(big // 2), [x.encode() for x in names],
+                                          [x and x.encode() for x in extra]).decode()
     assert len(json.loads("[" + c_text + "]")) == 2 * n  # each row and its flow end
 
 def _with_column_args(trace):

@@ -12,10 +12,11 @@ from fake_backends import SimDeviceBackend
 
 import polyprof
 from polyprof._native import extension as speedups
+from polyprof._native.twins.writers import slice_events as slice_events_py
 from polyprof.formats import dumps_chrome_trace, dumps_perfetto_trace, format_of
 from polyprof.formats.perfetto import fields
 from polyprof.formats.perfetto import write as writer
-from polyprof.formats.perfetto.order import slice_events_py, start_order
+from polyprof.formats.perfetto.order import start_order
 from polyprof.merge import merge
 from polyprof.model import FLOW_AC2G, ActivityKind, BackendStatus
 from polyprof.plugin.clock import base_time_ns
@@ -319,7 +320,8 @@ def test_slice_order_nests_every_lane_on_random_spans():
     end = start + np.where(rng.random(n) < 0.1, 0, rng.integers(0, 300, n))
     instant = (rng.random(n) < 0.05).astype(np.int8)
     order = start_order(start)
-    events, lane = slice_events_py(track, start, end, instant, order)
+    events, lane = (np.frombuffer(b, t) for b, t in zip(slice_events_py(track, start, end, instant, order), (np.int64, np.int32),
+                                                          strict=True))
     if speedups is not None:
         c_events, c_lane = speedups.slice_events(track, start, end, instant, order)
         assert np.array_equal(np.frombuffer(c_events, np.int64), events) and np.array_equal(np.frombuffer(c_lane, np.int32), lane)

@@ -51,12 +51,29 @@ def test_without_the_extension_every_accelerator_declines():
     assert python_side.interleave_ordered(ints, ints, ints, ints) is None
     assert python_side.take_two(ints, ints, ints) is None
     assert python_side.innermost_open(ints, ints, ints.astype(np.int32), ints, ints) is None
-    assert python_side.format_activities((), 0, [], []) is None and python_side.encode_json_args(ints, (), [], []) is None
+    assert python_side.format_arg_objects(ints, ints, [], []) is None and python_side.encode_json_args(ints, (), [], []) is None
     assert python_side.events_array_start(b'{"traceEvents": [') == native.DECLINED
     assert python_side.scan_events(b"[]", 0, True, []) == native.DECLINED
     assert python_side.scan_packets(b"") is None and python_side.packet_rewriter(0, 0, 0, 0, 0, b"", 1) is None
     with pytest.raises(native.NeedsExtension, match="needs polyprof's C extension"):
         python_side.pytrace_start()
+
+
+def test_the_writers_twins_give_what_c_gives():
+    """The Python twins of the writers' event formatters stand in for C where it is not built: the same
+    bytes (the Chrome formatter is compared on its widest rows in tests/formats/test_export_chrome.py)."""
+    track = np.array([0, 0, 1, 0], dtype=np.int64)
+    start = np.array([0, 5, 1, 10], dtype=np.int64)
+    end = np.array([20, 8, 4, 10], dtype=np.int64)
+    instant = np.array([0, 0, 0, 1], dtype=np.int8)
+    order = np.argsort(start, kind="stable").astype(np.int64)
+    events, lanes = python_side.slice_events(track, start, end, instant, order)
+    # row << 2 | phase (0 begin, 1 end, 2 instant), in time order: a row ends before a later one begins
+    assert np.frombuffer(events, np.int64).tolist() == [0, 8, 9, 4, 5, 14, 1]
+    if native.extension is not None:
+        from polyprof._native import c
+
+        assert c.slice_events(track, start, end, instant, order) == (events, lanes)
 
 
 def test_the_python_columns_give_what_c_gives():

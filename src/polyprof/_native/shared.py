@@ -17,6 +17,14 @@ GC = 3  # a garbage collection (recorded by the host backend with record_python_
 #: type, start, end, id, parent: the int64 columns of ``EventBuffer.snapshot()``
 FIELDS = 5
 
+#: flow types, as every row and the writers (C and Python) number them: Kineto's names for each
+FLOW_NONE, FLOW_FWDBWD, FLOW_AC2G = 0, 1, 2  # none; forward op -> backward op; host launch -> device work
+FLOW_NAMES = {FLOW_FWDBWD: "fwdbwd", FLOW_AC2G: "ac2g"}
+#: a row's flags for ``format_activities`` (Chrome JSON): its correlation written, an instant, a flow's start
+FLAG_CORRELATION, FLAG_INSTANT, FLAG_FLOW_START = 1, 2, 4
+#: the phase of each event ``slice_events`` gives (``row << 2 | phase``)
+SLICE_BEGIN, SLICE_END, SLICE_INSTANT = 0, 1, 2
+
 #: what a scanner (``scan_events``, ``events_array_start``) answers for input it leaves to the
 #: reference reader, and what every scanner answers without the extension
 DECLINED = -4
@@ -40,12 +48,13 @@ RECORDER_NAMES = (
     "external_id_reader", "instant", "new_ids", "next_id", "set_active", "set_bridge", "set_has_targets",
     "thread_buffer", "thread_context_fast",
 )
-#: ...the column helpers (Python twins)...
-COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_levels")
+#: ...the column helpers and two of the writers' encoders (Python twins)...
+COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_levels", "format_activities",
+                "slice_events")
 #: ...the accelerators (None, or DECLINED, without the extension)...
 ACCELERATOR_NAMES = (
-    "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "format_activities",
-    "format_arg_objects", "slice_events", "encode_events", "encode_json_args", "events_array_start",
+    "ordered_rows", "interleave_ordered", "take_two", "innermost_open",
+    "format_arg_objects", "encode_events", "encode_json_args", "events_array_start",
     "scan_events", "scan_packets", "packet_scanner", "scan_packets_feed", "scan_packets_result", "scan_packets_take", "scan_packets_counts", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
 )
 #: ...and the runtime (the clock, row chunks, the Python call tracer)

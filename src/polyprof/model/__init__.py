@@ -3,13 +3,10 @@
 Nothing in this package knows any backend or device type.
 """
 
+from polyprof._native.shared import FLOW_AC2G, FLOW_FWDBWD, FLOW_NAMES, FLOW_NONE
 from polyprof.model.activities import (
     COLUMN_NAMES,
     COLUMNS,
-    FLOW_AC2G,
-    FLOW_FWDBWD,
-    FLOW_NAMES,
-    FLOW_NONE,
     HOST_TIME_LIMIT_NS,
     TRACE_TIME_LIMIT_NS,
     Activity,

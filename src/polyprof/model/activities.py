@@ -18,14 +18,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from polyprof._native.shared import FLOW_NONE
 from polyprof.model.args import ArgColumns, Args
 from polyprof.model.kinds import ActivityKind
 from polyprof.model.strings import StringTable, as_name, code_strings
-
-FLOW_NONE = 0
-FLOW_FWDBWD = 1  # forward op -> backward op, Kineto's "fwdbwd"
-FLOW_AC2G = 2  # host launch -> device work, Kineto's "ac2g"
-FLOW_NAMES = {FLOW_FWDBWD: "fwdbwd", FLOW_AC2G: "ac2g"}
 
 #: (column, dtype). `correlation`, `external_id` and `flow_id` use 0 for "none".
 COLUMNS: tuple[tuple[str, Any], ...] = (

@@ -23,9 +23,10 @@ import numpy as np
 import orjson
 
 from polyprof import _native
+from polyprof._native.shared import FLAG_CORRELATION, FLAG_FLOW_START, FLAG_INSTANT
 from polyprof.formats.common.jsonsafe import json_bytes, json_text
 from polyprof.formats.common.paths import check_output_path, trace_output
-from polyprof.model import FLOW_NAMES, ActivityKind, Args, Trace
+from polyprof.model import ActivityKind, Args, Trace
 from polyprof.model.args import is_json_column
 
 CHUNK_ROWS = 65_536
@@ -39,7 +40,6 @@ RESERVED_KEYS = {
     "traceName",
 }
 
-_FRACTION = np.array([f".{i:03d}" for i in range(1000)], dtype=object)
 # Kinds whose correlation is their own External id, so Kineto writes no separate "correlation" arg.
 _NO_CORRELATION_LIST = [
     int(ActivityKind.CPU_OP),
@@ -158,7 +158,6 @@ def iter_event_chunks(trace: Trace) -> Iterator[bytes]:
     yield ",\n".join(_metadata_events(trace, offset)).encode()
 
 
-FLAG_CORRELATION, FLAG_INSTANT, FLAG_FLOW_START = 1, 2, 4
 
 
 def _activity_chunk(
@@ -214,10 +213,7 @@ def _activity_chunk(
             if wc and "correlation" not in a:
                 head["correlation"] = corr
             extra[i] = json_bytes({**head, **a} if head else a)
-    formatted = _native.format_activities(cols, offset, names, extra)
-    if formatted is not None:
-        return formatted
-    return format_activities_py(cols, offset, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
+    return _native.format_activities(cols, offset, names, extra)
 
 
 def _format_block_args(
@@ -285,50 +281,6 @@ def c_arg_column(values: np.ndarray) -> Any:
         return [encoded[k] for k in keys]
     except TypeError:  # unhashable values such as lists
         return [json_bytes(v) for v in items]
-
-
-def format_activities_py(cols: tuple[np.ndarray, ...], offset: int, names: list[str], extra: list[Any]) -> str:
-    """The reference formatter, which ``_native.format_activities`` gives in C (same bytes): rows are
-    grouped by shape and each group formatted by one comprehension."""
-    cat, name, pid, tid, start, end, ext, corr, flow, ftype, flags = cols
-    ts = np.maximum(start + offset, 0)
-    dur = np.maximum(end - start, 0)
-    n = len(cat)
-    pid_s, tid_s = pid.tolist(), tid.tolist()
-    ts_s = list(map(str.__add__, map(str, (ts // 1000).tolist()), _FRACTION[ts % 1000].tolist()))
-    du_s = list(map(str.__add__, map(str, (dur // 1000).tolist()), _FRACTION[dur % 1000].tolist()))
-    name_arr = np.array(names, dtype=object)
-    base = [
-        f'{{"ph":"X","cat":{c},"name":{nm},"pid":{p},"tid":{t},"ts":{s},"dur":{d}'
-        for c, nm, p, t, s, d in zip(
-            name_arr[cat].tolist(), name_arr[name].tolist(), pid_s, tid_s, ts_s, du_s, strict=True
-        )
-    ]
-    for i in np.flatnonzero(flags & FLAG_INSTANT).tolist():
-        base[i] = base[i].replace('"ph":"X"', '"ph":"i"', 1).rsplit(',"dur":', 1)[0] + ',"s":"t"'
-    tail = ["}"] * n
-    ext_l, corr_l, with_corr = ext.tolist(), corr.tolist(), (flags & FLAG_CORRELATION) != 0
-    for i in np.flatnonzero((ext != 0) | with_corr).tolist():
-        if ext_l[i] and with_corr[i]:
-            tail[i] = f',"args":{{"External id":{ext_l[i]},"correlation":{corr_l[i]}}}}}'
-        elif ext_l[i]:
-            tail[i] = f',"args":{{"External id":{ext_l[i]}}}}}'
-        else:
-            tail[i] = f',"args":{{"correlation":{corr_l[i]}}}}}'
-    for i, x in enumerate(extra):
-        if x is not None:
-            tail[i] = f',"args":{x}}}'
-    flow_l, ftype_l = flow.tolist(), ftype.tolist()
-    for i in np.flatnonzero(flow != 0).tolist():
-        fname = FLOW_NAMES.get(ftype_l[i])
-        if fname is None:
-            continue
-        ph, bp = ("s", "") if flags[i] & FLAG_FLOW_START else ("f", ',"bp":"e"')
-        tail[i] += (
-            f',\n{{"ph":"{ph}","id":{flow_l[i]},"pid":{pid_s[i]},"tid":{tid_s[i]},'
-            f'"ts":{ts_s[i]},"cat":"{fname}","name":"{fname}"{bp}}}'
-        )
-    return ",\n".join(map(str.__add__, base, tail))
 
 
 def _counter_events(trace: Trace, offset: int, pids: np.ndarray, tids: np.ndarray) -> Iterator[str]:

@@ -8,20 +8,16 @@ order places each slice on the first lane where it nests, and emits every event 
 at a time before begins at that time, inner ends before outer ones)::
 
     events, lane = slice_events(track, start, end, instant)
-    row, phase = events >> 2, events & 3        # phase BEGIN, END or INSTANT
+    row, phase = events >> 2, events & 3        # phase: _native.shared's SLICE_BEGIN, SLICE_END, SLICE_INSTANT
 
-In C where polyprof's extension is in use (``_native.slice_events``), else the same in Python.
+In C where polyprof's extension is in use (``_native.slice_events``), else its Python twin.
 """
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from polyprof import _native
-
-BEGIN, END, INSTANT = 0, 1, 2
 
 
 def start_order(start: np.ndarray) -> np.ndarray:
@@ -41,47 +37,5 @@ def slice_events(
     end = np.maximum(np.ascontiguousarray(end, dtype=np.int64), start)
     instant = np.ascontiguousarray(instant, dtype=np.int8)
     order = start_order(start)
-    sliced = _native.slice_events(track, start, end, instant, order)
-    if sliced is None:
-        return slice_events_py(track, start, end, instant, order)
-    return np.frombuffer(sliced[0], dtype=np.int64), np.frombuffer(sliced[1], dtype=np.int32)
-
-
-def slice_events_py(
-    track: np.ndarray, start: np.ndarray, end: np.ndarray, instant: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The reference of ``_native.slice_events`` (the same result)."""
-    n = len(order)
-    lane = np.zeros(n, dtype=np.int32)
-    out: list[int] = []
-    pending: list[tuple[int, int, int]] = []  # (end, -begin number, row): the inner of equal ends first
-    lanes: dict[int, list[list[int]]] = {}  # track -> each lane's stack of open ends
-    track_l, start_l, end_l, instant_l = track.tolist(), start.tolist(), end.tolist(), instant.tolist()
-    begun = 0
-    for row in order.tolist():
-        s = start_l[row]
-        while pending and pending[0][0] <= s:
-            out.append(heapq.heappop(pending)[2] << 2 | END)
-        if instant_l[row]:
-            out.append(row << 2 | INSTANT)
-            continue
-        e = end_l[row]
-        stacks = lanes.setdefault(track_l[row], [])
-        k = 0
-        while k < len(stacks):
-            stack = stacks[k]
-            while stack and stack[-1] <= s:
-                stack.pop()
-            if not stack or stack[-1] >= e:
-                break
-            k += 1
-        if k == len(stacks):
-            stacks.append([])
-        stacks[k].append(e)
-        lane[row] = k
-        out.append(row << 2 | BEGIN)
-        begun += 1
-        heapq.heappush(pending, (e, -begun, row))
-    while pending:
-        out.append(heapq.heappop(pending)[2] << 2 | END)
-    return np.array(out, dtype=np.int64), lane
+    events, lane = _native.slice_events(track, start, end, instant, order)
+    return np.frombuffer(events, dtype=np.int64), np.frombuffer(lane, dtype=np.int32)

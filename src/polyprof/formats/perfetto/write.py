@@ -35,12 +35,13 @@ import numpy as np
 import orjson
 
 from polyprof import _native
+from polyprof._native.shared import SLICE_BEGIN, SLICE_END
 from polyprof._version import __version__
 from polyprof.formats.chrome.write import device_properties, trace_metadata
 from polyprof.formats.common.jsonsafe import json_bytes, safe_str
 from polyprof.formats.common.paths import check_output_path, trace_output
 from polyprof.formats.perfetto import fields as F
-from polyprof.formats.perfetto.order import BEGIN, END, slice_events
+from polyprof.formats.perfetto.order import slice_events
 from polyprof.formats.perfetto.tracks import SEQUENCE_ID, Tracks, packet, packet_head, stable_uuid
 from polyprof.formats.perfetto.wire import (
     field_bytes,
@@ -341,11 +342,11 @@ def encode_events_py(
     out = []
     for code in events.tolist():
         row, phase = code >> 2, code & 3
-        if phase == END:
+        if phase == SLICE_END:
             event = field_varint(F.EVENT_TYPE, F.TYPE_SLICE_END) + field_varint(F.EVENT_TRACK_UUID, track[row])
             out.append(_event_packet(end[row], event, head))
             continue
-        kind = F.TYPE_SLICE_BEGIN if phase == BEGIN else F.TYPE_INSTANT
+        kind = F.TYPE_SLICE_BEGIN if phase == SLICE_BEGIN else F.TYPE_INSTANT
         event = field_varint(F.EVENT_TYPE, kind) + field_varint(F.EVENT_TRACK_UUID, track[row])
         event += field_varint(F.EVENT_NAME_IID, name[row]) + field_varint(F.EVENT_CATEGORY_IIDS, cat[row])
         if ext[row]:
