@@ -9,13 +9,12 @@ import pytest
 pytest.importorskip("pyarrow", reason="needs pyarrow (the polyprof[store] extra): the spill helpers write store rows")
 
 from test_store_spill_stream import _settled, _spill  # noqa: E402
-from test_store_stream import _job_rank  # noqa: E402
+from test_store_stream import _job_rank, declining_after  # noqa: E402
 
 import polyprof  # noqa: E402
 from polyprof.formats import Chunk, load_trace, open_chunks  # noqa: E402
 from polyprof.formats.chrome import scan as chrome_scan  # noqa: E402
 from polyprof.formats.perfetto import chunks as perfetto_chunks  # noqa: E402
-from polyprof.formats.perfetto import scan as perfetto_scan  # noqa: E402
 from polyprof.formats.spill.recover import recover_trace  # noqa: E402
 
 
@@ -51,15 +50,7 @@ def test_every_source_is_one_stream_of_chunks_whose_rows_are_the_whole_traces(so
 def test_a_perfetto_file_the_scanner_declines_part_way_is_read_whole_and_says_it_restarted(sources, monkeypatch):
     if polyprof._native.extension is None:
         pytest.skip("needs polyprof's C extension (a .pftrace is read in chunks by its packet scanner)")
-    real = perfetto_chunks.perfetto_chunks
-
-    def declines_after_one(path, rows, on_read=None):
-        for n, chunk in enumerate(real(path, rows, on_read)):
-            if n == 1:
-                raise perfetto_scan.Declined
-            yield chunk
-
-    monkeypatch.setattr(perfetto_chunks, "perfetto_chunks", declines_after_one)
+    monkeypatch.setattr(perfetto_chunks, "perfetto_chunks", declining_after(perfetto_chunks.perfetto_chunks, 1))
     monkeypatch.setattr(perfetto_chunks, "FEED_BYTES", 512)
     chunks = list(open_chunks(sources["t.pftrace"], rows=40))
     assert [c.restarted for c in chunks] == [False, True], "one chunk, then the whole trace read again"

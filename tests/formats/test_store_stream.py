@@ -167,17 +167,21 @@ def test_the_reference_reader_streams_what_the_scanner_declines(traces, tmp_path
     _assert_same_tables(traces["polyprof"], tmp_path, parse_json=True, chunk_events=5)
 
 
-@needs_scanner
-def test_a_scanner_that_declines_part_way_is_read_again_and_its_first_chunks_do_not_count(traces, tmp_path, monkeypatch):
-    real = scan.scan_chunks
+def declining_after(reader, given):
+    """`reader` (a chunk reader's function), declining once it has given `given` chunks."""
 
-    def declines_after_two(path, rows, on_read=None):
-        for n, chunk in enumerate(real(path, rows, on_read)):
-            if n == 2:
+    def chunks(path, rows, on_read=None):
+        for n, chunk in enumerate(reader(path, rows, on_read)):
+            if n == given:
                 raise scan.Declined
             yield chunk
 
-    monkeypatch.setattr(scan, "scan_chunks", declines_after_two)
+    return chunks
+
+
+@needs_scanner
+def test_a_scanner_that_declines_part_way_is_read_again_and_its_first_chunks_do_not_count(traces, tmp_path, monkeypatch):
+    monkeypatch.setattr(scan, "scan_chunks", declining_after(scan.scan_chunks, 2))
     monkeypatch.setattr(scan, "CHUNK", 2048)  # a chunk every few events
     chunks = list(open_chunks(traces["polyprof"], 5))
     assert [c.restarted for c in chunks][:3] == [False, False, True] and not any(c.restarted for c in chunks[3:])
