@@ -51,7 +51,7 @@ def test_without_the_extension_every_accelerator_declines():
     assert python_side.interleave_ordered(ints, ints, ints, ints) is None
     assert python_side.take_two(ints, ints, ints) is None
     assert python_side.innermost_open(ints, ints, ints.astype(np.int32), ints, ints) is None
-    assert python_side.format_arg_objects(ints, ints, [], []) is None and python_side.encode_json_args(ints, (), [], []) is None
+    assert python_side.encode_events(None, None, None, 0, 0) is None and python_side.encode_json_args(ints, (), [], []) is None
     assert python_side.events_array_start(b'{"traceEvents": [') == native.DECLINED
     assert python_side.scan_events(b"[]", 0, True, []) == native.DECLINED
     assert python_side.scan_packets(b"") is None and python_side.packet_rewriter(0, 0, 0, 0, 0, b"", 1) is None
@@ -61,7 +61,8 @@ def test_without_the_extension_every_accelerator_declines():
 
 def test_the_writers_twins_give_what_c_gives():
     """The Python twins of the writers' event formatters stand in for C where it is not built: the same
-    bytes (the Chrome formatter is compared on its widest rows in tests/formats/test_export_chrome.py)."""
+    bytes (the Chrome formatter is compared on its widest rows in tests/formats/test_export_chrome.py).
+    Fixed seed."""
     track = np.array([0, 0, 1, 0], dtype=np.int64)
     start = np.array([0, 5, 1, 10], dtype=np.int64)
     end = np.array([20, 8, 4, 10], dtype=np.int64)
@@ -70,10 +71,23 @@ def test_the_writers_twins_give_what_c_gives():
     events, lanes = python_side.slice_events(track, start, end, instant, order)
     # row << 2 | phase (0 begin, 1 end, 2 instant), in time order: a row ends before a later one begins
     assert np.frombuffer(events, np.int64).tolist() == [0, 8, 9, 4, 5, 14, 1]
+    rng = np.random.default_rng(66)
+    n = 500
+    ext = rng.integers(0, 3, n).astype(np.int64) * 7
+    corr = rng.integers(0, 2, n).astype(np.int64) * -(2**62)
+    floats = rng.choice([0.1, -2.5e-300, 1e16, 3.0, np.nan, np.inf, -np.inf, 123456789.125], n)
+    encoded = [(b"" if i % 5 == 0 else b'{"a":[1,"\\u00e9"]}') for i in range(n)]
+    columns = [rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64), floats.astype(np.float64), encoded]
+    keys = [b'"grid"', b'"scale"', b'"more"']
+    ext[0] = corr[0] = 0
+    objects = python_side.format_arg_objects(ext, corr, keys, columns)
+    scale = repr(float(floats[0])).encode() if np.isfinite(floats[0]) else b"null"
+    assert objects[0] == b'{"grid":%d,"scale":%s}' % (int(columns[0][0]), scale)  # no ids; "more" empty: left out
     if native.extension is not None:
         from polyprof._native import c
 
         assert c.slice_events(track, start, end, instant, order) == (events, lanes)
+        assert c.format_arg_objects(ext, corr, keys, columns) == objects
 
 
 def test_the_python_columns_give_what_c_gives():

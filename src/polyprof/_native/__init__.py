@@ -18,8 +18,8 @@ What Python means, name by name:
 - **the recorder** (``RecordFunction``, ``SpanCall``, ``instant``, ``counter``, the per-thread
   ``EventBuffer``, the process's ids): its twin, :mod:`polyprof._native.twins.recorder`. Users need it
   everywhere, it records the same events, and the suite checks both against each other.
-- **the columns' helpers and the writers' event formatters** (``format_activities`` for Chrome JSON,
-  ``slice_events`` for Perfetto's tracks): their twins, :mod:`polyprof._native.twins.columns` and
+- **the columns' helpers and the writers' event formatters** (``format_activities`` and
+  ``format_arg_objects`` for Chrome JSON, ``slice_events`` for Perfetto's tracks): their twins, :mod:`polyprof._native.twins.columns` and
   :mod:`polyprof._native.twins.writers`, the same bytes; callers never know which ran.
 - **the accelerators** (the merge's passes, the other writers' encoders, the readers' scanners and the
   rank merge's rewriters): they decline (None, or :data:`DECLINED` for a scanner), as C itself

@@ -33,7 +33,7 @@ from polyprof._native.twins.recorder import (  # noqa: F401 - exported by __all_
     thread_buffer,
     thread_context_fast,
 )
-from polyprof._native.twins.writers import format_activities, slice_events  # noqa: F401
+from polyprof._native.twins.writers import format_activities, format_arg_objects, slice_events  # noqa: F401
 
 
 def _declined(*_: Any) -> None:
@@ -50,7 +50,7 @@ def _needs_extension(*_: Any) -> Any:
 
 # the merge's passes, the writers' encoders, the readers' scanners: the caller's reference path runs
 ordered_rows = interleave_ordered = take_two = innermost_open = _declined
-format_arg_objects = encode_events = encode_json_args = _declined
+encode_events = encode_json_args = _declined
 scan_packets = packet_rewriter = packet_scanner = scan_packets_feed = scan_packets_result = scan_packets_take = _declined
 scan_packets_counts = _declined
 events_array_start = scan_events = _scanner_declined

@@ -50,11 +50,10 @@ RECORDER_NAMES = (
 )
 #: ...the column helpers and two of the writers' encoders (Python twins)...
 COLUMN_NAMES = ("code_strings", "present_rows", "walk_tagged_records", "nesting_levels", "format_activities",
-                "slice_events")
+                "format_arg_objects", "slice_events")
 #: ...the accelerators (None, or DECLINED, without the extension)...
 ACCELERATOR_NAMES = (
-    "ordered_rows", "interleave_ordered", "take_two", "innermost_open",
-    "format_arg_objects", "encode_events", "encode_json_args", "events_array_start",
+    "ordered_rows", "interleave_ordered", "take_two", "innermost_open", "encode_events", "encode_json_args", "events_array_start",
     "scan_events", "scan_packets", "packet_scanner", "scan_packets_feed", "scan_packets_result", "scan_packets_take", "scan_packets_counts", "rewrite_rank_events", "packet_rewriter", "rewrite_packets",
 )
 #: ...and the runtime (the clock, row chunks, the Python call tracer)

@@ -1,11 +1,13 @@
 """Twins of the writers' C encoders, for interpreters without polyprof's extension: the same bytes as
-``_native/csrc/chrome_format.c``'s ``format_activities`` and ``perfetto_format.c``'s ``slice_events``,
-which the suite checks side by side (``_native`` gives one or the other; callers never know which)."""
+``_native/csrc/chrome_format.c``'s ``format_activities`` and ``format_arg_objects`` and
+``perfetto_format.c``'s ``slice_events``, which the suite checks side by side (``_native`` gives one or
+the other; callers never know which)."""
 
 from __future__ import annotations
 
 import functools
 import heapq
+import math
 from typing import Any
 
 from polyprof._native.shared import (
@@ -31,6 +33,30 @@ def format_activities(cols: tuple[Any, ...], offset: int, names: list[bytes], ex
     corr, flow, flow type, flags) as int64 arrays, `names` the JSON strings `cat` and `name` index, `extra`
     each row's args object (None: its ids alone)."""
     return _format_text(cols, offset, [s.decode() for s in names], [x and x.decode() for x in extra]).encode()
+
+
+def format_arg_objects(ext: Any, corr: Any, keys: list[bytes], columns: list[Any]) -> list[bytes]:
+    """One args JSON object per row: ``{"External id":ext,"correlation":corr,key:value,...}``, the ids
+    left out where 0. A column is an int64 array, a float64 array (written as Python's repr writes it,
+    NaN and infinities as null) or a list of JSON values already encoded, an empty one leaving the key
+    out of that row."""
+    texts = []
+    for key, column in zip(keys, columns, strict=True):
+        if isinstance(column, list):
+            values = column
+        elif column.dtype.kind == "f":
+            values = [repr(v).encode() if math.isfinite(v) else b"null" for v in column.tolist()]
+        else:
+            values = [str(v).encode() for v in column.tolist()]
+        texts.append((key + b":", values))
+    out = []
+    for i, (e, c) in enumerate(zip(ext.tolist(), corr.tolist(), strict=True)):
+        parts = [b'"External id":%d' % e] if e else []
+        if c:
+            parts.append(b'"correlation":%d' % c)
+        parts += [key + values[i] for key, values in texts if values[i]]
+        out.append(b"{" + b",".join(parts) + b"}")
+    return out
 
 
 def _format_text(cols: tuple[np.ndarray, ...], offset: int, names: list[str], extra: list[Any]) -> str:

@@ -228,8 +228,8 @@ def _format_block_args(
     extra: list[Any],
 ) -> np.ndarray:
     """Fill `extra` for the rows of lo..hi whose args come from exactly one column block, column-wise
-    in C; returns the rows left for the per-row path (dict args, or several sources to merge, or all of
-    them where C declines)."""
+    (``_native.format_arg_objects``); returns the rows left for the per-row path (dict args, or several
+    sources to merge)."""
     sources = np.zeros(hi - lo, dtype=np.int64)
     spans = []
     for b in args.blocks:
@@ -257,8 +257,6 @@ def _format_block_args(
             [json_bytes(k) for k in b.keys],
             [c_arg_column(c[positions]) for c in b.columns],
         )
-        if objects is None:
-            return arg_rows
         for i, obj in zip(local.tolist(), objects, strict=True):
             extra[i] = obj
     return arg_rows[sources[arg_rows - lo] != 1]

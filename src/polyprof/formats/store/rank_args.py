@@ -82,8 +82,6 @@ def _block_as_text(block: ArgsBlock, merged: set[int], out: ArgColumns) -> None:
         zeros = np.zeros(len(rows), dtype=np.int64)
         columns = [c_arg_column(c[alone]) for k, c in zip(block.keys, block.columns, strict=True) if k in rest]
         objects = _native.format_arg_objects(zeros, zeros, [orjson.dumps(k) for k in rest], columns)
-        if objects is None:
-            return _block_as_text_py(block, merged, out)
         other = np.fromiter(objects, dtype=object, count=len(rows))
         other[other == b"{}"] = None
         out.other[rows] = other
@@ -97,28 +95,3 @@ def _block_as_text(block: ArgsBlock, merged: set[int], out: ArgColumns) -> None:
         for p in np.flatnonzero(alone).tolist():
             if (values := block.dict_at(p)).get(COLLECTIVE_KEY) is not None:
                 out.collective[int(block.rows[p])] = values
-
-
-def _block_as_text_py(block: ArgsBlock, merged: set[int], out: ArgColumns) -> None:
-    """:func:`_block_as_text` row by row (without polyprof's C extension)."""
-    texts = []  # (key, per-row JSON text, b"" where the row has no such key)
-    for key, column in zip(block.keys, block.columns, strict=True):
-        if is_json_column(column):
-            texts.append((key, column.tolist()))
-        else:
-            texts.append((key, [orjson.dumps(v, default=str) for v in column.tolist()]))
-    rows = block.rows.tolist()
-    shape_keys = [(getattr(out, SHAPE_ARGS[k]), values) for k, values in texts if k in SHAPE_ARGS]
-    rest = [(orjson.dumps(k) + b":", values) for k, values in texts if k not in SHAPE_ARGS]
-    collective = COLLECTIVE_KEY in block.keys
-    for p, row in enumerate(rows):
-        if row in merged:
-            continue
-        for column, values in shape_keys:
-            if values[p]:
-                column[row] = values[p].decode()
-        parts = [key + values[p] for key, values in rest if values[p]]
-        if parts:
-            out.other[row] = (b"{" + b",".join(parts) + b"}").decode()
-        if collective and (values := block.dict_at(p)).get(COLLECTIVE_KEY) is not None:
-            out.collective[row] = values
