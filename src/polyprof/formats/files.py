@@ -115,12 +115,13 @@ def open_chunks(path: str | os.PathLike, rows: int | None = None, *,
     from polyprof.formats.spill.names import is_perfetto_spill, is_spill_file
 
     path = os.fspath(path)
-    if is_spill_file(path) or is_perfetto_spill(path):
+    ours = is_spill_file(path)  # (read once: it opens the file)
+    if ours or is_perfetto_spill(path):
         from polyprof.formats.spill.recover import recover_trace
         from polyprof.formats.spill.recover_stream import perfetto_spill_chunks, recover_pieces
 
         whole_file = whole(lambda: recover_trace(path))
-        spill = recover_pieces if is_spill_file(path) else perfetto_spill_chunks
+        spill = recover_pieces if ours else perfetto_spill_chunks
         return iter(whole_file()) if rows is None else falling_back(lambda: spill(path, rows, on_read), whole_file)
     whole_file = whole(lambda: load_trace(path))
     if rows is None:
